@@ -1,0 +1,1 @@
+"""pilot: an asyncio xDS/SDS control plane for Envoy."""

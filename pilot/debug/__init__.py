@@ -1,0 +1,1 @@
+"""What operators read: readiness and, later, metrics and debug endpoints."""

@@ -1,0 +1,26 @@
+"""Durations written as Istio (Go) writes them: `100ms`, `10s`, `1m30s`, `24h`."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go-style duration; raises ValueError naming the bad text."""
+    value = text.strip()
+    if value in ("0", ""):
+        if value == "":
+            raise ValueError("empty duration")
+        return 0.0
+    position, total = 0, 0.0
+    for match in _PART.finditer(value):
+        if match.start() != position:
+            break
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        position = match.end()
+    if position != len(value) or position == 0:
+        raise ValueError(f"invalid duration {text!r} (expected e.g. 100ms, 10s, 1m30s, 24h)")
+    return total

@@ -1,0 +1,1 @@
+"""Pure functions from registry values to Envoy resources (CDS, EDS)."""

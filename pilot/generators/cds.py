@@ -1,0 +1,90 @@
+"""Clusters: one EDS cluster per Service port, in one of three config-source flavors.
+
+The EDS config source inside a Cluster depends on how the client fetched it:
+over ADS it says `ads`; over the standalone CDS service it names the bootstrap
+cluster (`--xds-cluster-name`) with the same API type the client used (GRPC or
+DELTA_GRPC). Envoy 1.40 rejects `self` for EDS, so it is never used.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import config_source_pb2, grpc_service_pb2, protocol_pb2
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
+from google.protobuf import any_pb2, duration_pb2
+
+from pilot.registry.model import Service, ServicePort
+
+CONNECT_TIMEOUT_SECONDS = 10  # Istio's default connectTimeout
+_HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+_H2_APP_PROTOCOLS = frozenset({"grpc", "http2", "h2c", "kubernetes.io/h2c"})
+_H2_NAME_PREFIXES = ("grpc", "http2", "h2c")
+
+
+class Flavor(StrEnum):
+    """How a client fetched its clusters, which decides their EDS config source."""
+
+    ADS = "ads"
+    GRPC = "grpc"
+    DELTA_GRPC = "delta_grpc"
+
+
+def eds_config_source(flavor: Flavor, xds_cluster_name: str) -> config_source_pb2.ConfigSource:
+    """Where a cluster's ClusterLoadAssignment comes from, for this kind of client."""
+    source = config_source_pb2.ConfigSource(resource_api_version=config_source_pb2.V3)
+    if flavor is Flavor.ADS:
+        source.ads.SetInParent()
+        return source
+    api = source.api_config_source
+    api.api_type = (
+        config_source_pb2.ApiConfigSource.GRPC
+        if flavor is Flavor.GRPC
+        else config_source_pb2.ApiConfigSource.DELTA_GRPC
+    )
+    api.transport_api_version = config_source_pb2.V3
+    api.set_node_on_first_message_only = True
+    api.grpc_services.append(
+        grpc_service_pb2.GrpcService(
+            envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=xds_cluster_name)
+        )
+    )
+    return source
+
+
+def speaks_http2(port: ServicePort) -> bool:
+    """Istio's protocol selection, for the part that changes the cluster: gRPC/HTTP2 ports."""
+    name = port.name.lower()
+    return port.app_protocol.lower() in _H2_APP_PROTOCOLS or name.startswith(_H2_NAME_PREFIXES)
+
+
+def _http2_options() -> any_pb2.Any:
+    options = http_protocol_options_pb2.HttpProtocolOptions()
+    options.explicit_http_config.http2_protocol_options.CopyFrom(
+        protocol_pb2.Http2ProtocolOptions()
+    )
+    packed = any_pb2.Any()
+    packed.Pack(options)
+    return packed
+
+
+def build_cluster(
+    name: str, port: ServicePort, flavor: Flavor, xds_cluster_name: str
+) -> cluster_pb2.Cluster:
+    """The Cluster for one Service port."""
+    cluster = cluster_pb2.Cluster(
+        name=name,
+        type=cluster_pb2.Cluster.EDS,
+        connect_timeout=duration_pb2.Duration(seconds=CONNECT_TIMEOUT_SECONDS),
+        lb_policy=cluster_pb2.Cluster.ROUND_ROBIN,
+    )
+    cluster.eds_cluster_config.eds_config.CopyFrom(eds_config_source(flavor, xds_cluster_name))
+    if speaks_http2(port):
+        cluster.typed_extension_protocol_options[_HTTP_OPTIONS_KEY].CopyFrom(_http2_options())
+    return cluster
+
+
+def served_ports(service: Service) -> list[ServicePort]:
+    """The ports that become clusters: TCP ones (Envoy clusters here are TCP)."""
+    return [p for p in service.ports if p.protocol.upper() == "TCP"]

@@ -1,0 +1,10 @@
+"""Istio's cluster naming: `outbound|PORT|SUBSET|HOST`."""
+
+from __future__ import annotations
+
+from pilot.registry.model import ServiceKey, ServicePort
+
+
+def outbound_cluster_name(service: ServiceKey, port: ServicePort, cluster_domain: str) -> str:
+    """The cluster (and ClusterLoadAssignment) name for one Service port."""
+    return f"outbound|{port.port}||{service.hostname(cluster_domain)}"

@@ -1,0 +1,117 @@
+"""Incremental (delta) stream state machine (DeltaAggregatedResources and Delta*).
+
+Rules it implements (see shared/xds-protocol.md):
+- Per-resource versions: a resource is sent only when its version differs from
+  what the client holds; `initial_resource_versions` seeds that on reconnect,
+  and names the client claims that are gone are sent as removed.
+- Every name in `resource_names_subscribe` is answered, even if unchanged; a
+  subscribed name that does not exist is answered in `removed_resources` and
+  stays subscribed, so it is pushed when it appears.
+- Unsubscribing forgets what the client holds, so a resubscribe is answered. A
+  name unsubscribed while the stream is wildcard is sent again (or removed).
+- ACK/NACK by nonce and `error_detail`; stale nonces still change subscriptions.
+- After clusters are sent, their assignments follow even if unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pilot.protocol.messages import (
+    DeltaRequest,
+    DeltaResponse,
+    ProtocolError,
+    ResourceView,
+    StreamEvent,
+    SubscriptionChanged,
+)
+from pilot.protocol.stream import Sent, StreamCore, TypeState
+from pilot.protocol.subscription import SubscriptionDiff
+from pilot.xds import types
+from pilot.xds.resource import Resource
+
+
+class DeltaStream(StreamCore):
+    """Protocol decisions for one incremental stream."""
+
+    def on_request(self, request: DeltaRequest) -> list[StreamEvent]:
+        """Take one request; returns what it meant. Responses come from `take_responses`."""
+        if not request.type_url:
+            raise ProtocolError("DeltaDiscoveryRequest.type_url is empty")
+        state = self._type_state(request.type_url)
+        first = not state.subscription.seen_request
+        events = self._note_reply(
+            state, request.response_nonce, state.sent_version, request.error_message
+        )
+        claimed = _seed(state, request.initial_resource_versions) if first else frozenset()
+        diff = state.subscription.update(request.subscribe, request.unsubscribe)
+        _apply_unsubscribe(state, diff)
+        if first or diff.changed:
+            events.append(
+                SubscriptionChanged(
+                    state.type_url, diff.added, diff.removed, state.subscription.wildcard
+                )
+            )
+        _mark_for_request(state, diff, claimed)
+        return events
+
+    def take_responses(self, view: ResourceView) -> list[DeltaResponse]:
+        """Every response owed right now, in push order; clears the work it covers."""
+        responses = []
+        for state in self._work_order():
+            response = self._response(state, view)
+            state.clear_work()
+            if response is not None:
+                responses.append(response)
+                if state.type_url == types.CLUSTER:
+                    self._follow_clusters(r.name for r in response.resources)
+        return responses
+
+    def _response(self, state: TypeState, view: ResourceView) -> DeltaResponse | None:
+        updated: list[Resource] = []
+        removed: list[str] = []
+        for name in state.candidates(view):
+            resource = view.get(state.type_url, name)
+            wanted = state.subscription.wants(name)
+            held = state.sent.get(name)
+            if resource is not None and wanted:
+                if name in state.must_send or held is None or held.version != resource.version:
+                    updated.append(resource)
+            elif held is not None or (wanted and name in state.must_send):
+                removed.append(name)
+                state.sent.pop(name, None)
+        if not updated and not removed:
+            return None
+        nonce = self._next_nonce(state)
+        state.sent_version = view.version(state.type_url)
+        for resource in updated:
+            state.sent[resource.name] = Sent(resource.version, state.nonce_seq)
+        return DeltaResponse(
+            state.type_url, state.sent_version, nonce, tuple(updated), tuple(removed)
+        )
+
+
+def _seed(state: TypeState, initial_versions: Mapping[str, str]) -> frozenset[str]:
+    """What the client says it already holds after a reconnect."""
+    for name, version in initial_versions.items():
+        state.sent[name] = Sent(version, 0)
+    state.pending |= initial_versions.keys()
+    return frozenset(initial_versions)
+
+
+def _apply_unsubscribe(state: TypeState, diff: SubscriptionDiff) -> None:
+    for name in diff.removed:
+        if state.subscription.wildcard:
+            # Still wanted through the wildcard: answer it again (or as removed).
+            state.sent[name] = Sent("", 0)
+            state.pending.add(name)
+        else:
+            state.sent.pop(name, None)
+
+
+def _mark_for_request(state: TypeState, diff: SubscriptionDiff, claimed: frozenset[str]) -> None:
+    """Record what this request obliges the server to answer."""
+    if diff.wildcard_changed and state.subscription.wildcard:
+        state.pending_all = True
+    state.must_send |= diff.added - claimed
+    state.pending |= diff.added

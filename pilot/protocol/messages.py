@@ -1,0 +1,107 @@
+"""The values that cross the sans-I/O boundary: requests in, events and responses out."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pilot.xds.resource import Resource
+
+
+class ProtocolError(Exception):
+    """The client broke the protocol; the shell turns this into INVALID_ARGUMENT."""
+
+
+class ResourceView(Protocol):
+    """What a stream may read of the current resources (one consistent state)."""
+
+    def get(self, type_url: str, name: str) -> Resource | None: ...
+
+    def names(self, type_url: str) -> Collection[str]: ...
+
+    def version(self, type_url: str) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SotwRequest:
+    """A state-of-the-world DiscoveryRequest, reduced to what the protocol uses."""
+
+    type_url: str
+    resource_names: tuple[str, ...] = ()
+    version_info: str = ""
+    response_nonce: str = ""
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaRequest:
+    """A DeltaDiscoveryRequest, reduced to what the protocol uses."""
+
+    type_url: str
+    subscribe: tuple[str, ...] = ()
+    unsubscribe: tuple[str, ...] = ()
+    initial_resource_versions: Mapping[str, str] = field(default_factory=dict)
+    response_nonce: str = ""
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SotwResponse:
+    """A DiscoveryResponse to write: the resources are shared, pre-encoded values."""
+
+    type_url: str
+    version_info: str
+    nonce: str
+    resources: tuple[Resource, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaResponse:
+    """A DeltaDiscoveryResponse to write."""
+
+    type_url: str
+    system_version_info: str
+    nonce: str
+    resources: tuple[Resource, ...]
+    removed: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Acked:
+    """The client applied the response with this nonce."""
+
+    type_url: str
+    nonce: str
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class Nacked:
+    """The client rejected the response with this nonce; it keeps its last good state."""
+
+    type_url: str
+    nonce: str
+    rejected_version: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class StaleNonce:
+    """A request answered an older response; only its subscription change counts."""
+
+    type_url: str
+    nonce: str
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionChanged:
+    """The set of names (or wildcard) this stream wants for a type changed."""
+
+    type_url: str
+    added: frozenset[str]
+    removed: frozenset[str]
+    wildcard: bool
+
+
+StreamEvent = Acked | Nacked | StaleNonce | SubscriptionChanged

@@ -1,0 +1,120 @@
+"""State-of-the-world stream state machine (StreamAggregatedResources and Stream*).
+
+Rules it implements (see shared/xds-protocol.md):
+- Wildcard-capable types (CDS, LDS) always get the full subscribed set; a name
+  missing from a response is a deletion on the client. A response goes out on
+  the first request, on a subscription change, and whenever the set changes.
+- Named types (EDS, SDS) get only what changed or was newly asked for; names
+  that do not exist are not answered until they appear.
+- ACK/NACK is decided by the nonce and `error_detail`, never by versions; a
+  stale nonce still updates the subscription.
+- After clusters are (re)sent, their assignments follow even if unchanged.
+"""
+
+from __future__ import annotations
+
+from pilot.protocol.messages import (
+    ProtocolError,
+    ResourceView,
+    SotwRequest,
+    SotwResponse,
+    StreamEvent,
+    SubscriptionChanged,
+)
+from pilot.protocol.stream import Sent, StreamCore, TypeState
+from pilot.protocol.subscription import SubscriptionDiff
+from pilot.xds import types
+from pilot.xds.resource import Resource
+
+
+class SotwStream(StreamCore):
+    """Protocol decisions for one state-of-the-world stream."""
+
+    def on_request(self, request: SotwRequest) -> list[StreamEvent]:
+        """Take one request; returns what it meant. Responses come from `take_responses`."""
+        if not request.type_url:
+            raise ProtocolError("DiscoveryRequest.type_url is empty")
+        state = self._type_state(request.type_url)
+        first = not state.subscription.seen_request
+        events = self._note_reply(
+            state, request.response_nonce, request.version_info, request.error_message
+        )
+        diff = state.subscription.replace(request.resource_names)
+        self._forget_unsubscribed(state, diff)
+        if first or diff.changed:
+            events.append(_changed_event(state, diff))
+        _mark_for_request(state, first, diff)
+        return events
+
+    def take_responses(self, view: ResourceView) -> list[SotwResponse]:
+        """Every response owed right now, in push order; clears the work it covers."""
+        responses = []
+        for state in self._work_order():
+            if state.type_url in types.WILDCARD_TYPES:
+                response = self._full_response(state, view)
+            else:
+                response = self._named_response(state, view)
+            state.clear_work()
+            if response is not None:
+                responses.append(response)
+                if state.type_url == types.CLUSTER:
+                    self._follow_clusters(r.name for r in response.resources)
+        return responses
+
+    def _full_response(self, state: TypeState, view: ResourceView) -> SotwResponse | None:
+        resources = tuple(_existing(view, state.type_url, sorted(state.wanted_now(view))))
+        current = {r.name: r.version for r in resources}
+        held = {name: sent.version for name, sent in state.sent.items()}
+        if current == held and not state.answer_required:
+            return None
+        response = self._respond(state, view, resources)
+        state.sent = {r.name: Sent(r.version, state.nonce_seq) for r in resources}
+        return response
+
+    def _named_response(self, state: TypeState, view: ResourceView) -> SotwResponse | None:
+        chosen = []
+        for name in state.candidates(view):
+            resource = view.get(state.type_url, name)
+            if resource is None or not state.subscription.wants(name):
+                state.sent.pop(name, None)
+                continue
+            held = state.sent.get(name)
+            if name in state.must_send or held is None or held.version != resource.version:
+                chosen.append(resource)
+        if not chosen:
+            return None
+        response = self._respond(state, view, tuple(chosen))
+        for resource in chosen:
+            state.sent[resource.name] = Sent(resource.version, state.nonce_seq)
+        return response
+
+    def _respond(
+        self, state: TypeState, view: ResourceView, resources: tuple[Resource, ...]
+    ) -> SotwResponse:
+        nonce = self._next_nonce(state)
+        state.sent_version = view.version(state.type_url)
+        return SotwResponse(state.type_url, state.sent_version, nonce, resources)
+
+
+def _mark_for_request(state: TypeState, first: bool, diff: SubscriptionDiff) -> None:
+    """Record what this request obliges the server to answer."""
+    if state.type_url in types.WILDCARD_TYPES:
+        if first or diff.changed:
+            state.answer_required = True
+        return
+    if diff.wildcard_changed and state.subscription.wildcard:
+        state.sent.clear()
+        state.pending_all = True
+    state.must_send |= diff.added
+    state.pending |= diff.added
+
+
+def _changed_event(state: TypeState, diff: SubscriptionDiff) -> SubscriptionChanged:
+    return SubscriptionChanged(
+        state.type_url, diff.added, diff.removed, state.subscription.wildcard
+    )
+
+
+def _existing(view: ResourceView, type_url: str, names: list[str]) -> list[Resource]:
+    found = (view.get(type_url, name) for name in names)
+    return [r for r in found if r is not None]

@@ -1,0 +1,173 @@
+"""What SotW and delta streams share: per-type state, nonces, ACK/NACK, push marking.
+
+A stream holds one `TypeState` per type URL the client asked for. Work is kept
+as *marks* (names to reconsider, names that must be answered) rather than as
+queued responses, so pending work per stream is bounded by the number of names
+and always resolves against the latest resources: latest state wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from pilot.protocol.messages import Acked, Nacked, ResourceView, StaleNonce, StreamEvent
+from pilot.protocol.subscription import Subscription, SubscriptionDiff
+from pilot.xds import types
+
+
+@dataclass(slots=True)
+class Sent:
+    """What the client holds of one resource, as far as this stream knows."""
+
+    version: str
+    nonce_seq: int  # 0: claimed by the client on reconnect, never sent on this stream
+
+
+@dataclass(slots=True)
+class TypeState:
+    """One stream's view of one type: subscription, outstanding work, replies."""
+
+    type_url: str
+    subscription: Subscription = field(default_factory=Subscription)
+    pending: set[str] = field(default_factory=set)
+    pending_all: bool = False
+    must_send: set[str] = field(default_factory=set)
+    answer_required: bool = False
+    sent: dict[str, Sent] = field(default_factory=dict)
+    nonce: str = ""
+    nonce_seq: int = 0
+    sent_version: str = ""
+    acked_seq: int = 0
+    acked_version: str = ""
+    nack: Nacked | None = None
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.pending or self.pending_all or self.must_send or self.answer_required)
+
+    def clear_work(self) -> None:
+        self.pending.clear()
+        self.pending_all = False
+        self.must_send.clear()
+        self.answer_required = False
+
+    def candidates(self, view: ResourceView) -> list[str]:
+        """Names to reconsider now, in a stable order."""
+        names = set(self.pending) | self.must_send
+        if self.pending_all:
+            names |= self.subscription.names | self.sent.keys()
+            if self.subscription.wildcard:
+                names |= set(view.names(self.type_url))
+        return sorted(names)
+
+    def wanted_now(self, view: ResourceView) -> set[str]:
+        """Every name this stream subscribes to that exists right now."""
+        names = {n for n in self.subscription.names if view.get(self.type_url, n) is not None}
+        if self.subscription.wildcard:
+            names |= set(view.names(self.type_url))
+        return names
+
+
+class StreamCore:
+    """Per-type bookkeeping common to both wire variants; subclasses build responses."""
+
+    def __init__(self) -> None:
+        self._types: dict[str, TypeState] = {}
+        self._nonce_seq = 0
+
+    # -- queries -------------------------------------------------------------
+
+    def state(self, type_url: str) -> TypeState | None:
+        return self._types.get(type_url)
+
+    def type_urls(self) -> list[str]:
+        return list(self._types)
+
+    @property
+    def has_work(self) -> bool:
+        return any(s.has_work for s in self._types.values())
+
+    def wants(self, type_url: str, name: str) -> bool:
+        state = self._types.get(type_url)
+        return state is not None and state.subscription.wants(name)
+
+    # -- inputs from the server side -------------------------------------------
+
+    def on_change(self, type_url: str, names: Iterable[str]) -> bool:
+        """Resources of a type changed or went away; returns True if this stream cares."""
+        state = self._types.get(type_url)
+        if state is None or not state.subscription.seen_request:
+            return False
+        wanted = {n for n in names if state.subscription.wants(n) or n in state.sent}
+        state.pending |= wanted
+        return bool(wanted)
+
+    def on_full_change(self, type_url: str) -> bool:
+        """Reconsider every name of a type (e.g. after a full rebuild)."""
+        state = self._types.get(type_url)
+        if state is None or not state.subscription.seen_request:
+            return False
+        state.pending_all = True
+        return True
+
+    def force(self, type_url: str, names: Iterable[str]) -> bool:
+        """Answer these names even if the client holds their current version.
+
+        Envoy keeps a (re)sent Cluster warming until it receives its
+        ClusterLoadAssignment, even an unchanged one.
+        """
+        state = self._types.get(type_url)
+        if state is None:
+            return False
+        forced = {n for n in names if state.subscription.wants(n)}
+        state.must_send |= forced
+        return bool(forced)
+
+    # -- helpers for subclasses ---------------------------------------------
+
+    def _type_state(self, type_url: str) -> TypeState:
+        state = self._types.get(type_url)
+        if state is None:
+            state = self._types[type_url] = TypeState(type_url)
+        return state
+
+    def _next_nonce(self, state: TypeState) -> str:
+        self._nonce_seq += 1
+        state.nonce_seq = self._nonce_seq
+        state.nonce = str(self._nonce_seq)
+        return state.nonce
+
+    def _work_order(self) -> Iterator[TypeState]:
+        """Types with work, in push order; re-checked as earlier types add work."""
+        for type_url in sorted(self._types, key=types.push_rank):
+            state = self._types[type_url]
+            if state.has_work:
+                yield state
+
+    def _follow_clusters(self, cluster_names: Iterable[str]) -> None:
+        if types.ENDPOINT in self._types:
+            self.force(types.ENDPOINT, cluster_names)
+
+    @staticmethod
+    def _note_reply(
+        state: TypeState, nonce: str, version: str, error_message: str | None
+    ) -> list[StreamEvent]:
+        """Match a request against the latest response of its type (ACK, NACK, stale)."""
+        if not nonce:
+            return []
+        if nonce != state.nonce:
+            return [StaleNonce(state.type_url, nonce)]
+        if error_message is not None:
+            state.nack = Nacked(state.type_url, nonce, state.sent_version, error_message)
+            return [state.nack]
+        state.nack = None
+        state.acked_seq = state.nonce_seq
+        state.acked_version = version
+        return [Acked(state.type_url, nonce, version)]
+
+    @staticmethod
+    def _forget_unsubscribed(state: TypeState, diff: SubscriptionDiff) -> None:
+        for name in diff.removed:
+            if not state.subscription.wildcard:
+                state.sent.pop(name, None)

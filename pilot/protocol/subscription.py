@@ -1,0 +1,81 @@
+"""Which names of one type a stream wants: explicit names, wildcard, legacy wildcard.
+
+Rules (xDS protocol, "How the client specifies what resources to return"):
+- SotW: the first request of a type with no names is a legacy wildcard, kept as
+  long as the client keeps sending no names. `*` is an explicit wildcard. Once
+  names were sent, an empty list means "nothing".
+- Delta: a first request with empty subscribe and unsubscribe lists is a legacy
+  wildcard; `*` in subscribe turns wildcard on, `*` in unsubscribe turns it off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+WILDCARD = "*"
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionDiff:
+    """What one request changed: names added or removed, and wildcard transitions."""
+
+    added: frozenset[str]
+    removed: frozenset[str]
+    wildcard_changed: bool
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.added or self.removed or self.wildcard_changed)
+
+
+@dataclass(slots=True)
+class Subscription:
+    """The mutable subscription of one stream to one type."""
+
+    names: set[str] = field(default_factory=set)
+    wildcard: bool = False
+    legacy_wildcard: bool = False
+    seen_request: bool = False
+
+    def wants(self, name: str) -> bool:
+        return self.wildcard or name in self.names
+
+    def replace(self, resource_names: Iterable[str]) -> SubscriptionDiff:
+        """Apply a SotW request's full list of names."""
+        requested = set(resource_names)
+        was_wildcard = self.wildcard
+        first = not self.seen_request
+        self.seen_request = True
+        if not requested and (first or self.legacy_wildcard):
+            self.legacy_wildcard = True
+            self.wildcard = True
+        else:
+            self.legacy_wildcard = False
+            self.wildcard = WILDCARD in requested
+        requested.discard(WILDCARD)
+        added = frozenset(requested - self.names)
+        removed = frozenset(self.names - requested)
+        self.names = requested
+        return SubscriptionDiff(added, removed, was_wildcard != self.wildcard)
+
+    def update(self, subscribe: Iterable[str], unsubscribe: Iterable[str]) -> SubscriptionDiff:
+        """Apply a delta request's subscribe and unsubscribe lists."""
+        sub, unsub = set(subscribe), set(unsubscribe)
+        was_wildcard = self.wildcard
+        if not self.seen_request and not sub and not unsub:
+            self.legacy_wildcard = True
+            self.wildcard = True
+        self.seen_request = True
+        if WILDCARD in sub:
+            self.wildcard = True
+        if WILDCARD in unsub:
+            self.wildcard = False
+            self.legacy_wildcard = False
+        sub.discard(WILDCARD)
+        unsub.discard(WILDCARD)
+        added = frozenset(sub - self.names)
+        removed = frozenset((unsub - sub) & self.names)
+        self.names |= sub
+        self.names -= removed
+        return SubscriptionDiff(added, removed, was_wildcard != self.wildcard)

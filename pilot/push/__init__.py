@@ -1,0 +1,1 @@
+"""From registry changes to pushes: debouncing, merging, and fan-out bookkeeping."""

@@ -1,0 +1,1 @@
+"""The service registry: Kubernetes-shaped objects, parsed, and the endpoint index."""

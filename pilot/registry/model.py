@@ -1,0 +1,114 @@
+"""Plain values for services and endpoints, independent of where they came from.
+
+A Kubernetes `EndpointSlice` and a legacy `Endpoints` object both become an
+`EndpointSet`: groups of endpoints that share a port list. Equality is by
+content, so a rewrite with the same content is recognisably "no change".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ServiceKey:
+    """A Service's identity."""
+
+    namespace: str
+    name: str
+
+    def hostname(self, cluster_domain: str) -> str:
+        return f"{self.name}.{self.namespace}.svc.{cluster_domain}"
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePort:
+    """One port of a Service; endpoints are matched to it by `name`."""
+
+    name: str
+    port: int
+    protocol: str = "TCP"
+    app_protocol: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """A Service: its ports are what clusters are built from."""
+
+    key: ServiceKey
+    ports: tuple[ServicePort, ...]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class EndpointSetKey:
+    """Identity of an EndpointSlice or a legacy Endpoints object."""
+
+    kind: str
+    namespace: str
+    name: str
+
+
+class Health(Enum):
+    """What an endpoint's conditions mean for Envoy; not-ready endpoints are left out."""
+
+    HEALTHY = "HEALTHY"
+    DRAINING = "DRAINING"
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointPort:
+    """A named port number, as an EndpointSlice lists it."""
+
+    name: str
+    port: int
+    protocol: str = "TCP"
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One endpoint (usually one pod) with its conditions."""
+
+    addresses: tuple[str, ...]
+    ready: bool = True
+    serving: bool = True
+    terminating: bool = False
+    zone: str = ""
+
+    @property
+    def health(self) -> Health | None:
+        if self.ready:
+            return Health.HEALTHY
+        if self.serving and self.terminating:
+            return Health.DRAINING
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointGroup:
+    """Endpoints that share one port list."""
+
+    ports: tuple[EndpointPort, ...]
+    endpoints: tuple[Endpoint, ...]
+
+    def port_named(self, name: str) -> int | None:
+        for port in self.ports:
+            if port.name == name:
+                return port.port
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSet:
+    """An EndpointSlice or legacy Endpoints object, owned by one Service."""
+
+    key: EndpointSetKey
+    service: ServiceKey
+    groups: tuple[EndpointGroup, ...]
+
+    @property
+    def legacy(self) -> bool:
+        return self.key.kind == "Endpoints"

@@ -1,0 +1,1 @@
+"""The grpc.aio shell around the sans-I/O protocol: streams, services, the server."""

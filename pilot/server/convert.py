@@ -1,0 +1,60 @@
+"""Protobuf requests in, protocol values out; protocol responses in, wire bytes out."""
+
+from __future__ import annotations
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from pilot.protocol.messages import DeltaRequest, DeltaResponse, SotwRequest, SotwResponse
+from pilot.xds.resource import encode_delta_response, encode_sotw_response
+
+
+def _error_message(
+    message: discovery_pb2.DiscoveryRequest | discovery_pb2.DeltaDiscoveryRequest,
+) -> str | None:
+    if not message.HasField("error_detail"):
+        return None
+    detail = message.error_detail
+    return detail.message or f"rejected with code {detail.code}"
+
+
+def sotw_request(message: discovery_pb2.DiscoveryRequest, default_type: str) -> SotwRequest:
+    """A DiscoveryRequest; standalone services may leave type_url implicit."""
+    return SotwRequest(
+        type_url=message.type_url or default_type,
+        resource_names=tuple(message.resource_names),
+        version_info=message.version_info,
+        response_nonce=message.response_nonce,
+        error_message=_error_message(message),
+    )
+
+
+def delta_request(message: discovery_pb2.DeltaDiscoveryRequest, default_type: str) -> DeltaRequest:
+    """A DeltaDiscoveryRequest."""
+    return DeltaRequest(
+        type_url=message.type_url or default_type,
+        subscribe=tuple(message.resource_names_subscribe),
+        unsubscribe=tuple(message.resource_names_unsubscribe),
+        initial_resource_versions=dict(message.initial_resource_versions),
+        response_nonce=message.response_nonce,
+        error_message=_error_message(message),
+    )
+
+
+def encode(response: SotwResponse | DeltaResponse) -> bytes:
+    """The wire bytes of a response, assembled from pre-encoded resources."""
+    if isinstance(response, SotwResponse):
+        return encode_sotw_response(
+            response.type_url, response.version_info, response.nonce, response.resources
+        )
+    return encode_delta_response(
+        response.type_url,
+        response.system_version_info,
+        response.nonce,
+        response.resources,
+        response.removed,
+    )
+
+
+def encode_empty(type_url: str, version_info: str) -> bytes:
+    """A DiscoveryResponse with no resources (a Fetch for names that do not exist)."""
+    return encode_sotw_response(type_url, version_info, "", ())

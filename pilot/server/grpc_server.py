@@ -1,0 +1,57 @@
+"""The grpc.aio server: xDS services, gRPC health and server reflection on one port."""
+
+from __future__ import annotations
+
+# Imported for their descriptors: server reflection describes these services.
+from envoy.service.cluster.v3 import cds_pb2  # noqa: F401
+from envoy.service.discovery.v3 import ads_pb2  # noqa: F401
+from envoy.service.endpoint.v3 import eds_pb2  # noqa: F401
+from grpc import aio
+from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from pilot.server.hub import XdsHub
+from pilot.server.services import XDS_SERVICE_NAMES, xds_handlers
+
+# A second pilot must not silently share the port (grpc enables SO_REUSEPORT by default).
+_SERVER_OPTIONS = [
+    ("grpc.so_reuseport", 0),
+    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+]
+
+
+class GrpcServer:
+    """xDS + health + reflection, bound to one address."""
+
+    def __init__(self, hub: XdsHub, address: str) -> None:
+        self.address = address
+        self.server = aio.server(options=_SERVER_OPTIONS)
+        self.health = health_aio.HealthServicer()
+        self.server.add_generic_rpc_handlers(tuple(xds_handlers(hub)))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names = (*XDS_SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, self.server)
+        self.port = self.server.add_insecure_port(address)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {address}")
+        self._names = XDS_SERVICE_NAMES
+
+    async def start(self) -> None:
+        await self.server.start()
+
+    async def set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", *self._names):
+            await self.health.set(name, status)
+
+    async def stop(self, grace: float) -> None:
+        await self.set_serving(False)
+        await self.server.stop(grace)
+
+
+__all__ = ["GrpcServer"]

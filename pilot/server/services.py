@@ -1,0 +1,98 @@
+"""The xDS gRPC services: ADS (SotW and delta) and the standalone CDS and EDS services.
+
+Handlers are registered generically with an identity response serializer:
+responses are already wire bytes, assembled from resources encoded once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from envoy.service.discovery.v3 import discovery_pb2
+
+from pilot.generators.cds import Flavor
+from pilot.protocol import ProtocolError, SotwStream
+from pilot.server import convert
+from pilot.server.connection import Connection, StreamKind
+from pilot.server.hub import XdsHub
+from pilot.xds import types
+
+ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
+CDS_SERVICE = "envoy.service.cluster.v3.ClusterDiscoveryService"
+EDS_SERVICE = "envoy.service.endpoint.v3.EndpointDiscoveryService"
+XDS_SERVICE_NAMES = (ADS_SERVICE, CDS_SERVICE, EDS_SERVICE)
+
+StreamHandler = Callable[
+    [AsyncIterator[Any], grpc.aio.ServicerContext[Any, bytes]], Awaitable[None]
+]
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+def _stream_handler(hub: XdsHub, kind: StreamKind) -> grpc.RpcMethodHandler[Any, bytes]:
+    async def handle(
+        requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, bytes]
+    ) -> None:
+        await Connection(hub, kind, context.peer()).serve(requests, context)
+
+    message = discovery_pb2.DeltaDiscoveryRequest if kind.delta else discovery_pb2.DiscoveryRequest
+    return grpc.stream_stream_rpc_method_handler(
+        handle, request_deserializer=message.FromString, response_serializer=_identity
+    )
+
+
+def _fetch_handler(hub: XdsHub, type_url: str, flavor: Flavor) -> grpc.RpcMethodHandler[Any, bytes]:
+    """Unary Fetch*: one SotW answer for the names asked, from the current state."""
+
+    async def fetch(
+        message: discovery_pb2.DiscoveryRequest, context: grpc.aio.ServicerContext[Any, bytes]
+    ) -> bytes:
+        request = convert.sotw_request(message, type_url)
+        if request.type_url != type_url:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"this service serves {type_url}")
+        stream = SotwStream()
+        try:
+            stream.on_request(request)
+        except ProtocolError as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        view = hub.cache.view(flavor.value)
+        for response in stream.take_responses(view):
+            return convert.encode(response)
+        return convert.encode_empty(type_url, view.version(type_url))
+
+    return grpc.unary_unary_rpc_method_handler(
+        fetch,
+        request_deserializer=discovery_pb2.DiscoveryRequest.FromString,
+        response_serializer=_identity,
+    )
+
+
+def xds_handlers(hub: XdsHub) -> list[grpc.GenericRpcHandler[Any, bytes]]:
+    """Generic handlers for every xDS service pilot serves."""
+
+    def kind(delta: bool, fixed: str | None, flavor: Flavor) -> grpc.RpcMethodHandler[Any, bytes]:
+        return _stream_handler(hub, StreamKind(delta, fixed, flavor))
+
+    ads = {
+        "StreamAggregatedResources": kind(False, None, Flavor.ADS),
+        "DeltaAggregatedResources": kind(True, None, Flavor.ADS),
+    }
+    cds = {
+        "StreamClusters": kind(False, types.CLUSTER, Flavor.GRPC),
+        "DeltaClusters": kind(True, types.CLUSTER, Flavor.DELTA_GRPC),
+        "FetchClusters": _fetch_handler(hub, types.CLUSTER, Flavor.GRPC),
+    }
+    eds = {
+        "StreamEndpoints": kind(False, types.ENDPOINT, Flavor.GRPC),
+        "DeltaEndpoints": kind(True, types.ENDPOINT, Flavor.DELTA_GRPC),
+        "FetchEndpoints": _fetch_handler(hub, types.ENDPOINT, Flavor.GRPC),
+    }
+    return [
+        grpc.method_handlers_generic_handler(ADS_SERVICE, ads),
+        grpc.method_handlers_generic_handler(CDS_SERVICE, cds),
+        grpc.method_handlers_generic_handler(EDS_SERVICE, eds),
+    ]

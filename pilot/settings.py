@@ -1,0 +1,70 @@
+"""Settings for `pilot discovery`, from flags and Istio's environment variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pilot.durations import parse_duration
+from pilot.generators.builder import BuildSettings
+from pilot.push.debounce import DebounceSettings
+
+
+class SettingsError(ValueError):
+    """A flag or environment variable has a value pilot cannot use."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything the composition root needs, resolved and validated."""
+
+    grpc_addr: str = "0.0.0.0:15010"
+    http_addr: str = "0.0.0.0:15014"
+    config: Path | None = None
+    build: BuildSettings = field(default_factory=BuildSettings)
+    debounce: DebounceSettings = field(default_factory=DebounceSettings)
+    file_poll_interval: float = 0.5
+    shutdown_grace: float = 5.0
+
+
+def _env_duration(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    try:
+        return parse_duration(raw)
+    except ValueError as error:
+        raise SettingsError(f"{name}: {error}") from error
+
+
+def _env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name}: expected true or false, got {raw!r}")
+
+
+def debounce_from_env(env: Mapping[str, str] | None = None) -> DebounceSettings:
+    """PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, PILOT_ENABLE_EDS_DEBOUNCE (Istio's knobs)."""
+    env = os.environ if env is None else env
+    defaults = DebounceSettings()
+    return DebounceSettings(
+        after=_env_duration(env, "PILOT_DEBOUNCE_AFTER", defaults.after),
+        max_delay=_env_duration(env, "PILOT_DEBOUNCE_MAX", defaults.max_delay),
+        eds_debounce=_env_bool(env, "PILOT_ENABLE_EDS_DEBOUNCE", defaults.eds_debounce),
+    )
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 hosts in brackets); raises SettingsError when malformed."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise SettingsError(f"{address!r} is not HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)

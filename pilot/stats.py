@@ -1,0 +1,24 @@
+"""Counters the control plane keeps about its own work (read by tests, benchmarks, metrics)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class XdsStats:
+    """What pilot did: serializations and responses per type, pushes, NACKs."""
+
+    serializations: Counter[str] = field(default_factory=Counter)
+    responses: Counter[str] = field(default_factory=Counter)
+    pushes: int = 0
+    nacks: Counter[str] = field(default_factory=Counter)
+    stale_nonces: Counter[str] = field(default_factory=Counter)
+
+    def reset(self) -> None:
+        self.serializations.clear()
+        self.responses.clear()
+        self.nacks.clear()
+        self.stale_nonces.clear()
+        self.pushes = 0

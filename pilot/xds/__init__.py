@@ -1,0 +1,1 @@
+"""xDS vocabulary shared by every layer: type URLs, push order, encoded resources."""
