@@ -15,7 +15,7 @@ Rules it implements (see shared/xds-protocol.md):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from pilot.protocol.messages import (
     DeltaRequest,
@@ -26,7 +26,7 @@ from pilot.protocol.messages import (
     SubscriptionChanged,
 )
 from pilot.protocol.stream import Sent, StreamCore, TypeState
-from pilot.protocol.subscription import SubscriptionDiff
+from pilot.protocol.subscription import WILDCARD, SubscriptionDiff
 from pilot.xds import types
 from pilot.xds.resource import Resource
 
@@ -45,14 +45,16 @@ class DeltaStream(StreamCore):
         )
         claimed = _seed(state, request.initial_resource_versions) if first else frozenset()
         diff = state.subscription.update(request.subscribe, request.unsubscribe)
-        _apply_unsubscribe(state, diff)
+        _apply_unsubscribe(state, request.unsubscribe)
+        if diff.wildcard_changed and not state.subscription.wildcard:
+            _forget_wildcard_only(state)
         if first or diff.changed:
             events.append(
                 SubscriptionChanged(
                     state.type_url, diff.added, diff.removed, state.subscription.wildcard
                 )
             )
-        _mark_for_request(state, diff, claimed)
+        _mark_for_request(state, diff, frozenset(request.subscribe) - claimed)
         return events
 
     def take_responses(self, view: ResourceView) -> list[DeltaResponse]:
@@ -99,19 +101,31 @@ def _seed(state: TypeState, initial_versions: Mapping[str, str]) -> frozenset[st
     return frozenset(initial_versions)
 
 
-def _apply_unsubscribe(state: TypeState, diff: SubscriptionDiff) -> None:
-    for name in diff.removed:
-        if state.subscription.wildcard:
-            # Still wanted through the wildcard: answer it again (or as removed).
+def _apply_unsubscribe(state: TypeState, unsubscribe: Iterable[str]) -> None:
+    """Forget what the client drops; under a wildcard, it still wants it: answer again."""
+    for name in unsubscribe:
+        if name == WILDCARD or name not in state.sent:
+            continue  # never held: nothing to forget
+        if state.subscription.wants(name):
             state.sent[name] = Sent("", 0)
             state.pending.add(name)
         else:
-            state.sent.pop(name, None)
+            del state.sent[name]
 
 
-def _mark_for_request(state: TypeState, diff: SubscriptionDiff, claimed: frozenset[str]) -> None:
-    """Record what this request obliges the server to answer."""
+def _forget_wildcard_only(state: TypeState) -> None:
+    """Leaving the wildcard: the client drops what it held only through it."""
+    state.sent = {n: s for n, s in state.sent.items() if n in state.subscription.names}
+
+
+def _mark_for_request(state: TypeState, diff: SubscriptionDiff, asked: frozenset[str]) -> None:
+    """Record what this request obliges the server to answer.
+
+    `asked` is every name in `resource_names_subscribe` that the client did not
+    claim through `initial_resource_versions`: each is answered, even if held.
+    """
     if diff.wildcard_changed and state.subscription.wildcard:
         state.pending_all = True
-    state.must_send |= diff.added - claimed
-    state.pending |= diff.added
+    named = asked - {WILDCARD}
+    state.must_send |= named
+    state.pending |= named | diff.added

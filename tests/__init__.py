@@ -1,0 +1,1 @@
+"""pilot test suite."""

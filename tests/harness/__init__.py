@@ -1,0 +1,1 @@
+"""Harness for integration tests: real Envoy processes and deadline-bound waiting."""

@@ -1,0 +1,97 @@
+"""Builders for Kubernetes-shaped registry objects, as `kubectl get -o yaml` prints them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass(frozen=True)
+class Ep:
+    """One endpoint of a slice; conditions left None are omitted (meaning ready/serving)."""
+
+    ip: str
+    ready: bool | None = True
+    serving: bool | None = None
+    terminating: bool | None = None
+    zone: str = ""
+
+
+def service(
+    name: str, namespace: str = "default", ports: Sequence[tuple[str, int]] = (("http", 80),)
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "ports": [{"name": n, "port": p, "targetPort": p, "protocol": "TCP"} for n, p in ports]
+        },
+    }
+
+
+def endpoint_slice(
+    svc: str,
+    endpoints: Iterable[Ep],
+    namespace: str = "default",
+    ports: Sequence[tuple[str, int]] = (("http", 8080),),
+    name: str | None = None,
+) -> dict[str, Any]:
+    eps = []
+    for ep in endpoints:
+        conditions = {
+            k: v
+            for k, v in (
+                ("ready", ep.ready),
+                ("serving", ep.serving),
+                ("terminating", ep.terminating),
+            )
+            if v is not None
+        }
+        item: dict[str, Any] = {"addresses": [ep.ip], "conditions": conditions}
+        if ep.zone:
+            item["zone"] = ep.zone
+        eps.append(item)
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": name or f"{svc}-slice",
+            "namespace": namespace,
+            "labels": {"kubernetes.io/service-name": svc},
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": n, "port": p, "protocol": "TCP"} for n, p in ports],
+        "endpoints": eps,
+    }
+
+
+def as_list(objects: Iterable[dict[str, Any]]) -> str:
+    """A `kind: List` document, like kubectl prints."""
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": list(objects)})
+
+
+def write_mesh(path: Path, objects: Iterable[dict[str, Any]]) -> None:
+    """Replace the registry file atomically, as an editor or a config tool would."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(as_list(objects))
+    tmp.replace(path)
+
+
+def cluster_name(svc: str, port: int = 80, namespace: str = "default") -> str:
+    return f"outbound|{port}||{svc}.{namespace}.svc.cluster.local"
+
+
+def simple_mesh(
+    services: dict[str, list[str]], port: int = 80, target: int = 8080
+) -> list[dict[str, Any]]:
+    """One port per service; each service's endpoints are the given ready IPs."""
+    objects: list[dict[str, Any]] = []
+    for name, ips in services.items():
+        objects.append(service(name, ports=(("http", port),)))
+        objects.append(endpoint_slice(name, [Ep(ip) for ip in ips], ports=(("http", target),)))
+    return objects

@@ -1,0 +1,257 @@
+"""The delta state machine against the protocol checklist, without sockets."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pilot.protocol import Acked, DeltaRequest, DeltaStream, Nacked, StaleNonce
+from pilot.xds import types
+from tests.unit.views import FakeView
+
+CDS, EDS = types.CLUSTER, types.ENDPOINT
+
+
+def _view(*names: str) -> FakeView:
+    view = FakeView()
+    for name in names:
+        view.put(CDS, name, f"cluster {name}")
+        view.put(EDS, name, f"endpoints {name} v1")
+    return view
+
+
+def _names(response: object) -> list[str]:
+    return [r.name for r in response.resources]  # type: ignore[attr-defined]
+
+
+def test_every_subscribed_name_is_answered_even_if_held() -> None:
+    view = _view("a")
+    stream = DeltaStream()
+    stream.on_request(DeltaRequest(EDS, subscribe=("a",)))
+    (first,) = stream.take_responses(view)
+    stream.on_request(DeltaRequest(EDS, subscribe=("a",), response_nonce=first.nonce))
+    (again,) = stream.take_responses(view)
+    assert _names(again) == ["a"]
+
+
+def test_missing_name_is_removed_then_pushed_when_it_appears() -> None:
+    view = _view()
+    stream = DeltaStream()
+    stream.on_request(DeltaRequest(EDS, subscribe=("x",)))
+    (response,) = stream.take_responses(view)
+    assert response.removed == ("x",) and response.resources == ()
+    view.put(EDS, "x", "now")
+    assert stream.on_change(EDS, ["x"])
+    (pushed,) = stream.take_responses(view)
+    assert _names(pushed) == ["x"]
+
+
+def test_only_changed_resources_are_sent() -> None:
+    view = _view("a", "b")
+    stream = DeltaStream()
+    stream.on_request(DeltaRequest(EDS, subscribe=("a", "b")))
+    stream.take_responses(view)
+    view.put(EDS, "a", "a v2")
+    stream.on_change(EDS, ["a", "b"])
+    (response,) = stream.take_responses(view)
+    assert _names(response) == ["a"]
+
+
+def test_reconnect_with_initial_versions_sends_only_differences() -> None:
+    view = _view("same", "changed")
+    stale = view.get(EDS, "changed")
+    assert stale is not None
+    view.put(EDS, "changed", "changed v2")
+    current = view.get(EDS, "same")
+    assert current is not None
+    stream = DeltaStream()
+    stream.on_request(
+        DeltaRequest(
+            EDS,
+            subscribe=("same", "changed", "gone"),
+            initial_resource_versions={
+                "same": current.version,
+                "changed": stale.version,
+                "gone": "1",
+            },
+        )
+    )
+    (response,) = stream.take_responses(view)
+    assert _names(response) == ["changed"]
+    assert response.removed == ("gone",)
+
+
+def test_unsubscribe_forgets_so_resubscribe_is_answered() -> None:
+    view = _view("a")
+    stream = DeltaStream()
+    stream.on_request(DeltaRequest(EDS, subscribe=("a",)))
+    stream.take_responses(view)
+    stream.on_request(DeltaRequest(EDS, unsubscribe=("a",)))
+    assert stream.take_responses(view) == []
+    assert not stream.on_change(EDS, ["a"])
+    stream.on_request(DeltaRequest(EDS, subscribe=("a",)))
+    (response,) = stream.take_responses(view)
+    assert _names(response) == ["a"]
+
+
+def test_unsubscribe_of_never_held_name_needs_no_response() -> None:
+    view = _view("a")
+    stream = DeltaStream()
+    stream.on_request(DeltaRequest(EDS, subscribe=("a",)))
+    stream.take_responses(view)
+    stream.on_request(DeltaRequest(EDS, unsubscribe=("zzz",)))
+    assert stream.take_responses(view) == []
+
+
+def test_unsubscribed_name_still_wildcard_is_sent_again() -> None:
+    view = _view("a", "b")
+    stream = DeltaStream()
+    stream.on_request(DeltaRequest(CDS, subscribe=("*", "a")))
+    stream.take_responses(view)
+    stream.on_request(DeltaRequest(CDS, unsubscribe=("a",)))
+    (response,) = stream.take_responses(view)
+    assert _names(response) == ["a"]
+
+
+def test_legacy_wildcard_gets_everything_and_removals() -> None:
+    view = _view("a", "b")
+    stream = DeltaStream()
+    stream.on_request(DeltaRequest(CDS))
+    (response,) = stream.take_responses(view)
+    assert sorted(_names(response)) == ["a", "b"]
+    view.delete(CDS, "b")
+    stream.on_change(CDS, ["b"])
+    (removal,) = stream.take_responses(view)
+    assert removal.removed == ("b",) and removal.resources == ()
+
+
+def test_star_unsubscribe_leaves_wildcard() -> None:
+    view = _view("a")
+    stream = DeltaStream()
+    stream.on_request(DeltaRequest(CDS, subscribe=("*",)))
+    stream.take_responses(view)
+    stream.on_request(DeltaRequest(CDS, unsubscribe=("*",)))
+    view.put(CDS, "new", "cluster")
+    assert not stream.on_change(CDS, ["new"])
+
+
+def test_ack_nack_and_stale_nonce() -> None:
+    view = _view("a")
+    stream = DeltaStream()
+    stream.on_request(DeltaRequest(EDS, subscribe=("a",)))
+    (first,) = stream.take_responses(view)
+    assert stream.on_request(DeltaRequest(EDS, response_nonce=first.nonce)) == [
+        Acked(EDS, first.nonce, first.system_version_info)
+    ]
+    view.put(EDS, "a", "a v2")
+    stream.on_change(EDS, ["a"])
+    (second,) = stream.take_responses(view)
+    events = stream.on_request(DeltaRequest(EDS, response_nonce=second.nonce, error_message="no"))
+    assert events == [Nacked(EDS, second.nonce, second.system_version_info, "no")]
+    assert stream.take_responses(view) == [], "a NACKed version is not resent in a loop"
+    stale = stream.on_request(DeltaRequest(EDS, subscribe=("b",), response_nonce=first.nonce))
+    assert StaleNonce(EDS, first.nonce) in stale
+    (third,) = stream.take_responses(view)
+    assert third.removed == ("b",), "a stale request's subscription still counts"
+
+
+def test_cluster_push_is_followed_by_their_assignments() -> None:
+    view = _view("a", "b")
+    stream = DeltaStream()
+    stream.on_request(DeltaRequest(CDS, subscribe=("*",)))
+    stream.on_request(DeltaRequest(EDS, subscribe=("a", "b")))
+    stream.take_responses(view)
+    view.put(CDS, "a", "cluster a v2")
+    stream.on_change(CDS, ["a"])
+    cds, eds = stream.take_responses(view)
+    assert (cds.type_url, _names(cds)) == (CDS, ["a"])
+    assert (eds.type_url, _names(eds)) == (EDS, ["a"])
+
+
+# -- model check: a delta client's view always converges to the server's state -----
+
+NAMES = ["a", "b", "c", "d"]
+operation = st.one_of(
+    st.tuples(st.just("subscribe"), st.sets(st.sampled_from([*NAMES, "*"]), max_size=2)),
+    st.tuples(st.just("unsubscribe"), st.sets(st.sampled_from([*NAMES, "*"]), max_size=2)),
+    st.tuples(st.just("update"), st.sampled_from(NAMES), st.integers(0, 3)),
+    st.tuples(st.just("delete"), st.sampled_from(NAMES)),
+    st.tuples(st.just("reconnect")),
+)
+
+
+class DeltaClient:
+    """An Envoy-like delta client: holds name -> version, applies responses."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, str] = {}
+        self.names: set[str] = set()
+        self.wildcard = False
+
+    def wants(self, name: str) -> bool:
+        return self.wildcard or name in self.names
+
+    def apply(self, stream: DeltaStream, view: FakeView) -> None:
+        for response in stream.take_responses(view):
+            names = [r.name for r in response.resources]
+            assert len(names) == len(set(names))
+            assert not set(names) & set(response.removed)
+            for resource in response.resources:
+                assert self.wants(resource.name), f"unrequested {resource.name}"
+                self.held[resource.name] = resource.version
+            for name in response.removed:
+                self.held.pop(name, None)
+
+
+def _step(
+    op: tuple[object, ...], view: FakeView, stream: DeltaStream, client: DeltaClient
+) -> DeltaStream:
+    kind = op[0]
+    first = not stream.type_urls()
+    if first and kind in ("subscribe", "unsubscribe") and not op[1]:
+        client.wildcard = True  # an empty first request is a legacy wildcard
+    if kind == "subscribe":
+        names = set(op[1])  # type: ignore[arg-type]
+        client.wildcard |= "*" in names
+        client.names |= names - {"*"}
+        stream.on_request(DeltaRequest(EDS, subscribe=tuple(sorted(names))))
+    elif kind == "unsubscribe":
+        names = set(op[1])  # type: ignore[arg-type]
+        if "*" in names:
+            client.wildcard = False
+        for name in names - {"*"}:
+            client.names.discard(name)
+            client.held.pop(name, None)  # Envoy drops what it unsubscribes
+        if not client.wildcard:
+            client.held = {n: v for n, v in client.held.items() if n in client.names}
+        stream.on_request(DeltaRequest(EDS, unsubscribe=tuple(sorted(names))))
+    elif kind == "update":
+        view.put(EDS, str(op[1]), f"v{op[2]}")
+        stream.on_change(EDS, [str(op[1])])
+    elif kind == "delete":
+        view.delete(EDS, str(op[1]))
+        stream.on_change(EDS, [str(op[1])])
+    else:
+        stream = DeltaStream()
+        subscribe = sorted(client.names | ({"*"} if client.wildcard else set()))
+        if subscribe:
+            stream.on_request(
+                DeltaRequest(
+                    EDS, subscribe=tuple(subscribe), initial_resource_versions=dict(client.held)
+                )
+            )
+    return stream
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(operation, max_size=30))
+def test_delta_client_converges_to_server_state(operations: list[tuple[object, ...]]) -> None:
+    view, stream, client = FakeView(), DeltaStream(), DeltaClient()
+    for op in operations:
+        stream = _step(op, view, stream, client)
+        client.apply(stream, view)
+    expected = {
+        name: r.version for name, r in view.tables.get(EDS, {}).items() if client.wants(name)
+    }
+    held_wanted = {n: v for n, v in client.held.items() if client.wants(n)}
+    assert held_wanted == expected

@@ -1,0 +1,34 @@
+"""An in-memory ResourceView for driving the protocol machines without a server."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from pilot.xds.resource import Resource
+
+
+class FakeView:
+    """Resources by (type, name) with a version per type, as the cache keeps them."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, dict[str, Resource]] = {}
+        self.versions: dict[str, int] = {}
+
+    def put(self, type_url: str, name: str, content: str) -> Resource:
+        resource = Resource.from_payload(type_url, name, content.encode())
+        self.tables.setdefault(type_url, {})[name] = resource
+        self.versions[type_url] = self.versions.get(type_url, 0) + 1
+        return resource
+
+    def delete(self, type_url: str, name: str) -> None:
+        self.tables.get(type_url, {}).pop(name, None)
+        self.versions[type_url] = self.versions.get(type_url, 0) + 1
+
+    def get(self, type_url: str, name: str) -> Resource | None:
+        return self.tables.get(type_url, {}).get(name)
+
+    def names(self, type_url: str) -> Collection[str]:
+        return self.tables.get(type_url, {}).keys()
+
+    def version(self, type_url: str) -> str:
+        return str(self.versions.get(type_url, 0))
