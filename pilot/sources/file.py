@@ -69,7 +69,10 @@ def _documents(text: str, origin: str) -> Iterator[tuple[str, Mapping[str, Any]]
 def _kind_of(where: str, obj: Any) -> str:
     if not isinstance(obj, Mapping):
         raise RegistryFileError(f"{where}: not a mapping")
-    return str(obj.get("kind"))
+    kind = obj.get("kind")
+    if not isinstance(kind, str) or not kind:
+        raise RegistryFileError(f"{where}: has no kind (is it a Kubernetes object?)")
+    return kind
 
 
 def parse_registry(text: str, origin: str) -> RegistryState:
@@ -111,6 +114,7 @@ class FileRegistry:
         self._poll_interval = poll_interval
         self._stat: tuple[int, int, int] | None = None
         self._digest = b""
+        self._empty_seen = False
         self.synced = False
         self.last_error: str | None = None
 
@@ -124,6 +128,11 @@ class FileRegistry:
         digest = hashlib.sha256(data).digest()
         if digest == self._digest:
             return None  # already applied, or already reported as broken
+        if not data.strip() and not self._empty_seen:
+            # Editors truncate before writing: only an emptiness that lasts is real.
+            self._empty_seen = True
+            return None
+        self._empty_seen = False
         self._digest = digest
         try:
             state = parse_registry(data.decode("utf-8", errors="replace"), str(self.path))
@@ -163,7 +172,7 @@ class FileRegistry:
         self._changed_on_disk()
         while True:
             await asyncio.sleep(self._poll_interval)
-            if self._changed_on_disk():
+            if self._changed_on_disk() or self._empty_seen:
                 change = self.load()
                 if change:
                     self._on_change(change)

@@ -1,0 +1,117 @@
+"""A real Envoy on an ADS bootstrap (SotW and delta) follows every edit of the registry file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import StartEnvoy
+from tests.integration.envoy_view import (
+    ClusterView,
+    assert_nothing_rejected_or_warming,
+    wait_for_view,
+)
+from tests.support.mesh import Ep, cluster_name, endpoint_slice, service, simple_mesh
+from tests.support.pilot import running_pilot
+
+ADS_EXAMPLES = ["envoy-ads-sotw.yaml", "envoy-ads-delta.yaml"]
+PORT = 8080
+
+
+def expected(mesh: dict[str, list[str]]) -> ClusterView:
+    return {cluster_name(svc): {(ip, PORT): "HEALTHY" for ip in ips} for svc, ips in mesh.items()}
+
+
+@pytest.mark.parametrize("example", ADS_EXAMPLES)
+async def test_envoy_follows_endpoint_and_service_edits(
+    tmp_path: Path, start_envoy: StartEnvoy, example: str
+) -> None:
+    mesh = {"alpha": ["127.0.1.1", "127.0.1.2"], "beta": ["127.0.2.1"], "empty": []}
+    async with (
+        running_pilot(tmp_path, simple_mesh(mesh)) as pilot,
+        start_envoy(pilot, example, "node-a") as envoy,
+    ):
+        await wait_for_view(envoy, expected(mesh), "initial clusters and hosts")
+
+        mesh["alpha"].append("127.0.1.3")
+        pilot.write(simple_mesh(mesh))
+        await wait_for_view(envoy, expected(mesh), "an endpoint added")
+
+        mesh["alpha"].remove("127.0.1.1")
+        pilot.write(simple_mesh(mesh))
+        await wait_for_view(envoy, expected(mesh), "an endpoint removed")
+
+        mesh["gamma"] = ["127.0.3.1", "127.0.3.2"]
+        pilot.write(simple_mesh(mesh))
+        await wait_for_view(envoy, expected(mesh), "a service added")
+
+        del mesh["beta"]
+        pilot.write(simple_mesh(mesh))
+        await wait_for_view(envoy, expected(mesh), "a service removed")
+
+        mesh["empty"] = ["127.0.4.1"]
+        mesh["alpha"] = []
+        pilot.write(simple_mesh(mesh))
+        await wait_for_view(envoy, expected(mesh), "a service emptied, another filled")
+
+        await assert_nothing_rejected_or_warming(envoy)
+
+
+@pytest.mark.parametrize("example", ADS_EXAMPLES)
+async def test_envoy_sees_endpoint_conditions_and_merged_slices(
+    tmp_path: Path, start_envoy: StartEnvoy, example: str
+) -> None:
+    objects = [
+        service("shop", ports=(("http", 80), ("grpc", 90))),
+        endpoint_slice(
+            "shop",
+            [
+                Ep("127.0.5.1", zone="zone-a"),
+                Ep("127.0.5.2", ready=False, serving=True, terminating=True, zone="zone-a"),
+                Ep("127.0.5.3", ready=False, zone="zone-b"),
+            ],
+            ports=(("http", 8080), ("grpc", 9090)),
+            name="shop-1",
+        ),
+        endpoint_slice(
+            "shop",
+            [Ep("127.0.5.1"), Ep("127.0.5.4", ready=None, zone="zone-b")],
+            ports=(("http", 8080), ("grpc", 9090)),
+            name="shop-2",
+        ),
+    ]
+    hosts = {"127.0.5.1": "HEALTHY", "127.0.5.2": "DRAINING", "127.0.5.4": "HEALTHY"}
+    want = {
+        cluster_name("shop", 80): {(ip, 8080): h for ip, h in hosts.items()},
+        cluster_name("shop", 90): {(ip, 9090): h for ip, h in hosts.items()},
+    }
+    async with (
+        running_pilot(tmp_path, objects) as pilot,
+        start_envoy(pilot, example, "node-b") as envoy,
+    ):
+        await wait_for_view(envoy, want, "ready, draining and merged endpoints")
+        await assert_nothing_rejected_or_warming(envoy)
+
+
+@pytest.mark.parametrize("example", ADS_EXAMPLES)
+async def test_broken_file_keeps_the_last_good_state(
+    tmp_path: Path, start_envoy: StartEnvoy, example: str
+) -> None:
+    mesh = {"alpha": ["127.0.1.1"]}
+    async with (
+        running_pilot(tmp_path, simple_mesh(mesh)) as pilot,
+        start_envoy(pilot, example, "node-c") as envoy,
+    ):
+        await wait_for_view(envoy, expected(mesh), "initial state")
+        pilot.config.write_text(
+            "kind: List\nitems: [{kind: Service, metadata: {name: x}, spec: {ports: [{port: -1}]}}]"
+        )
+        await envoy.wait_for(
+            lambda: pilot.discovery.source.last_error, 10, "pilot to report the broken file"
+        )
+        assert "port number" in str(pilot.discovery.source.last_error)
+        mesh["alpha"].append("127.0.1.2")
+        pilot.write(simple_mesh(mesh))
+        await wait_for_view(envoy, expected(mesh), "recovery after the file is fixed")
+        await assert_nothing_rejected_or_warming(envoy)
