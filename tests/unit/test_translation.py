@@ -1,0 +1,175 @@
+"""Registry objects to Envoy resources: parsing, port matching, health, localities, clusters."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from envoy.config.core.v3 import config_source_pb2, health_check_pb2
+
+from pilot.generators.cds import Flavor, build_cluster
+from pilot.generators.eds import build_load_assignment
+from pilot.registry.kubernetes_objects import (
+    ObjectError,
+    parse_endpoint_slice,
+    parse_endpoints,
+    parse_service,
+)
+from pilot.registry.model import ServicePort
+from tests.support.mesh import Ep, endpoint_slice, service
+
+
+def _hosts(assignment: Any) -> dict[tuple[str, int], tuple[int, str]]:
+    found = {}
+    for group in assignment.endpoints:
+        for lb in group.lb_endpoints:
+            address = lb.endpoint.address.socket_address
+            found[(address.address, address.port_value)] = (lb.health_status, group.locality.zone)
+    return found
+
+
+def test_service_ports_and_clear_errors() -> None:
+    parsed = parse_service(service("web", "shop", ports=(("http", 80), ("grpc", 90))))
+    assert [(p.name, p.port) for p in parsed.ports] == [("http", 80), ("grpc", 90)]
+    bad = service("web", "shop")
+    bad["spec"]["ports"][0]["port"] = "eighty"
+    with pytest.raises(ObjectError, match=r"Service shop/web: spec.ports\[0\].port"):
+        parse_service(bad)
+
+
+def test_external_name_service_has_no_ports() -> None:
+    obj = service("ext")
+    obj["spec"]["type"] = "ExternalName"
+    assert parse_service(obj).ports == ()
+
+
+def test_slice_without_service_label_is_an_error() -> None:
+    obj = endpoint_slice("web", [Ep("10.0.0.1")])
+    del obj["metadata"]["labels"]
+    with pytest.raises(ObjectError, match=re.escape("kubernetes.io/service-name")):
+        parse_endpoint_slice(obj)
+
+
+def test_fqdn_slices_are_skipped() -> None:
+    obj = endpoint_slice("web", [Ep("10.0.0.1")])
+    obj["addressType"] = "FQDN"
+    assert parse_endpoint_slice(obj) is None
+
+
+def test_conditions_map_to_health_and_missing_ones_mean_ready() -> None:
+    obj = endpoint_slice(
+        "web",
+        [
+            Ep("10.0.0.1", ready=None, zone="a"),
+            Ep("10.0.0.2", ready=False, serving=True, terminating=True, zone="a"),
+            Ep("10.0.0.3", ready=False, serving=False, terminating=True),
+            Ep("10.0.0.4", ready=False),
+        ],
+    )
+    endpoint_set = parse_endpoint_slice(obj)
+    assert endpoint_set is not None
+    assignment = build_load_assignment("c", ServicePort("http", 80), [endpoint_set])
+    assert _hosts(assignment) == {
+        ("10.0.0.1", 8080): (health_check_pb2.HEALTHY, "a"),
+        ("10.0.0.2", 8080): (health_check_pb2.DRAINING, "a"),
+    }
+
+
+def test_ports_match_by_service_port_name() -> None:
+    obj = endpoint_slice("web", [Ep("10.0.0.1")], ports=(("http", 8080), ("admin", 9000)))
+    endpoint_set = parse_endpoint_slice(obj)
+    assert endpoint_set is not None
+    admin = build_load_assignment("c", ServicePort("admin", 90), [endpoint_set])
+    assert set(_hosts(admin)) == {("10.0.0.1", 9000)}
+    missing = build_load_assignment("c", ServicePort("metrics", 91), [endpoint_set])
+    assert list(missing.endpoints) == []
+    assert missing.cluster_name == "c"
+
+
+def test_slices_merge_and_duplicates_appear_once_with_best_health() -> None:
+    first = parse_endpoint_slice(
+        endpoint_slice(
+            "web", [Ep("10.0.0.1", ready=False, serving=True, terminating=True)], name="s1"
+        )
+    )
+    second = parse_endpoint_slice(
+        endpoint_slice("web", [Ep("10.0.0.1"), Ep("10.0.0.2")], name="s2")
+    )
+    assert first is not None and second is not None
+    assignment = build_load_assignment("c", ServicePort("http", 80), [first, second])
+    hosts = _hosts(assignment)
+    assert hosts[("10.0.0.1", 8080)][0] == health_check_pb2.HEALTHY
+    assert len(hosts) == 2
+
+
+def test_endpoints_group_by_zone_in_a_stable_order() -> None:
+    obj = endpoint_slice(
+        "web", [Ep("10.0.0.2", zone="b"), Ep("10.0.0.1", zone="a"), Ep("10.0.0.3", zone="b")]
+    )
+    endpoint_set = parse_endpoint_slice(obj)
+    assert endpoint_set is not None
+    one = build_load_assignment("c", ServicePort("http", 80), [endpoint_set])
+    assert [g.locality.zone for g in one.endpoints] == ["a", "b"]
+    assert [len(g.lb_endpoints) for g in one.endpoints] == [1, 2]
+    reordered = dict(obj, endpoints=list(reversed(obj["endpoints"])))
+    other = parse_endpoint_slice(reordered)
+    assert other is not None
+    two = build_load_assignment("c", ServicePort("http", 80), [other])
+    assert one.SerializeToString(deterministic=True) == two.SerializeToString(deterministic=True)
+
+
+def test_legacy_endpoints_ready_and_not_ready_addresses() -> None:
+    obj = {
+        "kind": "Endpoints",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "subsets": [
+            {
+                "addresses": [{"ip": "10.0.0.1"}],
+                "notReadyAddresses": [{"ip": "10.0.0.2"}],
+                "ports": [{"name": "http", "port": 8080}],
+            }
+        ],
+    }
+    endpoint_set = parse_endpoints(obj)
+    assert str(endpoint_set.service) == "shop/web"
+    assignment = build_load_assignment("c", ServicePort("http", 80), [endpoint_set])
+    assert set(_hosts(assignment)) == {("10.0.0.1", 8080)}
+
+
+def test_cluster_config_source_depends_on_how_it_was_fetched() -> None:
+    port = ServicePort("http", 80)
+    ads = build_cluster("c", port, Flavor.ADS, "xds-grpc")
+    assert ads.eds_cluster_config.eds_config.HasField("ads")
+    assert ads.eds_cluster_config.eds_config.resource_api_version == config_source_pb2.V3
+    for flavor, api_type in (
+        (Flavor.GRPC, config_source_pb2.ApiConfigSource.GRPC),
+        (Flavor.DELTA_GRPC, config_source_pb2.ApiConfigSource.DELTA_GRPC),
+    ):
+        api = build_cluster(
+            "c", port, flavor, "my-xds"
+        ).eds_cluster_config.eds_config.api_config_source
+        assert api.api_type == api_type
+        assert api.grpc_services[0].envoy_grpc.cluster_name == "my-xds"
+
+
+def test_grpc_ports_get_http2_upstreams() -> None:
+    key = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    assert (
+        key
+        in build_cluster(
+            "c", ServicePort("grpc-api", 90), Flavor.ADS, "x"
+        ).typed_extension_protocol_options
+    )
+    assert (
+        key
+        in build_cluster(
+            "c", ServicePort("x", 90, app_protocol="grpc"), Flavor.ADS, "x"
+        ).typed_extension_protocol_options
+    )
+    assert (
+        key
+        not in build_cluster(
+            "c", ServicePort("http", 80), Flavor.ADS, "x"
+        ).typed_extension_protocol_options
+    )
