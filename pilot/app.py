@@ -3,6 +3,10 @@
 Change flow: source -> endpoint index -> debounce -> builder (rebuilds only what
 changed, serializing each resource once) -> hub (marks and wakes only the
 streams subscribed to the changed names) -> each stream's writer.
+
+Start-up order: the HTTP port first (so `/ready` answers 503 meanwhile), then
+the registry; xDS is served only once the registry has its first full state, so
+no Envoy ever receives a partial mesh.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import Protocol
 
 from pilot.debug.http import HttpServer
 from pilot.generators.builder import ResourceBuilder
@@ -20,6 +25,7 @@ from pilot.server.grpc_server import GrpcServer
 from pilot.server.hub import XdsHub
 from pilot.settings import Settings
 from pilot.sources.file import FileRegistry
+from pilot.sources.kubernetes.registry import KubernetesRegistry
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
@@ -27,51 +33,67 @@ from pilot.xds.cache import ResourceCache
 log = logging.getLogger("pilot")
 
 
+class RegistrySource(Protocol):
+    """Where services and endpoints come from (a file or a cluster)."""
+
+    @property
+    def synced(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def wait_synced(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 class Discovery:
     """A running control plane; `start`, then `stop`."""
 
     def __init__(self, settings: Settings) -> None:
-        if settings.config is None:
-            raise NotImplementedError("the Kubernetes registry is not available yet; use --config")
         self.settings = settings
         self.stats = XdsStats()
         self.index = EndpointIndex()
         self.cache = ResourceCache()
         self.builder = ResourceBuilder(self.index, self.cache, settings.build, self.stats)
-        self.hub = XdsHub(self.cache, self.stats, (types.CLUSTER, types.ENDPOINT))
+        self.hub = XdsHub(self.cache, self.stats, (types.CLUSTER, types.ENDPOINT), settings.push)
         self.debouncer = Debouncer(self._flush, settings.debounce)
-        self.source = FileRegistry(
-            settings.config, self.index, self.debouncer.submit, settings.file_poll_interval
-        )
+        self.source = self._source()
         self.grpc = GrpcServer(self.hub, settings.grpc_addr)
         self.http = HttpServer(settings.http_addr, self.is_ready)
         self._tasks: list[asyncio.Task[None]] = []
+        self._serving = False
+
+    def _source(self) -> RegistrySource:
+        if self.settings.config is not None:
+            return FileRegistry(
+                self.settings.config,
+                self.index,
+                self.debouncer.submit,
+                self.settings.file_poll_interval,
+            )
+        return KubernetesRegistry(self.settings.kubernetes, self.index, self.debouncer.submit)
 
     def is_ready(self) -> bool:
-        return self.source.synced
+        return self._serving and self.source.synced
 
     def _flush(self, change: IndexChange, started: float) -> None:
         changes = self.builder.apply(change)
         if changes:
             woken = self.hub.push(changes, started)
-            log.debug(
-                "push: %s to %d streams",
-                {types.short_name(t): len(n) for t, n in changes.items()},
-                woken,
-            )
+            counts = {types.short_name(t): len(n) for t, n in changes.items()}
+            log.debug("push %s to %d streams", counts, woken)
 
     async def start(self) -> None:
-        """Load the registry, then serve."""
-        initial = self.source.load()
-        if initial:
-            self._flush(initial, time.monotonic())
-        await self.grpc.start()
+        """Serve /ready, sync the registry, then serve xDS."""
         await self.http.start()
+        await self.source.start()
+        await self.source.wait_synced()
+        initial, _ = self.debouncer.take()
+        self._flush(initial, time.monotonic())
+        self._tasks = [asyncio.create_task(self.debouncer.run(), name="debounce")]
+        await self.grpc.start()
         await self.grpc.set_serving(True)
-        self._tasks = [
-            asyncio.create_task(self.debouncer.run(), name="debounce"),
-            asyncio.create_task(self.source.run(), name="file-registry"),
-        ]
+        self._serving = True
         log.info(
             "pilot discovery serving xDS on %s (port %d), HTTP on %s:%d",
             self.settings.grpc_addr,
@@ -82,10 +104,12 @@ class Discovery:
 
     async def stop(self) -> None:
         """Health goes NOT_SERVING, streams end, background work stops."""
+        self._serving = False
+        await self.grpc.stop(self.settings.shutdown_grace)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self.grpc.stop(self.settings.shutdown_grace)
+        await self.source.stop()
         await self.http.stop()

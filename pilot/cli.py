@@ -12,7 +12,15 @@ from pathlib import Path
 
 from pilot.app import Discovery
 from pilot.generators.builder import BuildSettings
-from pilot.settings import Settings, SettingsError, debounce_from_env, split_host_port
+from pilot.settings import (
+    Settings,
+    SettingsError,
+    debounce_from_env,
+    push_from_env,
+    split_host_port,
+)
+from pilot.sources.kubernetes.connection import KubernetesUnavailable
+from pilot.sources.kubernetes.registry import EndpointsApi, KubernetesSettings
 
 log = logging.getLogger("pilot")
 
@@ -21,6 +29,8 @@ environment:
   PILOT_DEBOUNCE_AFTER       quiet period before a push (default 100ms)
   PILOT_DEBOUNCE_MAX         longest a change waits for a push (default 10s)
   PILOT_ENABLE_EDS_DEBOUNCE  debounce endpoint-only changes too (default true)
+  PILOT_PUSH_THROTTLE        responses built and written at once (default 100)
+  PILOT_XDS_SEND_TIMEOUT     close a stream whose Envoy stops reading (default 10s, 0: never)
 """
 
 
@@ -51,6 +61,22 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="a YAML file of Services, EndpointSlices and Endpoints (reloaded on change)",
     )
+    discovery.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="without --config: kubeconfig to use (else $KUBECONFIG, in-cluster, ~/.kube/config)",
+    )
+    discovery.add_argument(
+        "--namespaces",
+        default="",
+        help="comma-separated namespaces to watch (default: all)",
+    )
+    discovery.add_argument(
+        "--endpoints-api",
+        choices=[api.value for api in EndpointsApi],
+        default=EndpointsApi.ENDPOINTSLICES.value,
+        help="watch EndpointSlices (default) or legacy v1 Endpoints",
+    )
     discovery.add_argument("--cluster-domain", default="cluster.local")
     discovery.add_argument(
         "--xds-cluster-name",
@@ -72,6 +98,12 @@ def _settings(args: argparse.Namespace) -> Settings:
         config=args.config,
         build=BuildSettings(args.cluster_domain, args.xds_cluster_name),
         debounce=debounce_from_env(),
+        push=push_from_env(),
+        kubernetes=KubernetesSettings(
+            kubeconfig=args.kubeconfig,
+            namespaces=tuple(n.strip() for n in args.namespaces.split(",") if n.strip()),
+            endpoints_api=EndpointsApi(args.endpoints_api),
+        ),
     )
 
 
@@ -98,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = _settings(args)
         asyncio.run(_run_discovery(settings))
-    except (SettingsError, OSError, NotImplementedError) as error:
+    except (SettingsError, OSError, KubernetesUnavailable) as error:
         print(f"pilot: error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -10,10 +10,19 @@ from pathlib import Path
 from pilot.durations import parse_duration
 from pilot.generators.builder import BuildSettings
 from pilot.push.debounce import DebounceSettings
+from pilot.sources.kubernetes.registry import KubernetesSettings
 
 
 class SettingsError(ValueError):
     """A flag or environment variable has a value pilot cannot use."""
+
+
+@dataclass(frozen=True, slots=True)
+class PushSettings:
+    """PILOT_PUSH_THROTTLE (writes in flight at once) and PILOT_XDS_SEND_TIMEOUT (0: none)."""
+
+    throttle: int = 100
+    send_timeout: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +34,8 @@ class Settings:
     config: Path | None = None
     build: BuildSettings = field(default_factory=BuildSettings)
     debounce: DebounceSettings = field(default_factory=DebounceSettings)
+    kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
+    push: PushSettings = field(default_factory=PushSettings)
     file_poll_interval: float = 0.5
     shutdown_grace: float = 5.0
 
@@ -60,6 +71,17 @@ def debounce_from_env(env: Mapping[str, str] | None = None) -> DebounceSettings:
         max_delay=_env_duration(env, "PILOT_DEBOUNCE_MAX", defaults.max_delay),
         eds_debounce=_env_bool(env, "PILOT_ENABLE_EDS_DEBOUNCE", defaults.eds_debounce),
     )
+
+
+def push_from_env(env: Mapping[str, str] | None = None) -> PushSettings:
+    """PILOT_PUSH_THROTTLE and PILOT_XDS_SEND_TIMEOUT."""
+    env = os.environ if env is None else env
+    defaults = PushSettings()
+    raw = env.get("PILOT_PUSH_THROTTLE", str(defaults.throttle))
+    if not raw.isdigit() or int(raw) < 1:
+        raise SettingsError(f"PILOT_PUSH_THROTTLE: expected a positive integer, got {raw!r}")
+    timeout = _env_duration(env, "PILOT_XDS_SEND_TIMEOUT", defaults.send_timeout)
+    return PushSettings(throttle=int(raw), send_timeout=timeout)
 
 
 def split_host_port(address: str) -> tuple[str, int]:

@@ -60,14 +60,19 @@ class Debouncer:
         self._last = now
         self._arrived.set()
 
+    def take(self) -> tuple[IndexChange, float]:
+        """Everything pending, now, without waiting (the initial state at start-up)."""
+        change, opened = self._pending, self._opened
+        self._pending = NO_CHANGE
+        self._arrived.clear()
+        return change, opened
+
     async def run(self) -> None:
         """Forever: wait for a window to close, then flush it."""
         while True:
             await self._arrived.wait()
             await self._wait_for_quiet()
-            change, opened = self._pending, self._opened
-            self._pending = NO_CHANGE
-            self._arrived.clear()
+            change, opened = self.take()
             try:
                 self._flush(change, opened)
             except Exception:

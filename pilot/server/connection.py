@@ -101,6 +101,12 @@ class Connection:
                 if isinstance(error, ProtocolError):
                     log.warning("proxy %s (%s): %s", self.proxy_id, self.peer, error)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+                elif isinstance(error, TimeoutError):
+                    message = (
+                        "not reading its responses: closing the stream (PILOT_XDS_SEND_TIMEOUT)"
+                    )
+                    log.warning("proxy %s (%s) %s", self.proxy_id, self.peer, message)
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, message)
                 elif error is not None:
                     raise error
         finally:
@@ -157,10 +163,12 @@ class Connection:
     async def _write(self, context: grpc.aio.ServicerContext[Any, bytes]) -> None:
         view = self.hub.cache.view(self.kind.flavor.value)
         stats = self.hub.stats
+        timeout = self.hub.push_settings.send_timeout or None
         while True:
             await self._wake.wait()
-            self._wake.clear()
-            self.pending_since = None
-            for response in self.stream.take_responses(view):
-                await context.write(convert.encode(response))
-                stats.responses[response.type_url] += 1
+            async with self.hub.push_slots:
+                self._wake.clear()
+                self.pending_since = None
+                for response in self.stream.take_responses(view):
+                    await asyncio.wait_for(context.write(convert.encode(response)), timeout)
+                    stats.responses[response.type_url] += 1

@@ -10,12 +10,14 @@ its assignment arrives.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from pilot.protocol.messages import Acked, Nacked, StaleNonce, StreamEvent, SubscriptionChanged
 from pilot.push.subscribers import SubscriberIndex
+from pilot.settings import PushSettings
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
@@ -29,7 +31,16 @@ log = logging.getLogger("pilot.xds")
 class XdsHub:
     """Live connections, their subscriptions, and fan-out of changes to them."""
 
-    def __init__(self, cache: ResourceCache, stats: XdsStats, served_types: Iterable[str]) -> None:
+    def __init__(
+        self,
+        cache: ResourceCache,
+        stats: XdsStats,
+        served_types: Iterable[str],
+        push: PushSettings | None = None,
+    ) -> None:
+        self.push_settings = push or PushSettings()
+        # Bounds the responses being built and written at once, across all streams.
+        self.push_slots = asyncio.Semaphore(self.push_settings.throttle)
         self.cache = cache
         self.stats = stats
         self.served_types = frozenset(served_types)

@@ -113,42 +113,60 @@ class FileRegistry:
         self._on_change = on_change
         self._poll_interval = poll_interval
         self._stat: tuple[int, int, int] | None = None
+        self._synced = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
         self._digest = b""
         self._empty_seen = False
-        self.synced = False
         self.last_error: str | None = None
 
-    def load(self) -> IndexChange | None:
-        """Read the file now; returns the change it made, or None if unusable or unchanged."""
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    async def start(self) -> None:
+        """Read the file once and keep polling it."""
+        self._changed_on_disk()
+        self.load()
+        self._task = asyncio.create_task(self._poll(), name="file-registry")
+
+    async def wait_synced(self) -> None:
+        await self._synced.wait()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def load(self) -> None:
+        """Read the file now and apply it if it is new and good."""
         try:
             data = self.path.read_bytes()
         except OSError as error:
             self._reject(f"{self.path}: cannot read: {error.strerror or error}")
-            return None
+            return
         digest = hashlib.sha256(data).digest()
         if digest == self._digest:
-            return None  # already applied, or already reported as broken
+            return  # already applied, or already reported as broken
         if not data.strip() and not self._empty_seen:
             # Editors truncate before writing: only an emptiness that lasts is real.
             self._empty_seen = True
-            return None
+            return
         self._empty_seen = False
         self._digest = digest
         try:
             state = parse_registry(data.decode("utf-8", errors="replace"), str(self.path))
         except RegistryFileError as error:
             self._reject(str(error))
-            return None
+            return
         self.last_error = None
-        change = self._index.replace_all(state.services, state.endpoint_sets)
+        self._on_change(self._index.replace_all(state.services, state.endpoint_sets))
         log.info(
             "loaded %s: %d services, %d endpoint sets",
             self.path,
             len(state.services),
             len(state.endpoint_sets),
         )
-        self.synced = True
-        return change
+        self._synced.set()
 
     def _reject(self, message: str) -> None:
         if message != self.last_error:
@@ -167,12 +185,8 @@ class FileRegistry:
         self._stat = current
         return True
 
-    async def run(self) -> None:
-        """Poll the file and apply each change (the first load happens in `load`)."""
-        self._changed_on_disk()
+    async def _poll(self) -> None:
         while True:
             await asyncio.sleep(self._poll_interval)
             if self._changed_on_disk() or self._empty_seen:
-                change = self.load()
-                if change:
-                    self._on_change(change)
+                self.load()

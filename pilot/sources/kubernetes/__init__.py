@@ -1,0 +1,1 @@
+"""The Kubernetes registry: informers over Services and EndpointSlices (or Endpoints)."""

@@ -1,0 +1,175 @@
+"""The Kubernetes registry: informers whose objects feed the endpoint index.
+
+Services and EndpointSlices (or, with `--endpoints-api endpoints`, legacy v1
+Endpoints) are watched in all namespaces or in the ones named. Each object
+event becomes an index update, and the index says what kind of push it needs.
+A malformed object is logged with its name and skipped; what pilot knew of it
+before stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from pilot.registry.index import EndpointIndex, IndexChange
+from pilot.registry.kubernetes_objects import (
+    SERVICE_NAME_LABEL,
+    ObjectError,
+    object_label,
+    parse_endpoint_slice,
+    parse_endpoints,
+    parse_service,
+)
+from pilot.registry.model import EndpointSetKey, ServiceKey
+from pilot.sources.kubernetes.connection import connect
+from pilot.sources.kubernetes.informer import Informer, InformerSettings, Obj, Request
+
+log = logging.getLogger("pilot.sources.kubernetes")
+
+OnChange = Callable[[IndexChange], None]
+
+
+class EndpointsApi(StrEnum):
+    """Which API carries endpoints: EndpointSlices (default) or legacy Endpoints."""
+
+    ENDPOINTSLICES = "endpointslices"
+    ENDPOINTS = "endpoints"
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesSettings:
+    """`--kubeconfig`, `--namespaces`, `--endpoints-api`, and informer tuning."""
+
+    kubeconfig: Path | None = None
+    namespaces: tuple[str, ...] = ()
+    endpoints_api: EndpointsApi = EndpointsApi.ENDPOINTSLICES
+    informer: InformerSettings = field(default_factory=InformerSettings)
+
+
+class _ServiceHandler:
+    def __init__(self, index: EndpointIndex, on_change: OnChange) -> None:
+        self._index = index
+        self._on_change = on_change
+
+    def upsert(self, obj: Obj) -> None:
+        try:
+            service = parse_service(obj)
+        except ObjectError as error:
+            log.warning("ignoring %s", error)
+            return
+        self._on_change(self._index.upsert_service(service))
+
+    def delete(self, namespace: str, name: str) -> None:
+        self._on_change(self._index.delete_service(ServiceKey(namespace or "default", name)))
+
+
+class _EndpointsHandler:
+    def __init__(self, index: EndpointIndex, on_change: OnChange, kind: str) -> None:
+        self._index = index
+        self._on_change = on_change
+        self._kind = kind
+
+    def upsert(self, obj: Obj) -> None:
+        try:
+            parsed = (
+                parse_endpoint_slice(obj) if self._kind == "EndpointSlice" else parse_endpoints(obj)
+            )
+        except ObjectError as error:
+            log.warning("ignoring %s", error)
+            return
+        if parsed is None:  # an FQDN slice: nothing EDS can carry
+            meta = obj.get("metadata") or {}
+            self.delete(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+            log.debug("skipping %s (not an IP address type)", object_label(obj))
+            return
+        self._on_change(self._index.upsert_endpoints(parsed))
+
+    def delete(self, namespace: str, name: str) -> None:
+        key = EndpointSetKey(self._kind, namespace or "default", name)
+        self._on_change(self._index.delete_endpoints(key))
+
+
+def _requests(
+    api_client: client.ApiClient, namespace: str | None, api: EndpointsApi
+) -> dict[str, Request]:
+    core, discovery = client.CoreV1Api(api_client), client.DiscoveryV1Api(api_client)
+    if namespace is None:
+        services: Request = core.list_service_for_all_namespaces
+        slices: Request = discovery.list_endpoint_slice_for_all_namespaces
+        endpoints: Request = core.list_endpoints_for_all_namespaces
+    else:
+        services = functools.partial(core.list_namespaced_service, namespace)
+        slices = functools.partial(discovery.list_namespaced_endpoint_slice, namespace)
+        endpoints = functools.partial(core.list_namespaced_endpoints, namespace)
+    if api is EndpointsApi.ENDPOINTS:
+        return {"Service": services, "Endpoints": endpoints}
+    return {"Service": services, "EndpointSlice": slices}
+
+
+class KubernetesRegistry:
+    """Runs the informers; `synced` once every one of them has listed."""
+
+    def __init__(
+        self, settings: KubernetesSettings, index: EndpointIndex, on_change: OnChange
+    ) -> None:
+        self.settings = settings
+        self._index = index
+        self._on_change = on_change
+        self._api_client: client.ApiClient | None = None
+        self.informers: list[Informer] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self.server = ""
+
+    @property
+    def synced(self) -> bool:
+        return bool(self.informers) and all(i.synced.is_set() for i in self.informers)
+
+    def _build_informers(self, api_client: client.ApiClient) -> list[Informer]:
+        namespaces: Sequence[str | None] = self.settings.namespaces or (None,)
+        informers = []
+        for namespace in namespaces:
+            for kind, request in _requests(
+                api_client, namespace, self.settings.endpoints_api
+            ).items():
+                if kind == "Service":
+                    handler: Any = _ServiceHandler(self._index, self._on_change)
+                else:
+                    handler = _EndpointsHandler(self._index, self._on_change, kind)
+                selector = SERVICE_NAME_LABEL if kind == "EndpointSlice" else ""
+                informers.append(Informer(kind, request, handler, self.settings.informer, selector))
+        return informers
+
+    async def start(self) -> None:
+        """Connect (a clear error if the cluster is missing or unreachable), start watching."""
+        self._api_client, self.server = await connect(self.settings.kubeconfig)
+        self.informers = self._build_informers(self._api_client)
+        self._tasks = [
+            asyncio.create_task(informer.run(), name=f"informer-{informer.kind}")
+            for informer in self.informers
+        ]
+        scope = ", ".join(self.settings.namespaces) or "all namespaces"
+        log.info(
+            "watching %s in %s on %s",
+            " and ".join(sorted({i.kind for i in self.informers})),
+            scope,
+            self.server,
+        )
+
+    async def wait_synced(self) -> None:
+        await asyncio.gather(*(informer.synced.wait() for informer in self.informers))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._api_client is not None:
+            await self._api_client.close()
