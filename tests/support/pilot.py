@@ -11,9 +11,13 @@ from typing import Any
 from pilot.app import Discovery
 from pilot.push.debounce import DebounceSettings
 from pilot.settings import Settings
+from pilot.sources.kubernetes.informer import InformerSettings
+from pilot.sources.kubernetes.registry import EndpointsApi, KubernetesSettings
 from tests.support.mesh import write_mesh
 
 FAST_DEBOUNCE = DebounceSettings(after=0.02, max_delay=1.0, eds_debounce=True)
+# Real clusters get minutes-long watches and seconds of backoff; tests want faults to heal fast.
+FAST_INFORMER = InformerSettings(watch_timeout=30.0, backoff_initial=0.05, backoff_max=0.5)
 
 
 @dataclass
@@ -21,7 +25,7 @@ class RunningPilot:
     """A started pilot and the file that feeds it."""
 
     discovery: Discovery
-    config: Path
+    config: Path | None = None
 
     @property
     def grpc_port(self) -> int:
@@ -37,7 +41,43 @@ class RunningPilot:
 
     def write(self, objects: Iterable[dict[str, Any]]) -> None:
         """Replace the registry file; pilot notices and pushes."""
+        assert self.config is not None, "this pilot watches Kubernetes, not a file"
         write_mesh(self.config, objects)
+
+
+@asynccontextmanager
+async def _running(settings: Settings, config: Path | None) -> AsyncIterator[RunningPilot]:
+    discovery = Discovery(settings)
+    try:
+        await discovery.start()
+        yield RunningPilot(discovery, config)
+    finally:
+        await discovery.stop()
+
+
+def _settings(**overrides: Any) -> Settings:
+    base: dict[str, Any] = {
+        "grpc_addr": "127.0.0.1:0",
+        "http_addr": "127.0.0.1:0",
+        "debounce": FAST_DEBOUNCE,
+        "file_poll_interval": 0.02,
+        "shutdown_grace": 0.5,
+    }
+    return Settings(**(base | overrides))
+
+
+@asynccontextmanager
+async def running_kube_pilot(
+    kubeconfig: Path,
+    endpoints_api: EndpointsApi = EndpointsApi.ENDPOINTSLICES,
+    namespaces: tuple[str, ...] = (),
+    debounce: DebounceSettings = FAST_DEBOUNCE,
+    informer: InformerSettings = FAST_INFORMER,
+) -> AsyncIterator[RunningPilot]:
+    """A pilot on the Kubernetes registry, reaching the API server through `kubeconfig`."""
+    kubernetes = KubernetesSettings(kubeconfig, namespaces, endpoints_api, informer)
+    async with _running(_settings(kubernetes=kubernetes, debounce=debounce), None) as pilot:
+        yield pilot
 
 
 @asynccontextmanager
@@ -46,19 +86,8 @@ async def running_pilot(
     objects: Iterable[dict[str, Any]],
     debounce: DebounceSettings = FAST_DEBOUNCE,
 ) -> AsyncIterator[RunningPilot]:
+    """A pilot on the file registry, the file written from `objects` first."""
     config = tmp_path / "mesh.yaml"
     write_mesh(config, objects)
-    settings = Settings(
-        grpc_addr="127.0.0.1:0",
-        http_addr="127.0.0.1:0",
-        config=config,
-        debounce=debounce,
-        file_poll_interval=0.02,
-        shutdown_grace=0.5,
-    )
-    discovery = Discovery(settings)
-    await discovery.start()
-    try:
-        yield RunningPilot(discovery, config)
-    finally:
-        await discovery.stop()
+    async with _running(_settings(config=config, debounce=debounce), config) as pilot:
+        yield pilot
