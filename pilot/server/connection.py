@@ -57,6 +57,7 @@ class Connection:
         self.stream: SotwStream | DeltaStream = DeltaStream() if kind.delta else SotwStream()
         self.pending_since: float | None = None
         self._wake = asyncio.Event()
+        self._closing = asyncio.Event()
         self._warned_types: set[str] = set()
 
     # -- called by the hub ---------------------------------------------------
@@ -72,6 +73,10 @@ class Connection:
     def force(self, type_url: str, names: Iterable[str]) -> None:
         if self.stream.force(type_url, names):
             self._wake.set()
+
+    def close(self) -> None:
+        """End the stream (server shutdown); Envoy reconnects, possibly elsewhere."""
+        self._closing.set()
 
     def held(self, type_url: str) -> list[str]:
         state = self.stream.state(type_url)
@@ -94,8 +99,11 @@ class Connection:
         self.hub.connect(self)
         reader = asyncio.create_task(self._read(requests))
         writer = asyncio.create_task(self._write(context))
+        closing = asyncio.create_task(self._closing.wait())
         try:
-            done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {reader, writer, closing}, return_when=asyncio.FIRST_COMPLETED
+            )
             for task in done:
                 error = task.exception()
                 if isinstance(error, ProtocolError):
@@ -110,9 +118,9 @@ class Connection:
                 elif error is not None:
                     raise error
         finally:
-            for task in (reader, writer):
+            for task in (reader, writer, closing):
                 task.cancel()
-            await asyncio.gather(reader, writer, return_exceptions=True)
+            await asyncio.gather(reader, writer, closing, return_exceptions=True)
             self.hub.disconnect(self)
             log.info("proxy %s disconnected (%s, %s)", self.proxy_id, self.kind.label, self.peer)
 

@@ -26,6 +26,7 @@ class GrpcServer:
 
     def __init__(self, hub: XdsHub, address: str) -> None:
         self.address = address
+        self.hub = hub
         self.server = aio.server(options=_SERVER_OPTIONS)
         self.health = health_aio.HealthServicer()
         self.server.add_generic_rpc_handlers(tuple(xds_handlers(hub)))
@@ -50,7 +51,9 @@ class GrpcServer:
             await self.health.set(name, status)
 
     async def stop(self, grace: float) -> None:
+        """NOT_SERVING at once, end the xDS streams, then give other calls `grace` seconds."""
         await self.set_serving(False)
+        self.hub.close_all()
         await self.server.stop(grace)
 
 

@@ -63,6 +63,11 @@ class XdsHub:
                 del self._by_node[connection.proxy_id]
         self._subscribers.remove(connection, connection.subscriptions())
 
+    def close_all(self) -> None:
+        """End every stream (shutdown)."""
+        for connection in list(self.connections):
+            connection.close()
+
     def push(self, changes: Mapping[str, set[str]], started: float) -> int:
         """Mark changed names on the streams that watch them; returns streams woken."""
         woken: set[Connection] = set()

@@ -1,0 +1,113 @@
+"""The `pilot` command as a user runs it: help, clear errors, clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import aiohttp
+import grpc
+from envoy.service.discovery.v3 import discovery_pb2
+
+from tests.harness.envoy_process import wait_until
+from tests.support.mesh import simple_mesh, write_mesh
+
+ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def _pilot(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "pilot",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def test_help_documents_every_flag() -> None:
+    process = await _pilot("discovery", "--help")
+    out, _ = await process.communicate()
+    assert process.returncode == 0
+    for flag in (
+        "--grpc-addr",
+        "--http-addr",
+        "--config",
+        "--cluster-domain",
+        "--xds-cluster-name",
+        "--log-level",
+        "--kubeconfig",
+        "--namespaces",
+        "--endpoints-api",
+        "PILOT_DEBOUNCE_AFTER",
+    ):
+        assert flag in out.decode(), flag
+
+
+async def test_unreachable_cluster_is_a_one_line_error(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    port = _free_port()
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: k, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "users: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    process = await _pilot(
+        "discovery", "--kubeconfig", str(kubeconfig), "--http-addr", "127.0.0.1:0"
+    )
+    _, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 2
+    assert f"cannot reach the Kubernetes API server at http://127.0.0.1:{port}" in err.decode()
+    assert "Traceback" not in err.decode()
+
+
+async def test_sigterm_ends_streams_and_exits_zero(tmp_path: Path) -> None:
+    config = tmp_path / "mesh.yaml"
+    write_mesh(config, simple_mesh({"a": ["127.0.0.1"]}))
+    grpc_port, http_port = _free_port(), _free_port()
+    process = await _pilot(
+        "discovery",
+        "--config",
+        str(config),
+        "--grpc-addr",
+        f"127.0.0.1:{grpc_port}",
+        "--http-addr",
+        f"127.0.0.1:{http_port}",
+    )
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def ready() -> int:
+                async with session.get(f"http://127.0.0.1:{http_port}/ready") as response:
+                    return response.status
+
+            await wait_until(ready, 20, "pilot /ready", until=lambda s: s == 200)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            call = channel.stream_stream(
+                ADS,
+                request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+                response_deserializer=discovery_pb2.DiscoveryResponse.FromString,
+            )()
+            await call.write(discovery_pb2.DiscoveryRequest(type_url=CDS, node={"id": "n"}))
+            first = await call.read()
+            assert len(first.resources) == 1
+            process.send_signal(signal.SIGTERM)
+            ended = await asyncio.wait_for(call.read(), 5)
+            assert ended is grpc.aio.EOF
+        assert await asyncio.wait_for(process.wait(), 10) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
