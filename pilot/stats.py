@@ -13,6 +13,7 @@ class XdsStats:
     serializations: Counter[str] = field(default_factory=Counter)
     responses: Counter[str] = field(default_factory=Counter)
     pushes: int = 0
+    streams_woken: int = 0
     nacks: Counter[str] = field(default_factory=Counter)
     stale_nonces: Counter[str] = field(default_factory=Counter)
 
@@ -22,3 +23,4 @@ class XdsStats:
         self.nacks.clear()
         self.stale_nonces.clear()
         self.pushes = 0
+        self.streams_woken = 0

@@ -77,6 +77,7 @@ class XdsHub:
                 if connection.notify(type_url, names, started):
                     woken.add(connection)
         self.stats.pushes += 1
+        self.stats.streams_woken += len(woken)
         return len(woken)
 
     def on_event(self, connection: Connection, event: StreamEvent) -> None:

@@ -72,7 +72,8 @@ def endpoint_slice(
 
 def as_list(objects: Iterable[dict[str, Any]]) -> str:
     """A `kind: List` document, like kubectl prints."""
-    return yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": list(objects)})
+    document = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
+    return yaml.dump(document, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper))
 
 
 def write_mesh(path: Path, objects: Iterable[dict[str, Any]]) -> None:

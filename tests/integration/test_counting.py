@@ -1,0 +1,141 @@
+"""The fast path, counted: one endpoint change, one serialization, only its subscribers.
+
+A mesh of 500 services; 200 delta ADS streams, stream i subscribed to every
+cluster (CDS `*`) and to the assignment of service i. Changing one endpoint
+must serialize exactly one ClusterLoadAssignment, send no CDS at all, and wake
+only the streams subscribed to that cluster. With the Kubernetes registry, a
+burst of 1,000 endpoint events inside one debounce window is one push per
+affected stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from pilot.push.debounce import DebounceSettings
+from pilot.xds import types
+from tests.kubeapi import KubeAPIServer, write_kubeconfig
+from tests.protocol.client import DeltaStream, XdsClient, delta_resources, endpoint_ips
+from tests.support.mesh import Ep, cluster_name, endpoint_slice, service
+from tests.support.pilot import RunningPilot, running_kube_pilot, running_pilot
+
+SERVICES = 500
+STREAMS = 200
+CHANNELS = 4
+TIMEOUT = 30.0
+
+
+def _name(i: int) -> str:
+    return f"svc-{i:03d}"
+
+
+def _ip(i: int, generation: int = 0) -> str:
+    return f"127.{1 + generation}.{i // 250}.{1 + i % 250}"
+
+
+def _objects(i: int, generation: int = 0) -> list[dict[str, Any]]:
+    return [
+        service(_name(i)),
+        endpoint_slice(_name(i), [Ep(_ip(i, generation))], name=f"{_name(i)}-1"),
+    ]
+
+
+def _mesh(changed: dict[int, int] | None = None) -> list[dict[str, Any]]:
+    changed = changed or {}
+    return [obj for i in range(SERVICES) for obj in _objects(i, changed.get(i, 0))]
+
+
+async def _sync(stream: DeltaStream, i: int) -> None:
+    """Subscribe like a sidecar: every cluster, and the assignment of service i."""
+    await stream.subscribe(types.CLUSTER, ["*"])
+    await stream.subscribe(types.ENDPOINT, [cluster_name(_name(i))])
+    seen: set[str] = set()
+    while seen != {types.CLUSTER, types.ENDPOINT}:
+        response = await stream.next_response(TIMEOUT)
+        await stream.ack(response)
+        seen.add(response.type_url)
+
+
+@asynccontextmanager
+async def _subscribed(pilot: RunningPilot) -> AsyncIterator[list[DeltaStream]]:
+    clients = [XdsClient(pilot.grpc_target) for _ in range(CHANNELS)]
+    try:
+        streams = [clients[i % CHANNELS].delta_ads() for i in range(STREAMS)]
+        await asyncio.gather(*(_sync(stream, i) for i, stream in enumerate(streams)))
+        yield streams
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+async def _endpoint_update(stream: DeltaStream, i: int, ip: str) -> None:
+    response = await stream.next_response(TIMEOUT)
+    assert response.type_url == types.ENDPOINT, "an endpoint change must not send clusters"
+    held = delta_resources(response)
+    assert set(held) == {cluster_name(_name(i))}
+    assert endpoint_ips(held[cluster_name(_name(i))].message) == {ip}
+    await stream.ack(response)
+
+
+async def _one_change_costs_one_assignment(
+    pilot: RunningPilot, change: Callable[[], Awaitable[None]]
+) -> None:
+    async with _subscribed(pilot) as streams:
+        stats = pilot.discovery.stats
+        stats.reset()
+        await change()
+        await _endpoint_update(streams[7], 7, _ip(7, 1))
+        assert dict(stats.serializations) == {types.ENDPOINT: 1}
+        assert stats.streams_woken == 1, "only the subscribed stream is woken"
+        assert dict(stats.responses) == {types.ENDPOINT: 1}
+
+
+async def test_file_registry_endpoint_change(tmp_path: Path) -> None:
+    async with running_pilot(tmp_path, _mesh()) as pilot:
+
+        async def change() -> None:
+            pilot.write(_mesh({7: 1}))
+
+        await _one_change_costs_one_assignment(pilot, change)
+
+
+@asynccontextmanager
+async def _kube_pilot(
+    tmp_path: Path, debounce: DebounceSettings | None = None
+) -> AsyncIterator[tuple[KubeAPIServer, RunningPilot]]:
+    async with KubeAPIServer() as api:
+        for obj in _mesh():
+            api.apply(obj)
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
+        extra = {"debounce": debounce} if debounce else {}
+        async with running_kube_pilot(kubeconfig, **extra) as pilot:
+            yield api, pilot
+
+
+async def test_kubernetes_endpoint_change(tmp_path: Path) -> None:
+    async with _kube_pilot(tmp_path) as (api, pilot):
+
+        async def change() -> None:
+            api.apply(_objects(7, 1)[1])
+
+        await _one_change_costs_one_assignment(pilot, change)
+
+
+async def test_a_thousand_events_in_one_window_is_one_push_per_stream(tmp_path: Path) -> None:
+    window = DebounceSettings(after=0.5, max_delay=10.0)
+    affected = range(10)
+    async with _kube_pilot(tmp_path, window) as (api, pilot), _subscribed(pilot) as streams:
+        stats = pilot.discovery.stats
+        stats.reset()
+        for event in range(1000):
+            i = affected[event % len(affected)]
+            api.apply(_objects(i, 1 + event // len(affected))[1])
+        final = 1 + 999 // len(affected)
+        await asyncio.gather(*(_endpoint_update(streams[i], i, _ip(i, final)) for i in affected))
+        assert stats.pushes == 1
+        assert dict(stats.serializations) == {types.ENDPOINT: len(affected)}
+        assert dict(stats.responses) == {types.ENDPOINT: len(affected)}
