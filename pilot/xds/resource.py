@@ -56,7 +56,7 @@ class Resource:
     type_url: str
     name: str
     version: str
-    payload: bytes
+    payload: bytes = field(repr=False)  # may hold a private key: never in logs
     sotw_field: bytes = field(repr=False)
     delta_field: bytes = field(repr=False)
 
