@@ -5,8 +5,9 @@ changed, serializing each resource once) -> hub (marks and wakes only the
 streams subscribed to the changed names) -> each stream's writer.
 
 Start-up order: the HTTP port first (so `/ready` answers 503 meanwhile), then
-the registry; xDS is served only once the registry has its first full state, so
-no Envoy ever receives a partial mesh.
+the gRPC port (health NOT_SERVING: Envoys may connect, and wait), then the
+registry; streams get their first answers only once the registry has its first
+full state, so no Envoy ever receives a partial mesh.
 """
 
 from __future__ import annotations
@@ -17,14 +18,19 @@ import logging
 import time
 from typing import Protocol
 
+from kubernetes_asyncio import client
+
 from pilot.debug.http import HttpServer
 from pilot.generators.builder import ResourceBuilder
 from pilot.push.debounce import Debouncer
 from pilot.registry.index import EndpointIndex, IndexChange
+from pilot.security.component import Security
+from pilot.security.xds_auth import XdsAuth
 from pilot.server.grpc_server import GrpcServer
 from pilot.server.hub import XdsHub
 from pilot.settings import Settings
 from pilot.sources.file import FileRegistry
+from pilot.sources.kubernetes.connection import connect
 from pilot.sources.kubernetes.registry import KubernetesRegistry
 from pilot.stats import XdsStats
 from pilot.xds import types
@@ -55,15 +61,27 @@ class Discovery:
         self.index = EndpointIndex()
         self.cache = ResourceCache()
         self.builder = ResourceBuilder(self.index, self.cache, settings.build, self.stats)
-        self.hub = XdsHub(self.cache, self.stats, (types.CLUSTER, types.ENDPOINT), settings.push)
+        served = (types.CLUSTER, types.ENDPOINT, types.SECRET)
+        self.hub = XdsHub(self.cache, self.stats, served, settings.push)
         self.debouncer = Debouncer(self._flush, settings.debounce)
-        self.source = self._source()
-        self.grpc = GrpcServer(self.hub, settings.grpc_addr)
         self.http = HttpServer(settings.http_addr, self.is_ready)
+        self.api_client: client.ApiClient | None = None
+        self.source: RegistrySource | None = None
+        self.security: Security | None = None
+        self._grpc: GrpcServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._serving = False
 
-    def _source(self) -> RegistrySource:
+    @property
+    def grpc(self) -> GrpcServer:
+        assert self._grpc is not None, "pilot has not started"
+        return self._grpc
+
+    async def _connect_source(self) -> RegistrySource:
+        kubernetes = self.settings.kubernetes
+        if self.settings.config is None or kubernetes.kubeconfig is not None:
+            # With --config, a --kubeconfig serves TokenReview only.
+            self.api_client, server = await connect(kubernetes.kubeconfig)
         if self.settings.config is not None:
             return FileRegistry(
                 self.settings.config,
@@ -71,10 +89,22 @@ class Discovery:
                 self.debouncer.submit,
                 self.settings.file_poll_interval,
             )
-        return KubernetesRegistry(self.settings.kubernetes, self.index, self.debouncer.submit)
+        assert self.api_client is not None
+        return KubernetesRegistry(
+            kubernetes, self.index, self.debouncer.submit, self.api_client, server
+        )
+
+    async def _start_security(self) -> Security:
+        default_auth = XdsAuth.NONE if self.settings.config is not None else XdsAuth.KUBERNETES
+        security = await Security.create(
+            self.settings.security, self.api_client, default_auth, self.hub.secret_changed
+        )
+        self.hub.secrets = security.secrets
+        self.hub.identities = security.identities
+        return security
 
     def is_ready(self) -> bool:
-        return self._serving and self.source.synced
+        return self._serving and self.source is not None and self.source.synced
 
     def _flush(self, change: IndexChange, started: float) -> None:
         changes = self.builder.apply(change)
@@ -86,12 +116,16 @@ class Discovery:
     async def start(self) -> None:
         """Serve /ready, sync the registry, then serve xDS."""
         await self.http.start()
+        self.source = await self._connect_source()
+        self.security = await self._start_security()
+        self._grpc = GrpcServer(self.hub, self.settings.grpc_addr, self.security.ca_service)
+        await self.grpc.start()
         await self.source.start()
         await self.source.wait_synced()
         initial, _ = self.debouncer.take()
         self._flush(initial, time.monotonic())
+        self.hub.ready.set()
         self._tasks = [asyncio.create_task(self.debouncer.run(), name="debounce")]
-        await self.grpc.start()
         await self.grpc.set_serving(True)
         self._serving = True
         log.info(
@@ -105,11 +139,17 @@ class Discovery:
     async def stop(self) -> None:
         """Health goes NOT_SERVING, streams end, background work stops."""
         self._serving = False
-        await self.grpc.stop(self.settings.shutdown_grace)
+        if self._grpc is not None:
+            await self._grpc.stop(self.settings.shutdown_grace)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self.source.stop()
+        if self.source is not None:
+            await self.source.stop()
+        if self.security is not None:
+            await self.security.close()
+        if self.api_client is not None:
+            await self.api_client.close()
         await self.http.stop()

@@ -12,6 +12,10 @@ from pathlib import Path
 
 from pilot.app import Discovery
 from pilot.generators.builder import BuildSettings
+from pilot.security.ca import CaSettings, CaSetupError, default_state_dir
+from pilot.security.certs import KeyType
+from pilot.security.settings import SecuritySettings, SecuritySettingsError, security_from_env
+from pilot.security.xds_auth import XdsAuth
 from pilot.settings import (
     Settings,
     SettingsError,
@@ -31,6 +35,13 @@ environment:
   PILOT_ENABLE_EDS_DEBOUNCE  debounce endpoint-only changes too (default true)
   PILOT_PUSH_THROTTLE        responses built and written at once (default 100)
   PILOT_XDS_SEND_TIMEOUT     close a stream whose Envoy stops reading (default 10s, 0: never)
+  CA_ADDR                    the CA that signs workload certificates (default: pilot's own)
+  CA_ROOT_CERT, CA_INSECURE  verify CA_ADDR with this PEM root, or talk plaintext (true)
+  CA_TOKEN_FILE              token pilot presents to CA_ADDR
+  CA_TRUSTED_NODE_ACCOUNTS   ns/sa,... allowed to ask pilot's CA for another identity
+  SECRET_TTL                 workload certificate lifetime (default 24h)
+  SECRET_GRACE_PERIOD_RATIO  rotate when this share of the lifetime is left (default 0.5)
+  POD_NAMESPACE, SERVICE_ACCOUNT  pilot's own identity (no impersonation needed for it)
 """
 
 
@@ -77,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
         default=EndpointsApi.ENDPOINTSLICES.value,
         help="watch EndpointSlices (default) or legacy v1 Endpoints",
     )
+    _security_flags(discovery)
     discovery.add_argument("--cluster-domain", default="cluster.local")
     discovery.add_argument(
         "--xds-cluster-name",
@@ -89,6 +101,45 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _security_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("security (CA and SDS)")
+    group.add_argument(
+        "--ca-cert-dir",
+        type=Path,
+        help="plugged-in CA: ca-cert.pem, ca-key.pem, root-cert.pem, cert-chain.pem",
+    )
+    group.add_argument(
+        "--ca-state-dir",
+        type=Path,
+        help=f"where a self-signed root is kept (default {default_state_dir()})",
+    )
+    group.add_argument("--trust-domain", default="cluster.local", help="SPIFFE trust domain")
+    group.add_argument(
+        "--token-audience",
+        default="istio-ca",
+        help="audience service-account tokens must carry (default %(default)s)",
+    )
+    group.add_argument(
+        "--key-type",
+        choices=[k.value for k in KeyType],
+        default=KeyType.EC.value,
+        help="workload keys: ec (ECDSA P-256, default) or rsa (RSA 2048)",
+    )
+    group.add_argument(
+        "--xds-auth",
+        choices=[m.value for m in XdsAuth],
+        help="how xDS callers are identified (default: none with --config, else kubernetes)",
+    )
+
+
+def _security(args: argparse.Namespace) -> SecuritySettings:
+    ca = CaSettings(
+        cert_dir=args.ca_cert_dir, state_dir=args.ca_state_dir, trust_domain=args.trust_domain
+    )
+    xds_auth = XdsAuth(args.xds_auth) if args.xds_auth else None
+    return security_from_env(ca, KeyType(args.key_type), xds_auth, (args.token_audience,))
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     for address in (args.grpc_addr, args.http_addr):
         split_host_port(address)
@@ -99,6 +150,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         build=BuildSettings(args.cluster_domain, args.xds_cluster_name),
         debounce=debounce_from_env(),
         push=push_from_env(),
+        security=_security(args),
         kubernetes=KubernetesSettings(
             kubeconfig=args.kubeconfig,
             namespaces=tuple(n.strip() for n in args.namespaces.split(",") if n.strip()),
@@ -130,7 +182,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = _settings(args)
         asyncio.run(_run_discovery(settings))
-    except (SettingsError, OSError, KubernetesUnavailable) as error:
+    except (
+        SettingsError,
+        SecuritySettingsError,
+        CaSetupError,
+        OSError,
+        KubernetesUnavailable,
+    ) as error:
         print(f"pilot: error: {error}", file=sys.stderr)
         return 2
     return 0

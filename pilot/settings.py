@@ -10,6 +10,7 @@ from pathlib import Path
 from pilot.durations import parse_duration
 from pilot.generators.builder import BuildSettings
 from pilot.push.debounce import DebounceSettings
+from pilot.security.settings import SecuritySettings
 from pilot.sources.kubernetes.registry import KubernetesSettings
 
 
@@ -35,6 +36,7 @@ class Settings:
     build: BuildSettings = field(default_factory=BuildSettings)
     debounce: DebounceSettings = field(default_factory=DebounceSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
+    security: SecuritySettings = field(default_factory=SecuritySettings)
     push: PushSettings = field(default_factory=PushSettings)
     file_poll_interval: float = 0.5
     shutdown_grace: float = 5.0

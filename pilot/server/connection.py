@@ -22,6 +22,9 @@ from envoy.config.core.v3 import base_pb2
 from pilot.generators.cds import Flavor
 from pilot.protocol import DeltaStream, ProtocolError, SotwStream
 from pilot.protocol.messages import DeltaRequest, SotwRequest
+from pilot.security.authn import AuthError
+from pilot.security.identity import Identity
+from pilot.security.xds_auth import IdentityMismatch
 from pilot.server import convert
 from pilot.server.hub import XdsHub
 from pilot.xds import types
@@ -54,6 +57,8 @@ class Connection:
         self.peer = peer
         self.node: base_pb2.Node | None = None
         self.proxy_id = f"anonymous-{self.id}"
+        self.credential: Identity | None = None
+        self.identity: Identity | None = None
         self.stream: SotwStream | DeltaStream = DeltaStream() if kind.delta else SotwStream()
         self.pending_since: float | None = None
         self._wake = asyncio.Event()
@@ -96,6 +101,7 @@ class Connection:
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, bytes]
     ) -> None:
         """Run the stream until the client goes away or breaks the protocol."""
+        await self._authenticate(context)
         self.hub.connect(self)
         reader = asyncio.create_task(self._read(requests))
         writer = asyncio.create_task(self._write(context))
@@ -109,6 +115,9 @@ class Connection:
                 if isinstance(error, ProtocolError):
                     log.warning("proxy %s (%s): %s", self.proxy_id, self.peer, error)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+                elif isinstance(error, IdentityMismatch):
+                    log.warning("proxy %s (%s) refused: %s", self.proxy_id, self.peer, error)
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
                 elif isinstance(error, TimeoutError):
                     message = (
                         "not reading its responses: closing the stream (PILOT_XDS_SEND_TIMEOUT)"
@@ -123,6 +132,18 @@ class Connection:
             await asyncio.gather(reader, writer, closing, return_exceptions=True)
             self.hub.disconnect(self)
             log.info("proxy %s disconnected (%s, %s)", self.proxy_id, self.kind.label, self.peer)
+
+    async def _authenticate(self, context: grpc.aio.ServicerContext[Any, bytes]) -> None:
+        """Check the stream's credentials (with --xds-auth kubernetes); aborts if refused."""
+        identities = self.hub.identities
+        if identities is None:
+            return
+        metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+        try:
+            self.credential = await identities.from_credentials(metadata)
+        except AuthError as error:
+            log.warning("xDS stream from %s refused: %s", self.peer, error)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
 
     async def _read(self, requests: AsyncIterator[Any]) -> None:
         async for message in requests:
@@ -154,6 +175,8 @@ class Connection:
         self.node = node
         if node.id:
             self.proxy_id = node.id
+        if self.hub.identities is not None:
+            self.identity = self.hub.identities.for_node(node, self.credential)
         self.hub.identify(self)
         log.info("proxy %s connected (%s, %s)", self.proxy_id, self.kind.label, self.peer)
 
@@ -169,14 +192,14 @@ class Connection:
             )
 
     async def _write(self, context: grpc.aio.ServicerContext[Any, bytes]) -> None:
-        view = self.hub.cache.view(self.kind.flavor.value)
         stats = self.hub.stats
         timeout = self.hub.push_settings.send_timeout or None
+        await self.hub.ready.wait()
         while True:
             await self._wake.wait()
             async with self.hub.push_slots:
                 self._wake.clear()
                 self.pending_since = None
-                for response in self.stream.take_responses(view):
+                for response in self.stream.take_responses(self.hub.view(self)):
                     await asyncio.wait_for(context.write(convert.encode(response)), timeout)
                     stats.responses[response.type_url] += 1

@@ -6,11 +6,14 @@ from __future__ import annotations
 from envoy.service.cluster.v3 import cds_pb2  # noqa: F401
 from envoy.service.discovery.v3 import ads_pb2  # noqa: F401
 from envoy.service.endpoint.v3 import eds_pb2  # noqa: F401
+from envoy.service.secret.v3 import sds_pb2  # noqa: F401
 from grpc import aio
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from pilot._gen.istio.v1.auth import ca_pb2  # noqa: F401  (reflection)
+from pilot.security.ca_service import CA_SERVICE, CaService
 from pilot.server.hub import XdsHub
 from pilot.server.services import XDS_SERVICE_NAMES, xds_handlers
 
@@ -24,14 +27,18 @@ _SERVER_OPTIONS = [
 class GrpcServer:
     """xDS + health + reflection, bound to one address."""
 
-    def __init__(self, hub: XdsHub, address: str) -> None:
+    def __init__(self, hub: XdsHub, address: str, ca_service: CaService | None = None) -> None:
         self.address = address
         self.hub = hub
         self.server = aio.server(options=_SERVER_OPTIONS)
         self.health = health_aio.HealthServicer()
         self.server.add_generic_rpc_handlers(tuple(xds_handlers(hub)))
+        extra: tuple[str, ...] = ()
+        if ca_service is not None:
+            self.server.add_generic_rpc_handlers((ca_service.handler(),))
+            extra = (CA_SERVICE,)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = (*XDS_SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        names = (*XDS_SERVICE_NAMES, *extra, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.server)
         self.port = self.server.add_insecure_port(address)
         if self.port == 0:
@@ -39,6 +46,8 @@ class GrpcServer:
         self._names = XDS_SERVICE_NAMES
 
     async def start(self) -> None:
+        """Listen; health says NOT_SERVING until `set_serving(True)`."""
+        await self.set_serving(False)
         await self.server.start()
 
     async def set_serving(self, serving: bool) -> None:

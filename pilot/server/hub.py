@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from pilot.protocol.messages import Acked, Nacked, StaleNonce, StreamEvent, SubscriptionChanged
@@ -20,12 +21,41 @@ from pilot.push.subscribers import SubscriberIndex
 from pilot.settings import PushSettings
 from pilot.stats import XdsStats
 from pilot.xds import types
-from pilot.xds.cache import ResourceCache
+from pilot.xds.cache import CacheView, ResourceCache
+from pilot.xds.resource import Resource
 
 if TYPE_CHECKING:
+    from pilot.security.secrets import SecretManager
+    from pilot.security.xds_auth import ProxyIdentities
     from pilot.server.connection import Connection
 
 log = logging.getLogger("pilot.xds")
+
+
+class ProxyView:
+    """What one proxy's stream reads: the shared resources, and its own secrets."""
+
+    __slots__ = ("_proxy_id", "_secrets", "_shared")
+
+    def __init__(self, shared: CacheView, secrets: SecretManager | None, proxy_id: str) -> None:
+        self._shared = shared
+        self._secrets = secrets
+        self._proxy_id = proxy_id
+
+    def get(self, type_url: str, name: str) -> Resource | None:
+        if type_url != types.SECRET:
+            return self._shared.get(type_url, name)
+        return self._secrets.get(self._proxy_id, name) if self._secrets else None
+
+    def names(self, type_url: str) -> Collection[str]:
+        if type_url != types.SECRET:
+            return self._shared.names(type_url)
+        return self._secrets.names(self._proxy_id) if self._secrets else ()
+
+    def version(self, type_url: str) -> str:
+        if type_url != types.SECRET:
+            return self._shared.version(type_url)
+        return self._secrets.version() if self._secrets else "0"
 
 
 class XdsHub:
@@ -47,6 +77,14 @@ class XdsHub:
         self.connections: set[Connection] = set()
         self._subscribers: SubscriberIndex[Connection] = SubscriberIndex()
         self._by_node: dict[str, set[Connection]] = {}
+        self.secrets: SecretManager | None = None
+        self.identities: ProxyIdentities | None = None
+        # Set once the registry has its first full state: streams answer nothing before.
+        self.ready = asyncio.Event()
+
+    def view(self, connection: Connection) -> ProxyView:
+        shared = self.cache.view(connection.kind.flavor.value)
+        return ProxyView(shared, self.secrets, connection.proxy_id)
 
     def connect(self, connection: Connection) -> None:
         self.connections.add(connection)
@@ -62,6 +100,16 @@ class XdsHub:
             if not siblings:
                 del self._by_node[connection.proxy_id]
         self._subscribers.remove(connection, connection.subscriptions())
+        if self.secrets is not None:
+            for type_url, names in connection.subscriptions():
+                if type_url == types.SECRET:
+                    for name in names:
+                        self.secrets.release(connection.proxy_id, name, connection.id)
+
+    def secret_changed(self, proxy_id: str, name: str) -> None:
+        """A proxy's secret was minted or rotated: push it to that proxy's streams."""
+        for connection in self._by_node.get(proxy_id, ()):
+            connection.notify(types.SECRET, (name,), time.monotonic())
 
     def close_all(self) -> None:
         """End every stream (shutdown)."""
@@ -84,6 +132,8 @@ class XdsHub:
         """Bookkeeping for what a request meant."""
         if isinstance(event, SubscriptionChanged):
             self._subscribers.apply(connection, event)
+            if event.type_url == types.SECRET:
+                self._secret_subscription(connection, event)
         elif isinstance(event, Nacked):
             self.stats.nacks[event.type_url] += 1
             log.warning(
@@ -98,6 +148,14 @@ class XdsHub:
             self.stats.stale_nonces[event.type_url] += 1
         if isinstance(event, Acked | Nacked) and event.type_url == types.CLUSTER:
             self._follow_clusters(connection)
+
+    def _secret_subscription(self, connection: Connection, event: SubscriptionChanged) -> None:
+        if self.secrets is None:
+            return
+        for name in event.added:
+            self.secrets.want(connection.proxy_id, connection.identity, name, connection.id)
+        for name in event.removed:
+            self.secrets.release(connection.proxy_id, name, connection.id)
 
     def _follow_clusters(self, connection: Connection) -> None:
         """After a node applied clusters on a CDS-only stream, resend their assignments."""

@@ -22,7 +22,8 @@ from pilot.xds import types
 ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 CDS_SERVICE = "envoy.service.cluster.v3.ClusterDiscoveryService"
 EDS_SERVICE = "envoy.service.endpoint.v3.EndpointDiscoveryService"
-XDS_SERVICE_NAMES = (ADS_SERVICE, CDS_SERVICE, EDS_SERVICE)
+SDS_SERVICE = "envoy.service.secret.v3.SecretDiscoveryService"
+XDS_SERVICE_NAMES = (ADS_SERVICE, CDS_SERVICE, EDS_SERVICE, SDS_SERVICE)
 
 StreamHandler = Callable[
     [AsyncIterator[Any], grpc.aio.ServicerContext[Any, bytes]], Awaitable[None]
@@ -91,8 +92,22 @@ def xds_handlers(hub: XdsHub) -> list[grpc.GenericRpcHandler[Any, bytes]]:
         "DeltaEndpoints": kind(True, types.ENDPOINT, Flavor.DELTA_GRPC),
         "FetchEndpoints": _fetch_handler(hub, types.ENDPOINT, Flavor.GRPC),
     }
+    sds = {
+        "StreamSecrets": kind(False, types.SECRET, Flavor.ADS),
+        "DeltaSecrets": kind(True, types.SECRET, Flavor.ADS),
+    }
     return [
         grpc.method_handlers_generic_handler(ADS_SERVICE, ads),
         grpc.method_handlers_generic_handler(CDS_SERVICE, cds),
         grpc.method_handlers_generic_handler(EDS_SERVICE, eds),
+        grpc.method_handlers_generic_handler(SDS_SERVICE, sds),
     ]
+
+
+def sds_handlers(hub: XdsHub) -> list[grpc.GenericRpcHandler[Any, bytes]]:
+    """Only the SecretDiscoveryService (for `pilot agent`)."""
+    sds = {
+        "StreamSecrets": _stream_handler(hub, StreamKind(False, types.SECRET, Flavor.ADS)),
+        "DeltaSecrets": _stream_handler(hub, StreamKind(True, types.SECRET, Flavor.ADS)),
+    }
+    return [grpc.method_handlers_generic_handler(SDS_SERVICE, sds)]

@@ -10,6 +10,9 @@ from typing import Any
 
 from pilot.app import Discovery
 from pilot.push.debounce import DebounceSettings
+from pilot.security.ca import CaSettings
+from pilot.security.settings import SecuritySettings
+from pilot.security.xds_auth import XdsAuth
 from pilot.settings import Settings
 from pilot.sources.kubernetes.informer import InformerSettings
 from pilot.sources.kubernetes.registry import EndpointsApi, KubernetesSettings
@@ -55,7 +58,16 @@ async def _running(settings: Settings, config: Path | None) -> AsyncIterator[Run
         await discovery.stop()
 
 
-def _settings(**overrides: Any) -> Settings:
+def _security(state_dir: Path, **overrides: Any) -> SecuritySettings:
+    """Security settings whose self-signed root lives in the test's own directory.
+
+    xDS streams are trusted by node metadata unless a test asks for tokens.
+    """
+    fields: dict[str, Any] = {"ca": CaSettings(state_dir=state_dir), "xds_auth": XdsAuth.NONE}
+    return SecuritySettings(**(fields | overrides))
+
+
+def _settings(state_dir: Path, **overrides: Any) -> Settings:
     base: dict[str, Any] = {
         "grpc_addr": "127.0.0.1:0",
         "http_addr": "127.0.0.1:0",
@@ -63,20 +75,34 @@ def _settings(**overrides: Any) -> Settings:
         "file_poll_interval": 0.02,
         "shutdown_grace": 0.5,
     }
+    overrides.setdefault("security", _security(state_dir))
     return Settings(**(base | overrides))
 
 
 @asynccontextmanager
 async def running_kube_pilot(
     kubeconfig: Path,
+    *,
     endpoints_api: EndpointsApi = EndpointsApi.ENDPOINTSLICES,
     namespaces: tuple[str, ...] = (),
     debounce: DebounceSettings = FAST_DEBOUNCE,
     informer: InformerSettings = FAST_INFORMER,
+    xds_auth: XdsAuth = XdsAuth.NONE,
+    security: dict[str, Any] | None = None,
 ) -> AsyncIterator[RunningPilot]:
-    """A pilot on the Kubernetes registry, reaching the API server through `kubeconfig`."""
+    """A pilot on the Kubernetes registry, reaching the API server through `kubeconfig`.
+
+    xDS streams are trusted by node metadata unless `xds_auth` says otherwise;
+    `security` overrides other SecuritySettings fields (e.g. `sds`, `remote_ca`).
+    """
     kubernetes = KubernetesSettings(kubeconfig, namespaces, endpoints_api, informer)
-    async with _running(_settings(kubernetes=kubernetes, debounce=debounce), None) as pilot:
+    settings = _settings(
+        kubeconfig.parent / "ca",
+        kubernetes=kubernetes,
+        debounce=debounce,
+        security=_security(kubeconfig.parent / "ca", xds_auth=xds_auth, **(security or {})),
+    )
+    async with _running(settings, None) as pilot:
         yield pilot
 
 
@@ -85,9 +111,22 @@ async def running_pilot(
     tmp_path: Path,
     objects: Iterable[dict[str, Any]],
     debounce: DebounceSettings = FAST_DEBOUNCE,
+    security: dict[str, Any] | None = None,
+    kubeconfig: Path | None = None,
 ) -> AsyncIterator[RunningPilot]:
-    """A pilot on the file registry, the file written from `objects` first."""
+    """A pilot on the file registry, the file written from `objects` first.
+
+    `security` overrides SecuritySettings fields; `kubeconfig` gives it a
+    Kubernetes API for TokenReview.
+    """
     config = tmp_path / "mesh.yaml"
     write_mesh(config, objects)
-    async with _running(_settings(config=config, debounce=debounce), config) as pilot:
+    settings = _settings(
+        tmp_path / "ca",
+        config=config,
+        debounce=debounce,
+        security=_security(tmp_path / "ca", **(security or {})),
+        kubernetes=KubernetesSettings(kubeconfig=kubeconfig),
+    )
+    async with _running(settings, config) as pilot:
         yield pilot

@@ -23,6 +23,8 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from pilot.backoff import Backoff
+
 log = logging.getLogger("pilot.sources.kubernetes")
 
 Obj = dict[str, Any]
@@ -56,23 +58,6 @@ class InformerSettings:
     page_size: int = 500
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
-
-
-class Backoff:
-    """Exponential backoff with full jitter."""
-
-    def __init__(self, initial: float, maximum: float) -> None:
-        self._initial = initial
-        self._maximum = maximum
-        self._current = initial
-
-    def next_delay(self) -> float:
-        delay = random.uniform(self._current / 2, self._current)
-        self._current = min(self._current * 2, self._maximum)
-        return delay
-
-    def reset(self) -> None:
-        self._current = self._initial
 
 
 def _key(obj: Obj) -> ObjectKey:

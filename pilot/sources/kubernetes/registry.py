@@ -30,7 +30,6 @@ from pilot.registry.kubernetes_objects import (
     parse_service,
 )
 from pilot.registry.model import EndpointSetKey, ServiceKey
-from pilot.sources.kubernetes.connection import connect
 from pilot.sources.kubernetes.informer import Informer, InformerSettings, Obj, Request
 
 log = logging.getLogger("pilot.sources.kubernetes")
@@ -119,15 +118,20 @@ class KubernetesRegistry:
     """Runs the informers; `synced` once every one of them has listed."""
 
     def __init__(
-        self, settings: KubernetesSettings, index: EndpointIndex, on_change: OnChange
+        self,
+        settings: KubernetesSettings,
+        index: EndpointIndex,
+        on_change: OnChange,
+        api_client: client.ApiClient,
+        server: str,
     ) -> None:
         self.settings = settings
         self._index = index
         self._on_change = on_change
-        self._api_client: client.ApiClient | None = None
+        self._api_client = api_client
+        self.server = server
         self.informers: list[Informer] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self.server = ""
 
     @property
     def synced(self) -> bool:
@@ -149,8 +153,7 @@ class KubernetesRegistry:
         return informers
 
     async def start(self) -> None:
-        """Connect (a clear error if the cluster is missing or unreachable), start watching."""
-        self._api_client, self.server = await connect(self.settings.kubeconfig)
+        """Start watching."""
         self.informers = self._build_informers(self._api_client)
         self._tasks = [
             asyncio.create_task(informer.run(), name=f"informer-{informer.kind}")
@@ -171,5 +174,3 @@ class KubernetesRegistry:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._api_client is not None:
-            await self._api_client.close()

@@ -1,0 +1,1 @@
+"""Workload identity: pilot's CA, caller authentication, the CA client, and SDS secrets."""

@@ -1,0 +1,117 @@
+"""Who is calling: a Kubernetes service-account token (TokenReview) or a client certificate.
+
+Bearer tokens are checked with a TokenReview for the configured audiences; the
+caller is the service account it names. Over TLS, a client certificate's SPIFFE
+URI in the trust domain is accepted instead. Failures raise `AuthError` with a
+reason the caller can act on; tokens never appear in messages or logs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
+
+from cryptography import x509
+from kubernetes_asyncio import client
+
+from pilot.security.certs import uri_sans
+from pilot.security.identity import Identity
+
+log = logging.getLogger("pilot.security")
+
+AuthContext = Mapping[str, Iterable[bytes]]
+
+
+class AuthError(Exception):
+    """The caller could not be authenticated."""
+
+
+class TokenReviewer(Protocol):
+    """Turns a bearer token into a Kubernetes user name, or raises AuthError."""
+
+    async def review(self, token: str, audiences: Sequence[str]) -> str: ...
+
+
+class KubernetesTokenReviewer:
+    """TokenReview against the cluster's API server."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self._api = client.AuthenticationV1Api(api_client)
+
+    async def review(self, token: str, audiences: Sequence[str]) -> str:
+        body = client.V1TokenReview(
+            spec=client.V1TokenReviewSpec(token=token, audiences=list(audiences))
+        )
+        try:
+            result = await self._api.create_token_review(body)
+        except client.ApiException as error:
+            raise AuthError(f"token review failed: HTTP {error.status} {error.reason}") from error
+        status = result.status
+        if status is None or not status.authenticated or status.user is None:
+            reason = (status.error if status is not None else None) or "token not authenticated"
+            raise AuthError(f"token rejected: {reason}")
+        if audiences and not set(status.audiences or ()) & set(audiences):
+            raise AuthError(f"token is not for audience {', '.join(audiences)}")
+        return str(status.user.username)
+
+
+def bearer_token(metadata: Mapping[str, str]) -> str | None:
+    """The token of an `authorization: Bearer ...` header, if any."""
+    header = metadata.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return None
+
+
+class Authenticator:
+    """Authenticates callers of the CA and of xDS streams."""
+
+    def __init__(
+        self,
+        trust_domain: str,
+        reviewer: TokenReviewer | None,
+        audiences: Sequence[str] = ("istio-ca",),
+    ) -> None:
+        self.trust_domain = trust_domain
+        self._reviewer = reviewer
+        self._audiences = tuple(audiences)
+
+    async def from_token(self, token: str) -> Identity:
+        if self._reviewer is None:
+            raise AuthError("tokens cannot be checked: pilot has no Kubernetes API for TokenReview")
+        username = await self._reviewer.review(token, self._audiences)
+        try:
+            return Identity.from_username(username, self.trust_domain)
+        except ValueError as error:
+            raise AuthError(f"token is not a service account's: {error}") from error
+
+    def from_certificate(self, auth_context: AuthContext) -> Identity | None:
+        pem = next(iter(auth_context.get("x509_pem_cert") or ()), None)
+        if pem is None:
+            return None
+        certificate = x509.load_pem_x509_certificate(pem)
+        for uri in uri_sans(certificate):
+            try:
+                identity = Identity.parse(uri)
+            except ValueError:
+                continue
+            if identity.trust_domain == self.trust_domain:
+                return identity
+        raise AuthError(f"client certificate has no SPIFFE identity in {self.trust_domain}")
+
+    async def authenticate(
+        self, metadata: Mapping[str, str], auth_context: AuthContext
+    ) -> Identity:
+        """The caller's identity: from its token if it sent one, else its client certificate."""
+        token = bearer_token(metadata)
+        if token is not None:
+            return await self.from_token(token)
+        identity = self.from_certificate(auth_context)
+        if identity is None:
+            raise AuthError(
+                "no credentials: send a service-account token as 'authorization: Bearer <token>'"
+                " or present a client certificate"
+            )
+        return identity

@@ -1,0 +1,210 @@
+"""pilot's certificate authority: the trust root and the signing of workload CSRs.
+
+The signing key comes from `--ca-cert-dir` in Istio's plugged-in CA layout
+(`ca-cert.pem`, `ca-key.pem`, `root-cert.pem`, `cert-chain.pem`), or else from
+a self-signed root made at first start and kept in `--ca-state-dir` (key file
+0600), so that a restart keeps the same trust root.
+
+`sign` checks the CSR's signature and key, and puts the identity it is *told*
+into the certificate, never what the CSR asks for. It is synchronous and
+CPU-bound: callers run it off the event loop.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from pilot.security.certs import (
+    PrivateKey,
+    cert_pem,
+    key_pem,
+    load_certificates,
+    self_signed_root,
+    utcnow,
+    write_private,
+)
+from pilot.security.identity import Identity
+
+log = logging.getLogger("pilot.security.ca")
+
+DEFAULT_TTL = datetime.timedelta(hours=24)
+MAX_TTL = datetime.timedelta(days=90)
+MAX_CSR_BYTES = 16 * 1024
+BACKDATE = datetime.timedelta(minutes=2)
+PLUGGED_IN_FILES = ("ca-cert.pem", "ca-key.pem", "root-cert.pem", "cert-chain.pem")
+
+
+class CsrError(ValueError):
+    """The CSR or the requested lifetime cannot be signed; the message says why."""
+
+
+class CaSetupError(RuntimeError):
+    """The CA's key material is missing or inconsistent."""
+
+
+@dataclass(frozen=True, slots=True)
+class CaSettings:
+    """`--ca-cert-dir`, `--ca-state-dir`, `--trust-domain`, and lifetimes."""
+
+    cert_dir: Path | None = None
+    state_dir: Path | None = None
+    trust_domain: str = "cluster.local"
+    default_ttl: datetime.timedelta = DEFAULT_TTL
+    max_ttl: datetime.timedelta = MAX_TTL
+
+
+def default_state_dir() -> Path:
+    """Where a self-signed root is kept by default (XDG state directory)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "pilot" / "ca"
+
+
+def _load_key(pem: bytes, where: Path) -> PrivateKey:
+    key = serialization.load_pem_private_key(pem, password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+        raise CaSetupError(f"{where}: unsupported key type {type(key).__name__}")
+    return key
+
+
+class CertificateAuthority:
+    """Signs workload certificates with one signing key under one trust root."""
+
+    def __init__(
+        self,
+        signing_key: PrivateKey,
+        signing_cert: x509.Certificate,
+        chain: list[x509.Certificate],
+        root: x509.Certificate,
+        settings: CaSettings,
+    ) -> None:
+        self._key = signing_key
+        self._cert = signing_cert
+        self._chain_pem = [cert_pem(c) for c in chain]
+        self.root = root
+        self.root_pem = cert_pem(root)
+        self.settings = settings
+
+    @classmethod
+    def load(cls, settings: CaSettings) -> CertificateAuthority:
+        """From the plugged-in layout if given, else the persisted (or a new) self-signed root."""
+        if settings.cert_dir is not None:
+            return cls._plugged_in(settings.cert_dir, settings)
+        return cls._self_signed(settings.state_dir or default_state_dir(), settings)
+
+    @classmethod
+    def _plugged_in(cls, directory: Path, settings: CaSettings) -> CertificateAuthority:
+        missing = [name for name in PLUGGED_IN_FILES if not (directory / name).is_file()]
+        if missing:
+            raise CaSetupError(f"--ca-cert-dir {directory} lacks {', '.join(missing)}")
+        signing_cert = load_certificates((directory / "ca-cert.pem").read_bytes())[0]
+        key = _load_key((directory / "ca-key.pem").read_bytes(), directory / "ca-key.pem")
+        root = load_certificates((directory / "root-cert.pem").read_bytes())[0]
+        chain = load_certificates((directory / "cert-chain.pem").read_bytes())
+        if chain and chain[0] != signing_cert:
+            chain.insert(0, signing_cert)
+        if not chain or chain[-1] != root:
+            chain.append(root)
+        log.info("CA: using the plugged-in signing certificate from %s", directory)
+        return cls(key, signing_cert, chain, root, settings)
+
+    @classmethod
+    def _self_signed(cls, state_dir: Path, settings: CaSettings) -> CertificateAuthority:
+        cert_path, key_path = state_dir / "root-cert.pem", state_dir / "root-key.pem"
+        if cert_path.is_file() and key_path.is_file():
+            root = load_certificates(cert_path.read_bytes())[0]
+            key = _load_key(key_path.read_bytes(), key_path)
+            log.info("CA: using the self-signed root kept in %s", state_dir)
+        else:
+            key, root = self_signed_root(settings.trust_domain)
+            state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_private(key_path, key_pem(key))
+            cert_path.write_text(cert_pem(root))
+            log.info(
+                "CA: made a new self-signed root for %s in %s", settings.trust_domain, state_dir
+            )
+        return cls(key, root, [root], root, settings)
+
+    def lifetime(self, requested_seconds: int) -> datetime.timedelta:
+        """The certificate lifetime for a request: default when 0, refused above the maximum."""
+        if requested_seconds < 0:
+            raise CsrError(f"validity_duration {requested_seconds} is negative")
+        if requested_seconds == 0:
+            return self.settings.default_ttl
+        ttl = datetime.timedelta(seconds=requested_seconds)
+        if ttl > self.settings.max_ttl:
+            raise CsrError(
+                f"validity_duration {requested_seconds}s exceeds the maximum "
+                f"{int(self.settings.max_ttl.total_seconds())}s"
+            )
+        return ttl
+
+    def sign(self, csr_pem: bytes, identity: Identity, ttl: datetime.timedelta) -> list[str]:
+        """Sign a CSR for `identity`; returns the chain, leaf first and root last."""
+        csr = _checked_csr(csr_pem)
+        now = utcnow()
+        not_after = min(now + ttl, self._cert.not_valid_after_utc)
+        san = x509.SubjectAlternativeName([x509.UniformResourceIdentifier(identity.uri)])
+        leaf = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([]))
+            .issuer_name(self._cert.subject)
+            .public_key(csr.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - BACKDATE)
+            .not_valid_after(not_after)
+            .add_extension(san, critical=True)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(_leaf_key_usage(), critical=True)
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
+                critical=False,
+            )
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()),
+                critical=False,
+            )
+            .sign(self._key, hashes.SHA256())
+        )
+        return [cert_pem(leaf), *self._chain_pem]
+
+
+def _checked_csr(csr_pem: bytes) -> x509.CertificateSigningRequest:
+    if len(csr_pem) > MAX_CSR_BYTES:
+        raise CsrError(f"CSR is {len(csr_pem)} bytes, more than {MAX_CSR_BYTES}")
+    try:
+        csr = x509.load_pem_x509_csr(csr_pem)
+    except ValueError as error:
+        raise CsrError(f"CSR is not a PEM certificate request: {error}") from error
+    if not csr.is_signature_valid:
+        raise CsrError("CSR signature does not verify")
+    key = csr.public_key()
+    if isinstance(key, rsa.RSAPublicKey) and key.key_size < 2048:
+        raise CsrError(f"RSA key of {key.key_size} bits is too small (2048 at least)")
+    if not isinstance(key, rsa.RSAPublicKey | ec.EllipticCurvePublicKey):
+        raise CsrError(f"unsupported key type {type(key).__name__}")
+    return csr
+
+
+def _leaf_key_usage() -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=True,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=False,
+        crl_sign=False,
+        encipher_only=False,
+        decipher_only=False,
+    )

@@ -1,0 +1,136 @@
+"""Getting a CSR signed: by pilot's own CA in process, or by the CA at `CA_ADDR`.
+
+The remote client speaks Istio's `IstioCertificateService`: over TLS verified
+with `CA_ROOT_CERT`, or plaintext with `CA_INSECURE=true`; it authenticates
+with the token in `CA_TOKEN_FILE` (read on every call: projected tokens
+rotate) and, when the workload's identity is not pilot's own, asks for it with
+`ImpersonatedIdentity` metadata. A chain that does not verify is an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import grpc
+from cryptography import x509
+from google.protobuf import struct_pb2
+
+from pilot._gen.istio.v1.auth import ca_pb2
+from pilot.security.ca import CertificateAuthority
+from pilot.security.ca_service import CA_SERVICE, IMPERSONATED_IDENTITY
+from pilot.security.certs import load_certificates, uri_sans, verify_chain
+from pilot.security.identity import Identity
+
+CALL_TIMEOUT = 10.0
+
+
+class CaError(Exception):
+    """The CA did not sign (unreachable, refused, or answered something unusable)."""
+
+
+class CaClient(Protocol):
+    """Signs a CSR for an identity; returns the PEM chain, leaf first, root last."""
+
+    async def sign(
+        self, csr_pem: bytes, identity: Identity, ttl: datetime.timedelta
+    ) -> list[str]: ...
+
+
+class LocalCa:
+    """pilot's own CA, called in process (off the event loop)."""
+
+    def __init__(self, ca: CertificateAuthority, slots: asyncio.Semaphore) -> None:
+        self.ca = ca
+        self._slots = slots
+
+    async def sign(self, csr_pem: bytes, identity: Identity, ttl: datetime.timedelta) -> list[str]:
+        async with self._slots:
+            return await asyncio.to_thread(self.ca.sign, csr_pem, identity, ttl)
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteCaSettings:
+    """CA_ADDR, CA_ROOT_CERT, CA_INSECURE, CA_TOKEN_FILE, and pilot's own identity."""
+
+    address: str
+    root_cert: Path | None = None
+    insecure: bool = False
+    token_file: Path | None = None
+    own_identity: Identity | None = None
+
+
+def _read_token(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return path.read_text().strip() or None
+    except OSError as error:
+        raise CaError(f"cannot read CA_TOKEN_FILE {path}: {error.strerror or error}") from error
+
+
+class RemoteCa:
+    """The Istio-protocol CA at CA_ADDR."""
+
+    def __init__(self, settings: RemoteCaSettings) -> None:
+        self.settings = settings
+        self.roots: list[x509.Certificate] = []
+        if settings.insecure:
+            self._channel = grpc.aio.insecure_channel(settings.address)
+        else:
+            if settings.root_cert is None:
+                raise CaError("CA_ADDR over TLS needs CA_ROOT_CERT (or CA_INSECURE=true)")
+            pem = settings.root_cert.read_bytes()
+            self.roots = load_certificates(pem)
+            credentials = grpc.ssl_channel_credentials(root_certificates=pem)
+            self._channel = grpc.aio.secure_channel(settings.address, credentials)
+        self._call = self._channel.unary_unary(
+            f"/{CA_SERVICE}/CreateCertificate",
+            request_serializer=ca_pb2.IstioCertificateRequest.SerializeToString,
+            response_deserializer=ca_pb2.IstioCertificateResponse.FromString,
+        )
+
+    def _request(
+        self, csr_pem: bytes, identity: Identity, ttl: datetime.timedelta
+    ) -> ca_pb2.IstioCertificateRequest:
+        request = ca_pb2.IstioCertificateRequest(
+            csr=csr_pem.decode(), validity_duration=int(ttl.total_seconds())
+        )
+        if identity != self.settings.own_identity:
+            request.metadata.CopyFrom(struct_pb2.Struct())
+            request.metadata.fields[IMPERSONATED_IDENTITY].string_value = identity.uri
+        return request
+
+    async def sign(self, csr_pem: bytes, identity: Identity, ttl: datetime.timedelta) -> list[str]:
+        token = _read_token(self.settings.token_file)
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        try:
+            response = await self._call(
+                self._request(csr_pem, identity, ttl), metadata=metadata, timeout=CALL_TIMEOUT
+            )
+        except grpc.aio.AioRpcError as error:
+            raise CaError(
+                f"CA at {self.settings.address}: {error.code().name}: {error.details()}"
+            ) from error
+        chain = list(response.cert_chain)
+        self._check(chain, identity)
+        return chain
+
+    def _check(self, chain: list[str], identity: Identity) -> None:
+        try:
+            certificates = [c for pem in chain for c in load_certificates(pem.encode())]
+            roots = self.roots or certificates[-1:]
+            verify_chain(certificates, roots)
+        except ValueError as error:
+            raise CaError(
+                f"CA at {self.settings.address} returned a chain that does not verify: {error}"
+            ) from error
+        signed_for = uri_sans(certificates[0])
+        if identity.uri not in signed_for:
+            raise CaError(f"CA at {self.settings.address} signed for {signed_for}, not {identity}")
+
+    async def close(self) -> None:
+        await self._channel.close(None)

@@ -1,0 +1,108 @@
+"""`istio.v1.auth.IstioCertificateService` on pilot's gRPC port, backed by pilot's CA.
+
+The certificate's identity is the authenticated caller's, whatever the CSR
+asks for, unless the caller is a trusted node account (CA_TRUSTED_NODE_ACCOUNTS,
+`ns/sa,...`) asking for another identity through `ImpersonatedIdentity`.
+Malformed, oversized or unauthenticated requests are refused with
+INVALID_ARGUMENT, UNAUTHENTICATED or PERMISSION_DENIED and a reason; nothing
+is signed then. Signing runs off the event loop, a bounded number at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import grpc
+
+from pilot._gen.istio.v1.auth import ca_pb2
+from pilot.security.authn import Authenticator, AuthError
+from pilot.security.ca import CertificateAuthority, CsrError
+from pilot.security.identity import Identity
+
+log = logging.getLogger("pilot.security.ca")
+
+CA_SERVICE = "istio.v1.auth.IstioCertificateService"
+IMPERSONATED_IDENTITY = "ImpersonatedIdentity"
+
+
+class RequestRefused(Exception):
+    """A request the CA will not sign, with the status to answer."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class CaService:
+    """Authenticates, authorizes and signs CreateCertificate requests."""
+
+    def __init__(
+        self,
+        ca: CertificateAuthority,
+        authenticator: Authenticator,
+        trusted_node_accounts: Iterable[str] = (),
+        signing_slots: asyncio.Semaphore | None = None,
+    ) -> None:
+        self.ca = ca
+        self._authenticator = authenticator
+        self._trusted = frozenset(trusted_node_accounts)
+        self._slots = signing_slots or asyncio.Semaphore(4)
+
+    async def create_certificate(
+        self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ca_pb2.IstioCertificateResponse:
+        try:
+            caller = await self._caller(context)
+            identity = self._identity_for(caller, request)
+            chain = await self._sign(request, identity)
+        except RequestRefused as refused:
+            log.warning("CA refused %s: %s", context.peer(), refused)
+            await context.abort(refused.code, str(refused))
+        log.info("CA signed a certificate for %s", identity)
+        return ca_pb2.IstioCertificateResponse(cert_chain=chain)
+
+    async def _caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> Identity:
+        metadata = {
+            key: value
+            for key, value in context.invocation_metadata() or ()
+            if isinstance(value, str)
+        }
+        try:
+            return await self._authenticator.authenticate(metadata, context.auth_context())
+        except AuthError as error:
+            raise RequestRefused(grpc.StatusCode.UNAUTHENTICATED, str(error)) from error
+
+    def _identity_for(self, caller: Identity, request: ca_pb2.IstioCertificateRequest) -> Identity:
+        field = request.metadata.fields.get(IMPERSONATED_IDENTITY)
+        wanted = field.string_value if field is not None else ""
+        if not wanted or wanted == caller.uri:
+            return caller
+        if caller.account not in self._trusted:
+            raise RequestRefused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{caller} may not ask for another identity ({wanted}):"
+                " it is not in CA_TRUSTED_NODE_ACCOUNTS",
+            )
+        try:
+            return Identity.parse(wanted)
+        except ValueError as error:
+            raise RequestRefused(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from error
+
+    async def _sign(self, request: ca_pb2.IstioCertificateRequest, identity: Identity) -> list[str]:
+        try:
+            ttl = self.ca.lifetime(request.validity_duration)
+            async with self._slots:
+                return await asyncio.to_thread(self.ca.sign, request.csr.encode(), identity, ttl)
+        except CsrError as error:
+            raise RequestRefused(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from error
+
+    def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
+        method = grpc.unary_unary_rpc_method_handler(
+            self.create_certificate,
+            request_deserializer=ca_pb2.IstioCertificateRequest.FromString,
+            response_serializer=ca_pb2.IstioCertificateResponse.SerializeToString,
+        )
+        return grpc.method_handlers_generic_handler(CA_SERVICE, {"CreateCertificate": method})

@@ -1,0 +1,64 @@
+"""Wires the security pieces for `pilot discovery`: CA, CA service, CA client, SDS, identities."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from kubernetes_asyncio import client
+
+from pilot.security.authn import Authenticator, KubernetesTokenReviewer
+from pilot.security.ca import CertificateAuthority
+from pilot.security.ca_client import CaClient, LocalCa, RemoteCa
+from pilot.security.ca_service import CaService
+from pilot.security.secrets import OnSecretChange, SecretManager
+from pilot.security.settings import SecuritySettings
+from pilot.security.xds_auth import ProxyIdentities, XdsAuth
+
+SIGNING_SLOTS = 4
+
+
+@dataclass
+class Security:
+    """The running security component."""
+
+    ca: CertificateAuthority
+    ca_service: CaService
+    secrets: SecretManager
+    identities: ProxyIdentities
+    remote: RemoteCa | None
+
+    @classmethod
+    async def create(
+        cls,
+        settings: SecuritySettings,
+        api_client: client.ApiClient | None,
+        default_xds_auth: XdsAuth,
+        on_secret_change: OnSecretChange,
+    ) -> Security:
+        """Load (or make) the CA root off the event loop and build everything around it."""
+        ca = await asyncio.to_thread(CertificateAuthority.load, settings.ca)
+        reviewer = KubernetesTokenReviewer(api_client) if api_client is not None else None
+        authenticator = Authenticator(ca.settings.trust_domain, reviewer, settings.token_audiences)
+        slots = asyncio.Semaphore(SIGNING_SLOTS)
+        ca_service = CaService(ca, authenticator, settings.trusted_node_accounts, slots)
+        remote = RemoteCa(settings.remote_ca) if settings.remote_ca is not None else None
+        ca_client: CaClient = remote if remote is not None else LocalCa(ca, slots)
+        root_pem = _configured_root(settings) if remote is not None else ca.root_pem
+        secrets = SecretManager(ca_client, root_pem, settings.sds, on_secret_change)
+        mode = settings.xds_auth or default_xds_auth
+        identities = ProxyIdentities(mode, ca.settings.trust_domain, authenticator)
+        return cls(ca, ca_service, secrets, identities, remote)
+
+    async def close(self) -> None:
+        await self.secrets.close()
+        if self.remote is not None:
+            await self.remote.close()
+
+
+def _configured_root(settings: SecuritySettings) -> str | None:
+    """With a remote CA, the trust root is CA_ROOT_CERT if given (else learned from chains)."""
+    remote = settings.remote_ca
+    if remote is None or remote.root_cert is None:
+        return None
+    return remote.root_cert.read_text()

@@ -1,0 +1,123 @@
+"""Security settings from flags and Istio's environment variables.
+
+CA_ADDR, CA_ROOT_CERT, CA_INSECURE, CA_TOKEN_FILE (the CA pilot's SDS uses),
+CA_TRUSTED_NODE_ACCOUNTS (who may ask for another identity), SECRET_TTL,
+SECRET_GRACE_PERIOD_RATIO, and POD_NAMESPACE / SERVICE_ACCOUNT (pilot's own
+identity, so that it asks for impersonation only when it must).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pilot.durations import parse_duration
+from pilot.security.ca import CaSettings
+from pilot.security.ca_client import RemoteCaSettings
+from pilot.security.certs import KeyType
+from pilot.security.identity import Identity
+from pilot.security.secrets import SdsSettings
+from pilot.security.xds_auth import XdsAuth
+
+
+class SecuritySettingsError(ValueError):
+    """A security flag or environment variable cannot be used."""
+
+
+@dataclass(frozen=True, slots=True)
+class SecuritySettings:
+    """Everything the CA, the CA client, SDS and xDS authentication need."""
+
+    ca: CaSettings = field(default_factory=CaSettings)
+    sds: SdsSettings = field(default_factory=SdsSettings)
+    xds_auth: XdsAuth | None = None  # None: none with --config, kubernetes otherwise
+    token_audiences: tuple[str, ...] = ("istio-ca",)
+    trusted_node_accounts: tuple[str, ...] = ()
+    remote_ca: RemoteCaSettings | None = None
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _path(env: Mapping[str, str], name: str) -> Path | None:
+    value = env.get(name, "").strip()
+    return Path(value) if value else None
+
+
+def own_identity(env: Mapping[str, str], trust_domain: str) -> Identity | None:
+    """pilot's (or the agent's) own identity from POD_NAMESPACE and SERVICE_ACCOUNT."""
+    namespace, account = env.get("POD_NAMESPACE", ""), env.get("SERVICE_ACCOUNT", "")
+    return Identity(trust_domain, namespace, account) if namespace and account else None
+
+
+def remote_ca_from_env(
+    env: Mapping[str, str], trust_domain: str, default_address: str = ""
+) -> RemoteCaSettings | None:
+    """The CA at CA_ADDR (or `default_address`), or None for pilot's own CA."""
+    address = env.get("CA_ADDR", "").strip() or default_address
+    if not address:
+        return None
+    insecure = _flag(env, "CA_INSECURE")
+    root = _path(env, "CA_ROOT_CERT")
+    if not insecure and root is None:
+        raise SecuritySettingsError(
+            f"CA_ADDR={address}: set CA_ROOT_CERT to verify it, or CA_INSECURE=true for plaintext"
+        )
+    return RemoteCaSettings(
+        address=address,
+        root_cert=root,
+        insecure=insecure,
+        token_file=_path(env, "CA_TOKEN_FILE"),
+        own_identity=own_identity(env, trust_domain),
+    )
+
+
+def sds_from_env(env: Mapping[str, str], key_type: KeyType) -> SdsSettings:
+    """SECRET_TTL and SECRET_GRACE_PERIOD_RATIO."""
+    defaults = SdsSettings()
+    try:
+        ttl = datetime.timedelta(seconds=parse_duration(env.get("SECRET_TTL", "24h")))
+        ratio = float(env.get("SECRET_GRACE_PERIOD_RATIO", str(defaults.grace_ratio)))
+    except ValueError as error:
+        raise SecuritySettingsError(f"SECRET_TTL / SECRET_GRACE_PERIOD_RATIO: {error}") from error
+    if not 0 < ratio < 1:
+        raise SecuritySettingsError(
+            f"SECRET_GRACE_PERIOD_RATIO must be between 0 and 1, got {ratio}"
+        )
+    if ttl.total_seconds() <= 0:
+        raise SecuritySettingsError("SECRET_TTL must be positive")
+    return SdsSettings(key_type=key_type, ttl=ttl, grace_ratio=ratio)
+
+
+def trusted_accounts(env: Mapping[str, str]) -> tuple[str, ...]:
+    """CA_TRUSTED_NODE_ACCOUNTS: `ns/sa,ns/sa`."""
+    accounts = tuple(
+        a.strip() for a in env.get("CA_TRUSTED_NODE_ACCOUNTS", "").split(",") if a.strip()
+    )
+    for account in accounts:
+        if account.count("/") != 1:
+            raise SecuritySettingsError(f"CA_TRUSTED_NODE_ACCOUNTS: {account!r} is not ns/sa")
+    return accounts
+
+
+def security_from_env(
+    ca: CaSettings,
+    key_type: KeyType,
+    xds_auth: XdsAuth | None,
+    token_audiences: tuple[str, ...],
+    env: Mapping[str, str] | None = None,
+) -> SecuritySettings:
+    """Combine flags with the environment."""
+    env = os.environ if env is None else env
+    return SecuritySettings(
+        ca=ca,
+        sds=sds_from_env(env, key_type),
+        xds_auth=xds_auth,
+        token_audiences=token_audiences,
+        trusted_node_accounts=trusted_accounts(env),
+        remote_ca=remote_ca_from_env(env, ca.trust_domain),
+    )

@@ -1,0 +1,83 @@
+"""Who an xDS stream speaks for: `--xds-auth none` or `--xds-auth kubernetes`.
+
+- `none` (the default with `--config`): the identity is taken from node metadata
+  `NAMESPACE` and `SERVICE_ACCOUNT`, trusted as given (pilot says so at start).
+- `kubernetes` (the default with the Kubernetes registry): every stream carries
+  a service-account token in `authorization: Bearer`, checked by TokenReview;
+  node metadata, where present, must name the same account.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from enum import StrEnum
+
+from envoy.config.core.v3 import base_pb2
+
+from pilot.security.authn import Authenticator, AuthError, bearer_token
+from pilot.security.identity import Identity
+
+log = logging.getLogger("pilot.security")
+
+
+class XdsAuth(StrEnum):
+    """How xDS callers are identified."""
+
+    NONE = "none"
+    KUBERNETES = "kubernetes"
+
+
+class IdentityMismatch(Exception):
+    """Node metadata claims an identity the stream's credentials do not carry."""
+
+
+def _metadata_identity(node: base_pb2.Node, trust_domain: str) -> Identity | None:
+    fields = node.metadata.fields
+    namespace = fields["NAMESPACE"].string_value if "NAMESPACE" in fields else ""
+    account = fields["SERVICE_ACCOUNT"].string_value if "SERVICE_ACCOUNT" in fields else ""
+    if not namespace or not account:
+        return None
+    return Identity(trust_domain, namespace, account)
+
+
+class ProxyIdentities:
+    """Decides the identity of each xDS stream."""
+
+    def __init__(
+        self, mode: XdsAuth, trust_domain: str, authenticator: Authenticator | None
+    ) -> None:
+        self.mode = mode
+        self.trust_domain = trust_domain
+        self._authenticator = authenticator
+        if mode is XdsAuth.NONE:
+            log.warning(
+                "--xds-auth none: proxies are trusted to be who their node metadata"
+                " (NAMESPACE, SERVICE_ACCOUNT) says"
+            )
+        elif authenticator is None:
+            raise ValueError("--xds-auth kubernetes needs a Kubernetes API for TokenReview")
+
+    async def from_credentials(self, metadata: Mapping[str, str]) -> Identity | None:
+        """At stream start: the token's identity (kubernetes mode), or None (none mode)."""
+        if self.mode is XdsAuth.NONE:
+            return None
+        token = bearer_token(metadata)
+        if token is None:
+            raise AuthError(
+                "xDS streams must carry a service-account token (authorization: Bearer)"
+            )
+        assert self._authenticator is not None
+        return await self._authenticator.from_token(token)
+
+    def for_node(self, node: base_pb2.Node, credential: Identity | None) -> Identity | None:
+        """At the first request: the stream's identity, checking node metadata against it."""
+        claimed = _metadata_identity(node, self.trust_domain)
+        if self.mode is XdsAuth.NONE:
+            return claimed
+        if claimed is not None and claimed != credential:
+            token_account = credential.account if credential else "none"
+            raise IdentityMismatch(
+                f"node metadata claims {claimed.account} but the token is {token_account}"
+            )
+        return credential
