@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pilot.agent import DEFAULT_SOCKET, Agent, AgentSettings, agent_settings
 from pilot.app import Discovery
 from pilot.generators.builder import BuildSettings
 from pilot.security.ca import CaSettings, CaSetupError, default_state_dir
@@ -98,7 +99,40 @@ def _parser() -> argparse.ArgumentParser:
     discovery.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
+    _agent_parser(commands)
     return parser
+
+
+def _agent_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    agent = commands.add_parser(
+        "agent",
+        help="serve SDS next to Envoy on a Unix socket (keys never leave the node)",
+        description="Mint this pod's workload certificates and serve them to Envoy over SDS.",
+        epilog=_AGENT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    agent.add_argument(
+        "--sds-socket", type=Path, default=DEFAULT_SOCKET, help="(default %(default)s)"
+    )
+    agent.add_argument(
+        "--discovery-address",
+        default="localhost:15010",
+        help="pilot's gRPC address, the default CA_ADDR (default %(default)s)",
+    )
+    agent.add_argument("--trust-domain", default="cluster.local")
+    agent.add_argument("--key-type", choices=[k.value for k in KeyType], default=KeyType.EC.value)
+    agent.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+_AGENT_EPILOG = """\
+environment:
+  POD_NAMESPACE, SERVICE_ACCOUNT  the workload identity (required)
+  CA_TOKEN_FILE              service-account token presented to the CA
+  CA_ADDR                    the CA (default: --discovery-address)
+  CA_ROOT_CERT, CA_INSECURE  TLS to the CA verified with this root, or plaintext
+                             (plaintext by default when CA_ROOT_CERT is not set)
+  SECRET_TTL, SECRET_GRACE_PERIOD_RATIO  lifetime and rotation point
+"""
 
 
 def _security_flags(parser: argparse.ArgumentParser) -> None:
@@ -159,17 +193,24 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
 
 
-async def _run_discovery(settings: Settings) -> None:
+async def _run_agent(settings: AgentSettings) -> None:
+    await _run_until_signalled(Agent(settings))
 
-    discovery = Discovery(settings)
+
+async def _run_until_signalled(server: Discovery | Agent) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    await discovery.start()
+    await server.start()
     await stop.wait()
     log.info("shutting down")
-    await discovery.stop()
+    await server.stop()
+
+
+async def _run_discovery(settings: Settings) -> None:
+
+    await _run_until_signalled(Discovery(settings))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -180,8 +221,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        settings = _settings(args)
-        asyncio.run(_run_discovery(settings))
+        if args.command == "agent":
+            agent = agent_settings(
+                args.sds_socket, args.discovery_address, args.trust_domain, KeyType(args.key_type)
+            )
+            asyncio.run(_run_agent(agent))
+        else:
+            asyncio.run(_run_discovery(_settings(args)))
     except (
         SettingsError,
         SecuritySettingsError,

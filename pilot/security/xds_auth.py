@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from enum import StrEnum
+from typing import Protocol
 
 from envoy.config.core.v3 import base_pb2
 
@@ -39,6 +40,27 @@ def _metadata_identity(node: base_pb2.Node, trust_domain: str) -> Identity | Non
     if not namespace or not account:
         return None
     return Identity(trust_domain, namespace, account)
+
+
+class IdentityPolicy(Protocol):
+    """How the hub learns who a stream speaks for."""
+
+    async def from_credentials(self, metadata: Mapping[str, str]) -> Identity | None: ...
+
+    def for_node(self, node: base_pb2.Node, credential: Identity | None) -> Identity | None: ...
+
+
+class FixedIdentity:
+    """`pilot agent`: every Envoy on the node is the pod's one workload identity."""
+
+    def __init__(self, identity: Identity) -> None:
+        self.identity = identity
+
+    async def from_credentials(self, metadata: Mapping[str, str]) -> Identity | None:
+        return self.identity
+
+    def for_node(self, node: base_pb2.Node, credential: Identity | None) -> Identity | None:
+        return self.identity
 
 
 class ProxyIdentities:

@@ -100,38 +100,48 @@ class Connection:
     async def serve(
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, bytes]
     ) -> None:
-        """Run the stream until the client goes away or breaks the protocol."""
+        """Run the stream until the client cancels, breaks the protocol, or pilot stops.
+
+        A client that half-closes (as grpcurl does after its last request) keeps
+        receiving pushes: in gRPC, the end of requests is not the end of the call.
+        """
         await self._authenticate(context)
         self.hub.connect(self)
         reader = asyncio.create_task(self._read(requests))
         writer = asyncio.create_task(self._write(context))
         closing = asyncio.create_task(self._closing.wait())
         try:
-            done, _ = await asyncio.wait(
-                {reader, writer, closing}, return_when=asyncio.FIRST_COMPLETED
-            )
-            for task in done:
-                error = task.exception()
-                if isinstance(error, ProtocolError):
-                    log.warning("proxy %s (%s): %s", self.proxy_id, self.peer, error)
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-                elif isinstance(error, IdentityMismatch):
-                    log.warning("proxy %s (%s) refused: %s", self.proxy_id, self.peer, error)
-                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
-                elif isinstance(error, TimeoutError):
-                    message = (
-                        "not reading its responses: closing the stream (PILOT_XDS_SEND_TIMEOUT)"
-                    )
-                    log.warning("proxy %s (%s) %s", self.proxy_id, self.peer, message)
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, message)
-                elif error is not None:
-                    raise error
+            running = {reader, writer, closing}
+            while True:
+                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    await self._end_on_error(task, context)
+                if writer in done or closing in done:
+                    return  # a reader that ended cleanly (half-close) ends nothing
         finally:
             for task in (reader, writer, closing):
                 task.cancel()
             await asyncio.gather(reader, writer, closing, return_exceptions=True)
             self.hub.disconnect(self)
             log.info("proxy %s disconnected (%s, %s)", self.proxy_id, self.kind.label, self.peer)
+
+    async def _end_on_error(
+        self, task: asyncio.Task[Any], context: grpc.aio.ServicerContext[Any, bytes]
+    ) -> None:
+        """Turn what ended a task into the stream's status."""
+        error = task.exception()
+        if isinstance(error, ProtocolError):
+            log.warning("proxy %s (%s): %s", self.proxy_id, self.peer, error)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        elif isinstance(error, IdentityMismatch):
+            log.warning("proxy %s (%s) refused: %s", self.proxy_id, self.peer, error)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
+        elif isinstance(error, TimeoutError):
+            message = "not reading its responses: closing the stream (PILOT_XDS_SEND_TIMEOUT)"
+            log.warning("proxy %s (%s) %s", self.proxy_id, self.peer, message)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, message)
+        elif error is not None:
+            raise error
 
     async def _authenticate(self, context: grpc.aio.ServicerContext[Any, bytes]) -> None:
         """Check the stream's credentials (with --xds-auth kubernetes); aborts if refused."""

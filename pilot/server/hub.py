@@ -26,7 +26,7 @@ from pilot.xds.resource import Resource
 
 if TYPE_CHECKING:
     from pilot.security.secrets import SecretManager
-    from pilot.security.xds_auth import ProxyIdentities
+    from pilot.security.xds_auth import IdentityPolicy
     from pilot.server.connection import Connection
 
 log = logging.getLogger("pilot.xds")
@@ -78,7 +78,7 @@ class XdsHub:
         self._subscribers: SubscriberIndex[Connection] = SubscriberIndex()
         self._by_node: dict[str, set[Connection]] = {}
         self.secrets: SecretManager | None = None
-        self.identities: ProxyIdentities | None = None
+        self.identities: IdentityPolicy | None = None
         # Set once the registry has its first full state: streams answer nothing before.
         self.ready = asyncio.Event()
 
