@@ -21,6 +21,7 @@ from typing import Protocol
 from kubernetes_asyncio import client
 
 from pilot.debug.http import HttpServer
+from pilot.debug.metrics import Metrics, Sources
 from pilot.generators.builder import ResourceBuilder
 from pilot.push.debounce import Debouncer
 from pilot.registry.index import EndpointIndex, IndexChange
@@ -31,6 +32,7 @@ from pilot.server.hub import XdsHub
 from pilot.settings import Settings
 from pilot.sources.file import FileRegistry
 from pilot.sources.kubernetes.connection import connect
+from pilot.sources.kubernetes.informer import Informer
 from pilot.sources.kubernetes.registry import KubernetesRegistry
 from pilot.stats import XdsStats
 from pilot.xds import types
@@ -64,7 +66,9 @@ class Discovery:
         served = (types.CLUSTER, types.ENDPOINT, types.SECRET)
         self.hub = XdsHub(self.cache, self.stats, served, settings.push)
         self.debouncer = Debouncer(self._flush, settings.debounce)
-        self.http = HttpServer(settings.http_addr, self.is_ready)
+        self.metrics = Metrics(self._metric_sources())
+        self.hub.metrics = self.metrics
+        self.http = HttpServer(settings.http_addr, self.is_ready, self.metrics)
         self.api_client: client.ApiClient | None = None
         self.source: RegistrySource | None = None
         self.security: Security | None = None
@@ -77,6 +81,24 @@ class Discovery:
         assert self._grpc is not None, "pilot has not started"
         return self._grpc
 
+    def _metric_sources(self) -> Sources:
+        def informers() -> list[Informer]:
+            return self.source.informers if isinstance(self.source, KubernetesRegistry) else []
+
+        return Sources(
+            stats=self.stats,
+            connections=lambda: len(self.hub.connections),
+            services=lambda: len(self.index.services),
+            secret_stats=lambda: self.security.secrets.stats if self.security else None,
+            ca_stats=lambda: self.security.ca_service.stats if self.security else None,
+            informers=informers,
+        )
+
+    def _on_registry_change(self, change: IndexChange) -> None:
+        self.stats.inbound_updates["svc"] += len(change.full)
+        self.stats.inbound_updates["eds"] += len(change.endpoints)
+        self.debouncer.submit(change)
+
     async def _connect_source(self) -> RegistrySource:
         kubernetes = self.settings.kubernetes
         if self.settings.config is None or kubernetes.kubeconfig is not None:
@@ -86,12 +108,12 @@ class Discovery:
             return FileRegistry(
                 self.settings.config,
                 self.index,
-                self.debouncer.submit,
+                self._on_registry_change,
                 self.settings.file_poll_interval,
             )
         assert self.api_client is not None
         return KubernetesRegistry(
-            kubernetes, self.index, self.debouncer.submit, self.api_client, server
+            kubernetes, self.index, self._on_registry_change, self.api_client, server
         )
 
     async def _start_security(self) -> Security:
@@ -101,12 +123,14 @@ class Discovery:
         )
         self.hub.secrets = security.secrets
         self.hub.identities = security.identities
+        security.secrets.observe_ca_latency = self.metrics.ca_latency.observe
         return security
 
     def is_ready(self) -> bool:
         return self._serving and self.source is not None and self.source.synced
 
     def _flush(self, change: IndexChange, started: float) -> None:
+        self.metrics.debounce.observe(time.monotonic() - started)
         changes = self.builder.apply(change)
         if changes:
             woken = self.hub.push(changes, started)

@@ -14,6 +14,7 @@ class XdsStats:
     responses: Counter[str] = field(default_factory=Counter)
     pushes: int = 0
     streams_woken: int = 0
+    inbound_updates: Counter[str] = field(default_factory=Counter)
     nacks: Counter[str] = field(default_factory=Counter)
     stale_nonces: Counter[str] = field(default_factory=Counter)
 
@@ -22,5 +23,6 @@ class XdsStats:
         self.responses.clear()
         self.nacks.clear()
         self.stale_nonces.clear()
+        self.inbound_updates.clear()
         self.pushes = 0
         self.streams_woken = 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -26,6 +27,16 @@ log = logging.getLogger("pilot.security.ca")
 
 CA_SERVICE = "istio.v1.auth.IstioCertificateService"
 IMPERSONATED_IDENTITY = "ImpersonatedIdentity"
+
+
+@dataclass
+class CaStats:
+    """What the CA did, with Istio's (citadel) metric names."""
+
+    csr_count: int = 0
+    success_cert_issuance_count: int = 0
+    authentication_failure_count: int = 0
+    csr_error_count: int = 0
 
 
 class RequestRefused(Exception):
@@ -50,17 +61,24 @@ class CaService:
         self._authenticator = authenticator
         self._trusted = frozenset(trusted_node_accounts)
         self._slots = signing_slots or asyncio.Semaphore(4)
+        self.stats = CaStats()
 
     async def create_certificate(
         self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> ca_pb2.IstioCertificateResponse:
+        self.stats.csr_count += 1
         try:
             caller = await self._caller(context)
             identity = self._identity_for(caller, request)
             chain = await self._sign(request, identity)
         except RequestRefused as refused:
+            if refused.code == grpc.StatusCode.UNAUTHENTICATED:
+                self.stats.authentication_failure_count += 1
+            else:
+                self.stats.csr_error_count += 1
             log.warning("CA refused %s: %s", context.peer(), refused)
             await context.abort(refused.code, str(refused))
+        self.stats.success_cert_issuance_count += 1
         log.info("CA signed a certificate for %s", identity)
         return ca_pb2.IstioCertificateResponse(cert_chain=chain)
 

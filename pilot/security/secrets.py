@@ -17,6 +17,7 @@ import asyncio
 import datetime
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -113,6 +114,7 @@ class SecretManager:
         self._root: Resource | None = root_secret(root_pem) if root_pem else None
         self._version = 0
         self.stats = SecretStats()
+        self.observe_ca_latency: Callable[[float], None] = lambda seconds: None
 
     # -- what streams ask ------------------------------------------------------
 
@@ -242,7 +244,9 @@ class SecretManager:
                 new_key_and_csr, self._settings.key_type, [identity.uri]
             )
         created = utcnow()
+        started = time.monotonic()
         chain = await self._ca.sign(csr, identity, self._settings.ttl)
+        self.observe_ca_latency(time.monotonic() - started)
         leaf = load_certificates(chain[0].encode())[0]
         leaf_key = leaf.public_key().public_bytes(
             serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ from envoy.config.core.v3 import base_pb2
 
 from pilot.generators.cds import Flavor
 from pilot.protocol import DeltaStream, ProtocolError, SotwStream
-from pilot.protocol.messages import DeltaRequest, SotwRequest
+from pilot.protocol.messages import DeltaRequest, DeltaResponse, SotwRequest, SotwResponse
 from pilot.security.authn import AuthError
 from pilot.security.identity import Identity
 from pilot.security.xds_auth import IdentityMismatch
@@ -202,14 +203,30 @@ class Connection:
             )
 
     async def _write(self, context: grpc.aio.ServicerContext[Any, bytes]) -> None:
-        stats = self.hub.stats
         timeout = self.hub.push_settings.send_timeout or None
         await self.hub.ready.wait()
         while True:
             await self._wake.wait()
             async with self.hub.push_slots:
                 self._wake.clear()
-                self.pending_since = None
+                since, self.pending_since = self.pending_since, None
                 for response in self.stream.take_responses(self.hub.view(self)):
-                    await asyncio.wait_for(context.write(convert.encode(response)), timeout)
-                    stats.responses[response.type_url] += 1
+                    async with asyncio.timeout(timeout):
+                        await self._send(context, response)
+                if since is not None and self.hub.metrics is not None:
+                    self.hub.metrics.convergence.observe(time.monotonic() - since)
+
+    async def _send(
+        self,
+        context: grpc.aio.ServicerContext[Any, bytes],
+        response: SotwResponse | DeltaResponse,
+    ) -> None:
+        started = time.monotonic()
+        data = convert.encode(response)
+        await context.write(data)
+        self.hub.stats.responses[response.type_url] += 1
+        metrics = self.hub.metrics
+        if metrics is not None:
+            short = types.short_name(response.type_url)
+            metrics.push_time.labels(short).observe(time.monotonic() - started)
+            metrics.config_size.labels(short).observe(len(data))

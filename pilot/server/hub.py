@@ -25,6 +25,7 @@ from pilot.xds.cache import CacheView, ResourceCache
 from pilot.xds.resource import Resource
 
 if TYPE_CHECKING:
+    from pilot.debug.metrics import Metrics
     from pilot.security.secrets import SecretManager
     from pilot.security.xds_auth import IdentityPolicy
     from pilot.server.connection import Connection
@@ -81,6 +82,7 @@ class XdsHub:
         self.identities: IdentityPolicy | None = None
         # Set once the registry has its first full state: streams answer nothing before.
         self.ready = asyncio.Event()
+        self.metrics: Metrics | None = None
 
     def view(self, connection: Connection) -> ProxyView:
         shared = self.cache.view(connection.kind.flavor.value)

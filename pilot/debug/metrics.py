@@ -1,0 +1,187 @@
+"""Prometheus metrics, with Istio's names where one exists.
+
+Counters pilot keeps anyway (XdsStats, SecretStats, informer counters) are read
+at scrape time by `PilotCollector`; histograms are observed where things
+happen. Labels are bounded (xDS type, Kubernetes kind): never a proxy id. Each
+`Metrics` has its own registry, so several pilots can live in one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from pilot.security.ca_service import CaStats
+from pilot.security.secrets import SecretStats
+from pilot.sources.kubernetes.informer import Informer
+from pilot.stats import XdsStats
+from pilot.xds import types
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_CA_COUNTERS = (
+    "csr_count",
+    "success_cert_issuance_count",
+    "authentication_failure_count",
+    "csr_error_count",
+)
+_SECONDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_BYTES = (1_000, 10_000, 100_000, 1_000_000, 10_000_000)
+
+
+@dataclass
+class Sources:
+    """Where the collector reads current values; filled in as components start."""
+
+    stats: XdsStats
+    connections: Callable[[], int] = lambda: 0
+    services: Callable[[], int] = lambda: 0
+    secret_stats: Callable[[], SecretStats | None] = lambda: None
+    informers: Callable[[], Iterable[Informer]] = lambda: ()
+    ca_stats: Callable[[], CaStats | None] = lambda: None
+
+
+def _istio_counter(
+    name: str, documentation: str, value: float | None = None, labels: list[str] | None = None
+) -> UnknownMetricFamily:
+    """A counter under Istio's exact name (prometheus-client would append `_total`)."""
+    return UnknownMetricFamily(name, documentation, value=value, labels=labels)
+
+
+def _by_type(name: str, documentation: str, counts: dict[str, int]) -> UnknownMetricFamily:
+    family = _istio_counter(name, documentation, labels=["type"])
+    for type_url, count in sorted(counts.items()):
+        family.add_metric([types.short_name(type_url)], count)
+    return family
+
+
+class PilotCollector(Collector):
+    """Exports pilot's own counters and gauges at scrape time."""
+
+    def __init__(self, sources: Sources) -> None:
+        self._sources = sources
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._xds()
+        yield from self._security()
+        yield from self._kubernetes()
+
+    def _xds(self) -> Iterator[Metric]:
+        stats = self._sources.stats
+        yield GaugeMetricFamily(
+            "pilot_xds", "Connected xDS streams.", value=self._sources.connections()
+        )
+        yield GaugeMetricFamily(
+            "pilot_services", "Services in the registry.", value=self._sources.services()
+        )
+        yield _by_type("pilot_xds_pushes", "xDS responses sent, by type.", dict(stats.responses))
+        rejects = sum(stats.nacks.values())
+        yield _istio_counter("pilot_total_xds_rejects", "xDS responses rejected.", value=rejects)
+        for type_url in (types.CLUSTER, types.ENDPOINT, types.SECRET):
+            short = types.short_name(type_url)
+            yield _istio_counter(
+                f"pilot_xds_{short}_reject",
+                f"{short} responses rejected.",
+                value=stats.nacks[type_url],
+            )
+        yield _by_type(
+            "pilot_xds_expired_nonce", "Requests with a stale nonce.", dict(stats.stale_nonces)
+        )
+        updates = _istio_counter(
+            "pilot_inbound_updates", "Registry changes received.", labels=["type"]
+        )
+        for kind, count in sorted(stats.inbound_updates.items()):
+            updates.add_metric([kind], count)
+        yield updates
+        serialized = CounterMetricFamily(
+            "pilot_xds_serializations", "Resources serialized (once per version).", labels=["type"]
+        )
+        for type_url, count in sorted(stats.serializations.items()):
+            serialized.add_metric([types.short_name(type_url)], count)
+        yield serialized
+
+    def _security(self) -> Iterator[Metric]:
+        secrets = self._sources.secret_stats()
+        if secrets is not None:
+            for name in ("minted", "rotated", "dropped"):
+                yield CounterMetricFamily(
+                    f"pilot_sds_certs_{name}",
+                    f"Workload certificates {name}.",
+                    value=getattr(secrets, name),
+                )
+            yield CounterMetricFamily(
+                "pilot_sds_ca_errors",
+                "Failed CA requests for workload certificates.",
+                value=secrets.ca_errors,  # type: ignore[attr-defined]
+            )
+        ca = self._sources.ca_stats()
+        if ca is not None:
+            for name in _CA_COUNTERS:
+                yield _istio_counter(
+                    f"citadel_server_{name}", f"pilot's CA: {name}.", value=getattr(ca, name)
+                )
+
+    def _kubernetes(self) -> Iterator[Metric]:
+        restarts = CounterMetricFamily(
+            "pilot_k8s_watch_restarts", "Watches started again.", labels=["kind"]
+        )
+        relists = CounterMetricFamily(
+            "pilot_k8s_relists", "Relists after 410 Expired.", labels=["kind"]
+        )
+        for informer in self._sources.informers():
+            restarts.add_metric([informer.kind], informer.watch_restarts)
+            relists.add_metric([informer.kind], informer.relists)
+        yield restarts
+        yield relists
+
+
+class Metrics:
+    """pilot's registry: histograms observed in place, counters collected from stats."""
+
+    def __init__(self, sources: Sources) -> None:
+        self.sources = sources
+        self.registry = CollectorRegistry()
+        self.registry.register(PilotCollector(sources))
+        self.push_time = Histogram(
+            "pilot_xds_push_time",
+            "Time to build and write one xDS response.",
+            ["type"],
+            buckets=_SECONDS,
+            registry=self.registry,
+        )
+        self.convergence = Histogram(
+            "pilot_proxy_convergence_time",
+            "From a change reaching pilot to the response that carries it being written.",
+            buckets=_SECONDS,
+            registry=self.registry,
+        )
+        self.debounce = Histogram(
+            "pilot_debounce_time",
+            "From the first change of a debounce window to its push.",
+            buckets=_SECONDS,
+            registry=self.registry,
+        )
+        self.config_size = Histogram(
+            "pilot_xds_config_size_bytes",
+            "Size of xDS responses.",
+            ["type"],
+            buckets=_BYTES,
+            registry=self.registry,
+        )
+        self.ca_latency = Histogram(
+            "pilot_sds_ca_request_duration_seconds",
+            "Time for the CA to sign a workload CSR.",
+            buckets=_SECONDS,
+            registry=self.registry,
+        )
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
