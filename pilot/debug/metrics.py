@@ -120,7 +120,7 @@ class PilotCollector(Collector):
             yield CounterMetricFamily(
                 "pilot_sds_ca_errors",
                 "Failed CA requests for workload certificates.",
-                value=secrets.ca_errors,  # type: ignore[attr-defined]
+                value=secrets.ca_errors,
             )
         ca = self._sources.ca_stats()
         if ca is not None:
