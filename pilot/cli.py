@@ -10,8 +10,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import grpc
+
 from pilot.agent import DEFAULT_SOCKET, Agent, AgentSettings, agent_settings
 from pilot.app import Discovery
+from pilot.debug import proxy_status_table
 from pilot.generators.builder import BuildSettings
 from pilot.security.ca import CaSettings, CaSetupError, default_state_dir
 from pilot.security.certs import KeyType
@@ -100,6 +103,12 @@ def _parser() -> argparse.ArgumentParser:
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
     _agent_parser(commands)
+    status = commands.add_parser(
+        "proxy-status",
+        help="what each connected Envoy holds (from CSDS)",
+        description="One row per connected proxy: CDS, EDS and SDS state (like istioctl).",
+    )
+    status.add_argument("--addr", default="localhost:15010", help="pilot's gRPC address")
     return parser
 
 
@@ -213,6 +222,16 @@ async def _run_discovery(settings: Settings) -> None:
     await _run_until_signalled(Discovery(settings))
 
 
+def _proxy_status(address: str) -> int:
+    try:
+        response = proxy_status_table.fetch(address)
+    except grpc.RpcError as error:
+        print(f"pilot: error: {address}: {error.code().name}: {error.details()}", file=sys.stderr)
+        return 2
+    print(proxy_status_table.render(proxy_status_table.rows(response)))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `pilot` console script."""
     args = _parser().parse_args(argv)
@@ -220,6 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.command == "proxy-status":
+        return _proxy_status(args.addr)
     try:
         if args.command == "agent":
             agent = agent_settings(

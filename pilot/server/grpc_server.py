@@ -7,12 +7,14 @@ from envoy.service.cluster.v3 import cds_pb2  # noqa: F401
 from envoy.service.discovery.v3 import ads_pb2  # noqa: F401
 from envoy.service.endpoint.v3 import eds_pb2  # noqa: F401
 from envoy.service.secret.v3 import sds_pb2  # noqa: F401
+from envoy.service.status.v3 import csds_pb2  # noqa: F401
 from grpc import aio
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from pilot._gen.istio.v1.auth import ca_pb2  # noqa: F401  (reflection)
+from pilot.debug.csds import CSDS_SERVICE, csds_handler
 from pilot.security.ca_service import CA_SERVICE, CaService
 from pilot.server.hub import XdsHub
 from pilot.server.services import XDS_SERVICE_NAMES, xds_handlers
@@ -33,10 +35,11 @@ class GrpcServer:
         self.server = aio.server(options=_SERVER_OPTIONS)
         self.health = health_aio.HealthServicer()
         self.server.add_generic_rpc_handlers(tuple(xds_handlers(hub)))
-        extra: tuple[str, ...] = ()
+        self.server.add_generic_rpc_handlers((csds_handler(hub),))
+        extra: tuple[str, ...] = (CSDS_SERVICE,)
         if ca_service is not None:
             self.server.add_generic_rpc_handlers((ca_service.handler(),))
-            extra = (CA_SERVICE,)
+            extra = (*extra, CA_SERVICE)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (*XDS_SERVICE_NAMES, *extra, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.server)

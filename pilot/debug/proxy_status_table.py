@@ -1,0 +1,63 @@
+"""`pilot proxy-status`: one row per proxy, from CSDS, like `istioctl proxy-status`."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+import grpc
+from envoy.service.status.v3 import csds_pb2
+
+from pilot.debug.csds import CSDS_SERVICE
+from pilot.xds import types
+
+COLUMNS = (("CDS", types.CLUSTER), ("EDS", types.ENDPOINT), ("SDS", types.SECRET))
+_STATUS_NAMES = {csds_pb2.SYNCED: "SYNCED", csds_pb2.STALE: "STALE", csds_pb2.ERROR: "ERROR"}
+
+
+def fetch(address: str, timeout: float = 10.0) -> csds_pb2.ClientStatusResponse:
+    """FetchClientStatus from pilot, without resource contents."""
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary(
+            f"/{CSDS_SERVICE}/FetchClientStatus",
+            request_serializer=csds_pb2.ClientStatusRequest.SerializeToString,
+            response_deserializer=csds_pb2.ClientStatusResponse.FromString,
+        )
+        response: csds_pb2.ClientStatusResponse = call(
+            csds_pb2.ClientStatusRequest(exclude_resource_contents=True), timeout=timeout
+        )
+        return response
+
+
+def summarize(configs: Iterable[csds_pb2.ClientConfig.GenericXdsConfig]) -> str:
+    """One cell: the worst state of a proxy's resources of one type, and how many."""
+    counts = Counter(config.config_status for config in configs)
+    total = sum(counts.values())
+    if not total:
+        return "-"
+    for status in (csds_pb2.ERROR, csds_pb2.STALE):
+        if counts[status]:
+            return f"{_STATUS_NAMES[status]} ({counts[status]}/{total})"
+    if counts[csds_pb2.SYNCED] == 0:
+        return f"NOT SENT ({total})"
+    not_sent = counts[csds_pb2.NOT_SENT]
+    suffix = f", {not_sent} not sent" if not_sent else ""
+    return f"SYNCED ({counts[csds_pb2.SYNCED]}{suffix})"
+
+
+def rows(response: csds_pb2.ClientStatusResponse) -> list[list[str]]:
+    table = [["NAME", *(name for name, _ in COLUMNS)]]
+    for config in sorted(response.config, key=lambda c: c.node.id):
+        cells = [config.node.id]
+        for _, type_url in COLUMNS:
+            cells.append(summarize(c for c in config.generic_xds_configs if c.type_url == type_url))
+        table.append(cells)
+    return table
+
+
+def render(table: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in table
+    )
