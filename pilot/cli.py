@@ -235,12 +235,12 @@ def _proxy_status(address: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `pilot` console script."""
     args = _parser().parse_args(argv)
+    if args.command == "proxy-status":
+        return _proxy_status(args.addr)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if args.command == "proxy-status":
-        return _proxy_status(args.addr)
     try:
         if args.command == "agent":
             agent = agent_settings(
