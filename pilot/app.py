@@ -20,7 +20,7 @@ from typing import Protocol
 
 from kubernetes_asyncio import client
 
-from pilot.debug.http import HttpServer
+from pilot.debug.http import DebugState, HttpServer
 from pilot.debug.metrics import Metrics, Sources
 from pilot.generators.builder import ResourceBuilder
 from pilot.push.debounce import Debouncer
@@ -68,7 +68,10 @@ class Discovery:
         self.debouncer = Debouncer(self._flush, settings.debounce)
         self.metrics = Metrics(self._metric_sources())
         self.hub.metrics = self.metrics
-        self.http = HttpServer(settings.http_addr, self.is_ready, self.metrics)
+        debug = DebugState(self.hub, self.cache, self.index)
+        self.http = HttpServer(
+            settings.http_addr, self.is_ready, self.metrics, debug, settings.debug_addr
+        )
         self.api_client: client.ApiClient | None = None
         self.source: RegistrySource | None = None
         self.security: Security | None = None

@@ -16,6 +16,8 @@ from pilot.agent import DEFAULT_SOCKET, Agent, AgentSettings, agent_settings
 from pilot.app import Discovery
 from pilot.debug import proxy_status_table
 from pilot.generators.builder import BuildSettings
+from pilot.logs import SCOPES, LogSpecError
+from pilot.logs import configure as configure_logging
 from pilot.security.ca import CaSettings, CaSetupError, default_state_dir
 from pilot.security.certs import KeyType
 from pilot.security.settings import SecuritySettings, SecuritySettingsError, security_from_env
@@ -72,6 +74,10 @@ def _parser() -> argparse.ArgumentParser:
         help="/ready and later /metrics (default %(default)s)",
     )
     discovery.add_argument(
+        "--debug-addr",
+        help="serve /debug/* here instead of on --http-addr, where they answer loopback only",
+    )
+    discovery.add_argument(
         "--config",
         type=Path,
         help="a YAML file of Services, EndpointSlices and Endpoints (reloaded on change)",
@@ -99,9 +105,7 @@ def _parser() -> argparse.ArgumentParser:
         default="xds-grpc",
         help="bootstrap cluster named in non-ADS EDS config sources (default %(default)s)",
     )
-    discovery.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
-    )
+    _log_flags(discovery)
     _agent_parser(commands)
     status = commands.add_parser(
         "proxy-status",
@@ -142,6 +146,18 @@ environment:
                              (plaintext by default when CA_ROOT_CERT is not set)
   SECRET_TTL, SECRET_GRACE_PERIOD_RATIO  lifetime and rotation point
 """
+
+
+def _log_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        help="default level, then per component: e.g. info,xds:debug,kubernetes:warning"
+        f" (components: {', '.join(SCOPES)})",
+    )
+    parser.add_argument(
+        "--log-format", choices=["text", "json"], default="text", help="json: one object per line"
+    )
 
 
 def _security_flags(parser: argparse.ArgumentParser) -> None:
@@ -189,6 +205,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings(
         grpc_addr=args.grpc_addr,
         http_addr=args.http_addr,
+        debug_addr=args.debug_addr,
         config=args.config,
         build=BuildSettings(args.cluster_domain, args.xds_cluster_name),
         debounce=debounce_from_env(),
@@ -237,11 +254,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "proxy-status":
         return _proxy_status(args.addr)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     try:
+        configure_logging(args.log_level, args.log_format)
         if args.command == "agent":
             agent = agent_settings(
                 args.sds_socket, args.discovery_address, args.trust_domain, KeyType(args.key_type)
@@ -250,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             asyncio.run(_run_discovery(_settings(args)))
     except (
+        LogSpecError,
         SettingsError,
         SecuritySettingsError,
         CaSetupError,

@@ -32,6 +32,7 @@ class Settings:
 
     grpc_addr: str = "0.0.0.0:15010"
     http_addr: str = "0.0.0.0:15014"
+    debug_addr: str | None = None
     config: Path | None = None
     build: BuildSettings = field(default_factory=BuildSettings)
     debounce: DebounceSettings = field(default_factory=DebounceSettings)

@@ -1,26 +1,125 @@
-"""The HTTP port (`--http-addr`): `/ready`, `/metrics`, and the debug endpoints."""
+"""The HTTP port (`--http-addr`): `/ready`, `/metrics`, and the JSON debug endpoints.
+
+Debug endpoints answer only callers on loopback, unless `--debug-addr` gives
+them a listener of their own (which then answers whoever can reach it).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import ipaddress
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
+from pilot.debug import views
 from pilot.debug.metrics import CONTENT_TYPE, Metrics
+from pilot.registry.index import EndpointIndex
+from pilot.server.hub import XdsHub
 from pilot.settings import split_host_port
+from pilot.xds.cache import ResourceCache
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class DebugState:
+    """What the debug endpoints read."""
+
+    hub: XdsHub
+    cache: ResourceCache
+    index: EndpointIndex
+
+
+def _is_loopback(remote: str | None) -> bool:
+    try:
+        return remote is not None and ipaddress.ip_address(remote).is_loopback
+    except ValueError:
+        return False
+
+
+@web.middleware
+async def _loopback_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path.startswith("/debug/") and not _is_loopback(request.remote):
+        return web.json_response(
+            {"error": "debug endpoints answer on loopback only (see --debug-addr)"}, status=403
+        )
+    return await handler(request)
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.json_response(body, status=status, dumps=_dumps)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+def debug_routes(state: DebugState) -> list[web.RouteDef]:
+    """The /debug/* routes."""
+
+    async def syncz(_request: web.Request) -> web.Response:
+        return _json(views.syncz(state.hub))
+
+    async def connections(_request: web.Request) -> web.Response:
+        return _json(views.connections(state.hub))
+
+    async def edsz(request: web.Request) -> web.Response:
+        try:
+            return _json(views.edsz(state.cache, request.query.get("cluster")))
+        except views.NotFound as missing:
+            return _json({"error": str(missing)}, status=404)
+
+    async def registryz(_request: web.Request) -> web.Response:
+        return _json(views.registryz(state.index))
+
+    async def config_dump(request: web.Request) -> web.Response:
+        proxy_id = request.query.get("proxyID")
+        if not proxy_id:
+            return _json({"error": "proxyID is required, e.g. ?proxyID=<node id>"}, status=400)
+        try:
+            return _json(views.config_dump(state.hub, proxy_id))
+        except views.NotFound as missing:
+            return _json({"error": str(missing)}, status=404)
+
+    return [
+        web.get("/debug/syncz", syncz),
+        web.get("/debug/connections", connections),
+        web.get("/debug/edsz", edsz),
+        web.get("/debug/registryz", registryz),
+        web.get("/debug/config_dump", config_dump),
+    ]
 
 
 class HttpServer:
-    """A small aiohttp server; `/ready` answers 200 once `is_ready()` says so."""
+    """/ready, /metrics, and /debug (here on loopback, or on --debug-addr)."""
 
-    def __init__(self, address: str, is_ready: Callable[[], bool], metrics: Metrics) -> None:
+    def __init__(
+        self,
+        address: str,
+        is_ready: Callable[[], bool],
+        metrics: Metrics,
+        debug: DebugState,
+        debug_address: str | None = None,
+    ) -> None:
         self.host, self.port = split_host_port(address)
         self._is_ready = is_ready
         self._metrics = metrics
-        app = web.Application()
-        app.router.add_get("/ready", self._ready)
-        app.router.add_get("/metrics", self._metrics_page)
-        self._runner = web.AppRunner(app, access_log=None)
+        main = web.Application(middlewares=[] if debug_address else [_loopback_only])
+        main.router.add_get("/ready", self._ready)
+        main.router.add_get("/metrics", self._metrics_page)
+        self._runners = [web.AppRunner(main, access_log=None)]
+        self._addresses = [(self.host, self.port)]
+        if debug_address is None:
+            main.add_routes(debug_routes(debug))
+        else:
+            separate = web.Application()
+            separate.add_routes(debug_routes(debug))
+            self._runners.append(web.AppRunner(separate, access_log=None))
+            self._addresses.append(split_host_port(debug_address))
+        self.debug_port = 0
 
     async def _ready(self, _request: web.Request) -> web.Response:
         if self._is_ready():
@@ -32,12 +131,23 @@ class HttpServer:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def start(self) -> None:
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_port=False)
-        await site.start()
-        server = site._server
-        if self.port == 0 and server is not None and server.sockets:  # type: ignore[attr-defined]
-            self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        ports = []
+        for runner, (host, port) in zip(self._runners, self._addresses, strict=True):
+            await runner.setup()
+            site = web.TCPSite(runner, host, port, reuse_port=False)
+            await site.start()
+            ports.append(_bound_port(site, port))
+        self.port = ports[0]
+        self.debug_port = ports[-1]
 
     async def stop(self) -> None:
-        await self._runner.cleanup()
+        for runner in self._runners:
+            await runner.cleanup()
+
+
+def _bound_port(site: web.TCPSite, requested: int) -> int:
+    server = site._server
+    if requested == 0 and server is not None and server.sockets:  # type: ignore[attr-defined]
+        port: int = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        return port
+    return requested

@@ -62,7 +62,9 @@ class DeltaStream(StreamCore):
         responses = []
         for state in self._work_order():
             response = self._response(state, view)
+            in_the_making = {n for n in state.must_send if view.pending(state.type_url, n)}
             state.clear_work()
+            state.must_send |= in_the_making
             if response is not None:
                 responses.append(response)
                 if state.type_url == types.CLUSTER:
@@ -79,6 +81,8 @@ class DeltaStream(StreamCore):
             if resource is not None and wanted:
                 if name in state.must_send or held is None or held.version != resource.version:
                     updated.append(resource)
+            elif wanted and view.pending(state.type_url, name):
+                state.must_send.add(name)  # answered once made, kept out of clear_work below
             elif held is not None or (wanted and name in state.must_send):
                 removed.append(name)
                 state.sent.pop(name, None)

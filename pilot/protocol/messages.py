@@ -22,6 +22,10 @@ class ResourceView(Protocol):
 
     def version(self, type_url: str) -> str: ...
 
+    def pending(self, type_url: str, name: str) -> bool:
+        """True while a resource is being made (a secret being minted): not absent, not yet."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class SotwRequest:

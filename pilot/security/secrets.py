@@ -129,6 +129,11 @@ class SecretManager:
             return workload.resource if workload else None
         return None
 
+    def pending(self, proxy_id: str, name: str) -> bool:
+        """True while this proxy's `default` is wanted but not minted yet."""
+        workload = self._workloads.get(proxy_id)
+        return name == WORKLOAD_SECRET and workload is not None and workload.resource is None
+
     def names(self, proxy_id: str) -> list[str]:
         return [n for n in (WORKLOAD_SECRET, ROOT_SECRET) if self.get(proxy_id, n) is not None]
 

@@ -62,6 +62,7 @@ class Connection:
         self.identity: Identity | None = None
         self.stream: SotwStream | DeltaStream = DeltaStream() if kind.delta else SotwStream()
         self.pending_since: float | None = None
+        self.connected_at = time.time()
         self._wake = asyncio.Event()
         self._closing = asyncio.Event()
         self._warned_types: set[str] = set()

@@ -58,6 +58,11 @@ class ProxyView:
             return self._shared.version(type_url)
         return self._secrets.version() if self._secrets else "0"
 
+    def pending(self, type_url: str, name: str) -> bool:
+        if type_url != types.SECRET or self._secrets is None:
+            return False
+        return self._secrets.pending(self._proxy_id, name)
+
 
 class XdsHub:
     """Live connections, their subscriptions, and fan-out of changes to them."""

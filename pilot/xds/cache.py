@@ -80,3 +80,6 @@ class CacheView:
 
     def version(self, type_url: str) -> str:
         return self._cache.version(type_url)
+
+    def pending(self, type_url: str, name: str) -> bool:
+        return False

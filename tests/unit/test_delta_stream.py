@@ -255,3 +255,18 @@ def test_delta_client_converges_to_server_state(operations: list[tuple[object, .
     }
     held_wanted = {n: v for n, v in client.held.items() if client.wants(n)}
     assert held_wanted == expected
+
+
+def test_a_resource_in_the_making_is_not_answered_as_removed() -> None:
+    view = FakeView()
+    view.in_the_making[types.SECRET] = {"default"}
+    stream = DeltaStream()
+    stream.on_request(DeltaRequest(types.SECRET, subscribe=("default", "nonexistent")))
+    (response,) = stream.take_responses(view)
+    assert response.removed == ("nonexistent",), "only the name that does not exist is removed"
+    assert stream.take_responses(view) == []
+    view.in_the_making[types.SECRET].clear()
+    view.put(types.SECRET, "default", "certificate")
+    stream.on_change(types.SECRET, ["default"])
+    (minted,) = stream.take_responses(view)
+    assert _names(minted) == ["default"] and minted.removed == ()

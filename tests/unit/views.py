@@ -13,6 +13,7 @@ class FakeView:
     def __init__(self) -> None:
         self.tables: dict[str, dict[str, Resource]] = {}
         self.versions: dict[str, int] = {}
+        self.in_the_making: dict[str, set[str]] = {}
 
     def put(self, type_url: str, name: str, content: str) -> Resource:
         resource = Resource.from_payload(type_url, name, content.encode())
@@ -32,3 +33,6 @@ class FakeView:
 
     def version(self, type_url: str) -> str:
         return str(self.versions.get(type_url, 0))
+
+    def pending(self, type_url: str, name: str) -> bool:
+        return name in self.in_the_making.get(type_url, set())

@@ -1,0 +1,136 @@
+"""The JSON behind pilot's /debug endpoints: sync state, connections, EDS, registry, config.
+
+Everything here reads pilot's live state and returns plain JSON-ready values.
+Secrets are redacted as in CSDS: no private key is ever part of a debug answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from typing import Any
+
+from envoy.config.endpoint.v3 import endpoint_pb2
+from google.protobuf import json_format
+
+from pilot.debug.proxy_status import ProxyStatus, packed, proxy_statuses
+from pilot.registry.index import EndpointIndex
+from pilot.server.hub import XdsHub
+from pilot.xds import types
+from pilot.xds.cache import ResourceCache
+
+Json = dict[str, Any]
+
+
+class NotFound(LookupError):
+    """The thing asked for does not exist; the message says what."""
+
+
+def syncz(hub: XdsHub) -> list[Json]:
+    """Per proxy and type: how many resources are in each sync state."""
+    return [_sync_summary(status) for status in proxy_statuses(hub)]
+
+
+def _sync_summary(status: ProxyStatus) -> Json:
+    by_type: dict[str, Counter[str]] = {}
+    for resource in status.resources:
+        by_type.setdefault(types.short_name(resource.type_url), Counter())[resource.status] += 1
+    errors = [
+        {"type": types.short_name(r.type_url), "name": r.name, "error": r.error}
+        for r in status.resources
+        if r.error is not None
+    ]
+    return {
+        "proxy": status.proxy_id,
+        "streams": list(status.streams),
+        "types": {name: dict(counts) for name, counts in sorted(by_type.items())},
+        "errors": errors,
+    }
+
+
+def connections(hub: XdsHub) -> list[Json]:
+    """Every live stream: who, how, since when, subscribed to what."""
+    now = time.time()
+    found = []
+    for connection in sorted(hub.connections, key=lambda c: c.id):
+        subscriptions = {}
+        for type_url, names in connection.subscriptions():
+            state = connection.stream.state(type_url)
+            wildcard = bool(state and state.subscription.wildcard)
+            subscriptions[types.short_name(type_url)] = {"wildcard": wildcard, "names": len(names)}
+        found.append(
+            {
+                "proxy": connection.proxy_id,
+                "stream": connection.kind.label,
+                "peer": connection.peer,
+                "identity": str(connection.identity) if connection.identity else None,
+                "connected_seconds": round(now - connection.connected_at, 3),
+                "subscriptions": subscriptions,
+            }
+        )
+    return found
+
+
+def edsz(cache: ResourceCache, cluster: str | None) -> Json:
+    """One ClusterLoadAssignment as JSON, or every assignment's version."""
+    if cluster is None:
+        names = sorted(cache.names(types.ENDPOINT))
+        versions = {}
+        for name in names:
+            resource = cache.get(types.ENDPOINT, name)
+            if resource is not None:
+                versions[name] = resource.version
+        return {"version": cache.version(types.ENDPOINT), "clusters": versions}
+    resource = cache.get(types.ENDPOINT, cluster)
+    if resource is None:
+        raise NotFound(f"no ClusterLoadAssignment named {cluster!r}")
+    assignment = endpoint_pb2.ClusterLoadAssignment.FromString(resource.payload)
+    return {"version": resource.version, "assignment": json_format.MessageToDict(assignment)}
+
+
+def registryz(index: EndpointIndex) -> Json:
+    """The registry as pilot sees it: services and the endpoint sets feeding each."""
+    services = []
+    for key in sorted(index.services):
+        service = index.services[key]
+        services.append(
+            {
+                "namespace": key.namespace,
+                "name": key.name,
+                "ports": [dataclasses.asdict(port) for port in service.ports],
+                "endpoint_sets": [
+                    {"kind": s.key.kind, "name": s.key.name, "groups": _groups(s.groups)}
+                    for s in index.endpoint_sets(key)
+                ],
+            }
+        )
+    return {"services": services}
+
+
+def _groups(groups: Any) -> list[Json]:
+    return [dataclasses.asdict(group) for group in groups]
+
+
+def config_dump(hub: XdsHub, proxy_id: str) -> Json:
+    """Everything one proxy subscribes to, with its state and contents (secrets redacted)."""
+    for status in proxy_statuses(hub):
+        if status.proxy_id == proxy_id:
+            return {
+                "proxy": proxy_id,
+                "streams": list(status.streams),
+                "resources": [
+                    {
+                        "type": r.type_url,
+                        "name": r.name,
+                        "version": r.version,
+                        "status": str(r.status),
+                        "error": r.error,
+                        "resource": json_format.MessageToDict(packed(r.resource))
+                        if r.resource
+                        else None,
+                    }
+                    for r in status.resources
+                ],
+            }
+    raise NotFound(f"no connected proxy {proxy_id!r}")

@@ -1,0 +1,163 @@
+"""What operators read: /metrics, the /debug endpoints, and logs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from aiohttp.test_utils import make_mocked_request
+
+from pilot.debug.http import _loopback_only
+from pilot.logs import JsonFormatter, LogSpecError, parse_levels
+from pilot.xds import types
+from tests.harness.envoy_process import wait_until
+from tests.integration.test_csds import Proxy
+from tests.support.mesh import cluster_name, simple_mesh
+from tests.support.pilot import RunningPilot, running_pilot
+
+MESH = {"alpha": ["127.0.0.1"], "beta": ["127.0.0.2"]}
+
+
+async def _get(pilot: RunningPilot, path: str, port: int | None = None) -> tuple[int, str]:
+    url = f"http://127.0.0.1:{port or pilot.http_port}{path}"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status, await response.text()
+
+
+def _metric(text: str, name: str, labels: str = "") -> float:
+    pattern = rf"^{re.escape(name)}{re.escape(labels)} (\S+)$"
+    match = re.search(pattern, text, re.MULTILINE)
+    assert match is not None, f"{name}{labels} not in /metrics"
+    return float(match.group(1))
+
+
+async def test_metrics_count_what_pilot_does(tmp_path: Path) -> None:
+    async with running_pilot(tmp_path, simple_mesh(MESH)) as pilot:
+        async with grpc.aio.insecure_channel(pilot.grpc_target) as grpc_channel:
+            proxy = Proxy(grpc_channel, "p1")
+            await proxy.reply(await proxy.subscribe(types.CLUSTER, ["*"]))
+            endpoints = await proxy.subscribe(types.ENDPOINT, [cluster_name("alpha")])
+            await proxy.reply(endpoints, error="no thanks")
+            _, before = await _get(pilot, "/metrics")
+            assert _metric(before, "pilot_xds") == 1
+            assert _metric(before, "pilot_services") == 2
+            assert _metric(before, "pilot_xds_pushes", '{type="cds"}') == 1
+            await wait_until(
+                lambda: pilot.discovery.stats.nacks[types.ENDPOINT], 10, "the NACK to be recorded"
+            )
+            pilot.write(simple_mesh({"alpha": ["127.0.0.1", "127.0.0.9"], "beta": ["127.0.0.2"]}))
+            pushed = await asyncio.wait_for(proxy.call.read(), 10)
+            assert pushed.type_url == types.ENDPOINT
+            _, after = await _get(pilot, "/metrics")
+        assert _metric(after, "pilot_xds_pushes", '{type="eds"}') == 2
+        assert _metric(after, "pilot_xds_eds_reject") == 1
+        assert _metric(after, "pilot_total_xds_rejects") == 1
+        assert _metric(after, "pilot_proxy_convergence_time_count") >= 1
+        assert _metric(after, "pilot_inbound_updates", '{type="eds"}') >= 3
+        assert _metric(after, "pilot_xds_config_size_bytes_count", '{type="eds"}') == 2
+        assert "proxy" not in after.split("# HELP")[0]  # no per-proxy labels anywhere
+        assert "p1" not in after
+
+
+async def test_debug_endpoints(tmp_path: Path) -> None:
+    async with (
+        running_pilot(tmp_path, simple_mesh(MESH)) as pilot,
+        grpc.aio.insecure_channel(pilot.grpc_target) as channel,
+    ):
+        proxy = Proxy(channel, "p1")
+        await proxy.reply(await proxy.subscribe(types.ENDPOINT, [cluster_name("alpha")]))
+        await proxy.reply(await proxy.subscribe(types.SECRET, ["default"]))
+
+        status, body = await _get(pilot, "/debug/connections")
+        (connection,) = json.loads(body)
+        assert connection["proxy"] == "p1" and connection["stream"] == "ads-delta"
+        assert connection["identity"] == "spiffe://cluster.local/ns/shop/sa/p1"
+
+        async def synced() -> Any:
+            return json.loads((await _get(pilot, "/debug/syncz"))[1])
+
+        await wait_until(
+            synced,
+            10,
+            "syncz to show both types SYNCED",
+            until=lambda s: s and s[0]["types"] == {"eds": {"SYNCED": 1}, "sds": {"SYNCED": 1}},
+        )
+        status, body = await _get(pilot, f"/debug/edsz?cluster={cluster_name('alpha')}")
+        assert status == 200
+        assignment = json.loads(body)["assignment"]
+        assert assignment["clusterName"] == cluster_name("alpha")
+        assert (await _get(pilot, "/debug/edsz?cluster=nope"))[0] == 404
+        assert set(json.loads((await _get(pilot, "/debug/edsz"))[1])["clusters"]) == {
+            cluster_name("alpha"),
+            cluster_name("beta"),
+        }
+        registry = json.loads((await _get(pilot, "/debug/registryz"))[1])
+        assert [s["name"] for s in registry["services"]] == ["alpha", "beta"]
+        status, body = await _get(pilot, "/debug/config_dump?proxyID=p1")
+        assert status == 200 and "PRIVATE KEY" not in body and "[redacted]" in body
+        assert (await _get(pilot, "/debug/config_dump"))[0] == 400
+        assert (await _get(pilot, "/debug/config_dump?proxyID=ghost"))[0] == 404
+
+
+async def test_debug_endpoints_refuse_callers_off_loopback() -> None:
+    async def handler(_request: Any) -> aiohttp.web.Response:
+        return aiohttp.web.Response(text="debug")
+
+    for peer, expected in (
+        (("192.0.2.7", 40000), 403),
+        (("127.0.0.1", 40000), 200),
+        (("::1", 1, 0, 0), 200),
+    ):
+        transport = _FakeTransport(peer)
+        request = make_mocked_request("GET", "/debug/syncz", transport=transport)
+        response = await _loopback_only(request, handler)
+        assert response.status == expected, peer
+
+
+class _FakeTransport:
+    def __init__(self, peer: tuple[Any, ...]) -> None:
+        self._peer = peer
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._peer if name == "peername" else default
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def test_log_levels_per_component() -> None:
+    assert parse_levels("info,xds:debug,kubernetes:warning") == (
+        "INFO",
+        {"pilot.xds": "DEBUG", "pilot.sources.kubernetes": "WARNING"},
+    )
+    assert parse_levels("default:error") == ("ERROR", {})
+    with pytest.raises(LogSpecError, match="loud"):
+        parse_levels("xds:loud")
+
+
+def test_json_logs_are_one_object_per_line() -> None:
+    record = logging.LogRecord(
+        "pilot.xds", logging.WARNING, __file__, 1, "proxy %s rejected", ("p1",), None
+    )
+    entry = json.loads(JsonFormatter().format(record))
+    assert (
+        entry["level"] == "warning"
+        and entry["scope"] == "pilot.xds"
+        and entry["msg"] == "proxy p1 rejected"
+    )
+
+
+async def test_debug_addr_moves_debug_endpoints_to_their_own_port(tmp_path: Path) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pilot", "discovery", "--help", stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await process.communicate()
+    assert "--debug-addr" in out.decode() and "--log-format" in out.decode()

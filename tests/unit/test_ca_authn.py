@@ -1,0 +1,180 @@
+"""Who is calling: `Authenticator` with client certificates and tokens, and `bearer_token`.
+
+Client certificates are handed over as gRPC's auth context does it
+(`{"x509_pem_cert": [pem_bytes]}`); the caller is the certificate's SPIFFE URI
+in pilot's trust domain. Tokens go to a `TokenReviewer` (a stub here) for the
+configured audiences. Every refusal is an `AuthError` saying why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from pilot.security.authn import Authenticator, AuthError, bearer_token
+from pilot.security.identity import Identity
+from tests.integration.ca_support import Token, issue_leaf, make_csr, new_ca, pem, spiffe
+
+ISSUER = new_ca("unit test CA")
+CALLER = Identity("cluster.local", "ns1", "sa1")
+
+
+def _client_cert(*uris: str, hosts: Sequence[str] = ()) -> bytes:
+    key, _ = make_csr()
+    return pem(issue_leaf(ISSUER, key.public_key(), uris, hosts=hosts)).encode()
+
+
+def _context(certificate: bytes) -> dict[str, list[bytes]]:
+    return {"x509_pem_cert": [certificate], "transport_security_type": [b"ssl"]}
+
+
+class StubReviewer:
+    """Answers TokenReviews from a table; records the audiences it was asked for."""
+
+    def __init__(self, users: dict[str, str]) -> None:
+        self.users = users
+        self.asked: list[tuple[str, ...]] = []
+
+    async def review(self, token: str, audiences: Sequence[str]) -> str:
+        self.asked.append(tuple(audiences))
+        if token not in self.users:
+            raise AuthError("token rejected: [invalid bearer token]")
+        return self.users[token]
+
+
+# ------------------------------------------------------------------ client certificates
+
+
+def test_certificate_identity_is_its_spiffe_uri() -> None:
+    authenticator = Authenticator("cluster.local", None)
+    identity = authenticator.from_certificate(_context(_client_cert(CALLER.uri)))
+    assert identity == CALLER
+
+
+def test_certificate_identity_skips_uris_of_other_shapes_and_domains() -> None:
+    certificate = _client_cert(
+        "https://example.com/not-spiffe",
+        spiffe("ns9", "sa9", trust_domain="other.domain"),
+        "spiffe://cluster.local/workload/x",
+        CALLER.uri,
+    )
+    identity = Authenticator("cluster.local", None).from_certificate(_context(certificate))
+    assert identity == CALLER
+
+
+@pytest.mark.parametrize(
+    "uris",
+    [
+        (spiffe("ns1", "sa1", trust_domain="other.domain"),),
+        ("https://example.com/ns/ns1/sa/sa1",),
+        ("spiffe://cluster.local/ns1/sa1",),
+        (),
+    ],
+    ids=["other-trust-domain", "not-spiffe", "not-istio-shaped", "no-uri"],
+)
+def test_certificate_without_an_identity_in_the_trust_domain_is_refused(
+    uris: tuple[str, ...],
+) -> None:
+    certificate = _client_cert(*uris, hosts=("workload.example",))
+    with pytest.raises(AuthError) as caught:
+        Authenticator("cluster.local", None).from_certificate(_context(certificate))
+    assert "no SPIFFE identity in cluster.local" in str(caught.value)
+
+
+@pytest.mark.parametrize("context", [{}, {"x509_pem_cert": []}, {"transport_security_type": []}])
+def test_no_client_certificate_is_no_identity(context: dict[str, list[bytes]]) -> None:
+    assert Authenticator("cluster.local", None).from_certificate(context) is None
+
+
+def test_trust_domain_is_the_authenticators() -> None:
+    certificate = _client_cert(spiffe("ns1", "sa1", trust_domain="mesh.example"))
+    identity = Authenticator("mesh.example", None).from_certificate(_context(certificate))
+    assert identity == Identity("mesh.example", "ns1", "sa1")
+
+
+# ------------------------------------------------------------------ authenticate()
+
+
+async def test_certificate_authenticates_without_a_token() -> None:
+    authenticator = Authenticator("cluster.local", StubReviewer({}))
+    identity = await authenticator.authenticate({}, _context(_client_cert(CALLER.uri)))
+    assert identity == CALLER
+
+
+async def test_token_is_preferred_to_a_certificate() -> None:
+    token = Token("token-of-ns2-sa2")
+    reviewer = StubReviewer({token: "system:serviceaccount:ns2:sa2"})
+    authenticator = Authenticator("cluster.local", reviewer)
+    identity = await authenticator.authenticate(
+        {"authorization": f"Bearer {token}"}, _context(_client_cert(CALLER.uri))
+    )
+    assert identity == Identity("cluster.local", "ns2", "sa2")
+    assert reviewer.asked == [("istio-ca",)]
+
+
+async def test_token_is_reviewed_for_the_configured_audiences() -> None:
+    token = Token("token-of-ns1-sa1")
+    reviewer = StubReviewer({token: "system:serviceaccount:ns1:sa1"})
+    authenticator = Authenticator("cluster.local", reviewer, audiences=("a", "b"))
+    assert await authenticator.authenticate({"authorization": f"Bearer {token}"}, {}) == CALLER
+    assert reviewer.asked == [("a", "b")]
+
+
+async def test_rejected_token_is_refused_even_with_a_good_certificate() -> None:
+    authenticator = Authenticator("cluster.local", StubReviewer({}))
+    with pytest.raises(AuthError) as caught:
+        await authenticator.authenticate(
+            {"authorization": "Bearer forged"}, _context(_client_cert(CALLER.uri))
+        )
+    assert "token rejected" in str(caught.value)
+
+
+async def test_no_credentials_says_what_to_send() -> None:
+    with pytest.raises(AuthError) as caught:
+        await Authenticator("cluster.local", StubReviewer({})).authenticate({}, {})
+    message = str(caught.value)
+    assert "authorization: Bearer" in message
+    assert "client certificate" in message
+
+
+async def test_token_without_a_kubernetes_api_is_refused() -> None:
+    with pytest.raises(AuthError) as caught:
+        await Authenticator("cluster.local", None).authenticate(
+            {"authorization": "Bearer whatever"}, {}
+        )
+    assert "TokenReview" in str(caught.value)
+
+
+@pytest.mark.parametrize("username", ["alice", "system:node:node-1", "system:serviceaccount:ns1"])
+async def test_token_of_something_else_than_a_service_account_is_refused(username: str) -> None:
+    token = Token("token-of-someone")
+    authenticator = Authenticator("cluster.local", StubReviewer({token: username}))
+    with pytest.raises(AuthError) as caught:
+        await authenticator.from_token(token)
+    assert "not a service account" in str(caught.value)
+    assert token not in str(caught.value)
+
+
+# ------------------------------------------------------------------ bearer_token()
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("Bearer abc", "abc"),
+        ("bearer abc", "abc"),
+        ("BEARER  abc ", "abc"),
+        ("Basic abc", None),
+        ("Bearer", None),
+        ("Bearer   ", None),
+        ("abc", None),
+        ("", None),
+    ],
+)
+def test_bearer_token(header: str, expected: str | None) -> None:
+    assert bearer_token({"authorization": header}) == expected
+
+
+def test_no_authorization_header_is_no_token() -> None:
+    assert bearer_token({"x-other": "Bearer abc"}) is None
