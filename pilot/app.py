@@ -29,6 +29,7 @@ from pilot.security.component import Security
 from pilot.security.xds_auth import XdsAuth
 from pilot.server.grpc_server import GrpcServer
 from pilot.server.hub import XdsHub
+from pilot.server.tls import TlsServing, default_dns_names
 from pilot.settings import Settings
 from pilot.sources.file import FileRegistry
 from pilot.sources.kubernetes.connection import connect
@@ -76,6 +77,7 @@ class Discovery:
         self.source: RegistrySource | None = None
         self.security: Security | None = None
         self._grpc: GrpcServer | None = None
+        self.tls_serving: TlsServing | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._serving = False
 
@@ -129,6 +131,15 @@ class Discovery:
         security.secrets.observe_ca_latency = self.metrics.ca_latency.observe
         return security
 
+    def _tls(self, security: Security) -> tuple[str, TlsServing] | None:
+        if not self.settings.grpc_tls_addr:
+            return None
+        names = list(self.settings.tls_dns_names) or default_dns_names(
+            self.settings.build.cluster_domain
+        )
+        self.tls_serving = TlsServing(security.ca, names, self.settings.tls_require_client_cert)
+        return self.settings.grpc_tls_addr, self.tls_serving
+
     def is_ready(self) -> bool:
         return self._serving and self.source is not None and self.source.synced
 
@@ -145,7 +156,14 @@ class Discovery:
         await self.http.start()
         self.source = await self._connect_source()
         self.security = await self._start_security()
-        self._grpc = GrpcServer(self.hub, self.settings.grpc_addr, self.security.ca_service)
+        self._grpc = GrpcServer(
+            self.hub,
+            self.settings.grpc_addr,
+            ca_service=self.security.ca_service,
+            tls=self._tls(self.security),
+            max_connection_age=self.settings.max_connection_age,
+            drain=self.settings.drain_duration,
+        )
         await self.grpc.start()
         await self.source.start()
         await self.source.wait_synced()
@@ -153,12 +171,15 @@ class Discovery:
         self._flush(initial, time.monotonic())
         self.hub.ready.set()
         self._tasks = [asyncio.create_task(self.debouncer.run(), name="debounce")]
+        if self.tls_serving is not None:
+            self._tasks.append(asyncio.create_task(self.tls_serving.run(), name="tls-renewal"))
         await self.grpc.set_serving(True)
         self._serving = True
         log.info(
-            "pilot discovery serving xDS on %s (port %d), HTTP on %s:%d",
+            "pilot discovery serving xDS on %s (port %d, TLS port %d), HTTP on %s:%d",
             self.settings.grpc_addr,
             self.grpc.port,
+            self.grpc.tls_port,
             self.http.host,
             self.http.port,
         )
@@ -167,7 +188,7 @@ class Discovery:
         """Health goes NOT_SERVING, streams end, background work stops."""
         self._serving = False
         if self._grpc is not None:
-            await self._grpc.stop(self.settings.shutdown_grace)
+            await self._grpc.stop(self.settings.drain_duration)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -15,6 +15,7 @@ import grpc
 from pilot.agent import DEFAULT_SOCKET, Agent, AgentSettings, agent_settings
 from pilot.app import Discovery
 from pilot.debug import proxy_status_table
+from pilot.durations import parse_duration
 from pilot.generators.builder import BuildSettings
 from pilot.logs import SCOPES, LogSpecError
 from pilot.logs import configure as configure_logging
@@ -72,6 +73,34 @@ def _parser() -> argparse.ArgumentParser:
         "--http-addr",
         default="0.0.0.0:15014",
         help="/ready and later /metrics (default %(default)s)",
+    )
+    discovery.add_argument(
+        "--grpc-tls-addr",
+        default="0.0.0.0:15012",
+        help="xDS over TLS, certificate from pilot's CA ('' to disable; default %(default)s)",
+    )
+    discovery.add_argument(
+        "--tls-dns-names",
+        default="",
+        help="names in the TLS port's certificate (default pilot, pilot.$POD_NAMESPACE.svc, ...)",
+    )
+    discovery.add_argument(
+        "--grpc-tls-require-client-cert",
+        action="store_true",
+        help="TLS callers must present a certificate from pilot's CA (then the CA"
+        " authenticates them by it; tokens alone no longer reach the TLS port)",
+    )
+    discovery.add_argument(
+        "--drain-duration",
+        type=parse_duration,
+        default="5s",
+        help="on SIGTERM, how long streams get to move elsewhere (default %(default)s)",
+    )
+    discovery.add_argument(
+        "--max-connection-age",
+        type=parse_duration,
+        default="30m",
+        help="close connections older than this, with jitter, to spread load (0: never)",
     )
     discovery.add_argument(
         "--debug-addr",
@@ -206,6 +235,11 @@ def _settings(args: argparse.Namespace) -> Settings:
         grpc_addr=args.grpc_addr,
         http_addr=args.http_addr,
         debug_addr=args.debug_addr,
+        grpc_tls_addr=args.grpc_tls_addr,
+        tls_dns_names=tuple(n.strip() for n in args.tls_dns_names.split(",") if n.strip()),
+        tls_require_client_cert=args.grpc_tls_require_client_cert,
+        drain_duration=args.drain_duration,
+        max_connection_age=args.max_connection_age,
         config=args.config,
         build=BuildSettings(args.cluster_domain, args.xds_cluster_name),
         debounce=debounce_from_env(),

@@ -40,7 +40,11 @@ class Settings:
     security: SecuritySettings = field(default_factory=SecuritySettings)
     push: PushSettings = field(default_factory=PushSettings)
     file_poll_interval: float = 0.5
-    shutdown_grace: float = 5.0
+    grpc_tls_addr: str = ""  # the CLI default is 0.0.0.0:15012; empty: no TLS port
+    tls_dns_names: tuple[str, ...] = ()
+    tls_require_client_cert: bool = False
+    drain_duration: float = 5.0
+    max_connection_age: float = 1800.0
 
 
 def _env_duration(env: Mapping[str, str], name: str, default: float) -> float:

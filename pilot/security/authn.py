@@ -13,9 +13,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from kubernetes_asyncio import client
 
-from pilot.security.certs import uri_sans
+from pilot.security.certs import uri_sans, utcnow
 from pilot.security.identity import Identity
 
 log = logging.getLogger("pilot.security")
@@ -73,10 +74,13 @@ class Authenticator:
         trust_domain: str,
         reviewer: TokenReviewer | None,
         audiences: Sequence[str] = ("istio-ca",),
+        issuers: Sequence[x509.Certificate] = (),
     ) -> None:
         self.trust_domain = trust_domain
         self._reviewer = reviewer
         self._audiences = tuple(audiences)
+        # Client certificates count only if one of these issued them (TLS may not verify).
+        self._issuers = tuple(issuers)
 
     async def from_token(self, token: str) -> Identity:
         if self._reviewer is None:
@@ -92,6 +96,7 @@ class Authenticator:
         if pem is None:
             return None
         certificate = x509.load_pem_x509_certificate(pem)
+        self._check_issued_here(certificate)
         for uri in uri_sans(certificate):
             try:
                 identity = Identity.parse(uri)
@@ -100,6 +105,18 @@ class Authenticator:
             if identity.trust_domain == self.trust_domain:
                 return identity
         raise AuthError(f"client certificate has no SPIFFE identity in {self.trust_domain}")
+
+    def _check_issued_here(self, certificate: x509.Certificate) -> None:
+        now = utcnow()
+        if not certificate.not_valid_before_utc <= now <= certificate.not_valid_after_utc:
+            raise AuthError("client certificate is expired or not yet valid")
+        for issuer in self._issuers:
+            try:
+                certificate.verify_directly_issued_by(issuer)
+            except (ValueError, TypeError, InvalidSignature):
+                continue
+            return
+        raise AuthError("client certificate was not issued by this CA")
 
     async def authenticate(
         self, metadata: Mapping[str, str], auth_context: AuthContext

@@ -13,6 +13,7 @@ CPU-bound: callers run it off the event loop.
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import logging
 import os
 from dataclasses import dataclass
@@ -21,11 +22,14 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from pilot.security.certs import (
+    KeyType,
     PrivateKey,
     cert_pem,
+    generate_key,
     key_pem,
     load_certificates,
     self_signed_root,
@@ -147,21 +151,43 @@ class CertificateAuthority:
             )
         return ttl
 
+    @property
+    def signing_cert(self) -> x509.Certificate:
+        """The certificate that issues leaves (the root, or a plugged-in intermediate)."""
+        return self._cert
+
     def sign(self, csr_pem: bytes, identity: Identity, ttl: datetime.timedelta) -> list[str]:
         """Sign a CSR for `identity`; returns the chain, leaf first and root last."""
         csr = _checked_csr(csr_pem)
+        san = [x509.UniformResourceIdentifier(identity.uri)]
+        return self._issue(csr.public_key(), san, ttl)  # type: ignore[arg-type]
+
+    def issue_server(
+        self, dns_names: list[str], ttl: datetime.timedelta
+    ) -> tuple[bytes, list[str]]:
+        """A key and chain for pilot's own TLS port, naming its DNS names (and loopback)."""
+        key = generate_key(KeyType.EC)
+        san: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
+        san.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+        return key_pem(key), self._issue(key.public_key(), san, ttl)
+
+    def _issue(
+        self,
+        public_key: CertificatePublicKeyTypes,
+        san: list[x509.GeneralName],
+        ttl: datetime.timedelta,
+    ) -> list[str]:
         now = utcnow()
         not_after = min(now + ttl, self._cert.not_valid_after_utc)
-        san = x509.SubjectAlternativeName([x509.UniformResourceIdentifier(identity.uri)])
         leaf = (
             x509.CertificateBuilder()
             .subject_name(x509.Name([]))
             .issuer_name(self._cert.subject)
-            .public_key(csr.public_key())
+            .public_key(public_key)
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - BACKDATE)
             .not_valid_after(not_after)
-            .add_extension(san, critical=True)
+            .add_extension(x509.SubjectAlternativeName(san), critical=True)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(_leaf_key_usage(), critical=True)
             .add_extension(

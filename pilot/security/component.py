@@ -39,7 +39,9 @@ class Security:
         """Load (or make) the CA root off the event loop and build everything around it."""
         ca = await asyncio.to_thread(CertificateAuthority.load, settings.ca)
         reviewer = KubernetesTokenReviewer(api_client) if api_client is not None else None
-        authenticator = Authenticator(ca.settings.trust_domain, reviewer, settings.token_audiences)
+        authenticator = Authenticator(
+            ca.settings.trust_domain, reviewer, settings.token_audiences, [ca.signing_cert]
+        )
         slots = asyncio.Semaphore(SIGNING_SLOTS)
         ca_service = CaService(ca, authenticator, settings.trusted_node_accounts, slots)
         remote = RemoteCa(settings.remote_ca) if settings.remote_ca is not None else None

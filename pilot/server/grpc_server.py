@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import grpc
+
 # Imported for their descriptors: server reflection describes these services.
 from envoy.service.cluster.v3 import cds_pb2  # noqa: F401
 from envoy.service.discovery.v3 import ads_pb2  # noqa: F401
@@ -18,6 +22,7 @@ from pilot.debug.csds import CSDS_SERVICE, csds_handler
 from pilot.security.ca_service import CA_SERVICE, CaService
 from pilot.server.hub import XdsHub
 from pilot.server.services import XDS_SERVICE_NAMES, xds_handlers
+from pilot.server.tls import TlsServing
 
 # A second pilot must not silently share the port (grpc enables SO_REUSEPORT by default).
 _SERVER_OPTIONS = [
@@ -26,13 +31,44 @@ _SERVER_OPTIONS = [
 ]
 
 
+def _options(max_connection_age: float, drain: float) -> list[tuple[str, int]]:
+    """Connections older than the age get GOAWAY (grpc adds +-10% jitter), then `drain`."""
+    options = list(_SERVER_OPTIONS)
+    if max_connection_age > 0:
+        options.append(("grpc.max_connection_age_ms", int(max_connection_age * 1000)))
+        options.append(("grpc.max_connection_age_grace_ms", int(drain * 1000)))
+    return options
+
+
+def _bind(server: aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError as error:
+        raise OSError(f"cannot listen on {address}: {error}") from error
+    if port == 0:
+        raise OSError(f"cannot listen on {address} (in use?)")
+    return port
+
+
 class GrpcServer:
     """xDS + health + reflection, bound to one address."""
 
-    def __init__(self, hub: XdsHub, address: str, ca_service: CaService | None = None) -> None:
+    def __init__(
+        self,
+        hub: XdsHub,
+        address: str,
+        *,
+        ca_service: CaService | None = None,
+        tls: tuple[str, TlsServing] | None = None,
+        max_connection_age: float = 0.0,
+        drain: float = 5.0,
+    ) -> None:
         self.address = address
         self.hub = hub
-        self.server = aio.server(options=_SERVER_OPTIONS)
+        self.server = aio.server(options=_options(max_connection_age, drain))
         self.health = health_aio.HealthServicer()
         self.server.add_generic_rpc_handlers(tuple(xds_handlers(hub)))
         self.server.add_generic_rpc_handlers((csds_handler(hub),))
@@ -43,9 +79,8 @@ class GrpcServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (*XDS_SERVICE_NAMES, *extra, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.server)
-        self.port = self.server.add_insecure_port(address)
-        if self.port == 0:
-            raise OSError(f"cannot listen on {address}")
+        self.port = _bind(self.server, address, None)
+        self.tls_port = _bind(self.server, tls[0], tls[1].credentials) if tls else 0
         self._names = XDS_SERVICE_NAMES
 
     async def start(self) -> None:
@@ -62,11 +97,16 @@ class GrpcServer:
         for name in ("", *self._names):
             await self.health.set(name, status)
 
-    async def stop(self, grace: float) -> None:
-        """NOT_SERVING at once, end the xDS streams, then give other calls `grace` seconds."""
+    async def stop(self, drain: float) -> None:
+        """Graceful: NOT_SERVING at once, stop accepting (GOAWAY), drain streams, stop.
+
+        xDS streams are closed spread over the first half of `drain`, so that
+        their Envoys reconnect to other replicas gradually rather than at once.
+        """
         await self.set_serving(False)
-        self.hub.close_all()
-        await self.server.stop(grace)
+        stopping = asyncio.create_task(self.server.stop(drain))
+        await self.hub.drain(drain / 2)
+        await stopping
 
 
 __all__ = ["GrpcServer"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING
@@ -122,6 +123,16 @@ class XdsHub:
         """End every stream (shutdown)."""
         for connection in list(self.connections):
             connection.close()
+
+    async def drain(self, spread: float) -> None:
+        """End every stream, at random moments within `spread` seconds."""
+        connections = list(self.connections)
+        random.shuffle(connections)
+        step = spread / len(connections) if connections else 0.0
+        for connection in connections:
+            connection.close()
+            if step:
+                await asyncio.sleep(step)
 
     def push(self, changes: Mapping[str, set[str]], started: float) -> int:
         """Mark changed names on the streams that watch them; returns streams woken."""

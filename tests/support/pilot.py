@@ -73,7 +73,7 @@ def _settings(state_dir: Path, **overrides: Any) -> Settings:
         "http_addr": "127.0.0.1:0",
         "debounce": FAST_DEBOUNCE,
         "file_poll_interval": 0.02,
-        "shutdown_grace": 0.5,
+        "drain_duration": 0.5,
     }
     overrides.setdefault("security", _security(state_dir))
     return Settings(**(base | overrides))
@@ -113,11 +113,12 @@ async def running_pilot(
     debounce: DebounceSettings = FAST_DEBOUNCE,
     security: dict[str, Any] | None = None,
     kubeconfig: Path | None = None,
+    **settings: Any,
 ) -> AsyncIterator[RunningPilot]:
     """A pilot on the file registry, the file written from `objects` first.
 
     `security` overrides SecuritySettings fields; `kubeconfig` gives it a
-    Kubernetes API for TokenReview.
+    Kubernetes API for TokenReview; other keywords override Settings fields.
     """
     config = tmp_path / "mesh.yaml"
     write_mesh(config, objects)
@@ -127,6 +128,7 @@ async def running_pilot(
         debounce=debounce,
         security=_security(tmp_path / "ca", **(security or {})),
         kubernetes=KubernetesSettings(kubeconfig=kubeconfig),
+        **settings,
     )
     async with _running(settings, config) as pilot:
         yield pilot
