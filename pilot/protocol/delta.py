@@ -11,6 +11,8 @@ Rules it implements (see shared/xds-protocol.md):
   name unsubscribed while the stream is wildcard is sent again (or removed).
 - ACK/NACK by nonce and `error_detail`; stale nonces still change subscriptions.
 - After clusters are sent, their assignments follow even if unchanged.
+- A new wildcard subscription is answered even when there is nothing to send,
+  so that the client's initial fetch completes at once.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ class DeltaStream(StreamCore):
                 )
             )
         _mark_for_request(state, diff, frozenset(request.subscribe) - claimed)
+        if first and state.subscription.wildcard:
+            state.answer_required = True  # even "nothing": Envoy waits for a first answer
         return events
 
     def take_responses(self, view: ResourceView) -> list[DeltaResponse]:
@@ -86,7 +90,7 @@ class DeltaStream(StreamCore):
             elif held is not None or (wanted and name in state.must_send):
                 removed.append(name)
                 state.sent.pop(name, None)
-        if not updated and not removed:
+        if not updated and not removed and not state.answer_required:
             return None
         nonce = self._next_nonce(state)
         state.sent_version = view.version(state.type_url)

@@ -34,6 +34,7 @@ from pilot.security.certs import (
     load_certificates,
     self_signed_root,
     utcnow,
+    verify_chain,
     write_private,
 )
 from pilot.security.identity import Identity
@@ -117,6 +118,7 @@ class CertificateAuthority:
             chain.insert(0, signing_cert)
         if not chain or chain[-1] != root:
             chain.append(root)
+        _check_plugged_in(directory, key, signing_cert, chain, root)
         log.info("CA: using the plugged-in signing certificate from %s", directory)
         return cls(key, signing_cert, chain, root, settings)
 
@@ -203,6 +205,30 @@ class CertificateAuthority:
             .sign(self._key, hashes.SHA256())
         )
         return [cert_pem(leaf), *self._chain_pem]
+
+
+def _public_der(key: object) -> bytes:
+    return key.public_bytes(  # type: ignore[attr-defined, no-any-return]
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def _check_plugged_in(
+    directory: Path,
+    key: PrivateKey,
+    signing_cert: x509.Certificate,
+    chain: list[x509.Certificate],
+    root: x509.Certificate,
+) -> None:
+    """The key must be the certificate's, and the chain must lead to the root."""
+    if _public_der(key.public_key()) != _public_der(signing_cert.public_key()):
+        raise CaSetupError(f"{directory}: ca-key.pem is not the key of ca-cert.pem")
+    try:
+        verify_chain(chain, [root])
+    except ValueError as error:
+        raise CaSetupError(
+            f"{directory}: ca-cert.pem does not chain to root-cert.pem: {error}"
+        ) from error
 
 
 def _checked_csr(csr_pem: bytes) -> x509.CertificateSigningRequest:

@@ -122,15 +122,18 @@ class RemoteCa:
     def _check(self, chain: list[str], identity: Identity) -> None:
         try:
             certificates = [c for pem in chain for c in load_certificates(pem.encode())]
+            # Without CA_ROOT_CERT, the first chain's root is the trust root from then on.
             roots = self.roots or certificates[-1:]
             verify_chain(certificates, roots)
-        except ValueError as error:
+        except (ValueError, IndexError) as error:
             raise CaError(
                 f"CA at {self.settings.address} returned a chain that does not verify: {error}"
             ) from error
         signed_for = uri_sans(certificates[0])
         if identity.uri not in signed_for:
             raise CaError(f"CA at {self.settings.address} signed for {signed_for}, not {identity}")
+        if not self.roots:
+            self.roots = certificates[-1:]
 
     async def close(self) -> None:
         await self._channel.close(None)

@@ -105,9 +105,15 @@ class CaService:
                 " it is not in CA_TRUSTED_NODE_ACCOUNTS",
             )
         try:
-            return Identity.parse(wanted)
+            identity = Identity.parse(wanted)
         except ValueError as error:
             raise RequestRefused(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from error
+        if identity.trust_domain != caller.trust_domain:
+            raise RequestRefused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{wanted} is outside this CA's trust domain {caller.trust_domain}",
+            )
+        return identity
 
     async def _sign(self, request: ca_pb2.IstioCertificateRequest, identity: Identity) -> list[str]:
         try:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_SPIFFE = re.compile(r"^spiffe://([^/]+)/ns/([^/]+)/sa/([^/]+)$")
-_SERVICE_ACCOUNT_USER = re.compile(r"^system:serviceaccount:([^:]+):([^:]+)$")
+_SPIFFE = re.compile(r"spiffe://([^/\s]+)/ns/([^/\s]+)/sa/([^/\s]+)")
+_SERVICE_ACCOUNT_USER = re.compile(r"system:serviceaccount:([^:\s]+):([^:\s]+)")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -32,7 +32,7 @@ class Identity:
     @classmethod
     def parse(cls, uri: str) -> Identity:
         """Parse a SPIFFE URI; raises ValueError when it is not Istio-shaped."""
-        match = _SPIFFE.match(uri)
+        match = _SPIFFE.fullmatch(uri)
         if match is None:
             raise ValueError(f"not a SPIFFE identity of the form spiffe://TD/ns/NS/sa/SA: {uri!r}")
         return cls(*match.groups())
@@ -40,7 +40,7 @@ class Identity:
     @classmethod
     def from_username(cls, username: str, trust_domain: str) -> Identity:
         """From a Kubernetes user name `system:serviceaccount:NS:SA`."""
-        match = _SERVICE_ACCOUNT_USER.match(username)
+        match = _SERVICE_ACCOUNT_USER.fullmatch(username)
         if match is None:
             raise ValueError(f"{username!r} is not a service account")
         return cls(trust_domain, *match.groups())

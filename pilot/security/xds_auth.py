@@ -93,13 +93,29 @@ class ProxyIdentities:
         return await self._authenticator.from_token(token)
 
     def for_node(self, node: base_pb2.Node, credential: Identity | None) -> Identity | None:
-        """At the first request: the stream's identity, checking node metadata against it."""
-        claimed = _metadata_identity(node, self.trust_domain)
+        """At the first request: the stream's identity, checking node metadata against it.
+
+        Each of NAMESPACE and SERVICE_ACCOUNT, where present, must match the token.
+        """
         if self.mode is XdsAuth.NONE:
-            return claimed
-        if claimed is not None and claimed != credential:
-            token_account = credential.account if credential else "none"
+            return _metadata_identity(node, self.trust_domain)
+        fields = node.metadata.fields
+        token = (credential.namespace, credential.service_account) if credential else ("", "")
+        claimed = tuple(
+            fields[key].string_value if key in fields else ""
+            for key in ("NAMESPACE", "SERVICE_ACCOUNT")
+        )
+        differing = [
+            key
+            for key, mine, theirs in zip(
+                ("NAMESPACE", "SERVICE_ACCOUNT"), claimed, token, strict=True
+            )
+            if mine and mine != theirs
+        ]
+        if differing:
+            account = "/".join(mine or theirs for mine, theirs in zip(claimed, token, strict=True))
             raise IdentityMismatch(
-                f"node metadata claims {claimed.account} but the token is {token_account}"
+                f"node metadata claims {account} but the token is {'/'.join(token)}"
+                f" ({', '.join(differing)} differ)"
             )
         return credential

@@ -14,6 +14,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from pilot.generators.cds import Flavor
 from pilot.protocol import ProtocolError, SotwStream
+from pilot.security.authn import AuthError
 from pilot.server import convert
 from pilot.server.connection import Connection, StreamKind
 from pilot.server.hub import XdsHub
@@ -46,12 +47,24 @@ def _stream_handler(hub: XdsHub, kind: StreamKind) -> grpc.RpcMethodHandler[Any,
     )
 
 
+async def _check_credentials(hub: XdsHub, context: grpc.aio.ServicerContext[Any, bytes]) -> None:
+    """Unary calls need the same credentials as streams (--xds-auth kubernetes)."""
+    if hub.identities is None:
+        return
+    metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+    try:
+        await hub.identities.from_credentials(metadata)
+    except AuthError as error:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
+
+
 def _fetch_handler(hub: XdsHub, type_url: str, flavor: Flavor) -> grpc.RpcMethodHandler[Any, bytes]:
     """Unary Fetch*: one SotW answer for the names asked, from the current state."""
 
     async def fetch(
         message: discovery_pb2.DiscoveryRequest, context: grpc.aio.ServicerContext[Any, bytes]
     ) -> bytes:
+        await _check_credentials(hub, context)
         request = convert.sotw_request(message, type_url)
         if request.type_url != type_url:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"this service serves {type_url}")

@@ -2,31 +2,44 @@
 
 Client certificates are handed over as gRPC's auth context does it
 (`{"x509_pem_cert": [pem_bytes]}`); the caller is the certificate's SPIFFE URI
-in pilot's trust domain. Tokens go to a `TokenReviewer` (a stub here) for the
-configured audiences. Every refusal is an `AuthError` saying why.
+in pilot's trust domain, provided pilot's CA issued the certificate and it is
+valid now. Tokens go to a `TokenReviewer` (a stub here) for the configured
+audiences. Every refusal is an `AuthError` saying why.
 """
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Sequence
 
 import pytest
 
 from pilot.security.authn import Authenticator, AuthError, bearer_token
 from pilot.security.identity import Identity
-from tests.integration.ca_support import Token, issue_leaf, make_csr, new_ca, pem, spiffe
+from tests.integration.ca_support import (
+    Issuer,
+    Token,
+    issue_leaf,
+    make_csr,
+    new_ca,
+    pem,
+    spiffe,
+    utcnow,
+)
 
 ISSUER = new_ca("unit test CA")
 CALLER = Identity("cluster.local", "ns1", "sa1")
 
 
-def _client_cert(*uris: str, hosts: Sequence[str] = ()) -> bytes:
+def _client_cert(
+    *uris: str,
+    hosts: Sequence[str] = (),
+    issuer: Issuer = ISSUER,
+    starts: datetime.datetime | None = None,
+) -> bytes:
     key, _ = make_csr()
-    return pem(issue_leaf(ISSUER, key.public_key(), uris, hosts=hosts)).encode()
-
-
-def _context(certificate: bytes) -> dict[str, list[bytes]]:
-    return {"x509_pem_cert": [certificate], "transport_security_type": [b"ssl"]}
+    leaf = issue_leaf(issuer, key.public_key(), uris, hosts=hosts, starts=starts)
+    return pem(leaf).encode()
 
 
 class StubReviewer:
@@ -43,11 +56,22 @@ class StubReviewer:
         return self.users[token]
 
 
+def _authenticator(
+    trust_domain: str = "cluster.local", reviewer: StubReviewer | None = None
+) -> Authenticator:
+    """An Authenticator whose CA is ISSUER (client certificates count only if it issued them)."""
+    return Authenticator(trust_domain, reviewer, issuers=[ISSUER.cert])
+
+
+def _context(certificate: bytes) -> dict[str, list[bytes]]:
+    return {"x509_pem_cert": [certificate], "transport_security_type": [b"ssl"]}
+
+
 # ------------------------------------------------------------------ client certificates
 
 
 def test_certificate_identity_is_its_spiffe_uri() -> None:
-    authenticator = Authenticator("cluster.local", None)
+    authenticator = _authenticator()
     identity = authenticator.from_certificate(_context(_client_cert(CALLER.uri)))
     assert identity == CALLER
 
@@ -59,7 +83,7 @@ def test_certificate_identity_skips_uris_of_other_shapes_and_domains() -> None:
         "spiffe://cluster.local/workload/x",
         CALLER.uri,
     )
-    identity = Authenticator("cluster.local", None).from_certificate(_context(certificate))
+    identity = _authenticator().from_certificate(_context(certificate))
     assert identity == CALLER
 
 
@@ -78,18 +102,43 @@ def test_certificate_without_an_identity_in_the_trust_domain_is_refused(
 ) -> None:
     certificate = _client_cert(*uris, hosts=("workload.example",))
     with pytest.raises(AuthError) as caught:
-        Authenticator("cluster.local", None).from_certificate(_context(certificate))
+        _authenticator().from_certificate(_context(certificate))
     assert "no SPIFFE identity in cluster.local" in str(caught.value)
+
+
+def test_certificate_from_another_ca_is_refused() -> None:
+    certificate = _client_cert(CALLER.uri, issuer=new_ca("someone else's CA"))
+    with pytest.raises(AuthError, match="not issued by this CA"):
+        _authenticator().from_certificate(_context(certificate))
+
+
+def test_certificate_signed_by_another_key_in_the_cas_name_is_refused() -> None:
+    key, _ = make_csr()
+    forger = new_ca("forger").key
+    forged = issue_leaf(ISSUER, key.public_key(), [CALLER.uri], signing_key=forger)
+    with pytest.raises(AuthError, match="not issued by this CA"):
+        _authenticator().from_certificate(_context(pem(forged).encode()))
+
+
+@pytest.mark.parametrize(
+    "starts",
+    [utcnow() - datetime.timedelta(hours=3), utcnow() + datetime.timedelta(hours=1)],
+    ids=["expired", "not-yet-valid"],
+)
+def test_certificate_outside_its_validity_is_refused(starts: datetime.datetime) -> None:
+    certificate = _client_cert(CALLER.uri, starts=starts)
+    with pytest.raises(AuthError, match="expired or not yet valid"):
+        _authenticator().from_certificate(_context(certificate))
 
 
 @pytest.mark.parametrize("context", [{}, {"x509_pem_cert": []}, {"transport_security_type": []}])
 def test_no_client_certificate_is_no_identity(context: dict[str, list[bytes]]) -> None:
-    assert Authenticator("cluster.local", None).from_certificate(context) is None
+    assert _authenticator().from_certificate(context) is None
 
 
 def test_trust_domain_is_the_authenticators() -> None:
     certificate = _client_cert(spiffe("ns1", "sa1", trust_domain="mesh.example"))
-    identity = Authenticator("mesh.example", None).from_certificate(_context(certificate))
+    identity = _authenticator("mesh.example").from_certificate(_context(certificate))
     assert identity == Identity("mesh.example", "ns1", "sa1")
 
 
@@ -97,7 +146,7 @@ def test_trust_domain_is_the_authenticators() -> None:
 
 
 async def test_certificate_authenticates_without_a_token() -> None:
-    authenticator = Authenticator("cluster.local", StubReviewer({}))
+    authenticator = _authenticator(reviewer=StubReviewer({}))
     identity = await authenticator.authenticate({}, _context(_client_cert(CALLER.uri)))
     assert identity == CALLER
 
@@ -105,7 +154,7 @@ async def test_certificate_authenticates_without_a_token() -> None:
 async def test_token_is_preferred_to_a_certificate() -> None:
     token = Token("token-of-ns2-sa2")
     reviewer = StubReviewer({token: "system:serviceaccount:ns2:sa2"})
-    authenticator = Authenticator("cluster.local", reviewer)
+    authenticator = _authenticator(reviewer=reviewer)
     identity = await authenticator.authenticate(
         {"authorization": f"Bearer {token}"}, _context(_client_cert(CALLER.uri))
     )
@@ -122,7 +171,7 @@ async def test_token_is_reviewed_for_the_configured_audiences() -> None:
 
 
 async def test_rejected_token_is_refused_even_with_a_good_certificate() -> None:
-    authenticator = Authenticator("cluster.local", StubReviewer({}))
+    authenticator = _authenticator(reviewer=StubReviewer({}))
     with pytest.raises(AuthError) as caught:
         await authenticator.authenticate(
             {"authorization": "Bearer forged"}, _context(_client_cert(CALLER.uri))
@@ -132,7 +181,7 @@ async def test_rejected_token_is_refused_even_with_a_good_certificate() -> None:
 
 async def test_no_credentials_says_what_to_send() -> None:
     with pytest.raises(AuthError) as caught:
-        await Authenticator("cluster.local", StubReviewer({})).authenticate({}, {})
+        await _authenticator(reviewer=StubReviewer({})).authenticate({}, {})
     message = str(caught.value)
     assert "authorization: Bearer" in message
     assert "client certificate" in message
@@ -140,16 +189,14 @@ async def test_no_credentials_says_what_to_send() -> None:
 
 async def test_token_without_a_kubernetes_api_is_refused() -> None:
     with pytest.raises(AuthError) as caught:
-        await Authenticator("cluster.local", None).authenticate(
-            {"authorization": "Bearer whatever"}, {}
-        )
+        await _authenticator().authenticate({"authorization": "Bearer whatever"}, {})
     assert "TokenReview" in str(caught.value)
 
 
 @pytest.mark.parametrize("username", ["alice", "system:node:node-1", "system:serviceaccount:ns1"])
 async def test_token_of_something_else_than_a_service_account_is_refused(username: str) -> None:
     token = Token("token-of-someone")
-    authenticator = Authenticator("cluster.local", StubReviewer({token: username}))
+    authenticator = _authenticator(reviewer=StubReviewer({token: username}))
     with pytest.raises(AuthError) as caught:
         await authenticator.from_token(token)
     assert "not a service account" in str(caught.value)

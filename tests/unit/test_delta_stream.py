@@ -270,3 +270,12 @@ def test_a_resource_in_the_making_is_not_answered_as_removed() -> None:
     stream.on_change(types.SECRET, ["default"])
     (minted,) = stream.take_responses(view)
     assert _names(minted) == ["default"] and minted.removed == ()
+
+
+def test_a_new_wildcard_is_answered_even_when_empty() -> None:
+    stream = DeltaStream()
+    stream.on_request(DeltaRequest(CDS, subscribe=("*",)))
+    (response,) = stream.take_responses(FakeView())
+    assert response.resources == () and response.removed == ()
+    stream.on_request(DeltaRequest(CDS, response_nonce=response.nonce))
+    assert stream.take_responses(FakeView()) == [], "an ACK of it needs no answer"

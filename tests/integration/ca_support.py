@@ -1,0 +1,688 @@
+"""Shared pieces of the CA and authentication tests (`test_ca_*.py`).
+
+Owns:
+
+* `kube_api`: a started test API server (TokenReview) and a kubeconfig pointing at it;
+* `CaCaller`: a client of `istio.v1.auth.IstioCertificateService/CreateCertificate`
+  over a real gRPC channel, with the generated messages, as a node agent calls it;
+* `record_signatures`: a spy on one pilot's `CertificateAuthority.sign`, so that a
+  test can say "nothing was signed";
+* `AdsClient`: one SotW ADS stream (optionally with a bearer token) that ACKs every
+  response and keeps what it received, secrets decoded;
+* `FakeIstioCa`: a small Istio-protocol CA (grpc.aio) that records each request and
+  signs with its own root, can be stopped and started on the same port, serve TLS,
+  and answer broken chains on purpose;
+* certificate builders (`new_ca`, `issue_leaf`, `write_plugged_in`) and readers
+  (`load_chain`, `san_uris`, `assert_issued_chain`).
+
+Tokens and private keys are never put in reprs or assertion messages: tokens travel
+as `Token` (a str whose repr is redacted, since pytest prints the arguments of
+failing frames), records that hold one keep it out of `repr`, and callers compare
+them into a boolean first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import enum
+import ipaddress
+import itertools
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+
+from pilot._gen.istio.v1.auth import ca_pb2
+from pilot.security.ca import CertificateAuthority
+from pilot.security.identity import Identity
+from pilot.xds import types
+from tests.kubeapi import KubeAPIServer, write_kubeconfig
+
+CA_SERVICE = "istio.v1.auth.IstioCertificateService"
+CREATE_CERTIFICATE = f"/{CA_SERVICE}/CreateCertificate"
+ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+SDS = "/envoy.service.secret.v3.SecretDiscoveryService/StreamSecrets"
+FETCH_CLUSTERS = "/envoy.service.cluster.v3.ClusterDiscoveryService/FetchClusters"
+IMPERSONATED = "ImpersonatedIdentity"
+TRUST_DOMAIN = "cluster.local"
+
+
+class Token(str):
+    """A bearer token whose repr never shows it (pytest prints arguments in tracebacks)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "Token(<redacted>)"
+
+
+def sa_token(
+    srv: KubeAPIServer,
+    namespace: str,
+    service_account: str,
+    audiences: tuple[str, ...] = ("istio-ca",),
+) -> Token:
+    """A service-account token the test API server's TokenReview accepts."""
+    return Token(srv.add_service_account_token(namespace, service_account, audiences=audiences))
+
+
+def spiffe(namespace: str, service_account: str, trust_domain: str = TRUST_DOMAIN) -> str:
+    """The SPIFFE URI Istio gives a service account."""
+    return Identity(trust_domain, namespace, service_account).uri
+
+
+# ------------------------------------------------------------------ API server
+
+
+@asynccontextmanager
+async def kube_api(tmp_path: Path) -> AsyncIterator[tuple[KubeAPIServer, Path]]:
+    """A running test API server (it answers TokenReviews) and a kubeconfig for it."""
+    async with KubeAPIServer() as srv:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig.yaml", srv.url)
+        yield srv, kubeconfig
+
+
+def reviews(srv: KubeAPIServer) -> list[tuple[tuple[str, ...], bool, str | None]]:
+    """The TokenReviews the API server answered, without their tokens."""
+    return [(tuple(r.audiences), r.authenticated, r.username) for r in srv.token_reviews]
+
+
+# ------------------------------------------------------------------ certificates
+
+
+def utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+@dataclass(frozen=True)
+class Issuer:
+    """A CA certificate and its key."""
+
+    key: ec.EllipticCurvePrivateKey = field(repr=False)
+    cert: x509.Certificate
+
+    @property
+    def cert_pem(self) -> str:
+        return pem(self.cert)
+
+    @property
+    def key_pem(self) -> bytes:
+        return self.key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
+
+def pem(certificate: x509.Certificate) -> str:
+    return certificate.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def _ca_usage() -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=True,
+        crl_sign=True,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def new_ca(
+    common_name: str,
+    parent: Issuer | None = None,
+    valid_for: datetime.timedelta = datetime.timedelta(days=30),
+) -> Issuer:
+    """A self-signed root, or an intermediate signed by `parent`."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "ca tests"),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
+    issuer_name = parent.cert.subject if parent else name
+    signing_key = parent.key if parent else key
+    now = utcnow()
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(issuer_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + valid_for)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(_ca_usage(), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+    )
+    if parent is not None:
+        builder = builder.add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(parent.key.public_key()),
+            critical=False,
+        )
+    return Issuer(key, builder.sign(signing_key, hashes.SHA256()))
+
+
+def issue_leaf(
+    issuer: Issuer,
+    public_key: Any,
+    uris: Sequence[str] = (),
+    *,
+    valid_for: datetime.timedelta = datetime.timedelta(hours=1),
+    hosts: Sequence[str] = (),
+    signing_key: ec.EllipticCurvePrivateKey | None = None,
+    starts: datetime.datetime | None = None,
+) -> x509.Certificate:
+    """A leaf for `public_key` naming `issuer` (signed by `signing_key` if given, to forge),
+    valid from `starts` (default a minute ago) for `valid_for`."""
+    names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(u) for u in uris]
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    start = starts or utcnow() - datetime.timedelta(minutes=1)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([]))
+        .issuer_name(issuer.cert.subject)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + valid_for)
+        .add_extension(x509.SubjectAlternativeName(names), critical=True)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .sign(signing_key or issuer.key, hashes.SHA256())
+    )
+
+
+def make_csr(uris: Sequence[str] = ()) -> tuple[ec.EllipticCurvePrivateKey, bytes]:
+    """A fresh P-256 key and a PEM CSR asking for these URI SANs."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([]))
+    if uris:
+        names = [x509.UniformResourceIdentifier(u) for u in uris]
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    csr = builder.sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+    return key, csr
+
+
+def public_der(key: Any) -> bytes:
+    """A public key (or the public half of a private key) as DER SubjectPublicKeyInfo."""
+    public = key.public_key() if hasattr(key, "private_bytes") else key
+    der: bytes = public.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return der
+
+
+def load_chain(chain: Iterable[str] | str | bytes) -> list[x509.Certificate]:
+    """Every certificate in a PEM chain (a list of PEM strings, or one blob)."""
+    if isinstance(chain, str | bytes):
+        blob = chain.encode() if isinstance(chain, str) else chain
+        return x509.load_pem_x509_certificates(blob)
+    return [c for item in chain for c in x509.load_pem_x509_certificates(item.encode())]
+
+
+def san_uris(certificate: x509.Certificate) -> list[str]:
+    try:
+        extension = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return []
+    return list(extension.value.get_values_for_type(x509.UniformResourceIdentifier))
+
+
+def assert_issued_chain(certificates: Sequence[x509.Certificate], root: x509.Certificate) -> None:
+    """Each certificate is issued (and signed) by the next, and the last one is `root`."""
+    assert certificates, "empty chain"
+    for position, (child, parent) in enumerate(itertools.pairwise(certificates)):
+        try:
+            child.verify_directly_issued_by(parent)
+        except (ValueError, TypeError, InvalidSignature) as error:
+            pytest.fail(f"chain[{position}] is not issued by chain[{position + 1}]: {error!r}")
+    last = certificates[-1]
+    assert last == root, (
+        f"the chain ends in {last.subject.rfc4514_string()!r}, "
+        f"not the expected root {root.subject.rfc4514_string()!r}"
+    )
+
+
+@dataclass(frozen=True)
+class PluggedIn:
+    """A root and an intermediate written in Istio's plugged-in CA layout."""
+
+    directory: Path
+    root: Issuer
+    intermediate: Issuer
+
+
+def write_plugged_in(
+    directory: Path,
+    chain_has_root: bool = True,
+    intermediate_valid_for: datetime.timedelta = datetime.timedelta(days=30),
+) -> PluggedIn:
+    """ca-cert.pem / ca-key.pem (the intermediate), root-cert.pem, cert-chain.pem."""
+    root = new_ca("plugged-in root")
+    intermediate = new_ca("plugged-in intermediate", root, valid_for=intermediate_valid_for)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "ca-cert.pem").write_text(intermediate.cert_pem)
+    (directory / "ca-key.pem").write_bytes(intermediate.key_pem)
+    (directory / "ca-key.pem").chmod(0o600)
+    (directory / "root-cert.pem").write_text(root.cert_pem)
+    chain = intermediate.cert_pem + (root.cert_pem if chain_has_root else "")
+    (directory / "cert-chain.pem").write_text(chain)
+    return PluggedIn(directory, root, intermediate)
+
+
+# ------------------------------------------------------------------ pilot's CA API
+
+
+class CaCaller:
+    """A node agent's view of pilot's (or any) Istio CA: one channel, CreateCertificate."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self._channel = grpc.aio.insecure_channel(target)
+        self._call = self._channel.unary_unary(
+            CREATE_CERTIFICATE,
+            request_serializer=ca_pb2.IstioCertificateRequest.SerializeToString,
+            response_deserializer=ca_pb2.IstioCertificateResponse.FromString,
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._channel.close(None)
+
+    async def create(
+        self,
+        csr: bytes | str,
+        *,
+        token: str | None = None,
+        validity: int = 0,
+        impersonate: str | None = None,
+    ) -> list[str]:
+        """The signed chain; raises grpc.aio.AioRpcError when refused."""
+        request = ca_pb2.IstioCertificateRequest(
+            csr=csr.decode() if isinstance(csr, bytes) else csr, validity_duration=validity
+        )
+        if impersonate is not None:
+            request.metadata.fields[IMPERSONATED].string_value = impersonate
+        metadata = (("authorization", f"Bearer {token}"),) if token is not None else ()
+        response = await self._call(request, metadata=metadata, timeout=10)
+        return list(response.cert_chain)
+
+
+def record_signatures(monkeypatch: pytest.MonkeyPatch, ca: CertificateAuthority) -> list[str]:
+    """From now on, the identity of every certificate `ca` signs is appended to the list."""
+    signed: list[str] = []
+    original = ca.sign
+
+    def sign(csr_pem: bytes, identity: Identity, ttl: datetime.timedelta) -> list[str]:
+        chain = original(csr_pem, identity, ttl)
+        signed.append(identity.uri)
+        return chain
+
+    monkeypatch.setattr(ca, "sign", sign)
+    return signed
+
+
+# ------------------------------------------------------------------ xDS client
+
+
+def node(node_id: str, namespace: str | None = None, service_account: str | None = None) -> Any:
+    """An Envoy node, with Istio's NAMESPACE / SERVICE_ACCOUNT metadata where given."""
+    result = base_pb2.Node(id=node_id, cluster="ca-tests")
+    if namespace is not None:
+        result.metadata.fields["NAMESPACE"].string_value = namespace
+    if service_account is not None:
+        result.metadata.fields["SERVICE_ACCOUNT"].string_value = service_account
+    return result
+
+
+class AdsClient:
+    """One SotW ADS stream: subscribes, ACKs each response, and keeps everything it got.
+
+    `method` may name another SotW stream (e.g. `SDS`) with the same messages.
+    """
+
+    def __init__(
+        self, target: str, node_message: Any, token: str | None = None, method: str = ADS
+    ) -> None:
+        self.target = target
+        self.method = method
+        self.node = node_message
+        self._metadata = (("authorization", f"Bearer {token}"),) if token is not None else ()
+        self._channel = grpc.aio.insecure_channel(target)
+        self._call: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._write_lock = asyncio.Lock()
+        self._changed = asyncio.Event()
+        self._names: dict[str, list[str]] = {}
+        self.responses: list[Any] = []
+        self.secrets: list[Any] = []  # every Secret received, in order
+        self.error: grpc.aio.AioRpcError | None = None
+        self.ended = False
+
+    async def __aenter__(self) -> Self:
+        method = self._channel.stream_stream(
+            self.method,
+            request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+            response_deserializer=discovery_pb2.DiscoveryResponse.FromString,
+        )
+        self._call = method(None, metadata=self._metadata)
+        self._reader = asyncio.create_task(self._read(), name=f"ads-{self.node.id}")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._call.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        await self._channel.close(None)
+
+    async def _send(self, request: Any) -> None:
+        async with self._write_lock:
+            # If the stream has ended, `status()` and the waits report why.
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                await self._call.write(request)
+
+    async def subscribe(self, type_url: str, names: Sequence[str] = ()) -> None:
+        """Ask for `names` of `type_url` (none: wildcard)."""
+        self._names[type_url] = list(names)
+        request = discovery_pb2.DiscoveryRequest(
+            node=self.node, type_url=type_url, resource_names=list(names)
+        )
+        await self._send(request)
+
+    async def _read(self) -> None:
+        try:
+            async for response in self._call:
+                self.responses.append(response)
+                if response.type_url == types.SECRET:
+                    for resource in response.resources:
+                        self.secrets.append(secret_pb2.Secret.FromString(resource.value))
+                self._changed.set()
+                ack = discovery_pb2.DiscoveryRequest(
+                    node=self.node,
+                    type_url=response.type_url,
+                    version_info=response.version_info,
+                    response_nonce=response.nonce,
+                    resource_names=self._names.get(response.type_url, []),
+                )
+                await self._send(ack)
+        except grpc.aio.AioRpcError as error:
+            self.error = error
+        finally:
+            self.ended = True
+            self._changed.set()
+
+    def _describe(self) -> str:
+        kinds = [types.short_name(r.type_url) for r in self.responses]
+        ended = (
+            f"; the stream ended with {self.error.code().name}: {self.error.details()}"
+            if self.error is not None
+            else ""
+        )
+        return f"{len(self.responses)} responses {kinds}{ended}"
+
+    async def wait_for(
+        self, condition: Callable[[], bool], what: str, within: float = 10.0
+    ) -> None:
+        """Until `condition()` holds after some response (or fail, saying what arrived)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while not condition():
+            if self.error is not None:
+                pytest.fail(f"waiting for {what}: {self._describe()}")
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                pytest.fail(f"waiting for {what}: timed out after {within:g}s; {self._describe()}")
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._changed.wait()
+
+    async def ended_or_answered(self, within: float = 10.0) -> bool:
+        """Wait for the stream to end or for its first response; True if it ended unanswered."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while not (self.ended or self.responses):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                pytest.fail(f"the stream neither ended nor was answered within {within:g}s")
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._changed.wait()
+        return not self.responses
+
+    def secrets_named(self, name: str) -> list[Any]:
+        return [s for s in self.secrets if s.name == name]
+
+    async def secret(self, name: str, within: float = 10.0) -> Any:
+        """The latest Secret `name` received, waiting for the first one."""
+        await self.wait_for(lambda: bool(self.secrets_named(name)), f"secret {name!r}", within)
+        return self.secrets_named(name)[-1]
+
+    def cluster_names(self) -> set[str]:
+        latest = [r for r in self.responses if r.type_url == types.CLUSTER]
+        if not latest:
+            return set()
+        return {cluster_pb2.Cluster.FromString(a.value).name for a in latest[-1].resources}
+
+    async def status(self, within: float = 10.0) -> tuple[grpc.StatusCode, str]:
+        """How the server ended the stream (waits for it to end)."""
+        async with asyncio.timeout(within):
+            code = await self._call.code()
+            details = await self._call.details()
+        return code, details or ""
+
+
+def workload_chain(secret: Any) -> list[x509.Certificate]:
+    """The certificates of a `default` secret's chain."""
+    return load_chain(secret.tls_certificate.certificate_chain.inline_bytes)
+
+
+def is_complete_workload_secret(secret: Any) -> bool:
+    """A `default` secret with a chain and a private key (never an empty one)."""
+    tls = secret.tls_certificate
+    return bool(tls.certificate_chain.inline_bytes) and bool(tls.private_key.inline_bytes)
+
+
+def secret_key_matches_leaf(secret: Any) -> bool:
+    """The secret's private key is the leaf's key."""
+    key = serialization.load_pem_private_key(
+        secret.tls_certificate.private_key.inline_bytes, password=None
+    )
+    return public_der(key) == public_der(workload_chain(secret)[0].public_key())
+
+
+# ------------------------------------------------------------------ a CA of our own
+
+
+class Fault(enum.Enum):
+    """What the fake CA gets wrong on purpose."""
+
+    NONE = "none"
+    LEAF_NOT_SIGNED_BY_ROOT = "leaf-not-signed-by-root"  # chain [leaf, root], leaf forged
+    OTHER_ROOT = "other-root"  # a consistent chain, but under a root pilot does not trust
+    WRONG_IDENTITY = "wrong-identity"  # signs for another SPIFFE identity than asked
+
+
+@dataclass(frozen=True)
+class CaCall:
+    """One CreateCertificate request the fake CA received."""
+
+    authorization: str | None = field(repr=False)  # holds the token: never printed
+    impersonated: str | None
+    request_metadata: dict[str, str]
+    csr_uris: list[str]
+    validity_duration: int
+    caller: str | None  # the identity the token maps to
+
+
+class FakeIstioCa:
+    """An Istio-protocol CA on a port of its own, recording each request.
+
+    Callers authenticate with one of `tokens` (token -> SPIFFE identity); the
+    certificate names `ImpersonatedIdentity` if sent, else the caller. Signs
+    with its own root; `fault` makes it answer something pilot must refuse.
+    """
+
+    def __init__(self, tokens: Mapping[str, str], tls: bool = False) -> None:
+        self.tokens = dict(tokens)
+        self.tls = tls
+        self.root = new_ca("fake istio CA root")
+        self.other = new_ca("someone else's root")
+        self.fault = Fault.NONE
+        self.calls: list[CaCall] = []
+        self.signed: list[list[str]] = []
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+        self._serving_key = ec.generate_private_key(ec.SECP256R1())
+        self._serving_cert = issue_leaf(
+            self.root,
+            self._serving_key.public_key(),
+            hosts=("127.0.0.1", "localhost"),
+            valid_for=datetime.timedelta(days=1),
+        )
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def root_pem(self) -> str:
+        return self.root.cert_pem
+
+    async def start(self) -> None:
+        """Listen (again) on the same port; the first start picks a free one."""
+        assert self._server is None, "already running"
+        server = grpc.aio.server()
+        method = grpc.unary_unary_rpc_method_handler(
+            self._create,
+            request_deserializer=ca_pb2.IstioCertificateRequest.FromString,
+            response_serializer=ca_pb2.IstioCertificateResponse.SerializeToString,
+        )
+        handler = grpc.method_handlers_generic_handler(CA_SERVICE, {"CreateCertificate": method})
+        server.add_generic_rpc_handlers((handler,))
+        address = f"127.0.0.1:{self.port}"
+        if self.tls:
+            key = self._serving_key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+            credentials = grpc.ssl_server_credentials([(key, pem(self._serving_cert).encode())])
+            port = server.add_secure_port(address, credentials)
+        else:
+            port = server.add_insecure_port(address)
+        assert port != 0, f"cannot listen on {address}"
+        self.port = port
+        await server.start()
+        self._server = server
+
+    async def stop(self) -> None:
+        """Go away: close the port, cut calls in flight."""
+        if self._server is not None:
+            await self._server.stop(None)
+            self._server = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def _create(self, request: Any, context: Any) -> Any:
+        metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+        authorization = metadata.get("authorization")
+        scheme, _, token = (authorization or "").partition(" ")
+        caller = self.tokens.get(token) if scheme == "Bearer" else None
+        fields = request.metadata.fields
+        impersonated = fields[IMPERSONATED].string_value if IMPERSONATED in fields else None
+        try:
+            csr = x509.load_pem_x509_csr(request.csr.encode())
+        except ValueError:
+            csr = None
+        self.calls.append(
+            CaCall(
+                authorization=authorization,
+                impersonated=impersonated,
+                request_metadata={k: v.string_value for k, v in fields.items()},
+                csr_uris=_csr_uris(csr) if csr is not None else [],
+                validity_duration=request.validity_duration,
+                caller=caller,
+            )
+        )
+        if caller is None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown token")
+        if csr is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad CSR")
+        assert csr is not None and caller is not None
+        identity = impersonated or caller
+        if self.fault is Fault.WRONG_IDENTITY:
+            identity = spiffe("somewhere-else", "someone-else")
+        valid_for = datetime.timedelta(seconds=request.validity_duration or 3600)
+        issuer = self.other if self.fault is Fault.OTHER_ROOT else self.root
+        forger = self.other.key if self.fault is Fault.LEAF_NOT_SIGNED_BY_ROOT else None
+        leaf = issue_leaf(
+            issuer, csr.public_key(), [identity], valid_for=valid_for, signing_key=forger
+        )
+        chain = [pem(leaf), issuer.cert_pem]
+        self.signed.append(chain)
+        return ca_pb2.IstioCertificateResponse(cert_chain=chain)
+
+
+def _csr_uris(csr: x509.CertificateSigningRequest) -> list[str]:
+    try:
+        extension = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return []
+    return list(extension.value.get_values_for_type(x509.UniformResourceIdentifier))

@@ -1,0 +1,190 @@
+"""`--xds-auth kubernetes`: every xDS stream proves who it is with a service-account token.
+
+A pilot on the Kubernetes registry (the test API server, which also answers
+TokenReviews) with `XdsAuth.KUBERNETES`. A stream without a token, or with one
+TokenReview rejects, ends UNAUTHENTICATED; one whose node metadata (NAMESPACE,
+SERVICE_ACCOUNT, each where present) names another account than its token ends
+PERMISSION_DENIED; neither gets a resource or has a certificate minted. A
+stream with a valid token is served, and its `default` secret carries the
+token's identity whatever else it asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from envoy.service.discovery.v3 import discovery_pb2
+
+from pilot.security.xds_auth import XdsAuth
+from pilot.xds import types
+from tests.integration.ca_support import (
+    ADS,
+    FETCH_CLUSTERS,
+    SDS,
+    AdsClient,
+    Token,
+    assert_issued_chain,
+    kube_api,
+    load_chain,
+    node,
+    reviews,
+    sa_token,
+    san_uris,
+    spiffe,
+    workload_chain,
+)
+from tests.kubeapi import KubeAPIServer
+from tests.support.mesh import Ep, cluster_name, endpoint_slice, service
+from tests.support.pilot import RunningPilot, running_kube_pilot
+
+PROXY = ("ns1", "sa1")
+ALPHA = cluster_name("alpha")
+
+
+@dataclass
+class KubePilot:
+    """A pilot requiring tokens on xDS, and the API server that reviews them."""
+
+    srv: KubeAPIServer
+    pilot: RunningPilot
+
+    def token(
+        self, namespace: str, account: str, audiences: tuple[str, ...] = ("istio-ca",)
+    ) -> Token:
+        return sa_token(self.srv, namespace, account, audiences)
+
+    @property
+    def secret_stats(self) -> Any:
+        assert self.pilot.discovery.security is not None
+        return self.pilot.discovery.security.secrets.stats
+
+    async def refused(
+        self, node_message: Any, token: Token | None, method: str = ADS
+    ) -> tuple[grpc.StatusCode, str]:
+        """How the stream ends; fails if it received anything or had a certificate minted."""
+        async with AdsClient(self.pilot.grpc_target, node_message, token, method) as ads:
+            # One request only: a second write racing the server's status makes the grpc.aio
+            # client report INTERNAL ("Internal error from Core") instead of that status.
+            await ads.subscribe(types.SECRET, ["default", "ROOTCA"])
+            unanswered = await ads.ended_or_answered()
+            received = [types.short_name(r.type_url) for r in ads.responses]
+            assert unanswered, f"the stream was served ({received}) instead of refused"
+            code, details = await ads.status()
+        assert self.secret_stats.minted == 0, "no certificate for a refused stream"
+        leaked = token is not None and token in details
+        assert not leaked, "the refusal message repeats the stream's token"
+        return code, details
+
+
+@pytest.fixture
+async def kube(tmp_path: Path) -> AsyncIterator[KubePilot]:
+    async with kube_api(tmp_path) as (srv, kubeconfig):
+        srv.apply(service("alpha"))
+        srv.apply(endpoint_slice("alpha", [Ep("10.0.0.1")]))
+        async with running_kube_pilot(kubeconfig, xds_auth=XdsAuth.KUBERNETES) as pilot:
+            yield KubePilot(srv, pilot)
+
+
+# ------------------------------------------------------------------ refused
+
+
+@pytest.mark.parametrize("method", [ADS, SDS], ids=["ads", "sds"])
+async def test_stream_without_token_is_unauthenticated(kube: KubePilot, method: str) -> None:
+    code, details = await kube.refused(node("proxy-1", *PROXY), None, method)
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    assert "authorization: Bearer" in details
+    assert reviews(kube.srv) == []
+
+
+async def test_stream_with_unknown_token_is_unauthenticated(kube: KubePilot) -> None:
+    kube.token(*PROXY)
+    code, details = await kube.refused(node("proxy-1", *PROXY), Token("forged-token"))
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    assert "token rejected" in details
+    assert reviews(kube.srv) == [(("istio-ca",), False, None)]
+
+
+async def test_stream_with_token_for_another_audience_is_unauthenticated(
+    kube: KubePilot,
+) -> None:
+    token = kube.token(*PROXY, audiences=("vault",))
+    code, details = await kube.refused(node("proxy-1", *PROXY), token)
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    assert "audience" in details
+
+
+@pytest.mark.parametrize(
+    "claimed",
+    [("ns1", "admin"), ("kube-system", "sa1"), ("kube-system", "admin")],
+    ids=["other-account", "other-namespace", "both"],
+)
+async def test_metadata_claiming_another_identity_is_permission_denied(
+    kube: KubePilot, claimed: tuple[str, str]
+) -> None:
+    token = kube.token(*PROXY)
+    code, details = await kube.refused(node("proxy-1", *claimed), token)
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    assert "/".join(claimed) in details, "say what the metadata claimed"
+    assert "/".join(PROXY) in details, "say what the token is"
+
+
+@pytest.mark.parametrize(
+    ("namespace", "account"),
+    [("kube-system", None), (None, "admin")],
+    ids=["namespace-only", "service-account-only"],
+)
+async def test_partial_metadata_claiming_another_identity_is_permission_denied(
+    kube: KubePilot, namespace: str | None, account: str | None
+) -> None:
+    """Each of NAMESPACE and SERVICE_ACCOUNT, where present, must match the token."""
+    token = kube.token(*PROXY)
+    code, _ = await kube.refused(node("proxy-1", namespace, account), token)
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_unary_fetch_without_token_is_unauthenticated(kube: KubePilot) -> None:
+    """FetchClusters is xDS too: without a token it must not reveal the mesh."""
+    async with grpc.aio.insecure_channel(kube.pilot.grpc_target) as channel:
+        fetch = channel.unary_unary(
+            FETCH_CLUSTERS,
+            request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+            response_deserializer=discovery_pb2.DiscoveryResponse.FromString,
+        )
+        request = discovery_pb2.DiscoveryRequest(node=node("proxy-1", *PROXY))
+        try:
+            response = await fetch(request, timeout=10)
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+        else:
+            pytest.fail(
+                f"FetchClusters without a token answered {len(response.resources)} clusters"
+            )
+
+
+# ------------------------------------------------------------------ served
+
+
+@pytest.mark.parametrize("with_metadata", [True, False], ids=["matching-metadata", "no-metadata"])
+async def test_stream_with_valid_token_is_served_with_the_tokens_identity(
+    kube: KubePilot, with_metadata: bool
+) -> None:
+    token = kube.token(*PROXY)
+    proxy = node("proxy-1", *PROXY) if with_metadata else node("proxy-1")
+    async with AdsClient(kube.pilot.grpc_target, proxy, token) as ads:
+        await ads.subscribe(types.CLUSTER)
+        await ads.wait_for(lambda: ALPHA in ads.cluster_names(), f"cluster {ALPHA}")
+        await ads.subscribe(types.SECRET, ["default", "ROOTCA"])
+        workload = await ads.secret("default")
+        rootca = await ads.secret("ROOTCA")
+    assert kube.pilot.discovery.security is not None
+    root = kube.pilot.discovery.security.ca.root
+    chain = workload_chain(workload)
+    assert_issued_chain(chain, root)
+    assert san_uris(chain[0]) == [spiffe(*PROXY)]
+    assert load_chain(rootca.validation_context.trusted_ca.inline_bytes) == [root]
+    assert reviews(kube.srv) == [(("istio-ca",), True, "system:serviceaccount:ns1:sa1")]

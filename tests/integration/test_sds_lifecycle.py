@@ -1,0 +1,241 @@
+"""A workload certificate lives exactly as long as some stream of its proxy wants it.
+
+Protocol level, with real gRPC streams (SotW and delta, over ADS and over the
+SecretDiscoveryService): the first subscription to `default` mints a key and a
+certificate for the proxy's SPIFFE identity; asking again while subscribed gets the same
+one; when no stream of the proxy names it any more (unsubscribe, an empty list, the
+stream's end) it is dropped and never pushed again, and a later subscription gets a new
+key. Proxies never share a key, even with one service account.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from pilot.security.certs import KeyType
+from pilot.security.secrets import SdsSettings, SecretManager
+from tests.harness.envoy_process import wait_until
+from tests.integration.sds_support import (
+    MESH_SERVICES,
+    ROOT,
+    WORKLOAD,
+    Proxy,
+    SdsClient,
+    SecretStream,
+    WorkloadCert,
+    sds_channel,
+    served_workload,
+)
+from tests.support.mesh import simple_mesh
+from tests.support.pilot import RunningPilot, running_pilot
+
+ORDERS = Proxy.sidecar("orders-1", "shop", "orders")
+WAIT = 10.0
+# (service, delta): every RPC that can carry secrets.
+VARIANTS = [("ads", False), ("ads", True), ("sds", False), ("sds", True)]
+VARIANT_IDS = ["ads-sotw", "ads-delta", "sds-sotw", "sds-delta"]
+
+
+@pytest.fixture
+async def pilot(tmp_path: Path) -> AsyncIterator[RunningPilot]:
+    async with running_pilot(tmp_path, simple_mesh(MESH_SERVICES)) as running:
+        yield running
+
+
+@pytest.fixture
+async def client(pilot: RunningPilot) -> AsyncIterator[SdsClient]:
+    async with sds_channel(pilot.grpc_target) as sds:
+        yield sds
+
+
+def secrets_of(pilot: RunningPilot) -> SecretManager:
+    security = pilot.discovery.security
+    assert security is not None
+    return security.secrets
+
+
+def assert_fresh_certificate(cert: WorkloadCert, proxy: Proxy, pilot: RunningPilot) -> None:
+    """A well-formed workload certificate for `proxy`, issued by pilot's CA just now."""
+    security = pilot.discovery.security
+    assert security is not None
+    assert cert.uris == (proxy.uri,)
+    assert cert.key_matches_leaf, "the private key does not belong to the certificate"
+    assert cert.signed_by(security.ca.root_pem), "the chain does not verify to pilot's root"
+    now = datetime.datetime.now(datetime.UTC)
+    assert cert.not_before <= now < cert.not_after
+    assert cert.not_after - now > datetime.timedelta(hours=23)  # SECRET_TTL 24h by default
+
+
+async def subscribe_both(stream: SecretStream, pilot: RunningPilot) -> WorkloadCert:
+    """Ask for `default` and `ROOTCA`; return the certificate once both have arrived."""
+    await stream.subscribe([WORKLOAD, ROOT])
+    update = await stream.wait_for(WORKLOAD, WAIT)
+    roots = [u.root_pem for u in stream.updates if ROOT in u.secrets]
+    security = pilot.discovery.security
+    assert security is not None
+    assert roots == [security.ca.root_pem], f"ROOTCA sent {len(roots)} times, or another root"
+    return update.workload
+
+
+async def assert_nothing_pending(stream: SecretStream) -> None:
+    """A barrier: ask for ROOTCA anew; the answer must carry it alone.
+
+    Pilot handles one stream's requests in order and sends everything owed at once, so a
+    `default` still owed to this stream would come before or with this answer.
+    """
+    before = len(stream.updates)
+    await stream.unsubscribe([ROOT])
+    await stream.subscribe([ROOT])
+    await stream.wait_for(ROOT, WAIT)
+    since = stream.updates[before:]
+    assert [(u.names, u.removed) for u in since] == [([ROOT], ())], since
+
+
+async def wait_dropped(pilot: RunningPilot, proxy: Proxy, dropped: int) -> None:
+    """Wait until pilot has dropped `dropped` certificates and serves `proxy` none."""
+    secrets = secrets_of(pilot)
+    await wait_until(
+        lambda: (secrets.stats.dropped, served_workload(secrets, proxy.node_id)),
+        WAIT,
+        f"pilot to drop the certificate of {proxy.node_id}",
+        until=lambda state: state == (dropped, None),
+    )
+
+
+@pytest.mark.parametrize(("service", "delta"), VARIANTS, ids=VARIANT_IDS)
+async def test_same_certificate_while_subscribed(
+    pilot: RunningPilot, client: SdsClient, service: str, delta: bool
+) -> None:
+    stream = client.stream(ORDERS.node(), service=service, delta=delta)
+    first = await subscribe_both(stream, pilot)
+    assert_fresh_certificate(first, ORDERS, pilot)
+
+    if delta:
+        # Re-subscribing is answered even if unchanged: with the same certificate.
+        await stream.subscribe([WORKLOAD])
+        assert (await stream.wait_for(WORKLOAD, WAIT)).workload == first
+    else:
+        # The same list again changes nothing and is owed nothing.
+        await stream.resend()
+        await assert_nothing_pending(stream)
+    # Another stream of the same proxy (the other RPC, the other variant) gets it too.
+    other_service = "sds" if service == "ads" else "ads"
+    other = client.stream(ORDERS.node(), service=other_service, delta=not delta)
+    await other.subscribe([WORKLOAD])
+    assert (await other.wait_for(WORKLOAD, WAIT)).workload == first
+
+    assert served_workload(secrets_of(pilot), ORDERS.node_id) == first
+    stats = secrets_of(pilot).stats
+    assert (stats.minted, stats.rotated, stats.dropped) == (1, 0, 0)
+
+
+@pytest.mark.parametrize(("service", "delta"), VARIANTS, ids=VARIANT_IDS)
+async def test_unsubscribe_drops_and_resubscribe_mints_a_new_key(
+    pilot: RunningPilot, client: SdsClient, service: str, delta: bool
+) -> None:
+    stream = client.stream(ORDERS.node(), service=service, delta=delta)
+    first = await subscribe_both(stream, pilot)
+
+    # Unsubscribe `default` alone (SotW: the list without it); ROOTCA stays.
+    await stream.unsubscribe([WORKLOAD])
+    await wait_dropped(pilot, ORDERS, 1)
+    await assert_nothing_pending(stream)
+
+    await stream.subscribe([WORKLOAD])
+    second = (await stream.wait_for(WORKLOAD, WAIT)).workload
+
+    assert_fresh_certificate(second, ORDERS, pilot)
+    assert second.serial != first.serial
+    assert second.key_id != first.key_id
+    assert second.public_key_id != first.public_key_id
+    stats = secrets_of(pilot).stats
+    assert (stats.minted, stats.rotated, stats.dropped) == (2, 0, 1)
+
+
+@pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
+async def test_empty_list_unsubscribes(pilot: RunningPilot, client: SdsClient, delta: bool) -> None:
+    """SotW: an empty `resource_names` after names is "nothing"; delta: unsubscribe all."""
+    stream = client.stream(ORDERS.node(), service="sds", delta=delta)
+    await subscribe_both(stream, pilot)
+    await stream.unsubscribe([WORKLOAD, ROOT])
+    await wait_dropped(pilot, ORDERS, 1)
+    await stream.subscribe([ROOT])
+    update = await stream.wait_for(ROOT, WAIT)
+    assert (update.names, update.removed) == ([ROOT], ()), update
+    assert secrets_of(pilot).stats.minted == 1
+
+
+async def test_stream_end_drops_only_when_the_last_stream_goes(
+    pilot: RunningPilot, client: SdsClient
+) -> None:
+    """Envoy holds `default` on its ADS stream and on an SDS stream at once."""
+    ads = client.stream(ORDERS.node(), service="ads", delta=True)
+    sds = client.stream(ORDERS.node(), service="sds", delta=False)
+    first = await subscribe_both(ads, pilot)
+    await sds.subscribe([WORKLOAD])
+    assert (await sds.wait_for(WORKLOAD, WAIT)).workload == first
+    hub = pilot.discovery.hub
+    streams = len(hub.connections)
+
+    await ads.close()
+    await wait_until(
+        lambda: len(hub.connections),
+        WAIT,
+        "pilot to see the ADS stream end",
+        until=lambda n: n == streams - 1,
+    )
+    secrets = secrets_of(pilot)
+    assert secrets.stats.dropped == 0
+    assert served_workload(secrets, ORDERS.node_id) == first
+    await assert_nothing_pending(sds)
+
+    await sds.close()
+    await wait_dropped(pilot, ORDERS, 1)
+
+    # A new stream of the same proxy starts from nothing: a new key.
+    again = client.stream(ORDERS.node(), service="ads", delta=False)
+    second = await subscribe_both(again, pilot)
+    assert_fresh_certificate(second, ORDERS, pilot)
+    assert (second.serial, second.key_id) != (first.serial, first.key_id)
+    assert secrets.stats.minted == 2
+
+
+async def test_proxies_of_one_service_account_never_share_a_key(
+    pilot: RunningPilot, client: SdsClient
+) -> None:
+    proxies = [Proxy.sidecar(f"orders-{i}", "shop", "orders") for i in range(4)]
+    streams = [
+        client.stream(proxy.node(), service=service, delta=delta)
+        for proxy, (service, delta) in zip(proxies, VARIANTS, strict=True)
+    ]
+    certs = await asyncio.gather(*(subscribe_both(stream, pilot) for stream in streams))
+
+    for cert, proxy in zip(certs, proxies, strict=True):
+        assert_fresh_certificate(cert, proxy, pilot)
+    assert len({cert.key_id for cert in certs}) == len(proxies)
+    assert len({cert.public_key_id for cert in certs}) == len(proxies)
+    assert len({cert.serial for cert in certs}) == len(proxies)
+
+    # Dropping one proxy's certificate leaves the others as they were.
+    await streams[0].close()
+    await wait_dropped(pilot, proxies[0], 1)
+    secrets = secrets_of(pilot)
+    for cert, proxy in zip(certs[1:], proxies[1:], strict=True):
+        assert served_workload(secrets, proxy.node_id) == cert
+    assert secrets.stats.minted == len(proxies)
+
+
+async def test_rsa_key_type(tmp_path: Path) -> None:
+    rsa = {"sds": SdsSettings(key_type=KeyType.RSA)}
+    async with (
+        running_pilot(tmp_path, simple_mesh(MESH_SERVICES), security=rsa) as pilot,
+        sds_channel(pilot.grpc_target) as client,
+    ):
+        cert = await subscribe_both(client.stream(ORDERS.node(), delta=True), pilot)
+        assert_fresh_certificate(cert, ORDERS, pilot)
+        assert cert.key_kind == "RSA 2048"
