@@ -124,7 +124,11 @@ class Discovery:
     async def _start_security(self) -> Security:
         default_auth = XdsAuth.NONE if self.settings.config is not None else XdsAuth.KUBERNETES
         security = await Security.create(
-            self.settings.security, self.api_client, default_auth, self.hub.secret_changed
+            self.settings.security,
+            self.api_client,
+            default_auth,
+            self.hub.secret_changed,
+            shared_root=self.settings.config is None,
         )
         self.hub.secrets = security.secrets
         self.hub.identities = security.identities
@@ -173,6 +177,9 @@ class Discovery:
         self._tasks = [asyncio.create_task(self.debouncer.run(), name="debounce")]
         if self.tls_serving is not None:
             self._tasks.append(asyncio.create_task(self.tls_serving.run(), name="tls-renewal"))
+        if self.security.elector is not None:
+            # Holds the Lease for single-writer CA duties (root creation, later rotation).
+            self._tasks.append(asyncio.create_task(self.security.elector.run(), name="ca-lease"))
         await self.grpc.set_serving(True)
         self._serving = True
         log.info(

@@ -106,6 +106,14 @@ class CertificateAuthority:
         return cls._self_signed(settings.state_dir or default_state_dir(), settings)
 
     @classmethod
+    def from_pem(cls, key: bytes, certificate: bytes, settings: CaSettings) -> CertificateAuthority:
+        """A self-signed root given as PEM (e.g. from the shared Secret)."""
+        root = load_certificates(certificate)[0]
+        signing_key = _load_key(key, Path("<secret>"))
+        _check_plugged_in(Path("<secret>"), signing_key, root, [root], root)
+        return cls(signing_key, root, [root], root, settings)
+
+    @classmethod
     def _plugged_in(cls, directory: Path, settings: CaSettings) -> CertificateAuthority:
         missing = [name for name in PLUGGED_IN_FILES if not (directory / name).is_file()]
         if missing:

@@ -11,6 +11,8 @@ from pilot.security.authn import Authenticator, KubernetesTokenReviewer
 from pilot.security.ca import CertificateAuthority
 from pilot.security.ca_client import CaClient, LocalCa, RemoteCa
 from pilot.security.ca_service import CaService
+from pilot.security.lease import LeaseElector
+from pilot.security.root_store import LEASE_NAME, SharedRoot
 from pilot.security.secrets import OnSecretChange, SecretManager
 from pilot.security.settings import SecuritySettings
 from pilot.security.xds_auth import ProxyIdentities, XdsAuth
@@ -27,6 +29,7 @@ class Security:
     secrets: SecretManager
     identities: ProxyIdentities
     remote: RemoteCa | None
+    elector: LeaseElector | None = None
 
     @classmethod
     async def create(
@@ -35,9 +38,21 @@ class Security:
         api_client: client.ApiClient | None,
         default_xds_auth: XdsAuth,
         on_secret_change: OnSecretChange,
+        shared_root: bool = False,
     ) -> Security:
-        """Load (or make) the CA root off the event loop and build everything around it."""
-        ca = await asyncio.to_thread(CertificateAuthority.load, settings.ca)
+        """Load (or make) the CA root and build everything around it.
+
+        With a Kubernetes API and neither --config nor --ca-cert-dir, the root is
+        the one shared by every replica through Secret pilot-ca-secret.
+        """
+        elector = None
+        if shared_root and api_client is not None and settings.ca.cert_dir is None:
+            elector = LeaseElector(
+                api_client, settings.namespace, LEASE_NAME, lease_duration=settings.lease_duration
+            )
+            ca = await SharedRoot(api_client, settings.namespace, settings.ca, elector).load()
+        else:
+            ca = await asyncio.to_thread(CertificateAuthority.load, settings.ca)
         reviewer = KubernetesTokenReviewer(api_client) if api_client is not None else None
         authenticator = Authenticator(
             ca.settings.trust_domain, reviewer, settings.token_audiences, [ca.signing_cert]
@@ -50,9 +65,11 @@ class Security:
         secrets = SecretManager(ca_client, root_pem, settings.sds, on_secret_change)
         mode = settings.xds_auth or default_xds_auth
         identities = ProxyIdentities(mode, ca.settings.trust_domain, authenticator)
-        return cls(ca, ca_service, secrets, identities, remote)
+        return cls(ca, ca_service, secrets, identities, remote, elector)
 
     async def close(self) -> None:
+        if self.elector is not None:
+            await self.elector.release()
         await self.secrets.close()
         if self.remote is not None:
             await self.remote.close()

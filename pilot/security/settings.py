@@ -37,6 +37,8 @@ class SecuritySettings:
     token_audiences: tuple[str, ...] = ("istio-ca",)
     trusted_node_accounts: tuple[str, ...] = ()
     remote_ca: RemoteCaSettings | None = None
+    namespace: str = "default"  # pilot's own (POD_NAMESPACE): where the shared root lives
+    lease_duration: float = 15.0
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
@@ -120,4 +122,5 @@ def security_from_env(
         token_audiences=token_audiences,
         trusted_node_accounts=trusted_accounts(env),
         remote_ca=remote_ca_from_env(env, ca.trust_domain),
+        namespace=env.get("POD_NAMESPACE", "").strip() or "default",
     )

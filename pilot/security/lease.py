@@ -1,0 +1,142 @@
+"""Leader election on a `coordination.k8s.io/v1` Lease, for duties that need one writer.
+
+client-go's scheme: a replica holds the Lease while it renews it within
+`lease_duration`; another may take it over once that has passed (optimistic
+concurrency on resourceVersion decides races). The holder releases it on
+shutdown by clearing the holder, so a successor need not wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import os
+import secrets
+import socket
+
+from kubernetes_asyncio import client
+
+log = logging.getLogger("pilot.security")
+
+CONFLICT, NOT_FOUND = 409, 404
+
+
+def default_identity() -> str:
+    """POD_NAME where Kubernetes sets it, else host and process, plus a random tail."""
+    base = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    return f"{base}-{secrets.token_hex(3)}"
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+class LeaseElector:
+    """Holds (or tries to hold) one Lease; `is_leader` says whether it does now."""
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        namespace: str,
+        name: str,
+        *,
+        identity: str | None = None,
+        lease_duration: float = 15.0,
+        renew_every: float = 5.0,
+    ) -> None:
+        self._api = client.CoordinationV1Api(api_client)
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity or default_identity()
+        self._duration = lease_duration
+        self._renew_every = renew_every
+        self.is_leader = False
+
+    def _spec(self, transitions: int) -> client.V1LeaseSpec:
+        now = _now()
+        return client.V1LeaseSpec(
+            holder_identity=self.identity,
+            lease_duration_seconds=int(self._duration),
+            acquire_time=now,
+            renew_time=now,
+            lease_transitions=transitions,
+        )
+
+    async def try_acquire(self) -> bool:
+        """Take or renew the Lease if it is free, expired or ours; False if another holds it."""
+        try:
+            lease = await self._api.read_namespaced_lease(self.name, self.namespace)
+        except client.ApiException as error:
+            if error.status != NOT_FOUND:
+                raise
+            return await self._create()
+        spec = lease.spec or client.V1LeaseSpec()
+        if spec.holder_identity not in (None, "", self.identity) and not self._expired(spec):
+            self.is_leader = False
+            return False
+        transitions = (spec.lease_transitions or 0) + (spec.holder_identity != self.identity)
+        lease.spec = self._spec(transitions)
+        if spec.holder_identity == self.identity and spec.acquire_time is not None:
+            lease.spec.acquire_time = spec.acquire_time
+        return await self._replace(lease)
+
+    def _expired(self, spec: client.V1LeaseSpec) -> bool:
+        renewed = spec.renew_time or spec.acquire_time
+        duration = spec.lease_duration_seconds or self._duration
+        return renewed is None or renewed + datetime.timedelta(seconds=duration) < _now()
+
+    async def _create(self) -> bool:
+        body = client.V1Lease(
+            metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
+            spec=self._spec(0),
+        )
+        try:
+            await self._api.create_namespaced_lease(self.namespace, body)
+        except client.ApiException as error:
+            if error.status != CONFLICT:
+                raise
+            self.is_leader = False
+            return False
+        return self._won()
+
+    async def _replace(self, lease: client.V1Lease) -> bool:
+        try:
+            await self._api.replace_namespaced_lease(self.name, self.namespace, lease)
+        except client.ApiException as error:
+            if error.status != CONFLICT:
+                raise
+            self.is_leader = False
+            return False
+        return self._won()
+
+    def _won(self) -> bool:
+        if not self.is_leader:
+            log.info("%s now holds lease %s/%s", self.identity, self.namespace, self.name)
+        self.is_leader = True
+        return True
+
+    async def run(self) -> None:
+        """Keep trying to hold (and renew) the Lease until cancelled."""
+        while True:
+            try:
+                await self.try_acquire()
+            except (client.ApiException, OSError, TimeoutError) as error:
+                log.warning("lease %s/%s: %s", self.namespace, self.name, error)
+                self.is_leader = False
+            await asyncio.sleep(self._renew_every)
+
+    async def release(self) -> None:
+        """Give the Lease up (on shutdown) so that another replica need not wait it out."""
+        if not self.is_leader:
+            return
+        self.is_leader = False
+        try:
+            lease = await self._api.read_namespaced_lease(self.name, self.namespace)
+            if lease.spec is not None and lease.spec.holder_identity == self.identity:
+                lease.spec.holder_identity = ""
+                lease.spec.lease_duration_seconds = 1
+                await self._api.replace_namespaced_lease(self.name, self.namespace, lease)
+                log.info("%s released lease %s/%s", self.identity, self.namespace, self.name)
+        except (client.ApiException, OSError) as error:
+            log.warning("could not release lease %s/%s: %s", self.namespace, self.name, error)
