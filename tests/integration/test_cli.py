@@ -83,6 +83,12 @@ async def test_sigterm_ends_streams_and_exits_zero(tmp_path: Path) -> None:
         str(config),
         "--grpc-addr",
         f"127.0.0.1:{grpc_port}",
+        "--grpc-tls-addr",
+        "",
+        "--drain-duration",
+        "1s",
+        "--ca-state-dir",
+        str(tmp_path / "ca"),
         "--http-addr",
         f"127.0.0.1:{http_port}",
     )
