@@ -1,0 +1,8 @@
+"""Benchmarks of pilot; `python -m bench.eds_push` measures endpoint-change pushes.
+
+Modules: `eds_push` (command line, report), `run` (processes and phases),
+`clients` and `floor` (the client and floor-server processes), `fleet`
+(driving client processes), `kube` (the test API server: changes and a watch),
+`workload` (mesh and changes), `procs` (child processes, /proc, CPU clocks),
+`report` (figures and table), `pilot_cli` (pilot's flags), `wire` (xDS bits).
+"""

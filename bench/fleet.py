@@ -1,0 +1,133 @@
+"""The client side of a bench phase: `bench.clients` processes and their reports.
+
+N streams are split evenly over P processes; process 0 also captures the
+bytes the floor replays. Each process's stdout is read by a task that routes
+its JSON reports; a process that reports an error or exits early fails every
+wait at once rather than letting it time out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from bench.procs import PYTHON, Child, spawn
+
+T = TypeVar("T")
+Report = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """How many streams, in how many processes, over how many channels each."""
+
+    streams: int
+    processes: int = 1
+    channels: int = 8
+
+    def shares(self) -> list[int]:
+        """Streams per process, as even as possible."""
+        base, extra = divmod(self.streams, self.processes)
+        return [base + (1 if i < extra else 0) for i in range(self.processes) if base or i < extra]
+
+
+@dataclass
+class _Member:
+    child: Child
+    synced: asyncio.Future[float]
+    updates: asyncio.Queue[Report] = field(default_factory=asyncio.Queue)
+
+
+class Fleet:
+    """Running client processes against one xDS server."""
+
+    def __init__(self) -> None:
+        self.members: list[_Member] = []
+        self._readers: list[asyncio.Task[None]] = []
+        self._failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._stopping = False
+
+    @property
+    def pids(self) -> list[int]:
+        return [m.child.pid for m in self.members]
+
+    async def start(
+        self, target: str, spec: FleetSpec, workdir: Path, tag: str, capture: Path | None
+    ) -> None:
+        first = 0
+        for i, share in enumerate(spec.shares()):
+            argv = [PYTHON, "-m", "bench.clients", "--target", target, "--streams", str(share)]
+            argv += ["--channels", str(spec.channels), "--first-id", str(first)]
+            if i == 0 and capture is not None:
+                argv += ["--capture", str(capture)]
+            log = workdir / f"clients-{tag}-{i}.log"
+            child = await spawn(f"clients {tag} #{i}", argv, log, stdin=True, stdout=True)
+            member = _Member(child, asyncio.get_running_loop().create_future())
+            self.members.append(member)
+            self._readers.append(asyncio.create_task(self._read(member)))
+            first += share
+
+    async def _read(self, member: _Member) -> None:
+        stdout = member.child.process.stdout
+        assert stdout is not None
+        while line := await stdout.readline():
+            report: Report = json.loads(line)
+            if report["event"] == "synced":
+                member.synced.set_result(float(report["t"]))
+            elif report["event"] == "update":
+                member.updates.put_nowait(report)
+            elif report["event"] == "error":
+                self._fail(f"{member.child.name}: {report['message']}")
+        if not self._stopping:
+            self._fail(f"{member.child.name} exited early\n{member.child.log_tail()}")
+
+    def _fail(self, message: str) -> None:
+        if not self._failure.done():
+            self._failure.set_exception(RuntimeError(message))
+
+    async def _guard(self, awaitable: Awaitable[T]) -> T:
+        """Await, but fail as soon as a client fails."""
+        task = asyncio.ensure_future(awaitable)
+        either: list[asyncio.Future[Any]] = [task, self._failure]
+        try:
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            self._failure.result()  # raises the failure
+            raise AssertionError("unreachable")
+        finally:
+            if not task.done():
+                task.cancel()
+                task.add_done_callback(_consume)
+
+    async def wait_synced(self) -> float:
+        """When the last process had all its streams synced."""
+        times = await self._guard(asyncio.gather(*(m.synced for m in self.members)))
+        return max(times)
+
+    async def update_for(self, cluster: str) -> list[Report]:
+        """Each process's report that all its streams got a new version of cluster."""
+        reports = await self._guard(asyncio.gather(*(m.updates.get() for m in self.members)))
+        for report in reports:
+            if report["cluster"] != cluster:
+                raise RuntimeError(f"expected an update of {cluster}, got {report['cluster']}")
+        return reports
+
+    async def stop(self) -> None:
+        self._stopping = True
+        await asyncio.gather(*(m.child.stop() for m in self.members))
+        for reader in self._readers:
+            reader.cancel()
+        await asyncio.gather(*self._readers, return_exceptions=True)
+        if self._failure.done():
+            self._failure.exception()  # retrieved: no "never retrieved" warning
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Mark a cancelled wait's outcome as seen (no "exception never retrieved" noise)."""
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,156 @@
+"""`python -m bench.floor`: a bare grpc.aio DeltaAggregatedResources server, the bench's floor.
+
+It does the least an xDS server must: it reads every request (parsing it for
+its subscriptions, ignoring ACKs), keeps which streams subscribe to which
+assignment, and writes pre-built bytes. The bytes are the ones pilot sent to one
+of its clients in the same run:
+
+- `--initial FILE`: the responses of a stream's initial sync, replayed by type
+  when a stream subscribes to clusters (`*`) and when it first subscribes to
+  assignments;
+- `--changes FILE`: one response per endpoint change, in order; the standard
+  input line `K` writes change K's bytes to every stream subscribed to the
+  assignment it carries.
+
+Prints `floor listening on PORT` once serving; stops when standard input
+closes or on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from bench import wire
+
+_SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 1 << 24)]
+
+
+class FloorStream:
+    """One client stream: its pending writes and whether it was sent its initial state."""
+
+    __slots__ = ("got_assignments", "got_clusters", "queue")
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.got_clusters = False
+        self.got_assignments = False
+
+
+class Floor:
+    """Subscriptions per assignment name, and the pre-built bytes to write."""
+
+    def __init__(self, initial: list[bytes], changes: list[bytes]) -> None:
+        self.initial: dict[str, list[bytes]] = {wire.CLUSTER: [], wire.ENDPOINT: []}
+        for raw in initial:
+            self.initial.setdefault(wire.DeltaResponse.FromString(raw).type_url, []).append(raw)
+        self.changes = [(_names(raw), raw) for raw in changes]
+        self.subscribers: dict[str, set[FloorStream]] = {}
+
+    async def handle(self, requests: AsyncIterator[bytes], context: Any) -> None:
+        """Serve one stream: a reader task keeps subscriptions; this coroutine writes."""
+        stream = FloorStream()
+        reader = asyncio.create_task(self._read(stream, requests))
+        try:
+            while (data := await stream.queue.get()) is not None:
+                await context.write(data)
+        finally:
+            reader.cancel()
+            for holders in self.subscribers.values():
+                holders.discard(stream)
+
+    async def _read(self, stream: FloorStream, requests: AsyncIterator[bytes]) -> None:
+        try:
+            async for raw in requests:
+                request = wire.DeltaRequest.FromString(raw)
+                if request.resource_names_subscribe:
+                    self._subscribe(stream, request)
+        finally:
+            stream.queue.put_nowait(None)
+
+    def _subscribe(self, stream: FloorStream, request: wire.DeltaRequest) -> None:
+        if request.type_url == wire.CLUSTER and not stream.got_clusters:
+            stream.got_clusters = True
+            self._send(stream, self.initial[wire.CLUSTER])
+        elif request.type_url == wire.ENDPOINT:
+            for name in request.resource_names_subscribe:
+                self.subscribers.setdefault(sys.intern(name), set()).add(stream)
+            if not stream.got_assignments:
+                stream.got_assignments = True
+                self._send(stream, self.initial[wire.ENDPOINT])
+
+    @staticmethod
+    def _send(stream: FloorStream, responses: list[bytes]) -> None:
+        for raw in responses:
+            stream.queue.put_nowait(raw)
+
+    def push(self, index: int) -> None:
+        """Write change `index` to the streams subscribed to what it carries."""
+        names, raw = self.changes[index]
+        targets: set[FloorStream] = set()
+        for name in names:
+            targets |= self.subscribers.get(name, set())
+        for stream in targets:
+            stream.queue.put_nowait(raw)
+
+
+def _names(raw: bytes) -> list[str]:
+    return [r.name for r in wire.DeltaResponse.FromString(raw).resources]
+
+
+async def _triggers(floor: Floor) -> None:
+    """Push on each line of standard input, until it closes."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while line := await reader.readline():
+        floor.push(int(line))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.floor", description=__doc__)
+    parser.add_argument("--initial", type=Path, required=True)
+    parser.add_argument("--changes", type=Path, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    floor = Floor(list(wire.read_records(args.initial)), list(wire.read_records(args.changes)))
+    server = grpc.aio.server(options=_SERVER_OPTIONS)
+    handler = grpc.stream_stream_rpc_method_handler(floor.handle)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(wire.ADS_SERVICE, {wire.ADS_METHOD: handler}),)
+    )
+    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    await server.start()
+    print(f"floor listening on {port}", flush=True)
+    stopped = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopped.set)
+    tasks = [asyncio.create_task(_triggers(floor)), asyncio.create_task(stopped.wait())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await server.stop(0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

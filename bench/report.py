@@ -1,0 +1,76 @@
+"""What a bench phase measured, and the table that compares pilot with the floor."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    """The figures of one server (pilot or the floor) over one phase."""
+
+    latencies: list[float]  # seconds, from the change reaching the server to the last client
+    cpu_per_change: float  # seconds of server CPU
+    rss_before: int  # bytes, before any client
+    rss_synced: int  # bytes, with every client synced
+    clients: int
+    sync_seconds: float
+    client_cpu_per_change: float
+    response_bytes: list[int]
+    responses_per_client: float  # per change: 1.0 when each change costs one response each
+
+    @property
+    def memory_per_client(self) -> float:
+        return (self.rss_synced - self.rss_before) / self.clients
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100), interpolating linearly between order statistics."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.nan
+
+
+def table(pilot: PhaseResult, floor: PhaseResult) -> str:
+    """Rows latency p50/p99, CPU per change, memory per client; columns pilot, floor, ratio."""
+    rows = [
+        (
+            "latency p50 (ms)",
+            percentile(pilot.latencies, 50) * 1e3,
+            percentile(floor.latencies, 50) * 1e3,
+        ),
+        (
+            "latency p99 (ms)",
+            percentile(pilot.latencies, 99) * 1e3,
+            percentile(floor.latencies, 99) * 1e3,
+        ),
+        ("CPU per change (ms)", pilot.cpu_per_change * 1e3, floor.cpu_per_change * 1e3),
+        ("memory per client (KiB)", pilot.memory_per_client / 1024, floor.memory_per_client / 1024),
+    ]
+    lines = [f"{'':<26}{'pilot':>10}{'floor':>10}{'ratio':>8}"]
+    for label, ours, base in rows:
+        lines.append(f"{label:<26}{ours:>10.2f}{base:>10.2f}{_ratio(ours, base):>8.2f}")
+    return "\n".join(lines)
+
+
+def details(name: str, result: PhaseResult) -> str:
+    """One line of context for a phase: sync time, response size, client CPU, RSS."""
+    size = sum(result.response_bytes) / max(1, len(result.response_bytes))
+    return (
+        f"{name}: initial sync of all clients {result.sync_seconds:.1f}s; "
+        f"assignment response {size:.0f} B, {result.responses_per_client:.2f} per client "
+        "per change; "
+        f"client CPU per change {result.client_cpu_per_change * 1e3:.1f} ms; "
+        f"server RSS {result.rss_before / 2**20:.1f} MiB before clients, "
+        f"{result.rss_synced / 2**20:.1f} MiB synced"
+    )

@@ -1,0 +1,331 @@
+"""One bench run: the processes (API server, pilot, floor, clients) and the two phases.
+
+`measure` starts the test API server with the mesh, then pilot, runs the
+pilot phase, stops pilot, starts the floor with the bytes pilot sent, runs the
+floor phase, and stops everything, also on errors and cancellation.
+
+A phase: RSS of the server with no client; N clients connect and sync; RSS
+again; then the K changes one at a time, each timed from when it reached the
+server to the last client's receipt, waiting for the server and clients to go
+idle before the next; server CPU is read before the first and after the last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from bench import pilot_cli, wire
+from bench.fleet import Fleet, FleetSpec, Report
+from bench.kube import KubeApi, SliceWatch
+from bench.procs import (
+    PYTHON,
+    ROOT,
+    Child,
+    cpu_seconds,
+    free_port,
+    read_line_starting,
+    rss_bytes,
+    spawn,
+    wait_idle,
+)
+from bench.report import PhaseResult
+from bench.workload import Change, Workload
+
+# Reached the server at (time.monotonic()), for change K.
+Trigger = Callable[[int, Change], Awaitable[float]]
+
+
+@dataclass(frozen=True)
+class Config:
+    """What one run measures, and how patiently."""
+
+    services: int
+    clients: int
+    changes: int
+    endpoints: int
+    fleet: FleetSpec
+    seed: int = 1
+    timeout: float = 300.0
+    pilot_env: dict[str, str] = field(default_factory=dict)
+    pilot_log_level: str = "info"
+
+
+@dataclass(frozen=True)
+class Synced:
+    """A server's RSS before any client and with all synced; how long the sync took."""
+
+    rss_before: int
+    rss_synced: int
+    seconds: float
+
+
+@dataclass
+class PhaseRun:
+    """A phase's figures, each change's last receipt, and process 0's reports."""
+
+    result: PhaseResult
+    last: list[float]
+    reports: list[Report]
+
+
+@dataclass
+class Measured:
+    """Both phases, when pilot's apply requests were sent, and how pilot ran."""
+
+    pilot: PhaseRun
+    floor: PhaseRun
+    sent: list[float]
+    pilot_knobs: dict[str, str]
+    pilot_flags: list[str]
+
+
+class Run:
+    """The processes of one bench run; `close` stops whatever is still running."""
+
+    def __init__(self, config: Config, workdir: Path) -> None:
+        self.config = config
+        self.workdir = workdir
+        self.children: list[Child] = []
+        self.pilot_flags: list[str] = []
+        self.stack = contextlib.AsyncExitStack()
+
+    async def close(self) -> None:
+        await self.stack.aclose()
+        await asyncio.gather(*(c.stop() for c in self.children), return_exceptions=True)
+
+    @contextlib.asynccontextmanager
+    async def within(self, what: str) -> AsyncIterator[None]:
+        """Fail with a clear message if the body takes longer than the configured timeout."""
+        try:
+            async with asyncio.timeout(self.config.timeout):
+                yield
+        except TimeoutError:
+            raise TimeoutError(f"{what}: not done within {self.config.timeout:g}s") from None
+
+    def report_logs(self) -> None:
+        for child in self.children:
+            print(f"--- {child.name} ({child.log}) ---\n{child.log_tail()}", file=sys.stderr)
+
+    async def start_kubeapi(self, mesh_yaml: str) -> tuple[str, Path]:
+        """The test API server loaded with the mesh; returns its URL and a kubeconfig."""
+        mesh = self.workdir / "mesh.yaml"
+        mesh.write_text(mesh_yaml)
+        kubeconfig = self.workdir / "kubeconfig"
+        argv = [PYTHON, "-m", "tests.kubeapi", "--port", "0", "--kubeconfig", str(kubeconfig)]
+        child = await self._spawn("kubeapi", [*argv, "--load", str(mesh)], stdout=True)
+        async with self.within("the API server's start"):
+            url = await read_line_starting(child, "kubeapi listening on")
+        return url, kubeconfig
+
+    async def start_pilot(self, kubeconfig: Path) -> tuple[Child, str]:
+        """Pilot on the Kubernetes registry, once /ready; returns it and its xDS address.
+
+        Pilot runs from the run's directory, not the repository root, so that a
+        PYTHONPATH in its environment can choose which pilot runs.
+        """
+        newer = pilot_cli.newer_flags(self.workdir)
+        started = await self._start_pilot(kubeconfig, newer)
+        if started is None:
+            self.pilot_flags = self.pilot_flags[: -len(newer)]
+            started = await self._start_pilot(kubeconfig, [])
+        if started is None:
+            raise RuntimeError(f"pilot refused its flags:\n{self.children[-1].log_tail()}")
+        return started
+
+    async def _start_pilot(self, kubeconfig: Path, extra: list[str]) -> tuple[Child, str] | None:
+        """None if pilot exits refusing the extra flags."""
+        grpc_addr, http_port = f"127.0.0.1:{free_port()}", free_port()
+        self.pilot_flags = ["--log-level", self.config.pilot_log_level, *extra]
+        argv = [PYTHON, "-m", "pilot", "discovery", "--kubeconfig", str(kubeconfig)]
+        argv += ["--grpc-addr", grpc_addr, "--http-addr", f"127.0.0.1:{http_port}"]
+        argv += self.pilot_flags
+        child = await self._spawn("pilot", argv, env=self.config.pilot_env, cwd=self.workdir)
+        async with self.within("pilot's /ready"):
+            if await _wait_ready(child, f"http://127.0.0.1:{http_port}/ready"):
+                return child, grpc_addr
+        await child.stop()
+        if extra and pilot_cli.UNRECOGNIZED in child.log.read_text(errors="replace"):
+            return None
+        raise RuntimeError(f"pilot exited early:\n{child.log_tail()}")
+
+    async def pilot_knobs(self) -> dict[str, str]:
+        """The PILOT_* knobs in force, from `pilot discovery --help` (seconds to import)."""
+        child = await self._spawn(
+            "pilot-help",
+            [PYTHON, "-m", "pilot", "discovery", "--help"],
+            stdout=True,
+            env=self.config.pilot_env,
+            cwd=self.workdir,
+        )
+        assert child.process.stdout is not None
+        usage = await child.process.stdout.read()
+        await child.process.wait()  # it exits by itself; terminating it could race its reaping
+        await child.stop()
+        return pilot_cli.knobs(usage.decode(), {**os.environ, **self.config.pilot_env})
+
+    async def start_floor(self, initial: Path, changes: Path) -> tuple[Child, str]:
+        argv = [PYTHON, "-m", "bench.floor", "--initial", str(initial), "--changes", str(changes)]
+        child = await self._spawn("floor", argv, stdin=True, stdout=True)
+        async with self.within("the floor's start"):
+            port = await read_line_starting(child, "floor listening on")
+        return child, f"127.0.0.1:{port}"
+
+    async def _spawn(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        stdout: bool = False,
+        stdin: bool = False,
+        env: dict[str, str] | None = None,
+        cwd: Path = ROOT,
+    ) -> Child:
+        log = self.workdir / f"{name}.log"
+        child = await spawn(name, argv, log, stdin=stdin, stdout=stdout, env=env, cwd=cwd)
+        self.children.append(child)
+        return child
+
+    async def phase(
+        self,
+        tag: str,
+        server: Child,
+        target: str,
+        *,
+        trigger: Trigger,
+        changes: Sequence[Change],
+        capture: Path | None = None,
+    ) -> PhaseRun:
+        """Connect N clients to the server, sync, then time each change."""
+        await wait_idle([server.pid])
+        rss_before = rss_bytes(server.pid)
+        fleet = Fleet()
+        started = time.monotonic()
+        try:
+            await fleet.start(target, self.config.fleet, self.workdir, tag, capture)
+            async with self.within(f"{tag}: the clients' initial sync"):
+                synced = await fleet.wait_synced() - started
+            await wait_idle([server.pid, *fleet.pids])
+            sync = Synced(rss_before, rss_bytes(server.pid), synced)
+            return await self._changes(fleet, server, trigger, changes, sync)
+        finally:
+            await fleet.stop()
+
+    async def _changes(
+        self,
+        fleet: Fleet,
+        server: Child,
+        trigger: Trigger,
+        changes: Sequence[Change],
+        sync: Synced,
+    ) -> PhaseRun:
+        pids = [server.pid, *fleet.pids]
+        cpu_before = cpu_seconds(server.pid)
+        clients_before = sum(cpu_seconds(pid) for pid in fleet.pids)
+        latencies, last, reports, got = [], [], [], []
+        for k, change in enumerate(changes):
+            async with self.within(f"change {k} ({change.cluster})"):
+                reached = await trigger(k, change)
+                got = await fleet.update_for(change.cluster)
+            last.append(max(float(r["last"]) for r in got))
+            latencies.append(last[-1] - reached)
+            reports.append(got[0])
+            await wait_idle(pids)
+        count = max(1, len(changes))
+        responses = sum(int(r["responses"]) for r in got)  # since the sync, at the last change
+        clients_cpu = sum(cpu_seconds(pid) for pid in fleet.pids) - clients_before
+        result = PhaseResult(
+            latencies=latencies,
+            cpu_per_change=(cpu_seconds(server.pid) - cpu_before) / count,
+            rss_before=sync.rss_before,
+            rss_synced=sync.rss_synced,
+            clients=self.config.clients,
+            sync_seconds=sync.seconds,
+            client_cpu_per_change=clients_cpu / count,
+            response_bytes=[int(r["bytes"]) for r in reports],
+            responses_per_client=responses / count / self.config.clients,
+        )
+        return PhaseRun(result, last, reports)
+
+
+async def _wait_ready(child: Child, url: str) -> bool:
+    """True once url answers 200; False if the child exits first."""
+    async with aiohttp.ClientSession() as session:
+        while child.running:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.get(url) as response:
+                    if response.status == 200:
+                        return True
+            await asyncio.sleep(0.05)
+    return False
+
+
+class ApiTrigger:
+    """Changes go through the API server; one reaches pilot with its watch event."""
+
+    def __init__(self, api: KubeApi, watch: SliceWatch) -> None:
+        self.api = api
+        self.watch = watch
+        self.sent: list[float] = []  # when each apply request was sent
+
+    async def __call__(self, index: int, change: Change) -> float:
+        self.sent.append(time.monotonic())
+        resource_version = await self.api.apply(change.slice)
+        return await self.watch.arrival(resource_version)
+
+
+class PipeTrigger:
+    """Changes reach the floor as a line on its stdin."""
+
+    def __init__(self, floor: Child) -> None:
+        assert floor.process.stdin is not None
+        self.stdin = floor.process.stdin
+
+    async def __call__(self, index: int, change: Change) -> float:
+        now = time.monotonic()
+        self.stdin.write(f"{index}\n".encode())
+        await self.stdin.drain()
+        return now
+
+
+async def measure(config: Config, workdir: Path) -> Measured:
+    """Start the processes, run both phases, stop everything (logs shown on failure)."""
+    workload = Workload(config.services, config.endpoints, config.seed)
+    mesh_yaml = workload.yaml()
+    changes = [workload.change() for _ in range(config.changes)]
+    run = Run(config, workdir)
+    try:
+        knobs = asyncio.create_task(run.pilot_knobs())  # only for the report: not waited on
+        url, kubeconfig = await run.start_kubeapi(mesh_yaml)
+        api = KubeApi(url)
+        run.stack.push_async_callback(api.close)
+        watch = SliceWatch(api)
+        await watch.start()
+        run.stack.push_async_callback(watch.stop)
+        pilot, pilot_target = await run.start_pilot(kubeconfig)
+        trigger = ApiTrigger(api, watch)
+        initial = workdir / "initial.bin"
+        ours = await run.phase(
+            "pilot", pilot, pilot_target, trigger=trigger, changes=changes, capture=initial
+        )
+        await pilot.stop()
+        replay = workdir / "changes.bin"
+        wire.write_records(replay, [base64.b64decode(r["raw"]) for r in ours.reports])
+        floor, floor_target = await run.start_floor(initial, replay)
+        floor_trigger = PipeTrigger(floor)
+        base = await run.phase("floor", floor, floor_target, trigger=floor_trigger, changes=changes)
+        return Measured(ours, base, trigger.sent, await knobs, run.pilot_flags)
+    except Exception:
+        run.report_logs()
+        raise
+    finally:
+        await run.close()
