@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterable
+
 from envoy.service.discovery.v3 import discovery_pb2
 
 from pilot.protocol.messages import DeltaRequest, DeltaResponse, SotwRequest, SotwResponse
@@ -17,11 +20,16 @@ def _error_message(
     return detail.message or f"rejected with code {detail.code}"
 
 
+def _interned(names: Iterable[str]) -> tuple[str, ...]:
+    """Thousands of streams name the same resources: let them share one string each."""
+    return tuple(sys.intern(name) for name in names)
+
+
 def sotw_request(message: discovery_pb2.DiscoveryRequest, default_type: str) -> SotwRequest:
     """A DiscoveryRequest; standalone services may leave type_url implicit."""
     return SotwRequest(
         type_url=message.type_url or default_type,
-        resource_names=tuple(message.resource_names),
+        resource_names=_interned(message.resource_names),
         version_info=message.version_info,
         response_nonce=message.response_nonce,
         error_message=_error_message(message),
@@ -32,8 +40,8 @@ def delta_request(message: discovery_pb2.DeltaDiscoveryRequest, default_type: st
     """A DeltaDiscoveryRequest."""
     return DeltaRequest(
         type_url=message.type_url or default_type,
-        subscribe=tuple(message.resource_names_subscribe),
-        unsubscribe=tuple(message.resource_names_unsubscribe),
+        subscribe=_interned(message.resource_names_subscribe),
+        unsubscribe=_interned(message.resource_names_unsubscribe),
         initial_resource_versions=dict(message.initial_resource_versions),
         response_nonce=message.response_nonce,
         error_message=_error_message(message),
