@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import socket
+from collections.abc import Awaitable
 
 from kubernetes_asyncio import client
 
@@ -91,18 +92,17 @@ class LeaseElector:
             metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
             spec=self._spec(0),
         )
-        try:
-            await self._api.create_namespaced_lease(self.namespace, body)
-        except client.ApiException as error:
-            if error.status != CONFLICT:
-                raise
-            self.is_leader = False
-            return False
-        return self._won()
+        return await self._claim(self._api.create_namespaced_lease(self.namespace, body))
 
     async def _replace(self, lease: client.V1Lease) -> bool:
+        return await self._claim(
+            self._api.replace_namespaced_lease(self.name, self.namespace, lease)
+        )
+
+    async def _claim(self, write: Awaitable[object]) -> bool:
+        """Write the Lease; a conflict means another replica got there first."""
         try:
-            await self._api.replace_namespaced_lease(self.name, self.namespace, lease)
+            await write
         except client.ApiException as error:
             if error.status != CONFLICT:
                 raise

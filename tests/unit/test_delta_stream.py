@@ -7,17 +7,9 @@ from hypothesis import strategies as st
 
 from pilot.protocol import Acked, DeltaRequest, DeltaStream, Nacked, StaleNonce
 from pilot.xds import types
-from tests.unit.views import FakeView
+from tests.unit.views import FakeView, view_with
 
 CDS, EDS = types.CLUSTER, types.ENDPOINT
-
-
-def _view(*names: str) -> FakeView:
-    view = FakeView()
-    for name in names:
-        view.put(CDS, name, f"cluster {name}")
-        view.put(EDS, name, f"endpoints {name} v1")
-    return view
 
 
 def _names(response: object) -> list[str]:
@@ -25,7 +17,7 @@ def _names(response: object) -> list[str]:
 
 
 def test_every_subscribed_name_is_answered_even_if_held() -> None:
-    view = _view("a")
+    view = view_with("a")
     stream = DeltaStream()
     stream.on_request(DeltaRequest(EDS, subscribe=("a",)))
     (first,) = stream.take_responses(view)
@@ -35,7 +27,7 @@ def test_every_subscribed_name_is_answered_even_if_held() -> None:
 
 
 def test_missing_name_is_removed_then_pushed_when_it_appears() -> None:
-    view = _view()
+    view = view_with()
     stream = DeltaStream()
     stream.on_request(DeltaRequest(EDS, subscribe=("x",)))
     (response,) = stream.take_responses(view)
@@ -47,7 +39,7 @@ def test_missing_name_is_removed_then_pushed_when_it_appears() -> None:
 
 
 def test_only_changed_resources_are_sent() -> None:
-    view = _view("a", "b")
+    view = view_with("a", "b")
     stream = DeltaStream()
     stream.on_request(DeltaRequest(EDS, subscribe=("a", "b")))
     stream.take_responses(view)
@@ -58,7 +50,7 @@ def test_only_changed_resources_are_sent() -> None:
 
 
 def test_reconnect_with_initial_versions_sends_only_differences() -> None:
-    view = _view("same", "changed")
+    view = view_with("same", "changed")
     stale = view.get(EDS, "changed")
     assert stale is not None
     view.put(EDS, "changed", "changed v2")
@@ -82,7 +74,7 @@ def test_reconnect_with_initial_versions_sends_only_differences() -> None:
 
 
 def test_unsubscribe_forgets_so_resubscribe_is_answered() -> None:
-    view = _view("a")
+    view = view_with("a")
     stream = DeltaStream()
     stream.on_request(DeltaRequest(EDS, subscribe=("a",)))
     stream.take_responses(view)
@@ -95,7 +87,7 @@ def test_unsubscribe_forgets_so_resubscribe_is_answered() -> None:
 
 
 def test_unsubscribe_of_never_held_name_needs_no_response() -> None:
-    view = _view("a")
+    view = view_with("a")
     stream = DeltaStream()
     stream.on_request(DeltaRequest(EDS, subscribe=("a",)))
     stream.take_responses(view)
@@ -104,7 +96,7 @@ def test_unsubscribe_of_never_held_name_needs_no_response() -> None:
 
 
 def test_unsubscribed_name_still_wildcard_is_sent_again() -> None:
-    view = _view("a", "b")
+    view = view_with("a", "b")
     stream = DeltaStream()
     stream.on_request(DeltaRequest(CDS, subscribe=("*", "a")))
     stream.take_responses(view)
@@ -114,7 +106,7 @@ def test_unsubscribed_name_still_wildcard_is_sent_again() -> None:
 
 
 def test_legacy_wildcard_gets_everything_and_removals() -> None:
-    view = _view("a", "b")
+    view = view_with("a", "b")
     stream = DeltaStream()
     stream.on_request(DeltaRequest(CDS))
     (response,) = stream.take_responses(view)
@@ -126,7 +118,7 @@ def test_legacy_wildcard_gets_everything_and_removals() -> None:
 
 
 def test_star_unsubscribe_leaves_wildcard() -> None:
-    view = _view("a")
+    view = view_with("a")
     stream = DeltaStream()
     stream.on_request(DeltaRequest(CDS, subscribe=("*",)))
     stream.take_responses(view)
@@ -136,7 +128,7 @@ def test_star_unsubscribe_leaves_wildcard() -> None:
 
 
 def test_ack_nack_and_stale_nonce() -> None:
-    view = _view("a")
+    view = view_with("a")
     stream = DeltaStream()
     stream.on_request(DeltaRequest(EDS, subscribe=("a",)))
     (first,) = stream.take_responses(view)
@@ -156,7 +148,7 @@ def test_ack_nack_and_stale_nonce() -> None:
 
 
 def test_cluster_push_is_followed_by_their_assignments() -> None:
-    view = _view("a", "b")
+    view = view_with("a", "b")
     stream = DeltaStream()
     stream.on_request(DeltaRequest(CDS, subscribe=("*",)))
     stream.on_request(DeltaRequest(EDS, subscribe=("a", "b")))

@@ -8,17 +8,9 @@ from hypothesis import strategies as st
 
 from pilot.protocol import Acked, Nacked, ProtocolError, SotwRequest, SotwStream, StaleNonce
 from pilot.xds import types
-from tests.unit.views import FakeView
+from tests.unit.views import FakeView, view_with
 
 CDS, EDS = types.CLUSTER, types.ENDPOINT
-
-
-def _view(*names: str) -> FakeView:
-    view = FakeView()
-    for name in names:
-        view.put(CDS, name, f"cluster {name}")
-        view.put(EDS, name, f"endpoints {name} v1")
-    return view
 
 
 def test_empty_type_url_is_a_protocol_error() -> None:
@@ -31,14 +23,14 @@ def test_wildcard_cds_gets_the_full_set_even_when_empty() -> None:
     stream.on_request(SotwRequest(CDS))
     (response,) = stream.take_responses(FakeView())
     assert response.resources == ()
-    view = _view("a", "b")
+    view = view_with("a", "b")
     stream.on_full_change(CDS)
     (response,) = stream.take_responses(view)
     assert [r.name for r in response.resources] == ["a", "b"]
 
 
 def test_cds_removal_is_a_response_without_the_name() -> None:
-    view = _view("a", "b")
+    view = view_with("a", "b")
     stream = SotwStream()
     stream.on_request(SotwRequest(CDS))
     stream.take_responses(view)
@@ -49,7 +41,7 @@ def test_cds_removal_is_a_response_without_the_name() -> None:
 
 
 def test_ack_is_matched_by_nonce_and_needs_no_response() -> None:
-    view = _view("a")
+    view = view_with("a")
     stream = SotwStream()
     stream.on_request(SotwRequest(CDS))
     (response,) = stream.take_responses(view)
@@ -61,7 +53,7 @@ def test_ack_is_matched_by_nonce_and_needs_no_response() -> None:
 
 
 def test_nack_is_recorded_by_error_detail_and_not_resent() -> None:
-    view = _view("a")
+    view = view_with("a")
     stream = SotwStream()
     stream.on_request(SotwRequest(CDS))
     (response,) = stream.take_responses(view)
@@ -75,7 +67,7 @@ def test_nack_is_recorded_by_error_detail_and_not_resent() -> None:
 
 
 def test_stale_nonce_is_not_an_ack_but_its_names_count() -> None:
-    view = _view("a", "b")
+    view = view_with("a", "b")
     stream = SotwStream()
     stream.on_request(SotwRequest(EDS, ("a",)))
     (first,) = stream.take_responses(view)
@@ -91,7 +83,7 @@ def test_stale_nonce_is_not_an_ack_but_its_names_count() -> None:
 
 
 def test_named_type_answers_new_names_even_if_unchanged() -> None:
-    view = _view("a", "b")
+    view = view_with("a", "b")
     stream = SotwStream()
     stream.on_request(SotwRequest(EDS, ("a",)))
     (first,) = stream.take_responses(view)
@@ -101,7 +93,7 @@ def test_named_type_answers_new_names_even_if_unchanged() -> None:
 
 
 def test_resubscribe_after_unsubscribe_is_answered() -> None:
-    view = _view("a")
+    view = view_with("a")
     stream = SotwStream()
     stream.on_request(SotwRequest(EDS, ("a",)))
     (first,) = stream.take_responses(view)
@@ -113,7 +105,7 @@ def test_resubscribe_after_unsubscribe_is_answered() -> None:
 
 
 def test_missing_named_resource_is_sent_when_it_appears() -> None:
-    view = _view()
+    view = view_with()
     stream = SotwStream()
     stream.on_request(SotwRequest(EDS, ("later",)))
     assert stream.take_responses(view) == []
@@ -124,7 +116,7 @@ def test_missing_named_resource_is_sent_when_it_appears() -> None:
 
 
 def test_unchanged_content_is_not_resent() -> None:
-    view = _view("a")
+    view = view_with("a")
     stream = SotwStream()
     stream.on_request(SotwRequest(EDS, ("a",)))
     stream.take_responses(view)
@@ -134,7 +126,7 @@ def test_unchanged_content_is_not_resent() -> None:
 
 
 def test_changes_to_unsubscribed_names_do_not_concern_the_stream() -> None:
-    view = _view("a", "b")
+    view = view_with("a", "b")
     stream = SotwStream()
     stream.on_request(SotwRequest(EDS, ("a",)))
     stream.take_responses(view)
@@ -142,7 +134,7 @@ def test_changes_to_unsubscribed_names_do_not_concern_the_stream() -> None:
 
 
 def test_cluster_push_is_followed_by_their_assignments() -> None:
-    view = _view("a", "b")
+    view = view_with("a", "b")
     stream = SotwStream()
     stream.on_request(SotwRequest(CDS))
     stream.on_request(SotwRequest(EDS, ("a", "b")))
@@ -156,7 +148,7 @@ def test_cluster_push_is_followed_by_their_assignments() -> None:
 
 
 def test_responses_never_repeat_a_name() -> None:
-    view = _view("a")
+    view = view_with("a")
     stream = SotwStream()
     stream.on_request(SotwRequest(EDS, ("a", "a")))
     stream.force(EDS, ["a"])

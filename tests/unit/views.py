@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from pilot.xds import types
 from pilot.xds.resource import Resource
 
 
@@ -36,3 +37,12 @@ class FakeView:
 
     def pending(self, type_url: str, name: str) -> bool:
         return name in self.in_the_making.get(type_url, set())
+
+
+def view_with(*names: str) -> FakeView:
+    """A view holding a cluster and an assignment for each name."""
+    view = FakeView()
+    for name in names:
+        view.put(types.CLUSTER, name, f"cluster {name}")
+        view.put(types.ENDPOINT, name, f"endpoints {name} v1")
+    return view
