@@ -11,6 +11,7 @@ Rules it implements (see shared/xds-protocol.md):
   name unsubscribed while the stream is wildcard is sent again (or removed).
 - ACK/NACK by nonce and `error_detail`; stale nonces still change subscriptions.
 - After clusters are sent, their assignments follow even if unchanged.
+- Removals last: all additions of a push go out before any removal.
 - A new wildcard subscription is answered even when there is nothing to send,
   so that the client's initial fetch completes at once.
 """
@@ -18,6 +19,7 @@ Rules it implements (see shared/xds-protocol.md):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from pilot.protocol.messages import (
     DeltaRequest,
@@ -62,20 +64,39 @@ class DeltaStream(StreamCore):
         return events
 
     def take_responses(self, view: ResourceView) -> list[DeltaResponse]:
-        """Every response owed right now, in push order; clears the work it covers."""
-        responses = []
+        """Every response owed right now; clears the work it covers.
+
+        Make before break: additions go out in push order before any removal,
+        so a client never loses something it is about to need.
+        """
+        changes: list[_Change] = []
         for state in self._work_order():
-            response = self._response(state, view)
+            change = self._change(state, view)
             in_the_making = {n for n in state.must_send if view.pending(state.type_url, n)}
             state.clear_work()
             state.must_send |= in_the_making
-            if response is not None:
-                responses.append(response)
+            if change is not None:
+                changes.append(change)
                 if state.type_url == types.CLUSTER:
-                    self._follow_clusters(r.name for r in response.resources)
-        return responses
+                    self._follow_clusters(r.name for r in change.updated)
+        return self._in_order(changes, view)
 
-    def _response(self, state: TypeState, view: ResourceView) -> DeltaResponse | None:
+    def _in_order(self, changes: list[_Change], view: ResourceView) -> list[DeltaResponse]:
+        """One response per type, unless its removals must wait for a later type's additions."""
+        now: list[DeltaResponse] = []
+        deferred: list[_Change] = []
+        for i, change in enumerate(changes):
+            later_adds = any(c.adds for c in changes[i + 1 :])
+            if later_adds and change.removed:
+                deferred.append(change)
+                if change.adds:
+                    now.append(self._emit(change.state, view, change.updated, ()))
+            else:
+                now.append(self._emit(change.state, view, change.updated, change.removed))
+        now.extend(self._emit(c.state, view, (), c.removed) for c in deferred)
+        return now
+
+    def _change(self, state: TypeState, view: ResourceView) -> _Change | None:
         updated: list[Resource] = []
         removed: list[str] = []
         for name in state.candidates(view):
@@ -86,19 +107,40 @@ class DeltaStream(StreamCore):
                 if name in state.must_send or held is None or held.version != resource.version:
                     updated.append(resource)
             elif wanted and view.pending(state.type_url, name):
-                state.must_send.add(name)  # answered once made, kept out of clear_work below
+                state.must_send.add(name)  # answered once made, kept out of clear_work
             elif held is not None or (wanted and name in state.must_send):
                 removed.append(name)
                 state.sent.pop(name, None)
         if not updated and not removed and not state.answer_required:
             return None
+        return _Change(state, tuple(updated), tuple(removed), state.answer_required)
+
+    def _emit(
+        self,
+        state: TypeState,
+        view: ResourceView,
+        updated: tuple[Resource, ...],
+        removed: tuple[str, ...],
+    ) -> DeltaResponse:
         nonce = self._next_nonce(state)
         state.sent_version = view.version(state.type_url)
         for resource in updated:
             state.sent[resource.name] = Sent(resource.version, state.nonce_seq)
-        return DeltaResponse(
-            state.type_url, state.sent_version, nonce, tuple(updated), tuple(removed)
-        )
+        return DeltaResponse(state.type_url, state.sent_version, nonce, updated, removed)
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    """What one type owes a client: resources to send and names to remove."""
+
+    state: TypeState
+    updated: tuple[Resource, ...]
+    removed: tuple[str, ...]
+    required: bool  # answer even if empty (a new wildcard)
+
+    @property
+    def adds(self) -> bool:
+        return bool(self.updated) or (self.required and not self.removed)
 
 
 def _seed(state: TypeState, initial_versions: Mapping[str, str]) -> frozenset[str]:

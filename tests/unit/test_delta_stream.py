@@ -271,3 +271,20 @@ def test_a_new_wildcard_is_answered_even_when_empty() -> None:
     assert response.resources == () and response.removed == ()
     stream.on_request(DeltaRequest(CDS, response_nonce=response.nonce))
     assert stream.take_responses(FakeView()) == [], "an ACK of it needs no answer"
+
+
+def test_removals_wait_for_every_addition_of_the_push() -> None:
+    view = view_with("a", "b")
+    stream = DeltaStream()
+    stream.on_request(DeltaRequest(CDS, subscribe=("*",)))
+    stream.on_request(DeltaRequest(EDS, subscribe=("a", "b", "c")))
+    stream.take_responses(view)
+    view.delete(CDS, "b")
+    view.delete(EDS, "b")
+    view.put(CDS, "c", "cluster c")
+    view.put(EDS, "c", "endpoints c")
+    stream.on_change(CDS, ["b", "c"])
+    stream.on_change(EDS, ["b", "c"])
+    responses = stream.take_responses(view)
+    kinds = [(r.type_url, _names(r), r.removed) for r in responses]
+    assert kinds == [(CDS, ["c"], ()), (EDS, ["c"], ("b",)), (CDS, [], ("b",))]
