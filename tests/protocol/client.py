@@ -1,0 +1,553 @@
+"""A typed xDS client for protocol tests: real grpc.aio streams against a running pilot.
+
+`XdsClient` opens streams on one channel: SotW (`ads`, `cds`, `eds`) and delta
+(`delta_ads`, `delta_cds`, `delta_eds`), plus the unary Fetch* calls. Each stream
+reads in the background into a queue, so `next_response(timeout=...)` can fail
+with a clear message without cancelling the RPC.
+
+Every response is checked for what any Envoy would reject outright: a missing
+nonce, a resource whose type differs from the response's, the same name twice
+in one response, or (delta) a name both updated and removed.
+
+Like Envoy with `set_node_on_first_message_only`, a stream sends `node` on its
+first request only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import grpc
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import base_pb2
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.service.cluster.v3 import cds_pb2_grpc
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from envoy.service.endpoint.v3 import eds_pb2_grpc
+from google.protobuf import any_pb2
+from google.rpc import status_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
+
+ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
+CDS_SERVICE = "envoy.service.cluster.v3.ClusterDiscoveryService"
+EDS_SERVICE = "envoy.service.endpoint.v3.EndpointDiscoveryService"
+
+DEFAULT_TIMEOUT = 5.0
+
+DiscoveryRequest = discovery_pb2.DiscoveryRequest
+DiscoveryResponse = discovery_pb2.DiscoveryResponse
+DeltaRequest = discovery_pb2.DeltaDiscoveryRequest
+DeltaResponse = discovery_pb2.DeltaDiscoveryResponse
+Cluster = cluster_pb2.Cluster
+Assignment = endpoint_pb2.ClusterLoadAssignment
+
+_MESSAGE_CLASSES: dict[str, Any] = {CLUSTER: Cluster, ENDPOINT: Assignment}
+
+Req = TypeVar("Req", DiscoveryRequest, DeltaRequest)
+Resp = TypeVar("Resp", DiscoveryResponse, DeltaResponse)
+
+
+SIDECAR_ID = "sidecar~10.1.1.1~client.default~default.svc.cluster.local"
+
+
+def node(node_id: str = SIDECAR_ID) -> base_pb2.Node:
+    """A Node as an Istio sidecar sends it."""
+    return base_pb2.Node(id=node_id, cluster="client.default")
+
+
+def rejection(message: str) -> status_pb2.Status:
+    """The error_detail of a NACK (gRPC code INVALID_ARGUMENT, as Envoy sends)."""
+    return status_pb2.Status(code=grpc.StatusCode.INVALID_ARGUMENT.value[0], message=message)
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def unpack(type_url: str, packed: any_pb2.Any) -> Any:
+    """A resource Any, unpacked into its message class (checking the Any's type)."""
+    assert packed.type_url == type_url, f"a {packed.type_url} in a {type_url} response"
+    message = _MESSAGE_CLASSES[type_url]()
+    assert packed.Unpack(message), f"cannot unpack {packed.type_url}"
+    return message
+
+
+def resource_name(message: Any) -> str:
+    """The name of a Cluster or ClusterLoadAssignment."""
+    if isinstance(message, Assignment):
+        return str(message.cluster_name)
+    return str(message.name)
+
+
+def sotw_names(response: DiscoveryResponse) -> list[str]:
+    """Resource names in a SotW response, in order (duplicates kept)."""
+    return [resource_name(unpack(response.type_url, r)) for r in response.resources]
+
+
+def sotw_resources(response: DiscoveryResponse) -> dict[str, Any]:
+    """name -> message of a SotW response."""
+    found = {}
+    for packed in response.resources:
+        message = unpack(response.type_url, packed)
+        found[resource_name(message)] = message
+    return found
+
+
+def clusters(response: DiscoveryResponse) -> dict[str, Cluster]:
+    assert response.type_url == CLUSTER, f"expected a CDS response, got {response.type_url}"
+    return sotw_resources(response)
+
+
+def assignments(response: DiscoveryResponse) -> dict[str, Assignment]:
+    assert response.type_url == ENDPOINT, f"expected an EDS response, got {response.type_url}"
+    return sotw_resources(response)
+
+
+@dataclass(frozen=True)
+class Held:
+    """One resource as a delta response delivers it."""
+
+    version: str
+    message: Any
+
+
+def delta_resources(response: DeltaResponse) -> dict[str, Held]:
+    """name -> (version, message) of a delta response."""
+    found = {}
+    for resource in response.resources:
+        message = unpack(response.type_url, resource.resource)
+        assert resource.name == resource_name(message), (
+            f"Resource.name {resource.name!r} wraps {resource_name(message)!r}"
+        )
+        found[resource.name] = Held(resource.version, message)
+    return found
+
+
+def endpoint_ips(assignment: Assignment) -> set[str]:
+    """Every host address of an assignment."""
+    return {
+        lb.endpoint.address.socket_address.address
+        for locality in assignment.endpoints
+        for lb in locality.lb_endpoints
+    }
+
+
+def _check_sotw(response: DiscoveryResponse) -> None:
+    assert response.type_url, "response without type_url"
+    assert response.nonce, "streamed response without nonce"
+    names = sotw_names(response)
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    assert not duplicates, f"same name twice in one response: {duplicates}"
+
+
+def _check_delta(response: DeltaResponse) -> None:
+    assert response.type_url, "response without type_url"
+    assert response.nonce, "delta response without nonce"
+    names = [r.name for r in response.resources]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    assert not duplicates, f"same name twice in one response: {duplicates}"
+    removed = list(response.removed_resources)
+    assert len(set(removed)) == len(removed), f"removed twice: {removed}"
+    both = set(names) & set(removed)
+    assert not both, f"names both updated and removed: {sorted(both)}"
+    delta_resources(response)
+
+
+def describe(response: DiscoveryResponse | DeltaResponse) -> str:
+    """A one-line summary of a response, for failure messages."""
+    kind = response.type_url.rsplit(".", 1)[-1]
+    if isinstance(response, DiscoveryResponse):
+        return f"{kind} v={response.version_info} nonce={response.nonce} {sotw_names(response)}"
+    updated = [r.name for r in response.resources]
+    removed = list(response.removed_resources)
+    return f"{kind} nonce={response.nonce} updated={updated} removed={removed}"
+
+
+# --------------------------------------------------------------------------- streams
+
+
+@dataclass(frozen=True)
+class Closed:
+    """The server ended the stream."""
+
+    code: grpc.StatusCode
+    details: str
+
+
+class _Stream(Generic[Req, Resp]):
+    """One bidirectional xDS call; responses are read in the background."""
+
+    def __init__(self, call: Any, label: str, send_node: base_pb2.Node | None) -> None:
+        self._call = call
+        self.label = label
+        self.node = send_node
+        self.sent: list[Req] = []
+        self.received: list[Resp] = []
+        self._queue: asyncio.Queue[Resp | Closed] = asyncio.Queue()
+        self._reader = asyncio.create_task(self._read(), name=f"read-{label}")
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                message = await self._call.read()
+                if message is grpc.aio.EOF:
+                    self._queue.put_nowait(Closed(grpc.StatusCode.OK, "stream ended"))
+                    return
+                self._queue.put_nowait(message)
+        except grpc.aio.AioRpcError as error:
+            self._queue.put_nowait(Closed(error.code(), error.details() or ""))
+
+    async def send(self, request: Req) -> None:
+        """Write one request; the first one carries the node."""
+        if not self.sent and self.node is not None and not request.HasField("node"):
+            request.node.CopyFrom(self.node)
+        self.sent.append(request)
+        await self._call.write(request)
+
+    async def next_event(self, timeout: float = DEFAULT_TIMEOUT) -> Resp | Closed:  # noqa: ASYNC109
+        """The next response, or how the stream ended; fails if neither comes in time."""
+        try:
+            item = await asyncio.wait_for(self._queue.get(), timeout)
+        except TimeoutError:
+            last = self.sent[-1] if self.sent else None
+            seen = [describe(r) for r in self.received[-3:]]
+            raise AssertionError(
+                f"{self.label}: nothing from the server within {timeout}s; "
+                f"last request: {_short(last)}; last responses: {seen}"
+            ) from None
+        if not isinstance(item, Closed):
+            self._check(item)
+            self.received.append(item)
+        return item
+
+    async def next_response(self, timeout: float = DEFAULT_TIMEOUT) -> Resp:  # noqa: ASYNC109
+        """The next response; fails clearly on timeout or if the stream ended."""
+        item = await self.next_event(timeout)
+        if isinstance(item, Closed):
+            raise AssertionError(f"{self.label}: stream ended: {item.code.name} {item.details}")
+        return item
+
+    def _check(self, response: Resp) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Cancel the call (as a disconnecting Envoy does)."""
+        self._call.cancel()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+
+def _short(request: DiscoveryRequest | DeltaRequest | None) -> str:
+    if request is None:
+        return "none"
+    copy = type(request)()
+    copy.CopyFrom(request)
+    copy.ClearField("node")
+    return str(copy).replace("\n", " ")
+
+
+class SotwStream(_Stream[DiscoveryRequest, DiscoveryResponse]):
+    """A state-of-the-world stream, tracking per type what an Envoy would send.
+
+    `subscribe` replaces the names of a type and, like Envoy, carries the latest
+    nonce and last accepted version of that type; `ack` and `nack` answer a response.
+    """
+
+    def __init__(self, call: Any, label: str, send_node: base_pb2.Node | None) -> None:
+        super().__init__(call, label, send_node)
+        self.names: dict[str, list[str]] = {}
+        self.accepted: dict[str, str] = {}
+        self.nonces: dict[str, str] = {}
+
+    def _check(self, response: DiscoveryResponse) -> None:
+        _check_sotw(response)
+        self.nonces[response.type_url] = response.nonce
+
+    async def request(
+        self,
+        type_url: str,
+        names: Iterable[str] = (),
+        *,
+        version: str = "",
+        nonce: str = "",
+        error: str | None = None,
+    ) -> None:
+        """Send exactly this request (nothing filled in but the node on the first one)."""
+        request = DiscoveryRequest(
+            type_url=type_url,
+            resource_names=list(names),
+            version_info=version,
+            response_nonce=nonce,
+        )
+        if error is not None:
+            request.error_detail.CopyFrom(rejection(error))
+        await self.send(request)
+
+    async def subscribe(self, type_url: str, names: Iterable[str] = ()) -> None:
+        """Ask for these names (empty: wildcard on a first request, else nothing)."""
+        self.names[type_url] = list(names)
+        await self.request(
+            type_url,
+            self.names[type_url],
+            version=self.accepted.get(type_url, ""),
+            nonce=self.nonces.get(type_url, ""),
+        )
+
+    async def ack(self, response: DiscoveryResponse) -> None:
+        """Accept a response: its version and nonce, the current names."""
+        self.accepted[response.type_url] = response.version_info
+        await self.request(
+            response.type_url,
+            self.names.get(response.type_url, []),
+            version=response.version_info,
+            nonce=response.nonce,
+        )
+
+    async def nack(self, response: DiscoveryResponse, message: str = "rejected by test") -> None:
+        """Reject a response: its nonce, the last accepted version, an error_detail."""
+        await self.request(
+            response.type_url,
+            self.names.get(response.type_url, []),
+            version=self.accepted.get(response.type_url, ""),
+            nonce=response.nonce,
+            error=message,
+        )
+
+    async def expect(
+        self,
+        type_url: str,
+        timeout: float = DEFAULT_TIMEOUT,  # noqa: ASYNC109
+    ) -> DiscoveryResponse:
+        """The next response, which must be of this type."""
+        response = await self.next_response(timeout)
+        assert response.type_url == type_url, (
+            f"{self.label}: expected a {type_url.rsplit('.', 1)[-1]} response, "
+            f"got {describe(response)}"
+        )
+        return response
+
+
+class DeltaStream(_Stream[DeltaRequest, DeltaResponse]):
+    """An incremental stream; `held` is the client's view, updated by `apply`."""
+
+    def __init__(self, call: Any, label: str, send_node: base_pb2.Node | None) -> None:
+        super().__init__(call, label, send_node)
+        self.held: dict[str, dict[str, Held]] = {}
+
+    def _check(self, response: DeltaResponse) -> None:
+        _check_delta(response)
+
+    async def request(
+        self,
+        type_url: str,
+        subscribe: Iterable[str] = (),
+        unsubscribe: Iterable[str] = (),
+        *,
+        initial_versions: Mapping[str, str] | None = None,
+        nonce: str = "",
+        error: str | None = None,
+    ) -> None:
+        """Send exactly this request (nothing filled in but the node on the first one)."""
+        request = DeltaRequest(
+            type_url=type_url,
+            resource_names_subscribe=list(subscribe),
+            resource_names_unsubscribe=list(unsubscribe),
+            initial_resource_versions=dict(initial_versions or {}),
+            response_nonce=nonce,
+        )
+        if error is not None:
+            request.error_detail.CopyFrom(rejection(error))
+        await self.send(request)
+
+    async def subscribe(self, type_url: str, names: Iterable[str] = ()) -> None:
+        await self.request(type_url, subscribe=names)
+
+    async def unsubscribe(self, type_url: str, names: Iterable[str]) -> None:
+        """Unsubscribe, and drop the names from the client's view (as Envoy does)."""
+        names = list(names)
+        for name in names:
+            self.held.get(type_url, {}).pop(name, None)
+        await self.request(type_url, unsubscribe=names)
+
+    def apply(self, response: DeltaResponse) -> None:
+        """Update the client's view with a response."""
+        view = self.held.setdefault(response.type_url, {})
+        view.update(delta_resources(response))
+        for name in response.removed_resources:
+            view.pop(name, None)
+
+    def versions(self, type_url: str) -> dict[str, str]:
+        """name -> version the client holds (what it would send on reconnect)."""
+        return {name: held.version for name, held in self.held.get(type_url, {}).items()}
+
+    async def ack(self, response: DeltaResponse) -> None:
+        """Apply and accept a response."""
+        self.apply(response)
+        await self.request(response.type_url, nonce=response.nonce)
+
+    async def nack(self, response: DeltaResponse, message: str = "rejected by test") -> None:
+        """Reject a response (the view stays as it was)."""
+        await self.request(response.type_url, nonce=response.nonce, error=message)
+
+    async def expect(
+        self,
+        type_url: str,
+        timeout: float = DEFAULT_TIMEOUT,  # noqa: ASYNC109
+    ) -> DeltaResponse:
+        """The next response, which must be of this type."""
+        response = await self.next_response(timeout)
+        assert response.type_url == type_url, (
+            f"{self.label}: expected a {type_url.rsplit('.', 1)[-1]} response, "
+            f"got {describe(response)}"
+        )
+        return response
+
+
+# --------------------------------------------------------------------------- one-shot exchange
+
+ADS_SOTW = f"/{ADS_SERVICE}/StreamAggregatedResources"
+ADS_DELTA = f"/{ADS_SERVICE}/DeltaAggregatedResources"
+CDS_SOTW = f"/{CDS_SERVICE}/StreamClusters"
+
+
+def _first_reply_blocking(
+    target: str, method: str, requests: Sequence[DiscoveryRequest | DeltaRequest]
+) -> DiscoveryResponse | DeltaResponse | Closed:
+    delta = method == ADS_DELTA
+    response_class = DeltaResponse if delta else DiscoveryResponse
+    stop = threading.Event()
+
+    def stream() -> Iterator[DiscoveryRequest | DeltaRequest]:
+        yield from requests
+        stop.wait(DEFAULT_TIMEOUT)  # keep the stream open (Envoy never half-closes)
+
+    with grpc.insecure_channel(target) as channel:
+        rpc = channel.stream_stream(
+            method,
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=response_class.FromString,
+        )
+        call = rpc(stream(), timeout=DEFAULT_TIMEOUT)
+        try:
+            reply: DiscoveryResponse | DeltaResponse = next(call)
+        except grpc.RpcError as error:
+            return Closed(error.code(), error.details() or "")  # type: ignore[attr-defined]
+        except StopIteration:
+            return Closed(grpc.StatusCode.OK, "stream ended")
+        finally:
+            stop.set()
+            call.cancel()
+        return reply
+
+
+async def first_reply(
+    target: str, method: str, requests: Sequence[DiscoveryRequest | DeltaRequest]
+) -> DiscoveryResponse | DeltaResponse | Closed:
+    """Send `requests` on a fresh stream and return the first response, or how it ended.
+
+    Uses the blocking gRPC API in a thread: with grpc.aio, a write that races the
+    server closing the stream replaces the server's status with a local INTERNAL
+    error, which would hide what the server answered.
+    """
+    return await asyncio.to_thread(_first_reply_blocking, target, method, requests)
+
+
+# --------------------------------------------------------------------------- channel
+
+
+@dataclass
+class XdsClient:
+    """A gRPC channel to pilot and the streams opened on it (all closed on `aclose`)."""
+
+    target: str
+    channel: grpc.aio.Channel = field(init=False)
+    streams: list[_Stream[Any, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.channel = grpc.aio.insecure_channel(self.target)
+
+    async def aclose(self) -> None:
+        for stream in self.streams:
+            await stream.close()
+        await self.channel.close()
+
+    def _sotw(self, call: Any, label: str, send_node: base_pb2.Node | None) -> SotwStream:
+        stream = SotwStream(call, label, send_node)
+        self.streams.append(stream)
+        return stream
+
+    def _delta(self, call: Any, label: str, send_node: base_pb2.Node | None) -> DeltaStream:
+        stream = DeltaStream(call, label, send_node)
+        self.streams.append(stream)
+        return stream
+
+    def ads(self, send_node: base_pb2.Node | None = None) -> SotwStream:
+        """StreamAggregatedResources."""
+        stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(self.channel)
+        return self._sotw(stub.StreamAggregatedResources(), "ads", send_node or node())
+
+    def delta_ads(self, send_node: base_pb2.Node | None = None) -> DeltaStream:
+        """DeltaAggregatedResources."""
+        stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(self.channel)
+        return self._delta(stub.DeltaAggregatedResources(), "delta-ads", send_node or node())
+
+    def cds(self, send_node: base_pb2.Node | None = None) -> SotwStream:
+        """ClusterDiscoveryService.StreamClusters."""
+        stub = cds_pb2_grpc.ClusterDiscoveryServiceStub(self.channel)
+        return self._sotw(stub.StreamClusters(), "cds", send_node or node())
+
+    def delta_cds(self, send_node: base_pb2.Node | None = None) -> DeltaStream:
+        """ClusterDiscoveryService.DeltaClusters."""
+        stub = cds_pb2_grpc.ClusterDiscoveryServiceStub(self.channel)
+        return self._delta(stub.DeltaClusters(), "delta-cds", send_node or node())
+
+    def eds(self, send_node: base_pb2.Node | None = None) -> SotwStream:
+        """EndpointDiscoveryService.StreamEndpoints."""
+        stub = eds_pb2_grpc.EndpointDiscoveryServiceStub(self.channel)
+        return self._sotw(stub.StreamEndpoints(), "eds", send_node or node())
+
+    def delta_eds(self, send_node: base_pb2.Node | None = None) -> DeltaStream:
+        """EndpointDiscoveryService.DeltaEndpoints."""
+        stub = eds_pb2_grpc.EndpointDiscoveryServiceStub(self.channel)
+        return self._delta(stub.DeltaEndpoints(), "delta-eds", send_node or node())
+
+    async def fetch_clusters(self, names: Iterable[str] = ()) -> DiscoveryResponse:
+        """ClusterDiscoveryService.FetchClusters."""
+        stub = cds_pb2_grpc.ClusterDiscoveryServiceStub(self.channel)
+        request = DiscoveryRequest(type_url=CLUSTER, resource_names=list(names), node=node())
+        response: DiscoveryResponse = await stub.FetchClusters(request, timeout=DEFAULT_TIMEOUT)
+        return response
+
+    async def fetch_endpoints(self, names: Iterable[str]) -> DiscoveryResponse:
+        """EndpointDiscoveryService.FetchEndpoints."""
+        stub = eds_pb2_grpc.EndpointDiscoveryServiceStub(self.channel)
+        request = DiscoveryRequest(type_url=ENDPOINT, resource_names=list(names), node=node())
+        response: DiscoveryResponse = await stub.FetchEndpoints(request, timeout=DEFAULT_TIMEOUT)
+        return response
+
+    async def health(self, service: str = "") -> health_pb2.HealthCheckResponse.ServingStatus:
+        """grpc.health.v1.Health/Check."""
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        request = health_pb2.HealthCheckRequest(service=service)
+        response = await stub.Check(request, timeout=DEFAULT_TIMEOUT)
+        return response.status  # type: ignore[no-any-return]
+
+    async def reflected_services(self) -> set[str]:
+        """Service names listed by server reflection."""
+        stub = reflection_pb2_grpc.ServerReflectionStub(self.channel)
+        call = stub.ServerReflectionInfo(timeout=DEFAULT_TIMEOUT)
+        await call.write(reflection_pb2.ServerReflectionRequest(list_services=""))
+        await call.done_writing()
+        reply = await call.read()
+        assert reply is not grpc.aio.EOF, "reflection sent no reply"
+        return {s.name for s in reply.list_services_response.service}
