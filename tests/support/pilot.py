@@ -113,7 +113,7 @@ async def running_pilot(
     debounce: DebounceSettings = FAST_DEBOUNCE,
     security: dict[str, Any] | None = None,
     kubeconfig: Path | None = None,
-    **settings: Any,
+    **overrides: Any,
 ) -> AsyncIterator[RunningPilot]:
     """A pilot on the file registry, the file written from `objects` first.
 
@@ -128,7 +128,7 @@ async def running_pilot(
         debounce=debounce,
         security=_security(tmp_path / "ca", **(security or {})),
         kubernetes=KubernetesSettings(kubeconfig=kubeconfig),
-        **settings,
+        **overrides,
     )
     async with _running(settings, config) as pilot:
         yield pilot
