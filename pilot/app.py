@@ -176,8 +176,9 @@ class Discovery:
         self._flush(initial, time.monotonic())
         # The registry, cache and code are long-lived: keep full collections from
         # rescanning them on every push (they caused the benchmark's p99 pauses).
-        gc.collect()
-        gc.freeze()
+        if self.settings.freeze_heap:
+            gc.collect()
+            gc.freeze()
         self.hub.ready.set()
         self._tasks = [asyncio.create_task(self.debouncer.run(), name="debounce")]
         if self.tls_serving is not None:
@@ -199,7 +200,8 @@ class Discovery:
     async def stop(self) -> None:
         """Health goes NOT_SERVING, streams end, background work stops."""
         self._serving = False
-        gc.unfreeze()  # what start() froze becomes collectable again
+        if self.settings.freeze_heap:
+            gc.unfreeze()  # what start() froze becomes collectable again
         if self._grpc is not None:
             await self._grpc.stop(self.settings.drain_duration)
         for task in self._tasks:

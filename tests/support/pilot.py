@@ -74,6 +74,8 @@ def _settings(state_dir: Path, **overrides: Any) -> Settings:
         "debounce": FAST_DEBOUNCE,
         "file_poll_interval": 0.02,
         "drain_duration": 0.5,
+        # A full collection per started pilot costs every test ~0.2 s; the CLI keeps it on.
+        "freeze_heap": False,
     }
     overrides.setdefault("security", _security(state_dir))
     return Settings(**(base | overrides))
