@@ -17,13 +17,11 @@ Owns:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import aiohttp
 
@@ -32,6 +30,7 @@ from pilot.sources.kubernetes.registry import KubernetesRegistry
 from tests.harness.envoy_process import XDS_CLUSTER, EnvoyProcess
 from tests.integration.envoy_view import ClusterView, wait_for_view
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
+from tests.support.background import BackgroundLoop
 from tests.support.mesh import Ep, cluster_name, endpoint_slice, service
 from tests.support.pilot import RunningPilot
 
@@ -151,7 +150,7 @@ async def envoy_hosts(envoy: EnvoyProcess) -> frozenset[HostRef]:
     return frozenset(found)
 
 
-class PresenceMonitor:
+class PresenceMonitor(BackgroundLoop):
     """Polls one Envoy's clusters in the background and records every sample in which
     an endpoint that must be there is missing.
 
@@ -170,8 +169,7 @@ class PresenceMonitor:
         self.gaps: list[str] = []
         self._required = hosts_of(required)
         self._window: set[HostRef] | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._started = 0.0
+        self.what = f"presence monitor of {envoy.name}"
 
     def narrow(self, hosts: frozenset[HostRef], phase: str) -> None:
         """A change starts: from now on only `hosts` (and what was required) must stay."""
@@ -186,35 +184,17 @@ class PresenceMonitor:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        started = loop.time()
         while True:
             self._window = set(self._required)
             present = await envoy_hosts(self.envoy)
             window, self._window = self._window, None
             missing = window - present
             if missing:
-                at = loop.time() - self._started
+                at = loop.time() - started
                 self.gaps.append(f"{at:.3f}s [{self.phase}] missing {sorted(missing)}")
             self.samples += 1
             await asyncio.sleep(self.interval)  # the polling period, not a synchronisation
-
-    async def __aenter__(self) -> Self:
-        self._started = asyncio.get_running_loop().time()
-        self._task = asyncio.create_task(self._run(), name=f"presence-{self.envoy.name}")
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        assert self._task is not None
-        failed = self._task.done() and not self._task.cancelled() and self._task.exception()
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        if failed and exc_type is None:
-            raise AssertionError(f"the presence monitor failed: {failed!r}") from failed
 
     def assert_never_lost(self, min_samples: int = 5) -> None:
         """Envoy never lacked an endpoint that existed (and that pilot had delivered)."""

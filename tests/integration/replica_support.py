@@ -31,6 +31,7 @@ from tests.integration.envoy_view import ClusterView, dynamic_clusters
 from tests.integration.kube_helpers import PresenceMonitor, hosts_of
 from tests.integration.sds_support import ca_certs, own_certs
 from tests.kubeapi import KubeAPIServer
+from tests.support.background import BackgroundLoop
 from tests.support.mesh import Ep, cluster_name, endpoint_slice, service
 from tests.support.pilot import RunningPilot
 
@@ -248,7 +249,7 @@ class Traffic:
 # --------------------------------------------------------------------------- certificates
 
 
-class CertMonitor:
+class CertMonitor(BackgroundLoop):
     """Polls one Envoy's /certs; records each sample without an unexpired certificate for
     `uri`, or whose trust roots are not exactly `root_serial`. Remembers every leaf serial
     seen, in order."""
@@ -263,7 +264,7 @@ class CertMonitor:
         self.samples = 0
         self.gaps: list[str] = []
         self.serials: list[int] = []
-        self._task: asyncio.Task[None] | None = None
+        self.what = f"certificate monitor of {envoy.name}"
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -283,24 +284,6 @@ class CertMonitor:
                     self.serials.append(cert.serial)
             self.samples += 1
             await asyncio.sleep(self.interval)  # the polling period, not a synchronisation
-
-    async def __aenter__(self) -> Self:
-        self._task = asyncio.create_task(self._run(), name=f"certs-{self.envoy.name}")
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        assert self._task is not None
-        failed = self._task.done() and not self._task.cancelled() and self._task.exception()
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        if failed and exc_type is None:
-            raise AssertionError(f"the certificate monitor failed: {failed!r}") from failed
 
     def assert_always_valid(self, min_samples: int = 5) -> None:
         assert self.samples >= min_samples, f"only {self.samples} samples of Envoy's /certs"
