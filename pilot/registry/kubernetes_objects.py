@@ -34,8 +34,9 @@ class ObjectError(ValueError):
 
 def object_label(obj: Obj) -> str:
     """`Kind namespace/name` for messages, as far as the object says."""
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-    assert isinstance(meta, Mapping)
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        meta = {}
     return f"{obj.get('kind', '?')} {meta.get('namespace', 'default')}/{meta.get('name', '?')}"
 
 

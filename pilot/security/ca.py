@@ -30,6 +30,7 @@ from pilot.security.certs import (
     PrivateKey,
     cert_pem,
     generate_key,
+    key_matches,
     key_pem,
     load_certificates,
     self_signed_root,
@@ -215,12 +216,6 @@ class CertificateAuthority:
         return [cert_pem(leaf), *self._chain_pem]
 
 
-def _public_der(key: object) -> bytes:
-    return key.public_bytes(  # type: ignore[attr-defined, no-any-return]
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-
-
 def _check_plugged_in(
     directory: Path,
     key: PrivateKey,
@@ -229,7 +224,7 @@ def _check_plugged_in(
     root: x509.Certificate,
 ) -> None:
     """The key must be the certificate's, and the chain must lead to the root."""
-    if _public_der(key.public_key()) != _public_der(signing_cert.public_key()):
+    if not key_matches(key, signing_cert):
         raise CaSetupError(f"{directory}: ca-key.pem is not the key of ca-cert.pem")
     try:
         verify_chain(chain, [root])

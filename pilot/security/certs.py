@@ -17,6 +17,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from cryptography.x509.oid import NameOID
 
 PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
@@ -63,6 +64,13 @@ def load_certificates(pem: bytes) -> list[x509.Certificate]:
 
 def cert_pem(certificate: x509.Certificate) -> str:
     return certificate.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def key_matches(key: PrivateKeyTypes, certificate: x509.Certificate) -> bool:
+    """True when `certificate` certifies the public half of `key`."""
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    mine = key.public_key().public_bytes(serialization.Encoding.DER, spki)
+    return mine == certificate.public_key().public_bytes(serialization.Encoding.DER, spki)
 
 
 def uri_sans(certificate: x509.Certificate) -> list[str]:

@@ -26,7 +26,13 @@ from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2
 
 from pilot.backoff import Backoff
 from pilot.security.ca_client import CaClient, CaError
-from pilot.security.certs import KeyType, load_certificates, new_key_and_csr, utcnow
+from pilot.security.certs import (
+    KeyType,
+    key_matches,
+    load_certificates,
+    new_key_and_csr,
+    utcnow,
+)
 from pilot.security.identity import Identity
 from pilot.xds import types
 from pilot.xds.resource import Resource
@@ -86,13 +92,6 @@ def root_secret(root_pem: str) -> Resource:
     context.trusted_ca.inline_bytes = root_pem.encode()
     secret = secret_pb2.Secret(name=ROOT_SECRET, validation_context=context)
     return Resource.from_message(types.SECRET, ROOT_SECRET, secret)
-
-
-def _public_key_der(pem: bytes) -> bytes:
-    key = serialization.load_pem_private_key(pem, password=None)
-    return key.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
 
 
 class SecretManager:
@@ -253,10 +252,7 @@ class SecretManager:
         chain = await self._ca.sign(csr, identity, self._settings.ttl)
         self.observe_ca_latency(time.monotonic() - started)
         leaf = load_certificates(chain[0].encode())[0]
-        leaf_key = leaf.public_key().public_bytes(
-            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-        if leaf_key != _public_key_der(key_pem):
+        if not key_matches(serialization.load_pem_private_key(key_pem, password=None), leaf):
             raise CaError("the CA signed a different key than the one in the CSR")
         return chain, key_pem, created
 
