@@ -862,3 +862,20 @@ async def listener_ssl_stat(envoy: EnvoyProcess, name: str) -> int:
     """The sum of `listener.<address>.ssl.<name>` over every listener of this Envoy."""
     stats = await envoy.stats(regex=rf"^listener\..*\.ssl\.{name}$")
     return sum(value for value in stats.values() if isinstance(value, int))
+
+
+async def assert_envoy_holds(envoy: EnvoyProcess, serial: int, uri: str, root_serial: int) -> None:
+    """/certs shows exactly this leaf (serial, SPIFFE URI) and trusts only this root."""
+    mine = await own_certs(envoy)
+    assert {(cert.serial, cert.uris) for cert in mine} == {(serial, (uri,))}
+    roots = await ca_certs(envoy)
+    assert {cert.serial for cert in roots} == {root_serial}
+
+
+async def assert_client_cluster_verified(pair: MtlsPair) -> None:
+    """The client Envoy's mTLS cluster handshook, with no connection or verification failure."""
+    stats = await pair.client.stats(regex=rf"^cluster\.{SERVER_CLUSTER}\.ssl\.")
+    prefix = f"cluster.{SERVER_CLUSTER}.ssl."
+    assert int(stats[prefix + "handshake"]) >= 1
+    failures = ("connection_error", "fail_verify_error", "fail_verify_san", "fail_verify_no_cert")
+    assert {name: stats[prefix + name] for name in failures} == dict.fromkeys(failures, 0)

@@ -36,11 +36,11 @@ from tests.integration.sds_support import (
     Backend,
     MtlsPair,
     Proxy,
-    ca_certs,
+    assert_client_cluster_verified,
+    assert_envoy_holds,
     client_bootstrap,
     listener_port,
     listener_ssl_stat,
-    own_certs,
     served_workload,
     server_bootstrap,
     tls_get,
@@ -205,19 +205,8 @@ async def _assert_holds_agent_identity(
     assert served.uris == (proxy.uri,)
     assert served.key_matches_leaf
     assert served.signed_by(security.ca.root_pem), "the agent's chain does not end at pilot's root"
-    mine = await own_certs(envoy)
-    assert {(cert.serial, cert.uris) for cert in mine} == {(served.serial, (proxy.uri,))}
-    roots = await ca_certs(envoy)
-    assert {cert.serial for cert in roots} == {security.ca.root.serial_number}
+    await assert_envoy_holds(envoy, served.serial, proxy.uri, security.ca.root.serial_number)
     return served.leaf_sha256
-
-
-async def _assert_client_cluster_verified(pair: MtlsPair) -> None:
-    stats = await pair.client.stats(regex=rf"^cluster\.{SERVER_CLUSTER}\.ssl\.")
-    prefix = f"cluster.{SERVER_CLUSTER}.ssl."
-    assert int(stats[prefix + "handshake"]) >= 1
-    failures = ("connection_error", "fail_verify_error", "fail_verify_san", "fail_verify_no_cert")
-    assert {name: stats[prefix + name] for name in failures} == dict.fromkeys(failures, 0)
 
 
 async def test_request_crosses_mtls_between_envoys_of_two_agents(tmp_path: Path) -> None:
@@ -242,7 +231,7 @@ async def test_request_crosses_mtls_between_envoys_of_two_agents(tmp_path: Path)
             assert seen.xfcc_field("URI") == CLIENT.uri
             assert seen.xfcc_field("By") == SERVER.uri
             assert seen.xfcc_field("Hash") == client_hash
-            await _assert_client_cluster_verified(pair)
+            await assert_client_cluster_verified(pair)
 
             # A TLS client with no certificate is refused and reaches nothing.
             security = pilot.discovery.security

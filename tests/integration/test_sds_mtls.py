@@ -21,12 +21,10 @@ from tests.integration.sds_support import (
     CLIENT,
     MESH_SERVICES,
     SERVER,
-    SERVER_CLUSTER,
-    MtlsPair,
-    ca_certs,
+    assert_client_cluster_verified,
+    assert_envoy_holds,
     listener_ssl_stat,
     mtls_pair,
-    own_certs,
     probe_credentials,
     served_workload,
     tls_get,
@@ -45,18 +43,7 @@ async def _assert_holds_own_identity(
     assert security is not None
     served = served_workload(security.secrets, proxy_id)
     assert served is not None, f"pilot serves no certificate to {proxy_id}"
-    mine = await own_certs(envoy)
-    assert {(cert.serial, cert.uris) for cert in mine} == {(served.serial, (uri,))}
-    roots = await ca_certs(envoy)
-    assert {cert.serial for cert in roots} == {security.ca.root.serial_number}
-
-
-async def _assert_client_cluster_verified(pair: MtlsPair) -> None:
-    stats = await pair.client.stats(regex=rf"^cluster\.{SERVER_CLUSTER}\.ssl\.")
-    prefix = f"cluster.{SERVER_CLUSTER}.ssl."
-    assert int(stats[prefix + "handshake"]) >= 1
-    failures = ("connection_error", "fail_verify_error", "fail_verify_san", "fail_verify_no_cert")
-    assert {name: stats[prefix + name] for name in failures} == dict.fromkeys(failures, 0)
+    await assert_envoy_holds(envoy, served.serial, uri, security.ca.root.serial_number)
 
 
 async def test_request_crosses_mtls_between_two_envoys(tmp_path: Path) -> None:
@@ -80,7 +67,7 @@ async def test_request_crosses_mtls_between_two_envoys(tmp_path: Path) -> None:
         client_cert = served_workload(security.secrets, CLIENT.node_id)
         assert client_cert is not None
         assert seen.xfcc_field("Hash") == client_cert.leaf_sha256
-        await _assert_client_cluster_verified(pair)
+        await assert_client_cluster_verified(pair)
         assert security.secrets.stats.minted == 2
         assert security.secrets.stats.ca_errors == 0
 
