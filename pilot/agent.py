@@ -9,6 +9,8 @@ CA_ROOT_CERT is given).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Mapping
@@ -17,15 +19,15 @@ from pathlib import Path
 
 from grpc import aio
 
+from pilot.push.pipeline import Pipeline
 from pilot.security.ca_client import RemoteCa, RemoteCaSettings
 from pilot.security.certs import KeyType
 from pilot.security.identity import Identity
 from pilot.security.secrets import SecretManager
 from pilot.security.settings import SecuritySettingsError, own_identity, sds_from_env
 from pilot.security.xds_auth import FixedIdentity
-from pilot.server.hub import XdsHub
+from pilot.server.connection import StreamContext
 from pilot.server.services import sds_handlers
-from pilot.settings import PushSettings
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
@@ -80,17 +82,19 @@ class Agent:
     def __init__(self, settings: AgentSettings) -> None:
         self.settings = settings
         self.stats = XdsStats()
-        self.hub = XdsHub(ResourceCache(), self.stats, (types.SECRET,), PushSettings())
         self.ca = RemoteCa(settings.remote_ca)
         sds = sds_from_env(os.environ, settings.key_type)
-        self.secrets = SecretManager(
-            self.ca, _root(settings.remote_ca), sds, self.hub.secret_changed
+        self.secrets = SecretManager(self.ca, _root(settings.remote_ca), sds)
+        self.pipeline = Pipeline(ResourceCache(), self.stats, certificates=self.secrets)
+        self.streams = StreamContext(
+            self.pipeline,
+            frozenset({types.SECRET}),
+            self.stats,
+            auth=FixedIdentity(settings.identity),
         )
-        self.hub.secrets = self.secrets
-        self.hub.identities = FixedIdentity(settings.identity)
-        self.hub.ready.set()
         self.server = aio.server()
-        self.server.add_generic_rpc_handlers(tuple(sds_handlers(self.hub)))
+        self.server.add_generic_rpc_handlers(tuple(sds_handlers(self.streams)))
+        self._pushing: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         socket = self.settings.socket
@@ -98,6 +102,8 @@ class Agent:
         socket.unlink(missing_ok=True)
         if self.server.add_insecure_port(f"unix:{socket.resolve()}") == 0:
             raise OSError(f"cannot listen on {socket}")
+        self.pipeline.publish_initial()  # nothing to build: certificates come when asked for
+        self._pushing = asyncio.create_task(self.pipeline.run(), name="push")
         await self.server.start()
         socket.chmod(0o600)  # secrets cross it: only Envoy's user may connect
         log.info(
@@ -108,8 +114,12 @@ class Agent:
         )
 
     async def stop(self) -> None:
-        self.hub.close_all()
+        self.streams.connections.close_all()
         await self.server.stop(1.0)
+        if self._pushing is not None:
+            self._pushing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pushing
         await self.secrets.close()
         await self.ca.close()
         self.settings.socket.unlink(missing_ok=True)

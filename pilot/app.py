@@ -1,10 +1,14 @@
-"""The composition root of `pilot discovery`: wires registry, builder, push and servers.
+"""The composition root of `pilot discovery`: builds every part and wires them, once.
 
-Change flow: source -> endpoint index -> debounce -> builder (rebuilds only what
-changed, serializing each resource once) -> hub (marks and wakes only the
-streams subscribed to the changed names) -> each stream's writer.
+Change flow (each step only calls the next, downwards):
+  source (file, informers) -> `IndexUpdater` -> endpoint index -> `Pipeline.submit`
+  -> debounce -> build (`ResourceBuilder`, `SecretGenerator`) -> cache
+  -> fan-out (`SubscriberIndex`) -> each stream's writer (`server.Connection`).
+Certificates enter the same pipeline: the secret manager hands a proxy whose
+certificate was minted or rotated to `Pipeline.submit`.
 
 Start-up order: the HTTP port first (so `/ready` answers 503 meanwhile), then
+the security component (it may wait for the shared root), the pipeline and
 the gRPC port (health NOT_SERVING: Envoys may connect, and wait), then the
 registry; streams get their first answers only once the registry has its first
 full state, so no Envoy ever receives a partial mesh.
@@ -16,31 +20,35 @@ import asyncio
 import contextlib
 import gc
 import logging
-import time
 from typing import Protocol
 
 from kubernetes_asyncio import client
 
+from pilot.debug.csds import CSDS_SERVICE, csds_handler
 from pilot.debug.http import DebugState, HttpServer
-from pilot.debug.metrics import Metrics, Sources
-from pilot.generators.builder import ResourceBuilder
-from pilot.push.debounce import Debouncer
-from pilot.registry.index import EndpointIndex, IndexChange
+from pilot.debug.metrics import Metrics, Sources, WatchCounts
+from pilot.debug.proxy_status import LiveProxies
+from pilot.push.pipeline import Pipeline
+from pilot.push.updater import IndexUpdater
+from pilot.registry.index import EndpointIndex
+from pilot.security.ca_service import CA_SERVICE
 from pilot.security.component import Security
+from pilot.security.serving import TlsServing, default_dns_names
 from pilot.security.xds_auth import XdsAuth
-from pilot.server.grpc_server import GrpcServer
-from pilot.server.hub import XdsHub
-from pilot.server.tls import TlsServing, default_dns_names
+from pilot.server.connection import Connection, StreamContext
+from pilot.server.grpc_server import ExtraService, GrpcServer
+from pilot.server.registry import ConnectionRegistry
 from pilot.settings import Settings
 from pilot.sources.file import FileRegistry
 from pilot.sources.kubernetes.connection import connect
-from pilot.sources.kubernetes.informer import Informer
 from pilot.sources.kubernetes.registry import KubernetesRegistry
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 
 log = logging.getLogger("pilot")
+
+SERVED_TYPES = frozenset({types.CLUSTER, types.ENDPOINT, types.SECRET})
 
 
 class RegistrySource(Protocol):
@@ -64,21 +72,22 @@ class Discovery:
         self.stats = XdsStats()
         self.index = EndpointIndex()
         self.cache = ResourceCache()
-        self.builder = ResourceBuilder(self.index, self.cache, settings.build, self.stats)
-        served = (types.CLUSTER, types.ENDPOINT, types.SECRET)
-        self.hub = XdsHub(self.cache, self.stats, served, settings.push)
-        self.debouncer = Debouncer(self._flush, settings.debounce)
+        self.connections: ConnectionRegistry[Connection] = ConnectionRegistry()
+        self.proxies = LiveProxies(self.connections, self.cache)
         self.metrics = Metrics(self._metric_sources())
-        self.hub.metrics = self.metrics
-        debug = DebugState(self.hub, self.cache, self.index)
         self.http = HttpServer(
-            settings.http_addr, self.is_ready, self.metrics, debug, settings.debug_addr
+            settings.http_addr,
+            self.is_ready,
+            self.metrics,
+            DebugState(self.proxies, self.index),
+            settings.debug_addr,
         )
         self.api_client: client.ApiClient | None = None
-        self.source: RegistrySource | None = None
+        self._api_server = ""
         self.security: Security | None = None
+        self.pipeline: Pipeline | None = None
+        self.source: RegistrySource | None = None
         self._grpc: GrpcServer | None = None
-        self.tls_serving: TlsServing | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._serving = False
 
@@ -88,104 +97,116 @@ class Discovery:
         return self._grpc
 
     def _metric_sources(self) -> Sources:
-        def informers() -> list[Informer]:
-            return self.source.informers if isinstance(self.source, KubernetesRegistry) else []
+        def informers() -> list[WatchCounts]:
+            return (
+                list(self.source.informers) if isinstance(self.source, KubernetesRegistry) else []
+            )
 
         return Sources(
             stats=self.stats,
-            connections=lambda: len(self.hub.connections),
+            connections=lambda: len(self.connections),
             services=lambda: len(self.index.services),
             secret_stats=lambda: self.security.secrets.stats if self.security else None,
             ca_stats=lambda: self.security.ca_service.stats if self.security else None,
             informers=informers,
         )
 
-    def _on_registry_change(self, change: IndexChange) -> None:
-        self.stats.inbound_updates["svc"] += len(change.full)
-        self.stats.inbound_updates["eds"] += len(change.endpoints)
-        self.debouncer.submit(change)
+    def is_ready(self) -> bool:
+        return self._serving and self.source is not None and self.source.synced
 
-    async def _connect_source(self) -> RegistrySource:
+    async def _connect(self) -> None:
         kubernetes = self.settings.kubernetes
         if self.settings.config is None or kubernetes.kubeconfig is not None:
             # With --config, a --kubeconfig serves TokenReview only.
-            self.api_client, server = await connect(kubernetes.kubeconfig)
-        if self.settings.config is not None:
-            return FileRegistry(
-                self.settings.config,
-                self.index,
-                self._on_registry_change,
-                self.settings.file_poll_interval,
-            )
-        assert self.api_client is not None
-        return KubernetesRegistry(
-            kubernetes, self.index, self._on_registry_change, self.api_client, server
-        )
+            self.api_client, self._api_server = await connect(kubernetes.kubeconfig)
 
     async def _start_security(self) -> Security:
         default_auth = XdsAuth.NONE if self.settings.config is not None else XdsAuth.KUBERNETES
-        security = await Security.create(
+        return await Security.create(
             self.settings.security,
             self.api_client,
             default_auth,
-            self.hub.secret_changed,
             shared_root=self.settings.config is None,
+            observe_ca_latency=self.metrics.ca_latency.observe,
         )
-        self.hub.secrets = security.secrets
-        self.hub.identities = security.identities
-        security.secrets.observe_ca_latency = self.metrics.ca_latency.observe
-        return security
 
-    def _tls(self, security: Security) -> tuple[str, TlsServing] | None:
+    def _pipeline(self, security: Security) -> Pipeline:
+        return Pipeline(
+            self.cache,
+            self.stats,
+            index=self.index,
+            build=self.settings.build,
+            certificates=security.secrets,
+            debounce=self.settings.debounce,
+            push=self.settings.push,
+            metrics=self.metrics,
+        )
+
+    def _source(self, pipeline: Pipeline) -> RegistrySource:
+        updater = IndexUpdater(self.index, pipeline.submit, self.stats)
+        if self.settings.config is not None:
+            return FileRegistry(self.settings.config, updater, self.settings.file_poll_interval)
+        assert self.api_client is not None
+        return KubernetesRegistry(
+            self.settings.kubernetes, updater, self.api_client, self._api_server
+        )
+
+    def _tls(self, security: Security) -> TlsServing | None:
         if not self.settings.grpc_tls_addr:
             return None
         names = list(self.settings.tls_dns_names) or default_dns_names(
             self.settings.build.cluster_domain
         )
-        self.tls_serving = TlsServing(security.ca, names, self.settings.tls_require_client_cert)
-        return self.settings.grpc_tls_addr, self.tls_serving
+        return TlsServing(security.ca, names, self.settings.tls_require_client_cert)
 
-    def is_ready(self) -> bool:
-        return self._serving and self.source is not None and self.source.synced
-
-    def _flush(self, change: IndexChange, started: float) -> None:
-        self.metrics.debounce.observe(time.monotonic() - started)
-        changes = self.builder.apply(change)
-        if changes:
-            woken = self.hub.push(changes, started)
-            counts = {types.short_name(t): len(n) for t, n in changes.items()}
-            log.debug("push %s to %d streams", counts, woken)
+    def _grpc_server(
+        self, security: Security, pipeline: Pipeline, tls: TlsServing | None
+    ) -> GrpcServer:
+        streams = StreamContext(
+            pipeline,
+            SERVED_TYPES,
+            self.stats,
+            self.connections,
+            auth=security.identities,
+            metrics=self.metrics,
+        )
+        extra = (
+            ExtraService(CSDS_SERVICE, csds_handler(self.proxies)),
+            ExtraService(CA_SERVICE, security.ca_service.handler()),
+        )
+        return GrpcServer(
+            self.settings.grpc_addr,
+            streams,
+            extra=extra,
+            tls=(self.settings.grpc_tls_addr, tls.credentials) if tls is not None else None,
+            max_connection_age=self.settings.max_connection_age,
+            drain=self.settings.drain_duration,
+        )
 
     async def start(self) -> None:
         """Serve /ready, sync the registry, then serve xDS."""
         await self.http.start()
-        self.source = await self._connect_source()
-        self.security = await self._start_security()
-        self._grpc = GrpcServer(
-            self.hub,
-            self.settings.grpc_addr,
-            ca_service=self.security.ca_service,
-            tls=self._tls(self.security),
-            max_connection_age=self.settings.max_connection_age,
-            drain=self.settings.drain_duration,
-        )
+        await self._connect()
+        self.security = security = await self._start_security()
+        self.pipeline = pipeline = self._pipeline(security)
+        tls = self._tls(security)
+        self._grpc = self._grpc_server(security, pipeline, tls)
         await self.grpc.start()
+        self.source = self._source(pipeline)
         await self.source.start()
         await self.source.wait_synced()
-        initial, _ = self.debouncer.take()
-        self._flush(initial, time.monotonic())
+        pipeline.publish_initial()
         # The registry, cache and code are long-lived: keep full collections from
         # rescanning them on every push (they caused the benchmark's p99 pauses).
         if self.settings.freeze_heap:
             gc.collect()
             gc.freeze()
-        self.hub.ready.set()
-        self._tasks = [asyncio.create_task(self.debouncer.run(), name="debounce")]
-        if self.tls_serving is not None:
-            self._tasks.append(asyncio.create_task(self.tls_serving.run(), name="tls-renewal"))
-        if self.security.elector is not None:
+        self._tasks = [asyncio.create_task(pipeline.run(), name="push")]
+        if tls is not None:
+            self._tasks.append(asyncio.create_task(tls.run(), name="tls-renewal"))
+        if security.elector is not None:
             # Holds the Lease for single-writer CA duties (root creation, later rotation).
-            self._tasks.append(asyncio.create_task(self.security.elector.run(), name="ca-lease"))
+            self._tasks.append(asyncio.create_task(security.elector.run(), name="ca-lease"))
         await self.grpc.set_serving(True)
         self._serving = True
         log.info(

@@ -9,11 +9,11 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 
 from pilot.agent import DEFAULT_SOCKET, Agent, AgentSettings, agent_settings
-from pilot.app import Discovery
 from pilot.debug import proxy_status_table
 from pilot.durations import parse_duration
 from pilot.generators.builder import BuildSettings
@@ -30,8 +30,11 @@ from pilot.settings import (
     push_from_env,
     split_host_port,
 )
-from pilot.sources.kubernetes.connection import KubernetesUnavailable
-from pilot.sources.kubernetes.registry import EndpointsApi, KubernetesSettings
+from pilot.sources.kubernetes.config import (
+    EndpointsApi,
+    KubernetesSettings,
+    KubernetesUnavailable,
+)
 
 log = logging.getLogger("pilot")
 
@@ -257,7 +260,13 @@ async def _run_agent(settings: AgentSettings) -> None:
     await _run_until_signalled(Agent(settings))
 
 
-async def _run_until_signalled(server: Discovery | Agent) -> None:
+class _Server(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+async def _run_until_signalled(server: _Server) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -269,6 +278,9 @@ async def _run_until_signalled(server: Discovery | Agent) -> None:
 
 
 async def _run_discovery(settings: Settings) -> None:
+    # Imported here: the control plane loads the Kubernetes client, which
+    # `pilot agent` and `pilot proxy-status` never need.
+    from pilot.app import Discovery  # noqa: PLC0415
 
     await _run_until_signalled(Discovery(settings))
 

@@ -9,21 +9,13 @@ from pathlib import Path
 
 from pilot.durations import parse_duration
 from pilot.generators.builder import BuildSettings
-from pilot.push.debounce import DebounceSettings
+from pilot.push.settings import DebounceSettings, PushSettings
 from pilot.security.settings import SecuritySettings
-from pilot.sources.kubernetes.registry import KubernetesSettings
+from pilot.sources.kubernetes.config import KubernetesSettings
 
 
 class SettingsError(ValueError):
     """A flag or environment variable has a value pilot cannot use."""
-
-
-@dataclass(frozen=True, slots=True)
-class PushSettings:
-    """PILOT_PUSH_THROTTLE (writes in flight at once) and PILOT_XDS_SEND_TIMEOUT (0: none)."""
-
-    throttle: int = 100
-    send_timeout: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,7 @@ from envoy.admin.v3 import config_dump_shared_pb2
 from envoy.service.status.v3 import csds_pb2
 from envoy.type.matcher.v3 import node_pb2, string_pb2
 
-from pilot.debug.proxy_status import ProxyStatus, ResourceStatus, Sync, packed, proxy_statuses
-from pilot.server.hub import XdsHub
+from pilot.debug.proxy_status import LiveProxies, ProxyStatus, ResourceStatus, Sync, packed
 
 CSDS_SERVICE = "envoy.service.status.v3.ClientStatusDiscoveryService"
 
@@ -86,12 +85,12 @@ def _generic(
 
 
 def client_status(
-    hub: XdsHub, request: csds_pb2.ClientStatusRequest
+    proxies: LiveProxies, request: csds_pb2.ClientStatusRequest
 ) -> csds_pb2.ClientStatusResponse:
-    """The answer to one ClientStatusRequest."""
+    """The answer to one ClientStatusRequest: one ClientConfig per proxy (node, identity)."""
     response = csds_pb2.ClientStatusResponse()
     matchers = list(request.node_matchers)
-    for status in proxy_statuses(hub):
+    for status in proxies.statuses():
         if not _matches(status, matchers):
             continue
         config = response.config.add()
@@ -104,18 +103,18 @@ def client_status(
     return response
 
 
-def csds_handler(hub: XdsHub) -> grpc.GenericRpcHandler[Any, Any]:
+def csds_handler(proxies: LiveProxies) -> grpc.GenericRpcHandler[Any, Any]:
     async def fetch(
         request: csds_pb2.ClientStatusRequest, _context: grpc.aio.ServicerContext[Any, Any]
     ) -> csds_pb2.ClientStatusResponse:
-        return client_status(hub, request)
+        return client_status(proxies, request)
 
     async def stream(
         requests: AsyncIterator[csds_pb2.ClientStatusRequest],
         _context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[csds_pb2.ClientStatusResponse]:
         async for request in requests:
-            yield client_status(hub, request)
+            yield client_status(proxies, request)
 
     serialize = csds_pb2.ClientStatusResponse.SerializeToString
     deserialize = csds_pb2.ClientStatusRequest.FromString

@@ -16,10 +16,9 @@ from aiohttp import web
 
 from pilot.debug import views
 from pilot.debug.metrics import CONTENT_TYPE, Metrics
+from pilot.debug.proxy_status import LiveProxies
 from pilot.registry.index import EndpointIndex
-from pilot.server.hub import XdsHub
 from pilot.settings import split_host_port
-from pilot.xds.cache import ResourceCache
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -28,8 +27,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class DebugState:
     """What the debug endpoints read."""
 
-    hub: XdsHub
-    cache: ResourceCache
+    proxies: LiveProxies
     index: EndpointIndex
 
 
@@ -61,14 +59,14 @@ def debug_routes(state: DebugState) -> list[web.RouteDef]:
     """The /debug/* routes."""
 
     async def syncz(_request: web.Request) -> web.Response:
-        return _json(views.syncz(state.hub))
+        return _json(views.syncz(state.proxies))
 
     async def connections(_request: web.Request) -> web.Response:
-        return _json(views.connections(state.hub))
+        return _json(views.connections(state.proxies))
 
     async def edsz(request: web.Request) -> web.Response:
         try:
-            return _json(views.edsz(state.cache, request.query.get("cluster")))
+            return _json(views.edsz(state.proxies.cache, request.query.get("cluster")))
         except views.NotFound as missing:
             return _json({"error": str(missing)}, status=404)
 
@@ -80,9 +78,11 @@ def debug_routes(state: DebugState) -> list[web.RouteDef]:
         if not proxy_id:
             return _json({"error": "proxyID is required, e.g. ?proxyID=<node id>"}, status=400)
         try:
-            return _json(views.config_dump(state.hub, proxy_id))
+            return _json(views.config_dump(state.proxies, proxy_id, request.query.get("identity")))
         except views.NotFound as missing:
             return _json({"error": str(missing)}, status=404)
+        except views.Ambiguous as ambiguous:
+            return _json({"error": str(ambiguous)}, status=409)
 
     return [
         web.get("/debug/syncz", syncz),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import (
@@ -22,7 +23,6 @@ from prometheus_client.registry import Collector
 
 from pilot.security.ca_service import CaStats
 from pilot.security.secrets import SecretStats
-from pilot.sources.kubernetes.informer import Informer
 from pilot.stats import XdsStats
 from pilot.xds import types
 
@@ -37,6 +37,19 @@ _SECONDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _BYTES = (1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 
 
+class WatchCounts(Protocol):
+    """An informer's counters."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def watch_restarts(self) -> int: ...
+
+    @property
+    def relists(self) -> int: ...
+
+
 @dataclass
 class Sources:
     """Where the collector reads current values; filled in as components start."""
@@ -45,7 +58,7 @@ class Sources:
     connections: Callable[[], int] = lambda: 0
     services: Callable[[], int] = lambda: 0
     secret_stats: Callable[[], SecretStats | None] = lambda: None
-    informers: Callable[[], Iterable[Informer]] = lambda: ()
+    informers: Callable[[], Iterable[WatchCounts]] = lambda: ()
     ca_stats: Callable[[], CaStats | None] = lambda: None
 
 
@@ -185,3 +198,16 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+    # -- what the pipeline and the streams report ----------------------------------
+
+    def debounced(self, seconds: float) -> None:
+        self.debounce.observe(seconds)
+
+    def written(self, type_url: str, size: int, seconds: float) -> None:
+        short = types.short_name(type_url)
+        self.push_time.labels(short).observe(seconds)
+        self.config_size.labels(short).observe(size)
+
+    def converged(self, seconds: float) -> None:
+        self.convergence.observe(seconds)

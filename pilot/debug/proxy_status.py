@@ -2,8 +2,10 @@
 
 For every resource a proxy's streams subscribe to (or hold through a wildcard):
 SYNCED (sent and ACKed), STALE (sent, not yet answered), NOT_SENT (asked for,
-not sent: it may not exist), ERROR (NACKed, with the client's message). Secret
-contents are redacted: a private key never leaves `pilot.security`.
+not sent: it may not exist), ERROR (NACKed, with the client's message). A
+proxy is a node id *and* the identity its streams proved: two identities
+claiming one node id are two proxies, two rows. Secret contents are redacted:
+a private key never leaves pilot.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from google.protobuf import any_pb2
 
 from pilot.protocol.stream import TypeState
 from pilot.server.connection import Connection
-from pilot.server.hub import ProxyView, XdsHub
 from pilot.xds import types
+from pilot.xds.cache import ProxyView, ResourceCache
+from pilot.xds.proxy import ProxyKey
 from pilot.xds.resource import Resource
 
 REDACTED = "[redacted]"
@@ -49,12 +52,20 @@ class ResourceStatus:
 
 @dataclass(frozen=True, slots=True)
 class ProxyStatus:
-    """A proxy (Envoy node id) and what all its streams hold."""
+    """A proxy (node id and proven identity) and what all its streams hold."""
 
-    proxy_id: str
+    proxy: ProxyKey
     node: base_pb2.Node | None
     streams: tuple[str, ...]
     resources: tuple[ResourceStatus, ...]
+
+    @property
+    def proxy_id(self) -> str:
+        return self.proxy.node_id
+
+    @property
+    def identity(self) -> str | None:
+        return self.proxy.identity
 
     def by_type(self, type_url: str) -> list[ResourceStatus]:
         return [r for r in self.resources if r.type_url == type_url]
@@ -89,30 +100,46 @@ def _status(state: TypeState, name: str, view: ProxyView) -> ResourceStatus:
     return ResourceStatus(state.type_url, name, sent.version, Sync.STALE, resource)
 
 
-def _connection_resources(hub: XdsHub, connection: Connection) -> Iterable[ResourceStatus]:
-    view = hub.view(connection)
+def _connection_resources(cache: ResourceCache, connection: Connection) -> Iterable[ResourceStatus]:
+    view = cache.view(connection.kind.flavor.value, connection.proxy)
     for type_url in sorted(connection.stream.type_urls(), key=types.push_rank):
         state = connection.stream.state(type_url)
-        if state is not None and type_url in hub.served_types:
+        if state is not None:
             for name in _names(state, view):
                 yield _status(state, name, view)
 
 
-def proxy_statuses(hub: XdsHub) -> list[ProxyStatus]:
-    """Every connected proxy, sorted by id."""
-    grouped: dict[str, list[Connection]] = {}
-    for connection in hub.connections:
+def _sort_key(proxy: ProxyKey) -> tuple[str, str]:
+    return proxy.node_id, proxy.identity or ""
+
+
+@dataclass(frozen=True)
+class LiveProxies:
+    """The live streams and the cache they read: what CSDS and /debug look at."""
+
+    connections: Iterable[Connection]
+    cache: ResourceCache
+
+    def statuses(self) -> list[ProxyStatus]:
+        """Every connected proxy, sorted by node id, then identity."""
+        return proxy_statuses(self.connections, self.cache)
+
+
+def proxy_statuses(connections: Iterable[Connection], cache: ResourceCache) -> list[ProxyStatus]:
+    """Every connected proxy, sorted by node id, then identity."""
+    grouped: dict[ProxyKey, list[Connection]] = {}
+    for connection in connections:
         if connection.node is not None:
-            grouped.setdefault(connection.proxy_id, []).append(connection)
+            grouped.setdefault(connection.proxy, []).append(connection)
     statuses = []
-    for proxy_id in sorted(grouped):
-        connections = sorted(grouped[proxy_id], key=lambda c: c.id)
-        resources = [r for c in connections for r in _connection_resources(hub, c)]
+    for proxy in sorted(grouped, key=_sort_key):
+        streams = sorted(grouped[proxy], key=lambda c: c.id)
+        resources = [r for c in streams for r in _connection_resources(cache, c)]
         statuses.append(
             ProxyStatus(
-                proxy_id,
-                connections[0].node,
-                tuple(c.kind.label for c in connections),
+                proxy,
+                streams[0].node,
+                tuple(c.kind.label for c in streams),
                 tuple(resources),
             )
         )

@@ -14,9 +14,8 @@ from typing import Any
 from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf import json_format
 
-from pilot.debug.proxy_status import ProxyStatus, packed, proxy_statuses
+from pilot.debug.proxy_status import LiveProxies, ProxyStatus, packed
 from pilot.registry.index import EndpointIndex
-from pilot.server.hub import XdsHub
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 
@@ -27,9 +26,13 @@ class NotFound(LookupError):
     """The thing asked for does not exist; the message says what."""
 
 
-def syncz(hub: XdsHub) -> list[Json]:
+class Ambiguous(LookupError):
+    """The question names several things; the message says how to pick one."""
+
+
+def syncz(proxies: LiveProxies) -> list[Json]:
     """Per proxy and type: how many resources are in each sync state."""
-    return [_sync_summary(status) for status in proxy_statuses(hub)]
+    return [_sync_summary(status) for status in proxies.statuses()]
 
 
 def _sync_summary(status: ProxyStatus) -> Json:
@@ -43,19 +46,20 @@ def _sync_summary(status: ProxyStatus) -> Json:
     ]
     return {
         "proxy": status.proxy_id,
+        "identity": status.identity,
         "streams": list(status.streams),
         "types": {name: dict(counts) for name, counts in sorted(by_type.items())},
         "errors": errors,
     }
 
 
-def connections(hub: XdsHub) -> list[Json]:
+def connections(proxies: LiveProxies) -> list[Json]:
     """Every live stream: who, how, since when, subscribed to what."""
     now = time.time()
     found = []
-    for connection in sorted(hub.connections, key=lambda c: c.id):
+    for connection in sorted(proxies.connections, key=lambda c: c.id):
         subscriptions = {}
-        for type_url, names in connection.subscriptions():
+        for type_url, names in connection.stream.subscriptions():
             state = connection.stream.state(type_url)
             wildcard = bool(state and state.subscription.wildcard)
             subscriptions[types.short_name(type_url)] = {"wildcard": wildcard, "names": len(names)}
@@ -64,7 +68,7 @@ def connections(hub: XdsHub) -> list[Json]:
                 "proxy": connection.proxy_id,
                 "stream": connection.kind.label,
                 "peer": connection.peer,
-                "identity": str(connection.identity) if connection.identity else None,
+                "identity": connection.identity,
                 "connected_seconds": round(now - connection.connected_at, 3),
                 "subscriptions": subscriptions,
             }
@@ -112,25 +116,42 @@ def _groups(groups: Any) -> list[Json]:
     return [dataclasses.asdict(group) for group in groups]
 
 
-def config_dump(hub: XdsHub, proxy_id: str) -> Json:
-    """Everything one proxy subscribes to, with its state and contents (secrets redacted)."""
-    for status in proxy_statuses(hub):
-        if status.proxy_id == proxy_id:
-            return {
-                "proxy": proxy_id,
-                "streams": list(status.streams),
-                "resources": [
-                    {
-                        "type": r.type_url,
-                        "name": r.name,
-                        "version": r.version,
-                        "status": str(r.status),
-                        "error": r.error,
-                        "resource": json_format.MessageToDict(packed(r.resource))
-                        if r.resource
-                        else None,
-                    }
-                    for r in status.resources
-                ],
+def config_dump(proxies: LiveProxies, proxy_id: str, identity: str | None = None) -> Json:
+    """Everything one proxy subscribes to, with its state and contents (secrets redacted).
+
+    A node id claimed under several identities is several proxies: then
+    `identity` must say which one.
+    """
+    matching = [
+        status
+        for status in proxies.statuses()
+        if status.proxy_id == proxy_id and identity in (None, status.identity)
+    ]
+    if not matching:
+        raise NotFound(f"no connected proxy {proxy_id!r}")
+    if len(matching) > 1:
+        claimed = ", ".join(str(status.identity) for status in matching)
+        raise Ambiguous(
+            f"node id {proxy_id!r} is claimed under several identities ({claimed}):"
+            " say which with &identity="
+        )
+    return _dump(matching[0])
+
+
+def _dump(status: ProxyStatus) -> Json:
+    return {
+        "proxy": status.proxy_id,
+        "identity": status.identity,
+        "streams": list(status.streams),
+        "resources": [
+            {
+                "type": r.type_url,
+                "name": r.name,
+                "version": r.version,
+                "status": str(r.status),
+                "error": r.error,
+                "resource": json_format.MessageToDict(packed(r.resource)) if r.resource else None,
             }
-    raise NotFound(f"no connected proxy {proxy_id!r}")
+            for r in status.resources
+        ],
+    }

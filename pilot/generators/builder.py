@@ -1,4 +1,4 @@
-"""Keeps the resource cache in step with the endpoint index, rebuilding only what changed.
+"""CDS and EDS: keeps the cache in step with the endpoint index, rebuilding only what changed.
 
 A full change rebuilds the clusters (every flavor) and assignments of the
 services named; an endpoint change rebuilds only their assignments. Each new
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pilot.generators.cds import Flavor, build_cluster, served_ports
+from pilot.generators.cds import build_cluster, served_ports
 from pilot.generators.eds import build_load_assignment
 from pilot.generators.naming import outbound_cluster_name
 from pilot.registry.index import EndpointIndex, IndexChange
@@ -19,6 +19,7 @@ from pilot.registry.model import Service, ServiceKey
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
+from pilot.xds.flavor import Flavor
 from pilot.xds.resource import Resource
 
 Changes = dict[str, set[str]]

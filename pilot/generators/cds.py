@@ -8,27 +8,18 @@ DELTA_GRPC). Envoy 1.40 rejects `self` for EDS, so it is never used.
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import config_source_pb2, grpc_service_pb2, protocol_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import any_pb2, duration_pb2
 
 from pilot.registry.model import Service, ServicePort
+from pilot.xds.flavor import Flavor
 
 CONNECT_TIMEOUT_SECONDS = 10  # Istio's default connectTimeout
 _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 _H2_APP_PROTOCOLS = frozenset({"grpc", "http2", "h2c", "kubernetes.io/h2c"})
 _H2_NAME_PREFIXES = ("grpc", "http2", "h2c")
-
-
-class Flavor(StrEnum):
-    """How a client fetched its clusters, which decides their EDS config source."""
-
-    ADS = "ads"
-    GRPC = "grpc"
-    DELTA_GRPC = "delta_grpc"
 
 
 def eds_config_source(flavor: Flavor, xds_cluster_name: str) -> config_source_pb2.ConfigSource:

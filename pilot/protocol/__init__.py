@@ -18,6 +18,7 @@ from pilot.protocol.messages import (
     StaleNonce,
     StreamEvent,
     SubscriptionChanged,
+    WildcardRefused,
 )
 from pilot.protocol.sotw import SotwStream
 
@@ -35,4 +36,5 @@ __all__ = [
     "StaleNonce",
     "StreamEvent",
     "SubscriptionChanged",
+    "WildcardRefused",
 ]

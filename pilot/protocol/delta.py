@@ -28,6 +28,7 @@ from pilot.protocol.messages import (
     ResourceView,
     StreamEvent,
     SubscriptionChanged,
+    WildcardRefused,
 )
 from pilot.protocol.stream import Sent, StreamCore, TypeState
 from pilot.protocol.subscription import WILDCARD, SubscriptionDiff
@@ -58,6 +59,8 @@ class DeltaStream(StreamCore):
                     state.type_url, diff.added, diff.removed, state.subscription.wildcard
                 )
             )
+        if diff.wildcard_refused:
+            events.append(WildcardRefused(state.type_url))
         _mark_for_request(state, diff, frozenset(request.subscribe) - claimed)
         if first and state.subscription.wildcard:
             state.answer_required = True  # even "nothing": Envoy waits for a first answer

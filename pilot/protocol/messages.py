@@ -108,4 +108,11 @@ class SubscriptionChanged:
     wildcard: bool
 
 
-StreamEvent = Acked | Nacked | StaleNonce | SubscriptionChanged
+@dataclass(frozen=True, slots=True)
+class WildcardRefused:
+    """The client asked for every resource of a type served by name only; nothing is sent."""
+
+    type_url: str
+
+
+StreamEvent = Acked | Nacked | StaleNonce | SubscriptionChanged | WildcardRefused

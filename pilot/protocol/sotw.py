@@ -20,6 +20,7 @@ from pilot.protocol.messages import (
     SotwResponse,
     StreamEvent,
     SubscriptionChanged,
+    WildcardRefused,
 )
 from pilot.protocol.stream import Sent, StreamCore, TypeState
 from pilot.protocol.subscription import SubscriptionDiff
@@ -43,6 +44,8 @@ class SotwStream(StreamCore):
         self._forget_unsubscribed(state, diff)
         if first or diff.changed:
             events.append(_changed_event(state, diff))
+        if diff.wildcard_refused:
+            events.append(WildcardRefused(state.type_url))
         _mark_for_request(state, first, diff)
         return events
 

@@ -84,6 +84,10 @@ class StreamCore:
     def type_urls(self) -> list[str]:
         return list(self._types)
 
+    def subscriptions(self) -> list[tuple[str, set[str]]]:
+        """Per type, the names subscribed to by name (wildcards aside)."""
+        return [(type_url, state.subscription.names) for type_url, state in self._types.items()]
+
     @property
     def has_work(self) -> bool:
         return any(s.has_work for s in self._types.values())
@@ -129,7 +133,8 @@ class StreamCore:
     def _type_state(self, type_url: str) -> TypeState:
         state = self._types.get(type_url)
         if state is None:
-            state = self._types[type_url] = TypeState(type_url)
+            subscription = Subscription(wildcard_allowed=type_url not in types.NAMED_ONLY_TYPES)
+            state = self._types[type_url] = TypeState(type_url, subscription)
         return state
 
     def _next_nonce(self, state: TypeState) -> str:

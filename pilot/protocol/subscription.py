@@ -6,6 +6,8 @@ Rules (xDS protocol, "How the client specifies what resources to return"):
   names were sent, an empty list means "nothing".
 - Delta: a first request with empty subscribe and unsubscribe lists is a legacy
   wildcard; `*` in subscribe turns wildcard on, `*` in unsubscribe turns it off.
+- A type subscribed to by name only (`wildcard_allowed=False`: secrets) never
+  becomes wildcard: the attempt is reported (`wildcard_refused`) and ignored.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class SubscriptionDiff:
     added: frozenset[str]
     removed: frozenset[str]
     wildcard_changed: bool
+    wildcard_refused: bool = False
 
     @property
     def changed(self) -> bool:
@@ -37,6 +40,7 @@ class Subscription:
     wildcard: bool = False
     legacy_wildcard: bool = False
     seen_request: bool = False
+    wildcard_allowed: bool = True
 
     def wants(self, name: str) -> bool:
         return self.wildcard or name in self.names
@@ -54,10 +58,11 @@ class Subscription:
             self.legacy_wildcard = False
             self.wildcard = WILDCARD in requested
         requested.discard(WILDCARD)
+        refused = self._refuse_wildcard()
         added = frozenset(requested - self.names)
         removed = frozenset(self.names - requested)
         self.names = requested
-        return SubscriptionDiff(added, removed, was_wildcard != self.wildcard)
+        return SubscriptionDiff(added, removed, was_wildcard != self.wildcard, refused)
 
     def update(self, subscribe: Iterable[str], unsubscribe: Iterable[str]) -> SubscriptionDiff:
         """Apply a delta request's subscribe and unsubscribe lists."""
@@ -74,8 +79,17 @@ class Subscription:
             self.legacy_wildcard = False
         sub.discard(WILDCARD)
         unsub.discard(WILDCARD)
+        refused = self._refuse_wildcard()
         added = frozenset(sub - self.names)
         removed = frozenset((unsub - sub) & self.names)
         self.names |= sub
         self.names -= removed
-        return SubscriptionDiff(added, removed, was_wildcard != self.wildcard)
+        return SubscriptionDiff(added, removed, was_wildcard != self.wildcard, refused)
+
+    def _refuse_wildcard(self) -> bool:
+        """On a named-only type, undo a wildcard the request asked for; True if it did."""
+        if self.wildcard_allowed or not self.wildcard:
+            return False
+        self.wildcard = False
+        self.legacy_wildcard = False
+        return True

@@ -1,1 +1,1 @@
-"""From registry changes to pushes: debouncing, merging, and fan-out bookkeeping."""
+"""The push pipeline: submit -> debounce -> build -> cache -> fan-out, for every type."""

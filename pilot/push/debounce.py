@@ -1,10 +1,12 @@
 """Istio's debounce: merge changes until the registry is quiet, but never wait too long.
 
-A change opens a window. The window closes when no change has arrived for
-`after` seconds, or `max_delay` after it opened, whichever is first; everything
-that arrived meanwhile is flushed as one merged `IndexChange`. With
-`eds_debounce` off, endpoint-only changes are flushed at once. Changes arriving
-while a flush runs wait for the next window, merged.
+A registry change opens a window. The window closes when no change has arrived
+for `after` seconds, or `max_delay` after it opened, whichever is first;
+everything that arrived meanwhile is flushed as one merged `PushRequest`.
+Some changes are not debounced: new certificates (each concerns one proxy,
+there is nothing to merge and a proxy is waiting for it), and endpoint-only
+changes when `eds_debounce` is off. They are flushed at once, without closing
+an open window. Changes arriving while a flush runs wait for the next one.
 """
 
 from __future__ import annotations
@@ -13,80 +15,83 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from pilot.registry.index import NO_CHANGE, IndexChange
+from pilot.push.request import NO_PUSH, PushRequest
+from pilot.push.settings import DebounceSettings
+from pilot.registry.index import IndexChange
 
 log = logging.getLogger("pilot.push")
 
+Flush = Callable[[PushRequest, float], None]
 
-@dataclass(frozen=True, slots=True)
-class DebounceSettings:
-    """PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX and PILOT_ENABLE_EDS_DEBOUNCE."""
-
-    after: float = 0.1
-    max_delay: float = 10.0
-    eds_debounce: bool = True
-
-
-Flush = Callable[[IndexChange, float], None]
+__all__ = ["DebounceSettings", "Debouncer", "Flush"]
 
 
 class Debouncer:
-    """Collects index changes and calls `flush(change, first_change_time)` per window."""
+    """Collects push requests and calls `flush(request, first_change_time)` when due."""
 
     def __init__(
-        self,
-        flush: Flush,
-        settings: DebounceSettings,
-        clock: Callable[[], float] = time.monotonic,
+        self, settings: DebounceSettings, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self._flush = flush
         self._settings = settings
         self._clock = clock
-        self._pending = NO_CHANGE
+        self._window = NO_PUSH  # debounced: waits for quiet
         self._opened = 0.0
         self._last = 0.0
+        self._now = NO_PUSH  # flushed at once
+        self._now_since = 0.0
         self._arrived = asyncio.Event()
 
-    def submit(self, change: IndexChange) -> None:
-        """Add a change to the open window (opening one if needed)."""
-        if not change:
-            return
+    def submit(self, request: PushRequest) -> None:
+        """Add a request: to the open window (opening one), or to what goes at once."""
         now = self._clock()
-        if not self._pending:
-            self._opened = now
-        self._pending = self._pending.merge(change)
-        self._last = now
+        registry = request.registry
+        if registry and not self._debounces(registry):
+            self._add_now(PushRequest(registry=registry), now)
+            registry = IndexChange()
+        if request.certificates:
+            self._add_now(PushRequest(certificates=request.certificates), now)
+        if registry:
+            if not self._window:
+                self._opened = now
+            self._window = self._window.merge(PushRequest(registry=registry))
+            self._last = now
         self._arrived.set()
 
-    def take(self) -> tuple[IndexChange, float]:
+    def take(self) -> tuple[PushRequest, float]:
         """Everything pending, now, without waiting (the initial state at start-up)."""
-        change, opened = self._pending, self._opened
-        self._pending = NO_CHANGE
+        request, since = self._take_now()
+        window, opened = self._take_window()
         self._arrived.clear()
-        return change, opened
+        return request.merge(window), min(since, opened, self._clock())
 
-    async def run(self) -> None:
-        """Forever: wait for a window to close, then flush it."""
+    async def run(self, flush: Flush) -> None:
+        """Forever: wait until something is due, then flush it."""
         while True:
             await self._arrived.wait()
-            await self._wait_for_quiet()
-            change, opened = self.take()
+            await self._wait_until_due()
+            request, since = self._take_due()
+            if not request:
+                continue
             try:
-                self._flush(change, opened)
+                flush(request, since)
             except Exception:
                 log.exception("push failed; the next change rebuilds what it touches")
 
-    def _skips_debounce(self) -> bool:
-        return not self._settings.eds_debounce and not self._pending.full
+    def _debounces(self, change: IndexChange) -> bool:
+        return self._settings.eds_debounce or bool(change.full)
 
-    async def _wait_for_quiet(self) -> None:
-        while not self._skips_debounce():
-            deadline = min(
-                self._last + self._settings.after, self._opened + self._settings.max_delay
-            )
-            remaining = deadline - self._clock()
+    def _add_now(self, request: PushRequest, now: float) -> None:
+        if not self._now:
+            self._now_since = now
+        self._now = self._now.merge(request)
+
+    def _deadline(self) -> float:
+        return min(self._last + self._settings.after, self._opened + self._settings.max_delay)
+
+    async def _wait_until_due(self) -> None:
+        while not self._now and self._window:
+            remaining = self._deadline() - self._clock()
             if remaining <= 0:
                 return
             self._arrived.clear()
@@ -94,3 +99,22 @@ class Debouncer:
                 await asyncio.wait_for(self._arrived.wait(), remaining)
             except TimeoutError:
                 return
+
+    def _take_due(self) -> tuple[PushRequest, float]:
+        request, since = self._take_now()
+        if self._window and self._clock() >= self._deadline():
+            window, opened = self._take_window()
+            request, since = request.merge(window), min(since, opened)
+        if not self._window:
+            self._arrived.clear()
+        return request, since
+
+    def _take_now(self) -> tuple[PushRequest, float]:
+        request, since = self._now, self._now_since if self._now else float("inf")
+        self._now = NO_PUSH
+        return request, since
+
+    def _take_window(self) -> tuple[PushRequest, float]:
+        window, opened = self._window, self._opened if self._window else float("inf")
+        self._window = NO_PUSH
+        return window, opened

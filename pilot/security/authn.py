@@ -1,30 +1,31 @@
 """Who is calling: a Kubernetes service-account token (TokenReview) or a client certificate.
 
-Bearer tokens are checked with a TokenReview for the configured audiences; the
-caller is the service account it names. Over TLS, a client certificate's SPIFFE
-URI in the trust domain is accepted instead. Failures raise `AuthError` with a
+Bearer tokens are checked with a TokenReview (`pilot.security.token_review`)
+for the configured audiences; the caller is the service account it names.
+Over TLS, a client certificate's SPIFFE URI in the trust domain is accepted
+instead. Failures raise `AuthError` with a
 reason the caller can act on; tokens never appear in messages or logs.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from kubernetes_asyncio import client
 
 from pilot.security.certs import uri_sans, utcnow
 from pilot.security.identity import Identity
+from pilot.xds.proxy import AuthContext, Unauthenticated
 
 log = logging.getLogger("pilot.security")
 
-AuthContext = Mapping[str, Iterable[bytes]]
+__all__ = ["AuthContext", "AuthError", "Authenticator", "TokenReviewer", "bearer_token"]
 
 
-class AuthError(Exception):
+class AuthError(Unauthenticated):
     """The caller could not be authenticated."""
 
 
@@ -32,29 +33,6 @@ class TokenReviewer(Protocol):
     """Turns a bearer token into a Kubernetes user name, or raises AuthError."""
 
     async def review(self, token: str, audiences: Sequence[str]) -> str: ...
-
-
-class KubernetesTokenReviewer:
-    """TokenReview against the cluster's API server."""
-
-    def __init__(self, api_client: client.ApiClient) -> None:
-        self._api = client.AuthenticationV1Api(api_client)
-
-    async def review(self, token: str, audiences: Sequence[str]) -> str:
-        body = client.V1TokenReview(
-            spec=client.V1TokenReviewSpec(token=token, audiences=list(audiences))
-        )
-        try:
-            result = await self._api.create_token_review(body)
-        except client.ApiException as error:
-            raise AuthError(f"token review failed: HTTP {error.status} {error.reason}") from error
-        status = result.status
-        if status is None or not status.authenticated or status.user is None:
-            reason = (status.error if status is not None else None) or "token not authenticated"
-            raise AuthError(f"token rejected: {reason}")
-        if audiences and not set(status.audiences or ()) & set(audiences):
-            raise AuthError(f"token is not for audience {', '.join(audiences)}")
-        return str(status.user.username)
 
 
 def bearer_token(metadata: Mapping[str, str]) -> str | None:

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kubernetes_asyncio import client
 
-from pilot.security.authn import Authenticator, KubernetesTokenReviewer
+from pilot.security.authn import Authenticator
 from pilot.security.ca import CertificateAuthority
 from pilot.security.ca_client import CaClient, LocalCa, RemoteCa
 from pilot.security.ca_service import CaService
 from pilot.security.lease import LeaseElector
 from pilot.security.root_store import LEASE_NAME, SharedRoot
-from pilot.security.secrets import OnSecretChange, SecretManager
+from pilot.security.secrets import SecretManager
 from pilot.security.settings import SecuritySettings
+from pilot.security.token_review import KubernetesTokenReviewer
 from pilot.security.xds_auth import ProxyIdentities, XdsAuth
 
 SIGNING_SLOTS = 4
@@ -37,8 +39,9 @@ class Security:
         settings: SecuritySettings,
         api_client: client.ApiClient | None,
         default_xds_auth: XdsAuth,
-        on_secret_change: OnSecretChange,
+        *,
         shared_root: bool = False,
+        observe_ca_latency: Callable[[float], None] = lambda seconds: None,
     ) -> Security:
         """Load (or make) the CA root and build everything around it.
 
@@ -62,7 +65,7 @@ class Security:
         remote = RemoteCa(settings.remote_ca) if settings.remote_ca is not None else None
         ca_client: CaClient = remote if remote is not None else LocalCa(ca, slots)
         root_pem = _configured_root(settings) if remote is not None else ca.root_pem
-        secrets = SecretManager(ca_client, root_pem, settings.sds, on_secret_change)
+        secrets = SecretManager(ca_client, root_pem, settings.sds, observe_ca_latency)
         mode = settings.xds_auth or default_xds_auth
         identities = ProxyIdentities(mode, ca.settings.trust_domain, authenticator)
         return cls(ca, ca_service, secrets, identities, remote, elector)

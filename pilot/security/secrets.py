@@ -1,14 +1,17 @@
 """The secret manager: workload certificates minted on demand, rotated while wanted.
 
-Istio's secret names: `default` (the proxy's certificate chain and private key)
-and `ROOTCA` (the trust root). Nothing is minted until a proxy subscribes to
-`default`; then pilot makes a key and a CSR for the proxy's identity (off the
-event loop, a bounded number at once) and has the CA sign it. Each proxy (one
-Envoy node id) gets its own key. While any stream of the proxy still names the
-secret, the same certificate is served and a new one is minted at
-SECRET_GRACE_PERIOD_RATIO of its lifetime; when the last stream lets go, key
-and certificate are forgotten and never pushed again. CA failures are retried
-with backoff; no empty or unverified secret is ever served.
+A certificate belongs to one proxy (`ProxyKey`: node id and the identity the
+proxy *proved*), and names that identity. Nothing is minted until the SDS
+generator asks (the first stream of the proxy names `default`); then pilot
+makes a key and a CSR (off the event loop, a bounded number at once) and has
+the CA sign it. While wanted, a new one is minted at SECRET_GRACE_PERIOD_RATIO
+of its lifetime; after each mint the manager calls the `ready` callback it was
+given, which hands the proxy to the push pipeline. When released, key and
+certificate are forgotten. CA failures are retried with backoff; a chain that
+does not match the key is never kept.
+
+With a remote CA and no configured root, the root is learned from the first
+chain the CA returns (the SDS generator then publishes `ROOTCA`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives import serialization
-from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2
 
 from pilot.backoff import Backoff
 from pilot.security.ca_client import CaClient, CaError
@@ -34,15 +36,11 @@ from pilot.security.certs import (
     utcnow,
 )
 from pilot.security.identity import Identity
-from pilot.xds import types
-from pilot.xds.resource import Resource
+from pilot.xds.proxy import ProxyKey
 
 log = logging.getLogger("pilot.security.sds")
 
-WORKLOAD_SECRET = "default"
-ROOT_SECRET = "ROOTCA"
-
-OnSecretChange = Callable[[str, str], None]  # (proxy id, secret name)
+Ready = Callable[[ProxyKey], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,154 +66,105 @@ class SecretStats:
     ca_errors: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class WorkloadCertificate:
+    """A signed chain (leaf first) and its private key; the key never in a repr."""
+
+    chain_pem: bytes
+    key_pem: bytes = field(repr=False)
+    serial: int
+    expires: datetime.datetime
+
+
 @dataclass
 class _Workload:
-    """One proxy's `default` secret: who wants it, the current one, the task keeping it fresh."""
+    """One proxy's certificate: the current one and the task keeping it fresh."""
 
     identity: Identity
-    holders: set[int] = field(default_factory=set)
-    resource: Resource | None = None
-    serial: int = 0
+    ready: Ready
+    certificate: WorkloadCertificate | None = None
     task: asyncio.Task[None] | None = None
 
 
-def _workload_secret(chain: list[str], key_pem: bytes) -> Resource:
-    secret = secret_pb2.Secret(name=WORKLOAD_SECRET)
-    secret.tls_certificate.certificate_chain.inline_bytes = "".join(chain).encode()
-    secret.tls_certificate.private_key.inline_bytes = key_pem
-    return Resource.from_message(types.SECRET, WORKLOAD_SECRET, secret)
-
-
-def root_secret(root_pem: str) -> Resource:
-    """The `ROOTCA` secret: a validation context trusting the root."""
-    context = common_pb2.CertificateValidationContext()
-    context.trusted_ca.inline_bytes = root_pem.encode()
-    secret = secret_pb2.Secret(name=ROOT_SECRET, validation_context=context)
-    return Resource.from_message(types.SECRET, ROOT_SECRET, secret)
-
-
 class SecretManager:
-    """Per-proxy workload secrets and the shared trust root."""
+    """Per-proxy workload certificates and the trust root."""
 
     def __init__(
         self,
         ca: CaClient,
         root_pem: str | None,
         settings: SdsSettings,
-        on_change: OnSecretChange,
+        observe_ca_latency: Callable[[float], None] = lambda seconds: None,
     ) -> None:
         self._ca = ca
         self._settings = settings
-        self._on_change = on_change
+        self._observe_ca_latency = observe_ca_latency
         self._mint_slots = asyncio.Semaphore(settings.max_concurrent_mints)
-        self._workloads: dict[str, _Workload] = {}
-        self._root_holders: dict[str, set[int]] = {}
-        self._root: Resource | None = root_secret(root_pem) if root_pem else None
-        self._version = 0
+        self._workloads: dict[ProxyKey, _Workload] = {}
+        self._root_pem = root_pem
         self.stats = SecretStats()
-        self.observe_ca_latency: Callable[[float], None] = lambda seconds: None
 
-    # -- what streams ask ------------------------------------------------------
+    # -- the SDS generator's view (CertificateSource) ----------------------------
 
-    def version(self) -> str:
-        return str(self._version)
-
-    def get(self, proxy_id: str, name: str) -> Resource | None:
-        if name == ROOT_SECRET:
-            return self._root
-        if name == WORKLOAD_SECRET:
-            workload = self._workloads.get(proxy_id)
-            return workload.resource if workload else None
-        return None
-
-    def pending(self, proxy_id: str, name: str) -> bool:
-        """True while this proxy's `default` is wanted but not minted yet."""
-        workload = self._workloads.get(proxy_id)
-        return name == WORKLOAD_SECRET and workload is not None and workload.resource is None
-
-    def names(self, proxy_id: str) -> list[str]:
-        return [n for n in (WORKLOAD_SECRET, ROOT_SECRET) if self.get(proxy_id, n) is not None]
-
-    def want(self, proxy_id: str, identity: Identity | None, name: str, holder: int) -> None:
-        """A stream of `proxy_id` names `name`; the first to want `default` starts minting."""
-        if name == ROOT_SECRET:
-            self._root_holders.setdefault(proxy_id, set()).add(holder)
-        elif name != WORKLOAD_SECRET:
-            log.warning(
-                "proxy %s asked for secret %r; pilot serves default and ROOTCA", proxy_id, name
-            )
-        elif identity is None:
-            log.error("proxy %s asked for its certificate but has no identity", proxy_id)
-        else:
-            self._want_workload(proxy_id, identity, holder)
-
-    def release(self, proxy_id: str, name: str, holder: int) -> None:
-        """A stream no longer names `name`; the last to let go of `default` drops it."""
-        if name == ROOT_SECRET:
-            holders = self._root_holders.get(proxy_id, set())
-            holders.discard(holder)
-            if not holders:
-                self._root_holders.pop(proxy_id, None)
+    def want(self, proxy: ProxyKey, ready: Ready) -> None:
+        """Keep a certificate for the proxy's proven identity; `ready(proxy)` after each mint."""
+        if proxy in self._workloads:
             return
-        workload = self._workloads.get(proxy_id)
-        if name != WORKLOAD_SECRET or workload is None:
+        if proxy.identity is None:
+            raise ValueError(f"proxy {proxy} proved no identity: no certificate for it")
+        workload = self._workloads[proxy] = _Workload(Identity.parse(proxy.identity), ready)
+        workload.task = asyncio.create_task(
+            self._maintain(proxy, workload), name=f"sds-{proxy.node_id}"
+        )
+
+    def release(self, proxy: ProxyKey) -> None:
+        """Forget the proxy's key and certificate (stop rotating them)."""
+        workload = self._workloads.pop(proxy, None)
+        if workload is None:
             return
-        workload.holders.discard(holder)
-        if not workload.holders:
-            self._drop(proxy_id, workload)
+        if workload.task is not None:
+            workload.task.cancel()
+        if workload.certificate is not None:
+            self.stats.dropped += 1
+            log.info("dropped the certificate of proxy %s (no longer wanted)", proxy)
+        workload.certificate = None
+
+    def current(self, proxy: ProxyKey) -> WorkloadCertificate | None:
+        workload = self._workloads.get(proxy)
+        return workload.certificate if workload is not None else None
+
+    def root_pem(self) -> str | None:
+        return self._root_pem
+
+    def serial(self, proxy: ProxyKey) -> int | None:
+        """The serial number of the proxy's current certificate (for logs and tests)."""
+        certificate = self.current(proxy)
+        return certificate.serial if certificate is not None else None
 
     async def close(self) -> None:
-        for proxy_id, workload in list(self._workloads.items()):
-            self._drop(proxy_id, workload)
+        for proxy in list(self._workloads):
+            self.release(proxy)
 
     # -- minting and rotation ----------------------------------------------------
 
-    def _want_workload(self, proxy_id: str, identity: Identity, holder: int) -> None:
-        workload = self._workloads.get(proxy_id)
-        if workload is not None and workload.identity != identity:
-            log.warning("proxy %s changed identity to %s: minting anew", proxy_id, identity)
-            self._drop(proxy_id, workload)
-            workload = None
-        if workload is None:
-            workload = self._workloads[proxy_id] = _Workload(identity)
-            workload.task = asyncio.create_task(
-                self._maintain(proxy_id, workload), name=f"sds-{proxy_id}"
-            )
-        workload.holders.add(holder)
-
-    def _drop(self, proxy_id: str, workload: _Workload) -> None:
-        if self._workloads.get(proxy_id) is workload:
-            del self._workloads[proxy_id]
-        if workload.task is not None:
-            workload.task.cancel()
-        if workload.resource is not None:
-            self.stats.dropped += 1
-            log.info("dropped the certificate of proxy %s (no longer wanted)", proxy_id)
-        workload.resource = None
-
-    async def _maintain(self, proxy_id: str, workload: _Workload) -> None:
+    async def _maintain(self, proxy: ProxyKey, workload: _Workload) -> None:
         """Mint now, then again at the grace period, for as long as the task lives."""
         while True:
-            chain, key_pem, created = await self._mint_until_signed(proxy_id, workload.identity)
-            rotation = workload.resource is not None
-            workload.resource = _workload_secret(chain, key_pem)
-            leaf = load_certificates(chain[0].encode())[0]
-            workload.serial = leaf.serial_number
-            self._learn_root(chain)
-            self._bump()
+            certificate, created = await self._mint_until_signed(proxy, workload.identity)
+            rotation = workload.certificate is not None
+            workload.certificate = certificate
+            self.stats.minted += 1
             if rotation:
                 self.stats.rotated += 1
-            self.stats.minted += 1
             log.info(
-                "%s certificate for proxy %s (%s), serial %x, expires %s",
+                "%s certificate for proxy %s, serial %x, expires %s",
                 "rotated" if rotation else "minted",
-                proxy_id,
-                workload.identity,
-                leaf.serial_number,
-                leaf.not_valid_after_utc.isoformat(),
+                proxy,
+                certificate.serial,
+                certificate.expires.isoformat(),
             )
-            self._on_change(proxy_id, WORKLOAD_SECRET)
-            await asyncio.sleep(self._until_rotation(created, leaf.not_valid_after_utc))
+            workload.ready(proxy)
+            await asyncio.sleep(self._until_rotation(created, certificate.expires))
 
     def _until_rotation(self, created: datetime.datetime, expires: datetime.datetime) -> float:
         settings = self._settings
@@ -224,8 +173,8 @@ class SecretManager:
         return max((rotate_at - utcnow()).total_seconds(), 0.0)
 
     async def _mint_until_signed(
-        self, proxy_id: str, identity: Identity
-    ) -> tuple[list[str], bytes, datetime.datetime]:
+        self, proxy: ProxyKey, identity: Identity
+    ) -> tuple[WorkloadCertificate, datetime.datetime]:
         backoff = Backoff(self._settings.retry_initial, self._settings.retry_max)
         while True:
             try:
@@ -234,15 +183,14 @@ class SecretManager:
                 self.stats.ca_errors += 1
                 delay = backoff.next_delay()
                 log.warning(
-                    "cannot get a certificate for proxy %s (%s): %s; retrying in %.1fs",
-                    proxy_id,
-                    identity,
+                    "cannot get a certificate for proxy %s: %s; retrying in %.1fs",
+                    proxy,
                     error,
                     delay,
                 )
                 await asyncio.sleep(delay)
 
-    async def _mint(self, identity: Identity) -> tuple[list[str], bytes, datetime.datetime]:
+    async def _mint(self, identity: Identity) -> tuple[WorkloadCertificate, datetime.datetime]:
         async with self._mint_slots:
             key_pem, csr = await asyncio.to_thread(
                 new_key_and_csr, self._settings.key_type, [identity.uri]
@@ -250,20 +198,13 @@ class SecretManager:
         created = utcnow()
         started = time.monotonic()
         chain = await self._ca.sign(csr, identity, self._settings.ttl)
-        self.observe_ca_latency(time.monotonic() - started)
+        self._observe_ca_latency(time.monotonic() - started)
         leaf = load_certificates(chain[0].encode())[0]
         if not key_matches(serialization.load_pem_private_key(key_pem, password=None), leaf):
             raise CaError("the CA signed a different key than the one in the CSR")
-        return chain, key_pem, created
-
-    def _learn_root(self, chain: list[str]) -> None:
-        """With no configured root, trust the root the CA's chains end in."""
-        if self._root is not None:
-            return
-        self._root = root_secret(chain[-1])
-        self._bump()
-        for proxy_id in list(self._root_holders):
-            self._on_change(proxy_id, ROOT_SECRET)
-
-    def _bump(self) -> None:
-        self._version += 1
+        if self._root_pem is None:
+            self._root_pem = chain[-1]  # no configured root: trust the one the CA's chains end in
+        certificate = WorkloadCertificate(
+            "".join(chain).encode(), key_pem, leaf.serial_number, leaf.not_valid_after_utc
+        )
+        return certificate, created

@@ -2,9 +2,14 @@
 
 - `none` (the default with `--config`): the identity is taken from node metadata
   `NAMESPACE` and `SERVICE_ACCOUNT`, trusted as given (pilot says so at start).
-- `kubernetes` (the default with the Kubernetes registry): every stream carries
-  a service-account token in `authorization: Bearer`, checked by TokenReview;
-  node metadata, where present, must name the same account.
+- `kubernetes` (the default with the Kubernetes registry): every stream proves
+  who it is with a service-account token in `authorization: Bearer`, checked by
+  TokenReview, or with a client certificate issued by pilot's CA. Node metadata
+  NAMESPACE and SERVICE_ACCOUNT, each where present, must name the same
+  account, else the stream is refused; a field left out is taken from the
+  proof, never from the claim.
+
+Both implement `pilot.xds.proxy.ProxyAuthenticator`; identities are SPIFFE URIs.
 """
 
 from __future__ import annotations
@@ -12,14 +17,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Protocol
-
-from envoy.config.core.v3 import base_pb2
+from typing import Any
 
 from pilot.security.authn import Authenticator, AuthError, bearer_token
 from pilot.security.identity import Identity
+from pilot.xds.proxy import AuthContext, PermissionDenied
 
 log = logging.getLogger("pilot.security")
+
+_CLAIMS = ("NAMESPACE", "SERVICE_ACCOUNT")
 
 
 class XdsAuth(StrEnum):
@@ -29,25 +35,15 @@ class XdsAuth(StrEnum):
     KUBERNETES = "kubernetes"
 
 
-class IdentityMismatch(Exception):
+class IdentityMismatch(PermissionDenied):
     """Node metadata claims an identity the stream's credentials do not carry."""
 
 
-def _metadata_identity(node: base_pb2.Node, trust_domain: str) -> Identity | None:
+def _claims(node: Any) -> tuple[str, str]:
+    """(NAMESPACE, SERVICE_ACCOUNT) from node metadata; '' where absent."""
     fields = node.metadata.fields
-    namespace = fields["NAMESPACE"].string_value if "NAMESPACE" in fields else ""
-    account = fields["SERVICE_ACCOUNT"].string_value if "SERVICE_ACCOUNT" in fields else ""
-    if not namespace or not account:
-        return None
-    return Identity(trust_domain, namespace, account)
-
-
-class IdentityPolicy(Protocol):
-    """How the hub learns who a stream speaks for."""
-
-    async def from_credentials(self, metadata: Mapping[str, str]) -> Identity | None: ...
-
-    def for_node(self, node: base_pb2.Node, credential: Identity | None) -> Identity | None: ...
+    namespace, account = (fields[key].string_value if key in fields else "" for key in _CLAIMS)
+    return namespace, account
 
 
 class FixedIdentity:
@@ -56,11 +52,13 @@ class FixedIdentity:
     def __init__(self, identity: Identity) -> None:
         self.identity = identity
 
-    async def from_credentials(self, metadata: Mapping[str, str]) -> Identity | None:
-        return self.identity
+    async def credential(
+        self, metadata: Mapping[str, str], auth_context: AuthContext
+    ) -> str | None:
+        return self.identity.uri
 
-    def for_node(self, node: base_pb2.Node, credential: Identity | None) -> Identity | None:
-        return self.identity
+    def identity_of(self, node: Any, credential: str | None) -> str | None:
+        return self.identity.uri
 
 
 class ProxyIdentities:
@@ -80,42 +78,42 @@ class ProxyIdentities:
         elif authenticator is None:
             raise ValueError("--xds-auth kubernetes needs a Kubernetes API for TokenReview")
 
-    async def from_credentials(self, metadata: Mapping[str, str]) -> Identity | None:
-        """At stream start: the token's identity (kubernetes mode), or None (none mode)."""
+    async def credential(
+        self, metadata: Mapping[str, str], auth_context: AuthContext
+    ) -> str | None:
+        """At stream start: what the stream proved (kubernetes mode), or None (none mode)."""
         if self.mode is XdsAuth.NONE:
             return None
-        token = bearer_token(metadata)
-        if token is None:
+        assert self._authenticator is not None
+        if bearer_token(metadata) is None and not auth_context.get("x509_pem_cert"):
             raise AuthError(
                 "xDS streams must carry a service-account token (authorization: Bearer)"
+                " or a client certificate from pilot's CA"
             )
-        assert self._authenticator is not None
-        return await self._authenticator.from_token(token)
+        identity = await self._authenticator.authenticate(metadata, auth_context)
+        return identity.uri
 
-    def for_node(self, node: base_pb2.Node, credential: Identity | None) -> Identity | None:
-        """At the first request: the stream's identity, checking node metadata against it.
-
-        Each of NAMESPACE and SERVICE_ACCOUNT, where present, must match the token.
-        """
+    def identity_of(self, node: Any, credential: str | None) -> str | None:
+        """At the first request: the stream's identity, its node metadata checked against it."""
+        claimed = _claims(node)
         if self.mode is XdsAuth.NONE:
-            return _metadata_identity(node, self.trust_domain)
-        fields = node.metadata.fields
-        token = (credential.namespace, credential.service_account) if credential else ("", "")
-        claimed = tuple(
-            fields[key].string_value if key in fields else ""
-            for key in ("NAMESPACE", "SERVICE_ACCOUNT")
-        )
+            namespace, account = claimed
+            if not namespace or not account:
+                return None
+            return Identity(self.trust_domain, namespace, account).uri
+        if credential is None:
+            return None
+        proven = Identity.parse(credential)
+        proof = (proven.namespace, proven.service_account)
         differing = [
             key
-            for key, mine, theirs in zip(
-                ("NAMESPACE", "SERVICE_ACCOUNT"), claimed, token, strict=True
-            )
+            for key, mine, theirs in zip(_CLAIMS, claimed, proof, strict=True)
             if mine and mine != theirs
         ]
         if differing:
-            account = "/".join(mine or theirs for mine, theirs in zip(claimed, token, strict=True))
+            account = "/".join(mine or theirs for mine, theirs in zip(claimed, proof, strict=True))
             raise IdentityMismatch(
-                f"node metadata claims {account} but the token is {'/'.join(token)}"
+                f"node metadata claims {account} but the credentials are {'/'.join(proof)}"
                 f" ({', '.join(differing)} differ)"
             )
         return credential

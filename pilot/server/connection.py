@@ -1,10 +1,12 @@
 """One xDS stream: a reader that feeds the protocol machine, and its single writer.
 
-The reader turns each request into protocol events (ACK, NACK, subscription
-changes) and wakes the writer when the machine owes responses. Pushes only mark
-work on the machine and wake the writer, so a stream has at most one write in
-progress and one merged batch of work pending: a client that stops reading
-holds up nobody else and cannot grow pilot's memory.
+The stream first proves who it is (the `ProxyAuthenticator` it was given), and
+on its first request becomes one of its proxy's streams (`ProxyKey`: node id
+and proven identity). The reader turns each request into protocol events and
+hands them to the push pipeline; the pipeline marks work on the machine and
+wakes the writer. So a stream has at most one write in progress and one
+merged batch of work pending: a client that stops reading holds up nobody
+else and cannot grow pilot's memory.
 """
 
 from __future__ import annotations
@@ -14,60 +16,91 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import grpc
 from envoy.config.core.v3 import base_pb2
 
-from pilot.generators.cds import Flavor
 from pilot.protocol import DeltaStream, ProtocolError, SotwStream
-from pilot.protocol.messages import DeltaRequest, DeltaResponse, SotwRequest, SotwResponse
-from pilot.security.authn import AuthError
-from pilot.security.identity import Identity
-from pilot.security.xds_auth import IdentityMismatch
+from pilot.protocol.kind import StreamKind
+from pilot.protocol.messages import (
+    DeltaRequest,
+    DeltaResponse,
+    Nacked,
+    SotwRequest,
+    SotwResponse,
+    StaleNonce,
+    StreamEvent,
+    WildcardRefused,
+)
+from pilot.push.pipeline import Pipeline
 from pilot.server import convert
-from pilot.server.hub import XdsHub
+from pilot.server.registry import ConnectionRegistry
+from pilot.stats import XdsStats
 from pilot.xds import types
+from pilot.xds.proxy import PermissionDenied, ProxyAuthenticator, ProxyKey, Unauthenticated
 
 log = logging.getLogger("pilot.xds")
 _ids = itertools.count(1)
 
 
-@dataclass(frozen=True, slots=True)
-class StreamKind:
-    """Which RPC a stream came in on."""
+class StreamMetrics(Protocol):
+    """What streams report as they write."""
 
-    delta: bool
-    fixed_type: str | None  # None: aggregated (ADS), any type
-    flavor: Flavor
+    def written(self, type_url: str, size: int, seconds: float) -> None: ...
 
-    @property
-    def label(self) -> str:
-        base = "ads" if self.fixed_type is None else types.short_name(self.fixed_type)
-        return f"{base}-delta" if self.delta else base
+    def converged(self, seconds: float) -> None: ...
+
+
+class _NoMetrics:
+    def written(self, type_url: str, size: int, seconds: float) -> None:
+        pass
+
+    def converged(self, seconds: float) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class StreamContext:
+    """What every xDS stream of one server shares, handed in when the server is built."""
+
+    pipeline: Pipeline
+    served_types: frozenset[str]
+    stats: XdsStats
+    connections: ConnectionRegistry[Connection] = field(default_factory=ConnectionRegistry)
+    auth: ProxyAuthenticator | None = None
+    metrics: StreamMetrics = field(default_factory=_NoMetrics)
 
 
 class Connection:
     """The server side of one xDS stream."""
 
-    def __init__(self, hub: XdsHub, kind: StreamKind, peer: str) -> None:
+    def __init__(self, context: StreamContext, kind: StreamKind, peer: str) -> None:
         self.id = next(_ids)
-        self.hub = hub
+        self._context = context
+        self._pipeline = context.pipeline
         self.kind = kind
         self.peer = peer
         self.node: base_pb2.Node | None = None
-        self.proxy_id = f"anonymous-{self.id}"
-        self.credential: Identity | None = None
-        self.identity: Identity | None = None
-        self.stream: SotwStream | DeltaStream = DeltaStream() if kind.delta else SotwStream()
+        self.proxy = ProxyKey(f"anonymous-{self.id}", None)
+        self.stream: SotwStream | DeltaStream = kind.new_stream()
         self.pending_since: float | None = None
         self.connected_at = time.time()
+        self._credential: str | None = None
         self._wake = asyncio.Event()
         self._closing = asyncio.Event()
-        self._warned_types: set[str] = set()
+        self._warned: set[str] = set()
 
-    # -- called by the hub ---------------------------------------------------
+    @property
+    def proxy_id(self) -> str:
+        return self.proxy.node_id
+
+    @property
+    def identity(self) -> str | None:
+        return self.proxy.identity
+
+    # -- called by the pipeline ----------------------------------------------
 
     def notify(self, type_url: str, names: Iterable[str], started: float) -> bool:
         if not self.stream.on_change(type_url, names):
@@ -77,25 +110,12 @@ class Connection:
         self._wake.set()
         return True
 
-    def force(self, type_url: str, names: Iterable[str]) -> None:
-        if self.stream.force(type_url, names):
-            self._wake.set()
+    def wake(self) -> None:
+        self._wake.set()
 
     def close(self) -> None:
         """End the stream (server shutdown); Envoy reconnects, possibly elsewhere."""
         self._closing.set()
-
-    def held(self, type_url: str) -> list[str]:
-        state = self.stream.state(type_url)
-        return list(state.sent) if state else []
-
-    def subscriptions(self) -> list[tuple[str, set[str]]]:
-        found = []
-        for type_url in self.stream.type_urls():
-            state = self.stream.state(type_url)
-            if state is not None:
-                found.append((type_url, state.subscription.names))
-        return found
 
     # -- the stream ----------------------------------------------------------
 
@@ -108,7 +128,7 @@ class Connection:
         receiving pushes: in gRPC, the end of requests is not the end of the call.
         """
         await self._authenticate(context)
-        self.hub.connect(self)
+        self._context.connections.add(self)
         reader = asyncio.create_task(self._read(requests))
         writer = asyncio.create_task(self._write(context))
         closing = asyncio.create_task(self._closing.wait())
@@ -124,8 +144,9 @@ class Connection:
             for task in (reader, writer, closing):
                 task.cancel()
             await asyncio.gather(reader, writer, closing, return_exceptions=True)
-            self.hub.disconnect(self)
-            log.info("proxy %s disconnected (%s, %s)", self.proxy_id, self.kind.label, self.peer)
+            self._context.connections.discard(self)
+            self._pipeline.leave(self)
+            log.info("proxy %s disconnected (%s, %s)", self.proxy, self.kind.label, self.peer)
 
     async def _end_on_error(
         self, task: asyncio.Task[Any], context: grpc.aio.ServicerContext[Any, bytes]
@@ -133,27 +154,27 @@ class Connection:
         """Turn what ended a task into the stream's status."""
         error = task.exception()
         if isinstance(error, ProtocolError):
-            log.warning("proxy %s (%s): %s", self.proxy_id, self.peer, error)
+            log.warning("proxy %s (%s): %s", self.proxy, self.peer, error)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        elif isinstance(error, IdentityMismatch):
+        elif isinstance(error, PermissionDenied):
             log.warning("proxy %s (%s) refused: %s", self.proxy_id, self.peer, error)
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
         elif isinstance(error, TimeoutError):
             message = "not reading its responses: closing the stream (PILOT_XDS_SEND_TIMEOUT)"
-            log.warning("proxy %s (%s) %s", self.proxy_id, self.peer, message)
+            log.warning("proxy %s (%s) %s", self.proxy, self.peer, message)
             await context.abort(grpc.StatusCode.UNAVAILABLE, message)
         elif error is not None:
             raise error
 
     async def _authenticate(self, context: grpc.aio.ServicerContext[Any, bytes]) -> None:
-        """Check the stream's credentials (with --xds-auth kubernetes); aborts if refused."""
-        identities = self.hub.identities
-        if identities is None:
+        """Check the stream's credentials; aborts UNAUTHENTICATED if refused."""
+        auth = self._context.auth
+        if auth is None:
             return
         metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
         try:
-            self.credential = await identities.from_credentials(metadata)
-        except AuthError as error:
+            self._credential = await auth.credential(metadata, context.auth_context())
+        except Unauthenticated as error:
             log.warning("xDS stream from %s refused: %s", self.peer, error)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
 
@@ -165,15 +186,13 @@ class Connection:
         if self.node is None:
             self._identify(message.node)
         request = self._convert(message)
-        if request.type_url not in self.hub.served_types:
+        if request.type_url not in self._context.served_types:
             self._unserved(request.type_url)
             return
-        if self.kind.fixed_type is not None and request.type_url != self.kind.fixed_type:
-            raise ProtocolError(
-                f"type_url {request.type_url} is not served on the {self.kind.label} service"
-            )
-        for event in self.stream.on_request(request):  # type: ignore[arg-type]
-            self.hub.on_event(self, event)
+        self.kind.check(request.type_url)
+        events = self.stream.on_request(request)  # type: ignore[arg-type]
+        self._note(events)
+        self._pipeline.on_events(self, events)
         if self.stream.has_work:
             self._wake.set()
 
@@ -184,38 +203,65 @@ class Connection:
         return convert.sotw_request(message, default_type)
 
     def _identify(self, node: base_pb2.Node) -> None:
+        """The first request: who the stream speaks for (node id and proven identity)."""
         self.node = node
-        if node.id:
-            self.proxy_id = node.id
-        if self.hub.identities is not None:
-            self.identity = self.hub.identities.for_node(node, self.credential)
-        self.hub.identify(self)
-        log.info("proxy %s connected (%s, %s)", self.proxy_id, self.kind.label, self.peer)
+        auth = self._context.auth
+        identity = auth.identity_of(node, self._credential) if auth is not None else None
+        self.proxy = ProxyKey(node.id or self.proxy.node_id, identity)
+        self._pipeline.join(self)
+        log.info("proxy %s connected (%s, %s)", self.proxy, self.kind.label, self.peer)
+
+    def _note(self, events: Iterable[StreamEvent]) -> None:
+        """Logs and counters for what the client said."""
+        stats = self._context.stats
+        for event in events:
+            if isinstance(event, Nacked):
+                stats.nacks[event.type_url] += 1
+                log.warning(
+                    "proxy %s rejected %s version %s (nonce %s): %s",
+                    self.proxy,
+                    types.short_name(event.type_url),
+                    event.rejected_version,
+                    event.nonce,
+                    event.message,
+                )
+            elif isinstance(event, StaleNonce):
+                stats.stale_nonces[event.type_url] += 1
+            elif isinstance(event, WildcardRefused):
+                self._warn_once(
+                    f"wildcard {event.type_url}",
+                    "proxy %s asked for every %s with a wildcard; secrets are served by name"
+                    " only: ignoring it",
+                    types.short_name(event.type_url),
+                )
 
     def _unserved(self, type_url: str) -> None:
         if not type_url:
             raise ProtocolError("type_url is empty")
-        if type_url not in self._warned_types:
-            self._warned_types.add(type_url)
-            log.warning(
-                "proxy %s asked for %s, which pilot does not serve; ignoring",
-                self.proxy_id,
-                type_url,
-            )
+        self._warn_once(
+            type_url, "proxy %s asked for %s, which pilot does not serve; ignoring", type_url
+        )
+
+    def _warn_once(self, key: str, message: str, subject: str) -> None:
+        """One warning per stream and subject, however often the client repeats itself."""
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, self.proxy, subject)
 
     async def _write(self, context: grpc.aio.ServicerContext[Any, bytes]) -> None:
-        timeout = self.hub.push_settings.send_timeout or None
-        await self.hub.ready.wait()
+        pipeline = self._pipeline
+        timeout = pipeline.settings.send_timeout or None
+        await pipeline.ready.wait()
         while True:
             await self._wake.wait()
-            async with self.hub.push_slots:
+            async with pipeline.push_slots:
                 self._wake.clear()
                 since, self.pending_since = self.pending_since, None
-                for response in self.stream.take_responses(self.hub.view(self)):
+                for response in self.stream.take_responses(pipeline.view(self)):
                     async with asyncio.timeout(timeout):
                         await self._send(context, response)
-                if since is not None and self.hub.metrics is not None:
-                    self.hub.metrics.convergence.observe(time.monotonic() - since)
+                if since is not None:
+                    self._context.metrics.converged(time.monotonic() - since)
 
     async def _send(
         self,
@@ -225,9 +271,5 @@ class Connection:
         started = time.monotonic()
         data = convert.encode(response)
         await context.write(data)
-        self.hub.stats.responses[response.type_url] += 1
-        metrics = self.hub.metrics
-        if metrics is not None:
-            short = types.short_name(response.type_url)
-            metrics.push_time.labels(short).observe(time.monotonic() - started)
-            metrics.config_size.labels(short).observe(len(data))
+        self._context.stats.responses[response.type_url] += 1
+        self._context.metrics.written(response.type_url, len(data), time.monotonic() - started)

@@ -1,8 +1,15 @@
-"""The grpc.aio server: xDS services, gRPC health and server reflection on one port."""
+"""The grpc.aio server: xDS services, gRPC health and server reflection on one port.
+
+Other services (CSDS, the CA) are handed in by the composition root as
+`ExtraService`s, so the shell knows nothing of what they do.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -11,24 +18,27 @@ from envoy.service.cluster.v3 import cds_pb2  # noqa: F401
 from envoy.service.discovery.v3 import ads_pb2  # noqa: F401
 from envoy.service.endpoint.v3 import eds_pb2  # noqa: F401
 from envoy.service.secret.v3 import sds_pb2  # noqa: F401
-from envoy.service.status.v3 import csds_pb2  # noqa: F401
 from grpc import aio
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from pilot._gen.istio.v1.auth import ca_pb2  # noqa: F401  (reflection)
-from pilot.debug.csds import CSDS_SERVICE, csds_handler
-from pilot.security.ca_service import CA_SERVICE, CaService
-from pilot.server.hub import XdsHub
+from pilot.server.connection import StreamContext
 from pilot.server.services import XDS_SERVICE_NAMES, xds_handlers
-from pilot.server.tls import TlsServing
 
 # A second pilot must not silently share the port (grpc enables SO_REUSEPORT by default).
 _SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
     ("grpc.max_receive_message_length", 16 * 1024 * 1024),
 ]
+
+
+@dataclass(frozen=True)
+class ExtraService:
+    """A gRPC service served beside xDS (its module imports its descriptors)."""
+
+    name: str
+    handler: grpc.GenericRpcHandler[Any, Any]
 
 
 def _options(max_connection_age: float, drain: float) -> list[tuple[str, int]]:
@@ -54,34 +64,34 @@ def _bind(server: aio.Server, address: str, credentials: grpc.ServerCredentials 
 
 
 class GrpcServer:
-    """xDS + health + reflection, bound to one address."""
+    """xDS + health + reflection (+ extra services), bound to a plaintext and a TLS address."""
 
     def __init__(
         self,
-        hub: XdsHub,
         address: str,
+        streams: StreamContext,
         *,
-        ca_service: CaService | None = None,
-        tls: tuple[str, TlsServing] | None = None,
+        extra: Sequence[ExtraService] = (),
+        tls: tuple[str, grpc.ServerCredentials] | None = None,
         max_connection_age: float = 0.0,
         drain: float = 5.0,
     ) -> None:
         self.address = address
-        self.hub = hub
+        self._streams = streams
         self.server = aio.server(options=_options(max_connection_age, drain))
         self.health = health_aio.HealthServicer()
-        self.server.add_generic_rpc_handlers(tuple(xds_handlers(hub)))
-        self.server.add_generic_rpc_handlers((csds_handler(hub),))
-        extra: tuple[str, ...] = (CSDS_SERVICE,)
-        if ca_service is not None:
-            self.server.add_generic_rpc_handlers((ca_service.handler(),))
-            extra = (*extra, CA_SERVICE)
+        self.server.add_generic_rpc_handlers(tuple(xds_handlers(streams)))
+        self.server.add_generic_rpc_handlers(tuple(service.handler for service in extra))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = (*XDS_SERVICE_NAMES, *extra, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        names = (
+            *XDS_SERVICE_NAMES,
+            *(service.name for service in extra),
+            health.SERVICE_NAME,
+            reflection.SERVICE_NAME,
+        )
         reflection.enable_server_reflection(names, self.server)
         self.port = _bind(self.server, address, None)
-        self.tls_port = _bind(self.server, tls[0], tls[1].credentials) if tls else 0
-        self._names = XDS_SERVICE_NAMES
+        self.tls_port = _bind(self.server, *tls) if tls else 0
 
     async def start(self) -> None:
         """Listen; health says NOT_SERVING until `set_serving(True)`."""
@@ -94,7 +104,7 @@ class GrpcServer:
             if serving
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
-        for name in ("", *self._names):
+        for name in ("", *XDS_SERVICE_NAMES):
             await self.health.set(name, status)
 
     async def stop(self, drain: float) -> None:
@@ -105,8 +115,8 @@ class GrpcServer:
         """
         await self.set_serving(False)
         stopping = asyncio.create_task(self.server.stop(drain))
-        await self.hub.drain(drain / 2)
+        await self._streams.connections.drain(drain / 2)
         await stopping
 
 
-__all__ = ["GrpcServer"]
+__all__ = ["ExtraService", "GrpcServer"]

@@ -1,4 +1,4 @@
-"""The xDS gRPC services: ADS (SotW and delta) and the standalone CDS and EDS services.
+"""The xDS gRPC services: ADS (SotW and delta), the standalone CDS, EDS and SDS services.
 
 Handlers are registered generically with an identity response serializer:
 responses are already wire bytes, assembled from resources encoded once.
@@ -12,13 +12,13 @@ from typing import Any
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
-from pilot.generators.cds import Flavor
 from pilot.protocol import ProtocolError, SotwStream
-from pilot.security.authn import AuthError
+from pilot.protocol.kind import StreamKind
 from pilot.server import convert
-from pilot.server.connection import Connection, StreamKind
-from pilot.server.hub import XdsHub
+from pilot.server.connection import Connection, StreamContext
 from pilot.xds import types
+from pilot.xds.flavor import Flavor
+from pilot.xds.proxy import Unauthenticated
 
 ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 CDS_SERVICE = "envoy.service.cluster.v3.ClusterDiscoveryService"
@@ -35,11 +35,11 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
-def _stream_handler(hub: XdsHub, kind: StreamKind) -> grpc.RpcMethodHandler[Any, bytes]:
+def _stream_handler(shared: StreamContext, kind: StreamKind) -> grpc.RpcMethodHandler[Any, bytes]:
     async def handle(
         requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, bytes]
     ) -> None:
-        await Connection(hub, kind, context.peer()).serve(requests, context)
+        await Connection(shared, kind, context.peer()).serve(requests, context)
 
     message = discovery_pb2.DeltaDiscoveryRequest if kind.delta else discovery_pb2.DiscoveryRequest
     return grpc.stream_stream_rpc_method_handler(
@@ -47,24 +47,28 @@ def _stream_handler(hub: XdsHub, kind: StreamKind) -> grpc.RpcMethodHandler[Any,
     )
 
 
-async def _check_credentials(hub: XdsHub, context: grpc.aio.ServicerContext[Any, bytes]) -> None:
-    """Unary calls need the same credentials as streams (--xds-auth kubernetes)."""
-    if hub.identities is None:
+async def _check_credentials(
+    shared: StreamContext, context: grpc.aio.ServicerContext[Any, bytes]
+) -> None:
+    """Unary calls need the same credentials as streams."""
+    if shared.auth is None:
         return
     metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
     try:
-        await hub.identities.from_credentials(metadata)
-    except AuthError as error:
+        await shared.auth.credential(metadata, context.auth_context())
+    except Unauthenticated as error:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
 
 
-def _fetch_handler(hub: XdsHub, type_url: str, flavor: Flavor) -> grpc.RpcMethodHandler[Any, bytes]:
+def _fetch_handler(
+    shared: StreamContext, type_url: str, flavor: Flavor
+) -> grpc.RpcMethodHandler[Any, bytes]:
     """Unary Fetch*: one SotW answer for the names asked, from the current state."""
 
     async def fetch(
         message: discovery_pb2.DiscoveryRequest, context: grpc.aio.ServicerContext[Any, bytes]
     ) -> bytes:
-        await _check_credentials(hub, context)
+        await _check_credentials(shared, context)
         request = convert.sotw_request(message, type_url)
         if request.type_url != type_url:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"this service serves {type_url}")
@@ -73,7 +77,7 @@ def _fetch_handler(hub: XdsHub, type_url: str, flavor: Flavor) -> grpc.RpcMethod
             stream.on_request(request)
         except ProtocolError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        view = hub.cache.view(flavor.value)
+        view = shared.pipeline.cache.view(flavor.value)
         for response in stream.take_responses(view):
             return convert.encode(response)
         return convert.encode_empty(type_url, view.version(type_url))
@@ -85,11 +89,19 @@ def _fetch_handler(hub: XdsHub, type_url: str, flavor: Flavor) -> grpc.RpcMethod
     )
 
 
-def xds_handlers(hub: XdsHub) -> list[grpc.GenericRpcHandler[Any, bytes]]:
+def _sds(shared: StreamContext) -> grpc.GenericRpcHandler[Any, bytes]:
+    methods = {
+        "StreamSecrets": _stream_handler(shared, StreamKind(False, types.SECRET, Flavor.ADS)),
+        "DeltaSecrets": _stream_handler(shared, StreamKind(True, types.SECRET, Flavor.ADS)),
+    }
+    return grpc.method_handlers_generic_handler(SDS_SERVICE, methods)
+
+
+def xds_handlers(shared: StreamContext) -> list[grpc.GenericRpcHandler[Any, bytes]]:
     """Generic handlers for every xDS service pilot serves."""
 
     def kind(delta: bool, fixed: str | None, flavor: Flavor) -> grpc.RpcMethodHandler[Any, bytes]:
-        return _stream_handler(hub, StreamKind(delta, fixed, flavor))
+        return _stream_handler(shared, StreamKind(delta, fixed, flavor))
 
     ads = {
         "StreamAggregatedResources": kind(False, None, Flavor.ADS),
@@ -98,29 +110,21 @@ def xds_handlers(hub: XdsHub) -> list[grpc.GenericRpcHandler[Any, bytes]]:
     cds = {
         "StreamClusters": kind(False, types.CLUSTER, Flavor.GRPC),
         "DeltaClusters": kind(True, types.CLUSTER, Flavor.DELTA_GRPC),
-        "FetchClusters": _fetch_handler(hub, types.CLUSTER, Flavor.GRPC),
+        "FetchClusters": _fetch_handler(shared, types.CLUSTER, Flavor.GRPC),
     }
     eds = {
         "StreamEndpoints": kind(False, types.ENDPOINT, Flavor.GRPC),
         "DeltaEndpoints": kind(True, types.ENDPOINT, Flavor.DELTA_GRPC),
-        "FetchEndpoints": _fetch_handler(hub, types.ENDPOINT, Flavor.GRPC),
-    }
-    sds = {
-        "StreamSecrets": kind(False, types.SECRET, Flavor.ADS),
-        "DeltaSecrets": kind(True, types.SECRET, Flavor.ADS),
+        "FetchEndpoints": _fetch_handler(shared, types.ENDPOINT, Flavor.GRPC),
     }
     return [
         grpc.method_handlers_generic_handler(ADS_SERVICE, ads),
         grpc.method_handlers_generic_handler(CDS_SERVICE, cds),
         grpc.method_handlers_generic_handler(EDS_SERVICE, eds),
-        grpc.method_handlers_generic_handler(SDS_SERVICE, sds),
+        _sds(shared),
     ]
 
 
-def sds_handlers(hub: XdsHub) -> list[grpc.GenericRpcHandler[Any, bytes]]:
+def sds_handlers(shared: StreamContext) -> list[grpc.GenericRpcHandler[Any, bytes]]:
     """Only the SecretDiscoveryService (for `pilot agent`)."""
-    sds = {
-        "StreamSecrets": _stream_handler(hub, StreamKind(False, types.SECRET, Flavor.ADS)),
-        "DeltaSecrets": _stream_handler(hub, StreamKind(True, types.SECRET, Flavor.ADS)),
-    }
-    return [grpc.method_handlers_generic_handler(SDS_SERVICE, sds)]
+    return [_sds(shared)]

@@ -13,14 +13,13 @@ import asyncio
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pilot.registry.index import EndpointIndex, IndexChange
 from pilot.registry.kubernetes_objects import (
     SUPPORTED_KINDS,
     ObjectError,
@@ -30,6 +29,7 @@ from pilot.registry.kubernetes_objects import (
     parse_service,
 )
 from pilot.registry.model import EndpointSet, Service
+from pilot.registry.updater import RegistryUpdater
 
 log = logging.getLogger("pilot.sources.file")
 
@@ -102,18 +102,16 @@ def parse_registry(text: str, origin: str) -> RegistryState:
 
 
 class FileRegistry:
-    """Applies each good version of a registry file to the endpoint index."""
+    """Applies each good version of a registry file to the registry."""
 
     def __init__(
         self,
         path: Path,
-        index: EndpointIndex,
-        on_change: Callable[[IndexChange], None],
+        updater: RegistryUpdater,
         poll_interval: float = 0.5,
     ) -> None:
         self.path = path
-        self._index = index
-        self._on_change = on_change
+        self._updater = updater
         self._poll_interval = poll_interval
         self._stat: tuple[int, int, int] | None = None
         self._synced = asyncio.Event()
@@ -162,7 +160,7 @@ class FileRegistry:
             self._reject(str(error))
             return
         self.last_error = None
-        self._on_change(self._index.replace_all(state.services, state.endpoint_sets))
+        self._updater.replace_all(state.services, state.endpoint_sets)
         log.info(
             "loaded %s: %d services, %d endpoint sets",
             self.path,

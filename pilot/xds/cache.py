@@ -1,9 +1,15 @@
-"""The resource cache: the current `Resource` of every name, per type, with type versions.
+"""The resource cache: the current `Resource` of every name, and what each stream may read.
 
-Clusters exist in several flavors (see `pilot.generators.cds.Flavor`); other
-types have one. `update` reports which names really changed (content versions
-differ), so a rebuild that produced equal bytes pushes nothing. The cache never
-touches gRPC: streams read it through a `CacheView`.
+Resources live in tables by (type, flavor, owner). Clusters exist once per
+flavor (see `pilot.xds.flavor`); other types have one shared table, except
+that resources of `OWNED_TYPES` (workload secrets) may belong to one proxy
+(`ProxyKey`): they sit in that proxy's table and only its streams see them.
+`update` reports which names really changed (content versions differ), so a
+rebuild that produced equal bytes pushes nothing; each type has one version
+that rises with every change, whatever table it is in. A name can be marked
+*pending* for an owner while it is being made (a certificate being minted).
+
+Streams read the cache through a `ProxyView`. The cache never touches gRPC.
 """
 
 from __future__ import annotations
@@ -11,29 +17,34 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 
 from pilot.xds import types
+from pilot.xds.proxy import ProxyKey
 from pilot.xds.resource import Resource
 
-DEFAULT_FLAVOR = ""
+SHARED = ""
 
-TableKey = tuple[str, str]
+TableKey = tuple[str, str, ProxyKey | None]
 
 
 class ResourceCache:
-    """name -> Resource per (type, flavor), and a version per type."""
+    """(type, flavor, owner) -> name -> Resource, and a version per type."""
 
     def __init__(self) -> None:
         self._tables: dict[TableKey, dict[str, Resource]] = {}
         self._versions: dict[str, int] = {}
+        self._pending: set[tuple[str, ProxyKey, str]] = set()
 
     def update(
         self,
         type_url: str,
         upserts: Iterable[Resource],
         removals: Iterable[str] = (),
-        flavor: str = DEFAULT_FLAVOR,
+        *,
+        flavor: str = SHARED,
+        owner: ProxyKey | None = None,
     ) -> set[str]:
         """Store new resources and drop removed names; returns the names that changed."""
-        table = self._tables.setdefault((type_url, flavor), {})
+        key = (type_url, flavor, owner)
+        table = self._tables.setdefault(key, {})
         changed = set()
         for resource in upserts:
             old = table.get(resource.name)
@@ -43,43 +54,72 @@ class ResourceCache:
         for name in removals:
             if table.pop(name, None) is not None:
                 changed.add(name)
+        if owner is not None:
+            self._pending.difference_update((type_url, owner, n) for n in changed)
+            if not table:
+                del self._tables[key]  # owners come and go: keep no empty tables
         if changed:
             self._versions[type_url] = self._versions.get(type_url, 0) + 1
         return changed
 
-    def get(self, type_url: str, name: str, flavor: str = DEFAULT_FLAVOR) -> Resource | None:
-        return self._tables.get((type_url, flavor), {}).get(name)
+    def get(
+        self, type_url: str, name: str, *, flavor: str = SHARED, owner: ProxyKey | None = None
+    ) -> Resource | None:
+        table = self._tables.get((type_url, flavor, owner))
+        return table.get(name) if table is not None else None
 
-    def names(self, type_url: str, flavor: str = DEFAULT_FLAVOR) -> Collection[str]:
-        return self._tables.get((type_url, flavor), {}).keys()
+    def names(self, type_url: str, *, flavor: str = SHARED) -> Collection[str]:
+        """The shared names of a type."""
+        return self._tables.get((type_url, flavor, None), {}).keys()
 
     def version(self, type_url: str) -> str:
         return str(self._versions.get(type_url, 0))
 
-    def view(self, cluster_flavor: str = DEFAULT_FLAVOR) -> CacheView:
-        return CacheView(self, cluster_flavor)
+    def set_pending(self, type_url: str, name: str, owner: ProxyKey, pending: bool) -> None:
+        """Mark (or unmark) an owner's resource as being made: not absent, not there yet."""
+        if pending:
+            self._pending.add((type_url, owner, name))
+        else:
+            self._pending.discard((type_url, owner, name))
+
+    def pending(self, type_url: str, name: str, owner: ProxyKey) -> bool:
+        return (type_url, owner, name) in self._pending
+
+    def view(self, flavor: str = SHARED, owner: ProxyKey | None = None) -> ProxyView:
+        """What a stream of this flavor, speaking for `owner`, may read."""
+        return ProxyView(self, flavor, owner)
 
 
-class CacheView:
-    """The cache as one kind of client sees it (its cluster flavor)."""
+class ProxyView:
+    """The cache as one stream sees it: shared resources in its flavor, then its own.
 
-    __slots__ = ("_cache", "_cluster_flavor")
+    Resources of `OWNED_TYPES` are looked up in the owner's table first, then
+    among the shared ones (the trust root). A view never sees another owner's.
+    """
 
-    def __init__(self, cache: ResourceCache, cluster_flavor: str) -> None:
+    __slots__ = ("_cache", "_flavor", "_owner")
+
+    def __init__(self, cache: ResourceCache, flavor: str, owner: ProxyKey | None) -> None:
         self._cache = cache
-        self._cluster_flavor = cluster_flavor
+        self._flavor = flavor
+        self._owner = owner
 
-    def _flavor(self, type_url: str) -> str:
-        return self._cluster_flavor if type_url == types.CLUSTER else DEFAULT_FLAVOR
+    def _shared_flavor(self, type_url: str) -> str:
+        return self._flavor if type_url in types.FLAVORED_TYPES else SHARED
 
     def get(self, type_url: str, name: str) -> Resource | None:
-        return self._cache.get(type_url, name, self._flavor(type_url))
+        if self._owner is not None and type_url in types.OWNED_TYPES:
+            own = self._cache.get(type_url, name, owner=self._owner)
+            if own is not None:
+                return own
+        return self._cache.get(type_url, name, flavor=self._shared_flavor(type_url))
 
     def names(self, type_url: str) -> Collection[str]:
-        return self._cache.names(type_url, self._flavor(type_url))
+        """The shared names of a type (what a wildcard subscription holds)."""
+        return self._cache.names(type_url, flavor=self._shared_flavor(type_url))
 
     def version(self, type_url: str) -> str:
         return self._cache.version(type_url)
 
     def pending(self, type_url: str, name: str) -> bool:
-        return False
+        return self._owner is not None and self._cache.pending(type_url, name, self._owner)

@@ -1,4 +1,4 @@
-"""Type URLs pilot serves, which of them are wildcard types, and the order pushes go out in."""
+"""Type URLs pilot serves, how each is subscribed to and stored, and the push order."""
 
 from __future__ import annotations
 
@@ -16,6 +16,16 @@ PUSH_ORDER: Final[tuple[str, ...]] = (CLUSTER, SECRET, ENDPOINT, LISTENER, ROUTE
 
 # Types whose every response carries the full set; a missing name is a deletion.
 WILDCARD_TYPES: Final = frozenset({CLUSTER, LISTENER})
+
+# Types subscribed to by name only: a wildcard on them is refused (it would ask
+# for every proxy's secrets; Envoy never sends one).
+NAMED_ONLY_TYPES: Final = frozenset({SECRET})
+
+# Types whose resources may belong to one proxy (workload secrets).
+OWNED_TYPES: Final = frozenset({SECRET})
+
+# Types built once per cluster flavor (see pilot.xds.flavor).
+FLAVORED_TYPES: Final = frozenset({CLUSTER})
 
 SHORT_NAMES: Final = {
     CLUSTER: "cds",

@@ -158,7 +158,7 @@ class PortMesh:
 
 def proxies_on(pilot: RunningPilot) -> collections.Counter[str]:
     """Proxy id -> how many xDS streams it holds to `pilot` right now."""
-    return collections.Counter(c.proxy_id for c in pilot.discovery.hub.connections)
+    return collections.Counter(c.proxy_id for c in pilot.discovery.connections)
 
 
 # --------------------------------------------------------------------------- traffic

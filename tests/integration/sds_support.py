@@ -39,10 +39,12 @@ from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2, struct_pb2
 
+from pilot.generators.sds import workload_secret
 from pilot.security.ca import CertificateAuthority
 from pilot.security.certs import KeyType, new_key_and_csr
 from pilot.security.identity import Identity
 from pilot.security.secrets import SecretManager
+from pilot.xds.proxy import ProxyKey
 from tests.harness.envoy_process import EnvoyProcess, Json, load_example_bootstrap
 from tests.support.pilot import RunningPilot
 
@@ -213,12 +215,13 @@ def root_of(secret: secret_pb2.Secret) -> str:
     return str(secret.validation_context.trusted_ca.inline_bytes.decode())
 
 
-def served_workload(secrets: SecretManager, proxy_id: str) -> WorkloadCert | None:
-    """What pilot's SecretManager serves a proxy as `default` right now (None: nothing)."""
-    resource = secrets.get(proxy_id, WORKLOAD)
-    if resource is None:
+def served_workload(secrets: SecretManager, proxy: Proxy | ProxyKey) -> WorkloadCert | None:
+    """What pilot's SecretManager keeps for a proxy as `default` right now (None: nothing)."""
+    key = proxy if isinstance(proxy, ProxyKey) else ProxyKey(proxy.node_id, proxy.uri)
+    certificate = secrets.current(key)
+    if certificate is None:
         return None
-    return workload_cert(secret_pb2.Secret.FromString(resource.payload))
+    return workload_cert(secret_pb2.Secret.FromString(workload_secret(certificate).payload))
 
 
 # --------------------------------------------------------------------------- SDS client

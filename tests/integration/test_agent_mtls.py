@@ -200,7 +200,7 @@ async def _assert_holds_agent_identity(
     """/certs shows exactly what the agent serves, under pilot's root; return its leaf hash."""
     security = pilot.discovery.security
     assert security is not None
-    served = served_workload(agent.secrets, proxy.node_id)
+    served = served_workload(agent.secrets, proxy)
     assert served is not None, f"the {proxy.account} agent serves no certificate"
     assert served.uris == (proxy.uri,)
     assert served.key_matches_leaf

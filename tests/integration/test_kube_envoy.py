@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pilot.sources.kubernetes.registry import EndpointsApi
+from pilot.sources.kubernetes.config import EndpointsApi
 from pilot.xds import types
 from tests.harness.envoy_process import EnvoyProcess
 from tests.integration.conftest import StartEnvoy

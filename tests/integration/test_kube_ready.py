@@ -13,7 +13,7 @@ import contextlib
 from pathlib import Path
 
 from pilot.app import Discovery
-from pilot.sources.kubernetes.registry import KubernetesSettings
+from pilot.sources.kubernetes.config import KubernetesSettings
 from tests.harness.envoy_process import wait_until
 from tests.integration.conftest import StartEnvoy
 from tests.integration.envoy_view import (

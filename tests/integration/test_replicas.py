@@ -84,7 +84,7 @@ def security_of(pilot: RunningPilot) -> Security:
 
 def streams_of(pilot: RunningPilot, proxy: Proxy) -> set[int]:
     """Ids of the xDS streams `proxy` holds to `pilot`."""
-    return {c.id for c in pilot.discovery.hub.connections if c.proxy_id == proxy.node_id}
+    return {c.id for c in pilot.discovery.connections if c.proxy_id == proxy.node_id}
 
 
 def kubeconfig_for(srv: KubeAPIServer, workdir: Path) -> Path:
@@ -101,7 +101,7 @@ async def shown_and_served(
     envoy: EnvoyProcess, pilot: RunningPilot, proxy: Proxy
 ) -> tuple[set[int], int | None]:
     """(serials of the certificates for `proxy` in Envoy's /certs, serial pilot serves it)."""
-    served = served_workload(security_of(pilot).secrets, proxy.node_id)
+    served = served_workload(security_of(pilot).secrets, proxy)
     shown = {cert.serial for cert in await own_certs(envoy) if proxy.uri in cert.uris}
     return shown, served.serial if served else None
 
@@ -228,7 +228,7 @@ async def assert_each_envoy_on_its_own_replica(s: Scene) -> dict[str, int]:
         "client": await holds_cert_from(s.client, b, CLIENT),
     }
     for pilot, proxy in ((a, SERVER), (b, CLIENT)):
-        served = served_workload(security_of(pilot).secrets, proxy.node_id)
+        served = served_workload(security_of(pilot).secrets, proxy)
         assert served is not None and served.signed_by(s.root_pem)
     for envoy in (s.server, s.client):
         assert {cert.serial for cert in await ca_certs(envoy)} == {s.root_serial}
@@ -241,7 +241,7 @@ async def assert_mtls_from_client(s: Scene, pilot: RunningPilot) -> None:
     presenting the certificate `pilot` serves it."""
     seen = s.backend.seen[-1]
     assert (seen.xfcc_field("URI"), seen.xfcc_field("By")) == (CLIENT.uri, SERVER.uri)
-    client_leaf = served_workload(security_of(pilot).secrets, CLIENT.node_id)
+    client_leaf = served_workload(security_of(pilot).secrets, CLIENT)
     assert client_leaf is not None
     assert seen.xfcc_field("Hash") == client_leaf.leaf_sha256
 
@@ -251,7 +251,7 @@ async def assert_server_presents_cert_from(s: Scene, pilot: RunningPilot, workdi
     presents the certificate `pilot` serves it."""
     probe = probe_credentials(security_of(pilot).ca, PROBE)
     outcome = await tls_get(s.mtls_port, s.root_pem, workdir, client_pem=probe)
-    server_leaf = served_workload(security_of(pilot).secrets, SERVER.node_id)
+    server_leaf = served_workload(security_of(pilot).secrets, SERVER)
     assert server_leaf is not None
     assert (outcome.status_line, outcome.peer_serial) == ("HTTP/1.1 200 OK", server_leaf.serial)
 
@@ -350,7 +350,7 @@ async def test_envoys_fail_over_to_the_other_replica_without_a_failed_request(
         assert certs[stayed].serials == [serials[stayed]]
         assert streams_of(f.survivor, f.other) == staying_streams
         assert set(proxies_on(f.survivor)) == {SERVER.node_id, CLIENT.node_id}
-        served = served_workload(security_of(f.survivor).secrets, f.proxy.node_id)
+        served = served_workload(security_of(f.survivor).secrets, f.proxy)
         assert served is not None and served.signed_by(s.root_pem)
         # The certificates in use are now the survivor's.
         await assert_mtls_from_client(s, f.survivor)

@@ -100,7 +100,7 @@ async def wait_dropped(pilot: RunningPilot, proxy: Proxy, dropped: int) -> None:
     """Wait until pilot has dropped `dropped` certificates and serves `proxy` none."""
     secrets = secrets_of(pilot)
     await wait_until(
-        lambda: (secrets.stats.dropped, served_workload(secrets, proxy.node_id)),
+        lambda: (secrets.stats.dropped, served_workload(secrets, proxy)),
         WAIT,
         f"pilot to drop the certificate of {proxy.node_id}",
         until=lambda state: state == (dropped, None),
@@ -129,7 +129,7 @@ async def test_same_certificate_while_subscribed(
     await other.subscribe([WORKLOAD])
     assert (await other.wait_for(WORKLOAD, WAIT)).workload == first
 
-    assert served_workload(secrets_of(pilot), ORDERS.node_id) == first
+    assert served_workload(secrets_of(pilot), ORDERS) == first
     stats = secrets_of(pilot).stats
     assert (stats.minted, stats.rotated, stats.dropped) == (1, 0, 0)
 
@@ -179,19 +179,19 @@ async def test_stream_end_drops_only_when_the_last_stream_goes(
     first = await subscribe_both(ads, pilot)
     await sds.subscribe([WORKLOAD])
     assert (await sds.wait_for(WORKLOAD, WAIT)).workload == first
-    hub = pilot.discovery.hub
-    streams = len(hub.connections)
+    discovery = pilot.discovery
+    streams = len(discovery.connections)
 
     await ads.close()
     await wait_until(
-        lambda: len(hub.connections),
+        lambda: len(discovery.connections),
         WAIT,
         "pilot to see the ADS stream end",
         until=lambda n: n == streams - 1,
     )
     secrets = secrets_of(pilot)
     assert secrets.stats.dropped == 0
-    assert served_workload(secrets, ORDERS.node_id) == first
+    assert served_workload(secrets, ORDERS) == first
     await assert_nothing_pending(sds)
 
     await sds.close()
@@ -226,7 +226,7 @@ async def test_proxies_of_one_service_account_never_share_a_key(
     await wait_dropped(pilot, proxies[0], 1)
     secrets = secrets_of(pilot)
     for cert, proxy in zip(certs[1:], proxies[1:], strict=True):
-        assert served_workload(secrets, proxy.node_id) == cert
+        assert served_workload(secrets, proxy) == cert
     assert secrets.stats.minted == len(proxies)
 
 

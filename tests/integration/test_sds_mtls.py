@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pilot.security.ca import CaSettings, CertificateAuthority
 from pilot.security.identity import Identity
+from pilot.xds.proxy import ProxyKey
 from tests.harness.envoy_process import EnvoyProcess
 from tests.integration.sds_support import (
     BACKEND_BODY,
@@ -41,7 +42,7 @@ async def _assert_holds_own_identity(
     """/certs shows exactly the certificate pilot serves this proxy, under pilot's root."""
     security = pilot.discovery.security
     assert security is not None
-    served = served_workload(security.secrets, proxy_id)
+    served = served_workload(security.secrets, ProxyKey(proxy_id, uri))
     assert served is not None, f"pilot serves no certificate to {proxy_id}"
     await assert_envoy_holds(envoy, served.serial, uri, security.ca.root.serial_number)
 
@@ -64,7 +65,7 @@ async def test_request_crosses_mtls_between_two_envoys(tmp_path: Path) -> None:
         assert seen.xfcc_field("By") == SERVER.uri
         security = pilot.discovery.security
         assert security is not None
-        client_cert = served_workload(security.secrets, CLIENT.node_id)
+        client_cert = served_workload(security.secrets, CLIENT)
         assert client_cert is not None
         assert seen.xfcc_field("Hash") == client_cert.leaf_sha256
         await assert_client_cluster_verified(pair)
@@ -110,7 +111,7 @@ async def test_server_envoy_refuses_clients_without_a_certificate_from_pilot(
         admitted = await tls_get(pair.mtls_port, root, tmp_path, client_pem=genuine)
         assert admitted.status_line == "HTTP/1.1 200 OK", admitted
         assert admitted.peer_uris == (SERVER.uri,)
-        server_cert = served_workload(security.secrets, SERVER.node_id)
+        server_cert = served_workload(security.secrets, SERVER)
         assert server_cert is not None
         assert admitted.peer_serial == server_cert.serial
         assert [(s.path, s.xfcc_field("URI")) for s in pair.backend.seen] == [("/probe", PROBE.uri)]

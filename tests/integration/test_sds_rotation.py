@@ -81,7 +81,7 @@ async def test_rotation_is_pushed_while_subscribed_and_stops_after_unsubscribe(
 
         await stream.unsubscribe([WORKLOAD])
         await wait_until(
-            lambda: (secrets.stats.dropped, served_workload(secrets, BILLING.node_id)),
+            lambda: (secrets.stats.dropped, served_workload(secrets, BILLING)),
             5,
             "pilot to drop the unsubscribed certificate",
             until=lambda state: state == (1, None),
@@ -90,7 +90,7 @@ async def test_rotation_is_pushed_while_subscribed_and_stops_after_unsubscribe(
         quiet = received + rotated_after + GRACE * ttl + MARGIN - time.monotonic()
         await stream.expect_silence(quiet)
         assert (secrets.stats.minted, secrets.stats.rotated) == (2, 1)
-        assert served_workload(secrets, BILLING.node_id) is None
+        assert served_workload(secrets, BILLING) is None
 
 
 # ------------------------------------------------------------------ real Envoys
@@ -165,7 +165,7 @@ async def test_envoys_get_new_certificates_before_expiry_and_traffic_flows(
                     _rotated(pair.server, server_old), _rotated(pair.client, client_old)
                 )
                 # A request after the rotation was made with the client's new certificate.
-                served = served_workload(secrets, CLIENT.node_id)
+                served = served_workload(secrets, CLIENT)
                 assert served is not None
                 await wait_until(
                     lambda: [s.xfcc_field("Hash") for s in pair.backend.seen[-3:]],
@@ -180,14 +180,14 @@ async def test_envoys_get_new_certificates_before_expiry_and_traffic_flows(
             assert traffic.failures == []
             assert traffic.statuses and set(traffic.statuses) == {200}
             assert served.serial == client_new.serial
-            server_served = served_workload(secrets, SERVER.node_id)
+            server_served = served_workload(secrets, SERVER)
             assert server_served is not None
             assert server_served.serial == server_new.serial
             assert secrets.stats.rotated >= 2
 
         # Both Envoys are gone: their certificates are dropped and never minted again.
         await wait_until(
-            lambda: [served_workload(secrets, p.node_id) for p in (SERVER, CLIENT)],
+            lambda: [served_workload(secrets, p) for p in (SERVER, CLIENT)],
             10,
             "pilot to drop the certificates of the stopped Envoys",
             until=lambda served: served == [None, None],
@@ -202,4 +202,4 @@ async def test_envoys_get_new_certificates_before_expiry_and_traffic_flows(
         # Every certificate was minted before `gone`: any rotation was due by then + GRACE * ttl.
         await asyncio.sleep(gone + GRACE * ENVOY_TTL + MARGIN - time.monotonic())
         assert (secrets.stats.minted, secrets.stats.rotated) == (minted, rotated)
-        assert [served_workload(secrets, p.node_id) for p in (SERVER, CLIENT)] == [None, None]
+        assert [served_workload(secrets, p) for p in (SERVER, CLIENT)] == [None, None]

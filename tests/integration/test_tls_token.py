@@ -38,7 +38,8 @@ import yaml
 from pilot.security.identity import Identity
 from pilot.security.xds_auth import XdsAuth
 from pilot.server.connection import Connection
-from pilot.sources.kubernetes.registry import KubernetesSettings
+from pilot.sources.kubernetes.config import KubernetesSettings
+from pilot.xds.proxy import ProxyKey
 from tests.harness.envoy_process import EnvoyProcess, wait_until
 from tests.integration.ca_support import kube_api
 from tests.integration.envoy_view import ClusterView, dynamic_clusters, wait_for_view
@@ -238,8 +239,8 @@ class Setup:
 
     def connections(self) -> list[Connection]:
         """pilot's streams from this sidecar (identified by its first request)."""
-        hub = self.pilot.discovery.hub
-        return [c for c in hub.connections if c.proxy_id == self.sidecar.node_id]
+        discovery = self.pilot.discovery
+        return [c for c in discovery.connections if c.proxy_id == self.sidecar.node_id]
 
     def reviews(self, token: str) -> list[tuple[Review, bool]]:
         """Each TokenReview pilot asked for, and whether it was for `token`."""
@@ -290,8 +291,9 @@ async def test_the_example_sidecar_gets_the_mesh_with_its_token(setup: Setup) ->
 
         (connection,) = setup.connections()
         assert connection.kind.label == "ads-delta"
-        assert connection.credential == identity, "the stream's token is the account's"
-        assert connection.identity == identity
+        assert connection.proxy == ProxyKey(setup.sidecar.node_id, identity.uri), (
+            "the stream speaks for the account its token proved"
+        )
         reviews = setup.reviews(token)
         assert reviews, "pilot reviewed no token"
         username = f"system:serviceaccount:{namespace}:{account}"
@@ -315,7 +317,8 @@ def _refusals() -> dict[str, Refusal]:
     return {
         "other-account": Refusal(
             PERMISSION_DENIED,
-            f"node metadata claims {namespace}/{account} but the token is {namespace}/intruder",
+            f"node metadata claims {namespace}/{account}"
+            f" but the credentials are {namespace}/intruder",
             ((AUDIENCE,), True, f"system:serviceaccount:{namespace}:intruder"),
             account="intruder",
         ),

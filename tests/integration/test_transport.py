@@ -184,7 +184,7 @@ async def test_drain_ends_every_stream_within_the_drain_duration(tmp_path: Path)
             await proxy.subscribe("type.googleapis.com/envoy.config.cluster.v3.Cluster", ["*"])
         stop = asyncio.create_task(pilot.discovery.stop())
         await wait_until(
-            lambda: not pilot.discovery.hub.connections, 3, "every stream to have ended"
+            lambda: not len(pilot.discovery.connections), 3, "every stream to have ended"
         )
         await asyncio.wait_for(stop, 5)
         codes = [await p.call.code() for p in proxies]

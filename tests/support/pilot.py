@@ -14,8 +14,7 @@ from pilot.security.ca import CaSettings
 from pilot.security.settings import SecuritySettings
 from pilot.security.xds_auth import XdsAuth
 from pilot.settings import Settings
-from pilot.sources.kubernetes.informer import InformerSettings
-from pilot.sources.kubernetes.registry import EndpointsApi, KubernetesSettings
+from pilot.sources.kubernetes.config import EndpointsApi, InformerSettings, KubernetesSettings
 from tests.support.mesh import write_mesh
 
 FAST_DEBOUNCE = DebounceSettings(after=0.02, max_delay=1.0, eds_debounce=True)

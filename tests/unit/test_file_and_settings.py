@@ -1,17 +1,13 @@
-"""The registry file format, Istio-style durations, and the debounce knobs."""
+"""The registry file format, Istio-style durations, and the debounce settings."""
 
 from __future__ import annotations
 
-import asyncio
 import re
-import time
 
 import pytest
 
 from pilot.durations import parse_duration
-from pilot.push.debounce import Debouncer, DebounceSettings
-from pilot.registry.index import IndexChange
-from pilot.registry.model import ServiceKey
+from pilot.push.settings import DebounceSettings
 from pilot.settings import SettingsError, debounce_from_env
 from pilot.sources.file import RegistryFileError, parse_registry
 
@@ -86,50 +82,3 @@ def test_debounce_settings_from_environment() -> None:
     assert debounce_from_env({}) == DebounceSettings()
     with pytest.raises(SettingsError, match="PILOT_DEBOUNCE_AFTER"):
         debounce_from_env({"PILOT_DEBOUNCE_AFTER": "soon"})
-
-
-def _endpoints(name: str) -> IndexChange:
-    return IndexChange(endpoints=frozenset({ServiceKey("ns", name)}))
-
-
-async def _run_debouncer(
-    settings: DebounceSettings, feed: list[IndexChange]
-) -> list[tuple[IndexChange, float]]:
-    flushed: list[tuple[IndexChange, float]] = []
-    done = asyncio.Event()
-
-    def flush(change: IndexChange, opened: float) -> None:
-        flushed.append((change, time.monotonic() - opened))
-        done.set()
-
-    debouncer = Debouncer(flush, settings)
-    task = asyncio.create_task(debouncer.run())
-    try:
-        for change in feed:
-            debouncer.submit(change)
-        await asyncio.wait_for(done.wait(), 5)
-    finally:
-        task.cancel()
-    return flushed
-
-
-async def test_a_burst_inside_the_window_is_one_merged_push() -> None:
-    burst = [_endpoints(f"svc-{i % 10}") for i in range(1000)]
-    flushed = await _run_debouncer(DebounceSettings(after=0.05, max_delay=5), burst)
-    assert len(flushed) == 1
-    assert len(flushed[0][0].endpoints) == 10
-
-
-async def test_endpoint_changes_skip_the_wait_when_eds_debounce_is_off() -> None:
-    flushed = await _run_debouncer(
-        DebounceSettings(after=30, max_delay=60, eds_debounce=False), [_endpoints("a")]
-    )
-    assert flushed[0][1] < 5, "flushed without waiting for the 30s quiet period"
-
-
-async def test_a_window_never_stays_open_longer_than_max() -> None:
-    full = IndexChange(full=frozenset({ServiceKey("ns", "a")}))
-    flushed = await _run_debouncer(
-        DebounceSettings(after=30, max_delay=0.1, eds_debounce=False), [full]
-    )
-    assert flushed[0][1] < 5, "flushed at PILOT_DEBOUNCE_MAX, not after the 30s quiet period"

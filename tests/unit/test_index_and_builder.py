@@ -111,8 +111,8 @@ def test_port_change_replaces_cluster_and_assignment_names() -> None:
     changed = builder.apply(index.upsert_service(_svc((("http", 81),))))
     old, new = cluster_name("web", 80), cluster_name("web", 81)
     assert changed[types.CLUSTER] == {old, new}
-    assert cache.get(types.CLUSTER, old, "ads") is None
-    assert cache.get(types.CLUSTER, new, "ads") is not None
+    assert cache.get(types.CLUSTER, old, flavor="ads") is None
+    assert cache.get(types.CLUSTER, new, flavor="ads") is not None
     assert cache.get(types.ENDPOINT, old) is None and cache.get(types.ENDPOINT, new) is not None
 
 
@@ -121,5 +121,5 @@ def test_deleted_service_removes_everything_it_had() -> None:
     builder.apply(index.replace_all([_svc()], [_slice("10.0.0.1")]))
     builder.apply(index.replace_all([], []))
     for flavor in ("ads", "grpc", "delta_grpc"):
-        assert list(cache.names(types.CLUSTER, flavor)) == []
+        assert list(cache.names(types.CLUSTER, flavor=flavor)) == []
     assert list(cache.names(types.ENDPOINT)) == []

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from envoy.config.core.v3 import config_source_pb2, health_check_pb2
 
-from pilot.generators.cds import Flavor, build_cluster
+from pilot.generators.cds import build_cluster
 from pilot.generators.eds import build_load_assignment
 from pilot.registry.kubernetes_objects import (
     ObjectError,
@@ -17,6 +17,7 @@ from pilot.registry.kubernetes_objects import (
     parse_service,
 )
 from pilot.registry.model import ServicePort
+from pilot.xds.flavor import Flavor
 from tests.support.mesh import Ep, endpoint_slice, service
 
 

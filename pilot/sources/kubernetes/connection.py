@@ -14,13 +14,11 @@ import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
+from pilot.sources.kubernetes.config import KubernetesUnavailable
+
 IN_CLUSTER_HOST_ENV = "KUBERNETES_SERVICE_HOST"
 DEFAULT_KUBECONFIG = Path("~/.kube/config")
 CONNECT_TIMEOUT = 10.0
-
-
-class KubernetesUnavailable(RuntimeError):
-    """No usable Kubernetes configuration, or the API server cannot be reached."""
 
 
 def _kubeconfig_path(flag: Path | None) -> Path | None:

@@ -18,12 +18,12 @@ import json
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
 
 from pilot.backoff import Backoff
+from pilot.sources.kubernetes.config import InformerSettings
 
 log = logging.getLogger("pilot.sources.kubernetes")
 
@@ -47,17 +47,6 @@ class Expired(Exception):
 
 class ApiStatusError(Exception):
     """The API server answered with an error Status."""
-
-
-@dataclass(frozen=True, slots=True)
-class InformerSettings:
-    """Timeouts and paging; the defaults suit a real cluster."""
-
-    watch_timeout: float = 300.0
-    connect_timeout: float = 10.0
-    page_size: int = 500
-    backoff_initial: float = 0.5
-    backoff_max: float = 30.0
 
 
 def _key(obj: Obj) -> ObjectKey:

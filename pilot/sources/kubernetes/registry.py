@@ -1,10 +1,10 @@
-"""The Kubernetes registry: informers whose objects feed the endpoint index.
+"""The Kubernetes registry: informers whose objects feed the registry.
 
 Services and EndpointSlices (or, with `--endpoints-api endpoints`, legacy v1
 Endpoints) are watched in all namespaces or in the ones named. Each object
-event becomes an index update, and the index says what kind of push it needs.
-A malformed object is logged with its name and skipped; what pilot knew of it
-before stays.
+event becomes an upsert or delete on the `RegistryUpdater` the registry was
+given. A malformed object is logged with its name and skipped; what pilot knew
+of it before stays.
 """
 
 from __future__ import annotations
@@ -12,15 +12,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from kubernetes_asyncio import client
 
-from pilot.registry.index import EndpointIndex, IndexChange
 from pilot.registry.kubernetes_objects import (
     SERVICE_NAME_LABEL,
     ObjectError,
@@ -30,34 +26,16 @@ from pilot.registry.kubernetes_objects import (
     parse_service,
 )
 from pilot.registry.model import EndpointSetKey, ServiceKey
-from pilot.sources.kubernetes.informer import Informer, InformerSettings, Obj, Request
+from pilot.registry.updater import RegistryUpdater
+from pilot.sources.kubernetes.config import EndpointsApi, KubernetesSettings
+from pilot.sources.kubernetes.informer import Informer, Obj, Request
 
 log = logging.getLogger("pilot.sources.kubernetes")
 
-OnChange = Callable[[IndexChange], None]
-
-
-class EndpointsApi(StrEnum):
-    """Which API carries endpoints: EndpointSlices (default) or legacy Endpoints."""
-
-    ENDPOINTSLICES = "endpointslices"
-    ENDPOINTS = "endpoints"
-
-
-@dataclass(frozen=True, slots=True)
-class KubernetesSettings:
-    """`--kubeconfig`, `--namespaces`, `--endpoints-api`, and informer tuning."""
-
-    kubeconfig: Path | None = None
-    namespaces: tuple[str, ...] = ()
-    endpoints_api: EndpointsApi = EndpointsApi.ENDPOINTSLICES
-    informer: InformerSettings = field(default_factory=InformerSettings)
-
 
 class _ServiceHandler:
-    def __init__(self, index: EndpointIndex, on_change: OnChange) -> None:
-        self._index = index
-        self._on_change = on_change
+    def __init__(self, updater: RegistryUpdater) -> None:
+        self._updater = updater
 
     def upsert(self, obj: Obj) -> None:
         try:
@@ -65,16 +43,15 @@ class _ServiceHandler:
         except ObjectError as error:
             log.warning("ignoring %s", error)
             return
-        self._on_change(self._index.upsert_service(service))
+        self._updater.upsert(service)
 
     def delete(self, namespace: str, name: str) -> None:
-        self._on_change(self._index.delete_service(ServiceKey(namespace or "default", name)))
+        self._updater.delete(ServiceKey(namespace or "default", name))
 
 
 class _EndpointsHandler:
-    def __init__(self, index: EndpointIndex, on_change: OnChange, kind: str) -> None:
-        self._index = index
-        self._on_change = on_change
+    def __init__(self, updater: RegistryUpdater, kind: str) -> None:
+        self._updater = updater
         self._kind = kind
 
     def upsert(self, obj: Obj) -> None:
@@ -90,11 +67,10 @@ class _EndpointsHandler:
             self.delete(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
             log.debug("skipping %s (not an IP address type)", object_label(obj))
             return
-        self._on_change(self._index.upsert_endpoints(parsed))
+        self._updater.upsert(parsed)
 
     def delete(self, namespace: str, name: str) -> None:
-        key = EndpointSetKey(self._kind, namespace or "default", name)
-        self._on_change(self._index.delete_endpoints(key))
+        self._updater.delete(EndpointSetKey(self._kind, namespace or "default", name))
 
 
 def _requests(
@@ -120,14 +96,12 @@ class KubernetesRegistry:
     def __init__(
         self,
         settings: KubernetesSettings,
-        index: EndpointIndex,
-        on_change: OnChange,
+        updater: RegistryUpdater,
         api_client: client.ApiClient,
         server: str,
     ) -> None:
         self.settings = settings
-        self._index = index
-        self._on_change = on_change
+        self._updater = updater
         self._api_client = api_client
         self.server = server
         self.informers: list[Informer] = []
@@ -145,9 +119,9 @@ class KubernetesRegistry:
                 api_client, namespace, self.settings.endpoints_api
             ).items():
                 if kind == "Service":
-                    handler: Any = _ServiceHandler(self._index, self._on_change)
+                    handler: Any = _ServiceHandler(self._updater)
                 else:
-                    handler = _EndpointsHandler(self._index, self._on_change, kind)
+                    handler = _EndpointsHandler(self._updater, kind)
                 selector = SERVICE_NAME_LABEL if kind == "EndpointSlice" else ""
                 informers.append(Informer(kind, request, handler, self.settings.informer, selector))
         return informers

@@ -18,7 +18,7 @@ import grpc
 from pilot.security.ca import CertificateAuthority
 from pilot.security.certs import load_certificates, utcnow
 
-log = logging.getLogger("pilot.xds")
+log = logging.getLogger("pilot.security")
 
 SERVING_TTL = datetime.timedelta(days=1)
 

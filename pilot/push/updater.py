@@ -1,0 +1,52 @@
+"""The registry updater sources are given: index update, then a push request.
+
+Every change is applied to the endpoint index, which says what it means; a
+change that needs a push enters the pipeline's debounce as a `PushRequest`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from pilot.push.request import PushRequest
+from pilot.registry.index import EndpointIndex, IndexChange
+from pilot.registry.model import EndpointSet, EndpointSetKey, Service, ServiceKey
+from pilot.stats import XdsStats
+
+
+class IndexUpdater:
+    """Implements `RegistryUpdater` on the endpoint index, submitting what changed."""
+
+    def __init__(
+        self,
+        index: EndpointIndex,
+        submit: Callable[[PushRequest], None],
+        stats: XdsStats,
+    ) -> None:
+        self._index = index
+        self._submit = submit
+        self._stats = stats
+
+    def upsert(self, obj: Service | EndpointSet) -> None:
+        if isinstance(obj, Service):
+            self._changed(self._index.upsert_service(obj))
+        else:
+            self._changed(self._index.upsert_endpoints(obj))
+
+    def delete(self, key: ServiceKey | EndpointSetKey) -> None:
+        if isinstance(key, ServiceKey):
+            self._changed(self._index.delete_service(key))
+        else:
+            self._changed(self._index.delete_endpoints(key))
+
+    def replace_all(
+        self, services: Iterable[Service], endpoint_sets: Iterable[EndpointSet]
+    ) -> None:
+        self._changed(self._index.replace_all(services, endpoint_sets))
+
+    def _changed(self, change: IndexChange) -> None:
+        if not change:
+            return
+        self._stats.inbound_updates["svc"] += len(change.full)
+        self._stats.inbound_updates["eds"] += len(change.endpoints)
+        self._submit(PushRequest(registry=change))

@@ -1,0 +1,33 @@
+"""The one way sources change the registry: upsert, delete, replace-all.
+
+The file source replaces everything with each good version of the file; the
+Kubernetes informers upsert and delete objects as they change. Whatever
+implements this interface applies the change to the endpoint index and hands
+what it means (no push, endpoints only, or full) to the push pipeline, so a
+source never knows who listens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+from pilot.registry.model import EndpointSet, EndpointSetKey, Service, ServiceKey
+
+
+class RegistryUpdater(Protocol):
+    """Changes to the registry, as sources make them."""
+
+    def upsert(self, obj: Service | EndpointSet) -> None:
+        """A Service or an endpoint set was added or changed."""
+        ...
+
+    def delete(self, key: ServiceKey | EndpointSetKey) -> None:
+        """A Service or an endpoint set went away."""
+        ...
+
+    def replace_all(
+        self, services: Iterable[Service], endpoint_sets: Iterable[EndpointSet]
+    ) -> None:
+        """The registry is now exactly this (a file reload)."""
+        ...
