@@ -166,7 +166,7 @@ def _agent_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     agent.add_argument("--trust-domain", default="cluster.local")
     agent.add_argument("--key-type", choices=[k.value for k in KeyType], default=KeyType.EC.value)
-    agent.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _log_flags(agent)
 
 
 _AGENT_EPILOG = """\

@@ -61,3 +61,17 @@ def test_delta_first_request_with_names_is_not_wildcard() -> None:
     sub = Subscription()
     diff = sub.update(["a"], [])
     assert not sub.wildcard and diff.added == {"a"}
+
+
+def test_named_only_types_refuse_every_kind_of_wildcard() -> None:
+    sotw = Subscription(wildcard_allowed=False)
+    diff = sotw.replace([])
+    assert diff.wildcard_refused and not sotw.wildcard and not sotw.wants("default")
+    assert not sotw.replace([]).wildcard_refused, "refused once; an empty list is now nothing"
+    diff = sotw.replace(["*", "default"])
+    assert diff.wildcard_refused and sotw.names == {"default"} and not sotw.wants("other")
+
+    delta = Subscription(wildcard_allowed=False)
+    assert delta.update([], []).wildcard_refused and not delta.wildcard
+    diff = delta.update(["*"], [])
+    assert diff.wildcard_refused and not delta.wants("default") and not diff.added

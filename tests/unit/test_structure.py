@@ -1,0 +1,135 @@
+"""The shape of `pilot/`: no import cycles, a thin gRPC shell, no needless Kubernetes client.
+
+Imports are read from the source (every `import` and `from ... import`,
+including those under TYPE_CHECKING and inside functions): a cycle through a
+type-only import is still two modules that cannot be understood apart.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "pilot"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {
+        _module_name(path): path
+        for path in PACKAGE.rglob("*.py")
+        if "_gen" not in path.relative_to(PACKAGE).parts
+    }
+
+
+def _imported(name: str, path: Path, known: set[str]) -> set[str]:
+    """The pilot modules `name` imports (a `from a import b` of a submodule counts as a.b)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {module for module in found if module in known and module != name}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    return {name: _imported(name, path, known) for name, path in modules.items()}
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for imported in sorted(graph[module]):
+            if state.get(imported) == 1:
+                return [*path[path.index(imported) :], imported]
+            if imported not in state and (cycle := visit(imported)):
+                return cycle
+        path.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module)):
+            return cycle
+    return None
+
+
+def test_the_import_walk_sees_real_imports() -> None:
+    graph = _graph()
+    assert "pilot.push.pipeline" in graph["pilot.server.connection"]
+    assert "pilot.xds.cache" in graph["pilot.push.pipeline"]
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_no_import_cycle_in_pilot() -> None:
+    cycle = _find_cycle(_graph())
+    assert cycle is None, f"import cycle: {' -> '.join(cycle or ())}"
+
+
+@pytest.mark.parametrize("forbidden", ["pilot.debug", "pilot.sources", "pilot.security"])
+def test_the_grpc_shell_imports_none_of_what_uses_it(forbidden: str) -> None:
+    graph = _graph()
+    offenders = {
+        f"{module} -> {imported}"
+        for module, imports in graph.items()
+        if module.startswith("pilot.server")
+        for imported in imports
+        if imported.startswith(forbidden)
+    }
+    assert not offenders, sorted(offenders)
+
+
+def test_importing_the_server_and_the_agent_loads_no_kubernetes_client() -> None:
+    check = (
+        "import pilot.server.grpc_server, pilot.agent, pilot.cli, sys; "
+        "assert not any(m.startswith('kubernetes_asyncio') for m in sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", check], check=True, timeout=60)
+
+
+def test_a_running_pilot_agent_loads_no_kubernetes_client(tmp_path: Path) -> None:
+    env = os.environ | {
+        "POD_NAMESPACE": "shop",
+        "SERVICE_ACCOUNT": "cart",
+        "CA_INSECURE": "true",
+        "PYTHONVERBOSE": "1",  # every import is written to stderr
+    }
+    command = [sys.executable, "-m", "pilot", "agent", "--sds-socket", str(tmp_path / "sds.sock")]
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    lines = []
+    try:
+        for line in process.stderr:
+            lines.append(line)
+            if "serving SDS" in line:
+                break
+        else:
+            pytest.fail("pilot agent ended without serving:\n" + "".join(lines[-20:]))
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+    loaded = [line for line in lines if line.startswith("import 'kubernetes_asyncio")]
+    assert not loaded, loaded[:3]
