@@ -19,6 +19,7 @@ from pathlib import Path
 
 from grpc import aio
 
+from pilot.generators.sds import SecretGenerator
 from pilot.push.pipeline import Pipeline
 from pilot.security.ca_client import RemoteCa, RemoteCaSettings
 from pilot.security.certs import KeyType
@@ -29,7 +30,6 @@ from pilot.security.xds_auth import FixedIdentity
 from pilot.server.connection import StreamContext
 from pilot.server.services import sds_handlers
 from pilot.stats import XdsStats
-from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 
 log = logging.getLogger("pilot.agent")
@@ -85,12 +85,11 @@ class Agent:
         self.ca = RemoteCa(settings.remote_ca)
         sds = sds_from_env(os.environ, settings.key_type)
         self.secrets = SecretManager(self.ca, _root(settings.remote_ca), sds)
-        self.pipeline = Pipeline(ResourceCache(), self.stats, certificates=self.secrets)
+        cache = ResourceCache()
+        sds_generator = SecretGenerator(self.secrets, cache, self.stats)
+        self.pipeline = Pipeline(cache, self.stats, [sds_generator])
         self.streams = StreamContext(
-            self.pipeline,
-            frozenset({types.SECRET}),
-            self.stats,
-            auth=FixedIdentity(settings.identity),
+            self.pipeline, self.stats, auth=FixedIdentity(settings.identity)
         )
         self.server = aio.server()
         self.server.add_generic_rpc_handlers(tuple(sds_handlers(self.streams)))

@@ -2,10 +2,12 @@
 
 Change flow (each step only calls the next, downwards):
   source (file, informers) -> `IndexUpdater` -> endpoint index -> `Pipeline.submit`
-  -> debounce -> build (`ResourceBuilder`, `SecretGenerator`) -> cache
-  -> fan-out (`SubscriberIndex`) -> each stream's writer (`server.Connection`).
-Certificates enter the same pipeline: the secret manager hands a proxy whose
-certificate was minted or rotated to `Pipeline.submit`.
+  -> debounce -> build (the generators: `ResourceBuilder` for CDS and EDS,
+  `SecretGenerator` for SDS) -> cache -> fan-out (`SubscriberIndex`)
+  -> each stream's writer (`server.Connection`).
+Certificates enter the same pipeline: the secret manager reports a proxy whose
+certificate was minted or rotated, and the SDS generator submits it.
+See docs/architecture.md.
 
 Start-up order: the HTTP port first (so `/ready` answers 503 meanwhile), then
 the security component (it may wait for the shared root), the pipeline and
@@ -28,6 +30,8 @@ from pilot.debug.csds import CSDS_SERVICE, csds_handler
 from pilot.debug.http import DebugState, HttpServer
 from pilot.debug.metrics import Metrics, Sources, WatchCounts
 from pilot.debug.proxy_status import LiveProxies
+from pilot.generators.builder import ResourceBuilder
+from pilot.generators.sds import SecretGenerator
 from pilot.push.pipeline import Pipeline
 from pilot.push.updater import IndexUpdater
 from pilot.registry.index import EndpointIndex
@@ -43,12 +47,9 @@ from pilot.sources.file import FileRegistry
 from pilot.sources.kubernetes.connection import connect
 from pilot.sources.kubernetes.registry import KubernetesRegistry
 from pilot.stats import XdsStats
-from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 
 log = logging.getLogger("pilot")
-
-SERVED_TYPES = frozenset({types.CLUSTER, types.ENDPOINT, types.SECRET})
 
 
 class RegistrySource(Protocol):
@@ -131,12 +132,14 @@ class Discovery:
         )
 
     def _pipeline(self, security: Security) -> Pipeline:
+        generators = (
+            ResourceBuilder(self.index, self.cache, self.settings.build, self.stats),
+            SecretGenerator(security.secrets, self.cache, self.stats),
+        )
         return Pipeline(
             self.cache,
             self.stats,
-            index=self.index,
-            build=self.settings.build,
-            certificates=security.secrets,
+            generators,
             debounce=self.settings.debounce,
             push=self.settings.push,
             metrics=self.metrics,
@@ -164,7 +167,6 @@ class Discovery:
     ) -> GrpcServer:
         streams = StreamContext(
             pipeline,
-            SERVED_TYPES,
             self.stats,
             self.connections,
             auth=security.identities,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pilot.generators.cds import build_cluster, served_ports
 from pilot.generators.eds import build_load_assignment
 from pilot.generators.naming import outbound_cluster_name
+from pilot.push.request import Changes, PushRequest
 from pilot.registry.index import EndpointIndex, IndexChange
 from pilot.registry.model import Service, ServiceKey
 from pilot.stats import XdsStats
@@ -22,7 +23,7 @@ from pilot.xds.cache import ResourceCache
 from pilot.xds.flavor import Flavor
 from pilot.xds.resource import Resource
 
-Changes = dict[str, set[str]]
+TypeChanges = dict[str, set[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +35,9 @@ class BuildSettings:
 
 
 class ResourceBuilder:
-    """Translates index changes into cache updates; returns changed names per type."""
+    """The CDS and EDS generator: index changes in, cache updates out."""
+
+    type_urls = frozenset({types.CLUSTER, types.ENDPOINT})
 
     def __init__(
         self,
@@ -50,9 +53,13 @@ class ResourceBuilder:
         self._cluster_names: dict[ServiceKey, set[str]] = {}
         self._assignment_names: dict[ServiceKey, set[str]] = {}
 
-    def apply(self, change: IndexChange) -> Changes:
+    def build(self, request: PushRequest) -> Changes:
+        """Rebuild what the request's registry change touches."""
+        return Changes(shared=self.apply(request.registry)) if request.registry else Changes()
+
+    def apply(self, change: IndexChange) -> TypeChanges:
         """Rebuild what `change` touches; returns {type_url: names that changed}."""
-        changed: Changes = {}
+        changed: TypeChanges = {}
         for key in sorted(change.full):
             changed.setdefault(types.CLUSTER, set()).update(self._rebuild_clusters(key))
         for key in sorted(change.full | change.endpoints):

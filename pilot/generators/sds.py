@@ -10,18 +10,20 @@ when the first stream of a proxy names `default`, the generator asks the
 source for that proxy's identity, and the name is *pending* until the first
 certificate is made; when the last stream lets go, the source forgets it and
 the secret leaves the cache. A finished mint or rotation reaches the pipeline
-as a push request naming the proxy; `build` then serializes its new secret
-once and reports it, so that it fans out to exactly that proxy's streams.
+as a push request naming the proxy (through the callback the pipeline gave
+`watch`); `build` then serializes its new secret once and reports it as that
+proxy's own change, so that it fans out to exactly that proxy's streams.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Protocol
 
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2
 
+from pilot.push.request import Changes, PushRequest
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
@@ -60,6 +62,10 @@ class CertificateSource(Protocol):
     def root_pem(self) -> str | None: ...
 
 
+def _certificate_of(proxy: ProxyKey) -> PushRequest:
+    return PushRequest(certificates=frozenset((proxy,)))
+
+
 def workload_secret(certificate: Certificate) -> Resource:
     """The `default` secret: chain and private key."""
     secret = secret_pb2.Secret(name=WORKLOAD_SECRET)
@@ -77,24 +83,21 @@ def root_secret(root_pem: str) -> Resource:
 
 
 class SecretGenerator:
-    """Keeps the cache's secrets in step with the certificate source."""
+    """The SDS generator: keeps the cache's secrets in step with the certificate source."""
 
-    def __init__(
-        self,
-        source: CertificateSource,
-        cache: ResourceCache,
-        stats: XdsStats,
-        ready: Callable[[ProxyKey], None],
-    ) -> None:
+    type_urls = frozenset({types.SECRET})
+
+    def __init__(self, source: CertificateSource, cache: ResourceCache, stats: XdsStats) -> None:
         self._source = source
         self._cache = cache
         self._stats = stats
-        self._ready = ready
         self._root_pem: str | None = None
         self._publish_root()
 
-    def watch(self, proxy: ProxyKey, name: str) -> None:
-        """The first stream of `proxy` names `name`."""
+    def watch(
+        self, proxy: ProxyKey, type_url: str, name: str, changed: Callable[[PushRequest], None]
+    ) -> None:
+        """The first stream of `proxy` names `name`; `changed` is how its mints reach a push."""
         if name == ROOT_SECRET:
             return
         if name != WORKLOAD_SECRET:
@@ -104,21 +107,23 @@ class SecretGenerator:
         elif proxy.identity is None:
             log.error("proxy %s asked for its certificate but proved no identity", proxy)
         else:
-            self._cache.set_pending(types.SECRET, name, proxy, True)
-            self._source.want(proxy, self._ready)
+            self._cache.set_pending(type_url, name, proxy, True)
+            self._source.want(proxy, lambda minted: changed(_certificate_of(minted)))
 
-    def unwatch(self, proxy: ProxyKey, name: str) -> None:
+    def unwatch(self, proxy: ProxyKey, type_url: str, name: str) -> None:
         """The last stream of `proxy` that named `name` let go of it."""
         if name != WORKLOAD_SECRET:
             return
         self._source.release(proxy)
-        self._cache.set_pending(types.SECRET, name, proxy, False)
-        self._cache.update(types.SECRET, (), (name,), owner=proxy)
+        self._cache.set_pending(type_url, name, proxy, False)
+        self._cache.update(type_url, (), (name,), owner=proxy)
 
-    def build(self, proxies: Iterable[ProxyKey]) -> tuple[set[str], dict[ProxyKey, set[str]]]:
-        """Serialize the new certificates of these proxies; returns (shared, owned) changes."""
-        owned: dict[ProxyKey, set[str]] = {}
-        for proxy in proxies:
+    def build(self, request: PushRequest) -> Changes:
+        """Serialize the new certificates of the request's proxies (and a new root)."""
+        changes = Changes()
+        if not request.certificates:
+            return changes
+        for proxy in request.certificates:
             certificate = self._source.current(proxy)
             if certificate is None:
                 continue  # released meanwhile: nobody wants it any more
@@ -126,8 +131,11 @@ class SecretGenerator:
             self._stats.serializations[types.SECRET] += 1
             changed = self._cache.update(types.SECRET, (resource,), owner=proxy)
             if changed:
-                owned[proxy] = changed
-        return self._publish_root(), owned
+                changes.owned[proxy] = {types.SECRET: changed}
+        root = self._publish_root()
+        if root:
+            changes.shared[types.SECRET] = root
+        return changes
 
     def _publish_root(self) -> set[str]:
         """Store the root if it is new (a remote CA's root is learned from its chains)."""

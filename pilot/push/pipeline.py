@@ -1,18 +1,22 @@
 """The push pipeline: submit -> debounce -> build -> cache -> fan-out, for every type.
 
-Sources submit registry changes (through `IndexUpdater`), the secret manager
-submits proxies with a new certificate; both are `PushRequest`s, merged by
-the debouncer. A flush builds what changed, once: the `ResourceBuilder`
-rebuilds clusters and assignments from the endpoint index, the
-`SecretGenerator` serializes new certificates; the cache says which names
-really changed. Fan-out then marks those names on exactly the streams that
-watch them (`SubscriberIndex`): shared names on their subscribers, a proxy's
-own secrets on that proxy's streams only, and wakes their writers.
+Sources submit registry changes (through `IndexUpdater`); generators that
+watch something for a proxy (the SDS generator, while a certificate is being
+kept) submit through the callback they were given. Both are `PushRequest`s,
+merged by the debouncer. A flush hands the request to every generator, which
+builds what changed, once, into the cache and reports the names that really
+changed (`Changes`). Fan-out then marks those names on exactly the streams
+that watch them (`SubscriberIndex`): shared names on their subscribers, a
+proxy's own names on that proxy's streams only, and wakes their writers.
 
 Streams tell the pipeline what they subscribe to (`join`, `on_events`,
-`leave`); the first stream of a proxy to name a secret has the generator start
-keeping it, the last to let go has it dropped. Streams read one consistent
-state through `view`. Nothing here touches gRPC.
+`leave`). For types whose resources belong to one proxy (`OWNED_TYPES`), the
+first stream of a proxy to name a resource makes its generator `watch` it,
+the last to let go `unwatch` it. Streams read one consistent state through
+`view`. Nothing here touches gRPC.
+
+A new resource type plugs in as a generator (its `type_urls` and `build`)
+handed to the pipeline by the composition root.
 """
 
 from __future__ import annotations
@@ -20,20 +24,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
-from typing import Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol, runtime_checkable
 
-from pilot.generators.builder import BuildSettings, ResourceBuilder
-from pilot.generators.sds import CertificateSource, SecretGenerator
 from pilot.protocol.kind import StreamKind
 from pilot.protocol.messages import StreamEvent, SubscriptionChanged
 from pilot.protocol.node import streams_to_wake
 from pilot.protocol.stream import StreamCore
 from pilot.push.debounce import Debouncer
-from pilot.push.request import PushRequest
+from pilot.push.request import Changes, PushRequest
 from pilot.push.settings import DebounceSettings, PushSettings
 from pilot.push.subscribers import SubscriberIndex
-from pilot.registry.index import EndpointIndex
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ProxyView, ResourceCache
@@ -63,6 +64,28 @@ class Subscriber(Protocol):
         ...
 
 
+class Generator(Protocol):
+    """Builds the resources of some types into the cache."""
+
+    @property
+    def type_urls(self) -> frozenset[str]: ...
+
+    def build(self, request: PushRequest) -> Changes:
+        """Rebuild what the request touches; return the names whose resource changed."""
+        ...
+
+
+@runtime_checkable
+class OwnedGenerator(Generator, Protocol):
+    """A generator of resources that belong to one proxy, made while some stream wants them."""
+
+    def watch(
+        self, proxy: ProxyKey, type_url: str, name: str, changed: Callable[[PushRequest], None]
+    ) -> None: ...
+
+    def unwatch(self, proxy: ProxyKey, type_url: str, name: str) -> None: ...
+
+
 class PipelineMetrics(Protocol):
     """What the pipeline reports as it runs."""
 
@@ -81,32 +104,30 @@ class Pipeline:
         self,
         cache: ResourceCache,
         stats: XdsStats,
+        generators: Sequence[Generator],
         *,
-        index: EndpointIndex | None = None,
-        build: BuildSettings | None = None,
-        certificates: CertificateSource | None = None,
         debounce: DebounceSettings | None = None,
         push: PushSettings | None = None,
         metrics: PipelineMetrics | None = None,
     ) -> None:
         self.cache = cache
         self.settings = push or PushSettings()
+        self.served_types = frozenset(t for g in generators for t in g.type_urls)
         # Bounds the responses being built and written at once, across all streams.
         self.push_slots = asyncio.Semaphore(self.settings.throttle)
         # Set once the first full state is built: streams answer nothing before.
         self.ready = asyncio.Event()
         self._stats = stats
         self._metrics = metrics or _NoMetrics()
+        self._generators = tuple(generators)
+        self._owners = {
+            type_url: generator
+            for generator in generators
+            if isinstance(generator, OwnedGenerator)
+            for type_url in generator.type_urls & types.OWNED_TYPES
+        }
         self._debouncer = Debouncer(debounce or DebounceSettings())
         self._subscribers: SubscriberIndex[Subscriber] = SubscriberIndex()
-        self._registry = (
-            ResourceBuilder(index, cache, build or BuildSettings(), stats) if index else None
-        )
-        self._secrets = (
-            SecretGenerator(certificates, cache, stats, self._certificate_ready)
-            if certificates is not None
-            else None
-        )
 
     # -- what goes in ------------------------------------------------------------
 
@@ -124,43 +145,33 @@ class Pipeline:
         """Push what is submitted, debounced, until cancelled."""
         await self._debouncer.run(self._flush)
 
-    def _certificate_ready(self, proxy: ProxyKey) -> None:
-        self.submit(PushRequest(certificates=frozenset((proxy,))))
-
     # -- build and fan-out -------------------------------------------------------
 
     def _flush(self, request: PushRequest, started: float) -> None:
         self._metrics.debounced(time.monotonic() - started)
-        shared: dict[str, set[str]] = {}
-        owned: dict[ProxyKey, set[str]] = {}
-        if request.registry and self._registry is not None:
-            shared.update(self._registry.apply(request.registry))
-        if request.certificates and self._secrets is not None:
-            root, owned = self._secrets.build(request.certificates)
-            if root:
-                shared[types.SECRET] = root
-        if shared or owned:
-            woken = self._fan_out(shared, owned, started)
-            counts = {types.short_name(t): len(n) for t, n in shared.items()}
-            log.debug("push %s and %d proxies' secrets to %d streams", counts, len(owned), woken)
+        changes = Changes()
+        for generator in self._generators:
+            changes.add(generator.build(request))
+        if changes:
+            woken = self._fan_out(changes, started)
+            counts = {types.short_name(t): len(n) for t, n in changes.shared.items()}
+            log.debug(
+                "push %s and %d proxies' own to %d streams", counts, len(changes.owned), woken
+            )
 
-    def _fan_out(
-        self,
-        shared: Mapping[str, set[str]],
-        owned: Mapping[ProxyKey, set[str]],
-        started: float,
-    ) -> int:
+    def _fan_out(self, changes: Changes, started: float) -> int:
         """Mark changed names on the streams that watch them; returns streams woken."""
         woken: set[Subscriber] = set()
-        for type_url in sorted(shared, key=types.push_rank):
-            names = shared[type_url]
+        for type_url in sorted(changes.shared, key=types.push_rank):
+            names = changes.shared[type_url]
             for subscriber in self._subscribers.watchers(type_url, names):
                 if subscriber.notify(type_url, names, started):
                     woken.add(subscriber)
-        for proxy, names in owned.items():
+        for proxy, by_type in changes.owned.items():
             for subscriber in self._subscribers.streams_of(proxy):
-                if subscriber.notify(types.SECRET, names, started):
-                    woken.add(subscriber)
+                for type_url in sorted(by_type, key=types.push_rank):
+                    if subscriber.notify(type_url, by_type[type_url], started):
+                        woken.add(subscriber)
         self._stats.pushes += 1
         self._stats.streams_woken += len(woken)
         return len(woken)
@@ -196,12 +207,13 @@ class Pipeline:
     def _watch_owned(
         self, proxy: ProxyKey, type_url: str, names: Iterable[str], *, first: bool
     ) -> None:
-        """Tell the generator when a proxy starts (first stream) or stops (last) naming a secret."""
-        if type_url != types.SECRET or self._secrets is None:
+        """Tell a generator when a proxy starts (first stream) or stops (last) naming its own."""
+        owner = self._owners.get(type_url)
+        if owner is None:
             return
         for name in names:
             watchers = self._subscribers.proxy_watchers(proxy, type_url, name)
             if first and watchers == 1:
-                self._secrets.watch(proxy, name)
+                owner.watch(proxy, type_url, name, self.submit)
             elif not first and watchers == 0:
-                self._secrets.unwatch(proxy, name)
+                owner.unwatch(proxy, type_url, name)

@@ -1,14 +1,18 @@
-"""A push request: what changed since the last push, as one mergeable value.
+"""What crosses the build step: a push request in, the changed names out.
 
-Registry changes say which services need clusters rebuilt (full) and which
+A `PushRequest` is what changed since the last push, as one mergeable value:
+registry changes say which services need clusters rebuilt (full) and which
 only their endpoints; certificate changes name the proxies whose workload
 certificate was minted or rotated. Merging two requests is their union, so
 any number of changes waiting for a push stay one bounded value.
+
+`Changes` is what a generator's build really changed in the cache: shared
+names per type, and names per type owned by one proxy.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pilot.registry.index import NO_CHANGE, IndexChange
 from pilot.xds.proxy import ProxyKey
@@ -35,3 +39,22 @@ class PushRequest:
 
 
 NO_PUSH = PushRequest()
+
+
+@dataclass
+class Changes:
+    """Names whose cached resource changed: shared ones, and each proxy's own."""
+
+    shared: dict[str, set[str]] = field(default_factory=dict)
+    owned: dict[ProxyKey, dict[str, set[str]]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.shared or self.owned)
+
+    def add(self, other: Changes) -> None:
+        for type_url, names in other.shared.items():
+            self.shared.setdefault(type_url, set()).update(names)
+        for proxy, by_type in other.owned.items():
+            mine = self.owned.setdefault(proxy, {})
+            for type_url, names in by_type.items():
+                mine.setdefault(type_url, set()).update(names)

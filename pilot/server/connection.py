@@ -66,7 +66,6 @@ class StreamContext:
     """What every xDS stream of one server shares, handed in when the server is built."""
 
     pipeline: Pipeline
-    served_types: frozenset[str]
     stats: XdsStats
     connections: ConnectionRegistry[Connection] = field(default_factory=ConnectionRegistry)
     auth: ProxyAuthenticator | None = None
@@ -186,7 +185,7 @@ class Connection:
         if self.node is None:
             self._identify(message.node)
         request = self._convert(message)
-        if request.type_url not in self._context.served_types:
+        if request.type_url not in self._pipeline.served_types:
             self._unserved(request.type_url)
             return
         self.kind.check(request.type_url)

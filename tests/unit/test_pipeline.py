@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pilot.protocol import DeltaStream, SotwStream
 from pilot.protocol.kind import StreamKind
 from pilot.protocol.messages import DeltaRequest, SotwRequest
+from pilot.generators.sds import SecretGenerator
 from pilot.push.pipeline import Pipeline
 from pilot.stats import XdsStats
 from pilot.xds import types
@@ -123,8 +124,8 @@ class Plane:
 
 @asynccontextmanager
 async def plane() -> AsyncIterator[Plane]:
-    cache, certificates = ResourceCache(), Certificates()
-    pipeline = Pipeline(cache, XdsStats(), certificates=certificates)
+    cache, certificates, stats = ResourceCache(), Certificates(), XdsStats()
+    pipeline = Pipeline(cache, stats, [SecretGenerator(certificates, cache, stats)])
     pipeline.publish_initial()
     task = asyncio.create_task(pipeline.run())
     try:
