@@ -1,0 +1,217 @@
+"""`pilot discovery` as users run it: a subprocess on the Kubernetes registry, read from outside.
+
+`start_pilot` runs `python -m pilot discovery --kubeconfig ...` against a test API server
+(which also answers TokenReviews), with a plugged-in CA written by the test (so that the
+test knows the root), ephemeral loopback ports (read back from pilot's "serving" log
+line) and JSON logs on stderr, every line of which is kept: `wait_logged` waits for one
+with a deadline. The HTTP port's JSON (`/debug/...`) is read with `get_json`.
+`stop` sends SIGTERM and fails if pilot does not exit 0 in time.
+
+Nothing is written outside the test's folder: HOME and the CA state live there too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.protocol.client import XdsClient, tls_credentials
+
+Entry = dict[str, str]  # one log line: level, scope, msg (or raw text)
+
+STARTUP_TIMEOUT = 30.0
+STOP_TIMEOUT = 15.0
+SERVING = re.compile(r"\(port (\d+), TLS port (\d+)\), HTTP on (.+):(\d+)")
+# Settings pilot reads from the environment: the test's pilot gets none from the shell.
+_INHERITED_PREFIXES = ("PILOT_", "CA_", "SECRET_", "KUBECONFIG", "POD_", "SERVICE_ACCOUNT")
+
+
+def _entry(line: str) -> Entry:
+    try:
+        parsed = json.loads(line)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        return {"level": "", "scope": "", "msg": line}
+    return {k: str(parsed.get(k, "")) for k in ("level", "scope", "msg")}
+
+
+@dataclass
+class PilotProcess:
+    """A running `pilot discovery` subprocess, its ports, and every line it logged."""
+
+    process: asyncio.subprocess.Process
+    root_pem: bytes = field(repr=False)
+    log: list[Entry] = field(default_factory=list, repr=False)
+    grpc_port: int = 0
+    tls_port: int = 0
+    http_port: int = 0
+    _logged: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    _ended: bool = field(default=False, repr=False)  # stderr closed: pilot exited
+    _reader: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    # -- ports ---------------------------------------------------------------
+
+    def target(self, tls: bool) -> str:
+        """Where to dial: pilot's TLS certificate names `localhost`, not 127.0.0.1."""
+        return f"localhost:{self.tls_port}" if tls else f"127.0.0.1:{self.grpc_port}"
+
+    def client(self, tls: bool, token: str | None) -> XdsClient:
+        """An xDS client on the plaintext or the TLS port, trusting pilot's root."""
+        credentials = tls_credentials(self.root_pem) if tls else None
+        return XdsClient(self.target(tls), credentials=credentials, token=token)
+
+    async def get_json(self, path: str) -> Any:
+        """GET a JSON document from the HTTP port (debug endpoints answer loopback)."""
+        url = f"http://127.0.0.1:{self.http_port}{path}"
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as reply:
+            assert reply.status == 200, f"GET {path}: HTTP {reply.status}"
+            return await reply.json(content_type=None)
+
+    # -- logs ----------------------------------------------------------------
+
+    def mark(self) -> int:
+        """A position in the log: `logged(..., since=mark)` looks only after it."""
+        return len(self.log)
+
+    def logged(self, predicate: Callable[[Entry], bool], since: int = 0) -> list[Entry]:
+        return [entry for entry in self.log[since:] if predicate(entry)]
+
+    async def until_logged(
+        self, predicate: Callable[[Entry], bool], since: int, within: float
+    ) -> list[Entry]:
+        """The matching lines logged after `since`, once there is one; [] after `within`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while not (found := self.logged(predicate, since)):
+            remaining = deadline - loop.time()
+            if remaining <= 0 or self._ended:
+                return []
+            self._logged.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._logged.wait()
+        return found
+
+    async def wait_logged(
+        self,
+        predicate: Callable[[Entry], bool],
+        what: str,
+        since: int = 0,
+        within: float = 10.0,
+    ) -> list[Entry]:
+        """The matching lines logged after `since`, once there is one (or fail)."""
+        found = await self.until_logged(predicate, since, within)
+        if not found:
+            when = "before it exited" if self._ended else f"within {within:g}s"
+            pytest.fail(f"pilot did not log {what} {when}; {self.tail()}")
+        return found
+
+    def tail(self, lines: int = 8) -> str:
+        shown = [f"{e['level']} {e['scope']}: {e['msg']}".strip() for e in self.log[-lines:]]
+        return "its last log lines:\n  " + "\n  ".join(shown)
+
+    async def _read(self, stream: asyncio.StreamReader) -> None:
+        while line := await stream.readline():
+            self.log.append(_entry(line.decode(errors="replace").rstrip("\n")))
+            self._logged.set()
+        self._ended = True
+        self._logged.set()
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def _terminate(self) -> bool:
+        """SIGTERM, then wait; True if pilot exited in time (else it is killed)."""
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(STOP_TIMEOUT):
+                await self.process.wait()
+                if self._reader is not None:
+                    await self._reader
+        except TimeoutError:
+            self.process.kill()
+            await self.process.wait()
+            return False
+        return True
+
+    async def stop(self) -> None:
+        """SIGTERM; pilot must drain and exit 0."""
+        if not await self._terminate():
+            pytest.fail(f"pilot ignored SIGTERM for {STOP_TIMEOUT:g}s; {self.tail()}")
+        code = self.process.returncode
+        assert code == 0, f"pilot exited {code} on SIGTERM; {self.tail()}"
+
+
+def _environment(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_INHERITED_PREFIXES)}
+    env["HOME"] = str(home)
+    return env
+
+
+async def start_pilot(
+    folder: Path, kubeconfig: Path, ca_cert_dir: Path, root_pem: bytes, *extra: str
+) -> PilotProcess:
+    """`pilot discovery` on the cluster `kubeconfig` names, serving once it logs so."""
+    home = folder / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable,
+        "-m",
+        "pilot",
+        "discovery",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--grpc-tls-addr",
+        "127.0.0.1:0",
+        "--http-addr",
+        "127.0.0.1:0",
+        "--ca-cert-dir",
+        str(ca_cert_dir),
+        "--ca-state-dir",
+        str(folder / "ca-state"),
+        "--drain-duration",
+        "0s",
+        "--log-format",
+        "json",
+        *extra,
+    ]
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        cwd=folder,
+        env=_environment(home),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stderr is not None
+    pilot = PilotProcess(process, root_pem)
+    pilot._reader = asyncio.create_task(pilot._read(process.stderr), name="pilot-stderr")
+    try:
+        (serving,) = await pilot.wait_logged(
+            lambda e: SERVING.search(e["msg"]) is not None,
+            "that it is serving",
+            within=STARTUP_TIMEOUT,
+        )
+    except BaseException:
+        await pilot._terminate()
+        raise
+    match = SERVING.search(serving["msg"])
+    assert match is not None
+    pilot.grpc_port, pilot.tls_port, pilot.http_port = (int(match[i]) for i in (1, 2, 4))
+    return pilot
