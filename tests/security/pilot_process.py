@@ -75,11 +75,16 @@ class PilotProcess:
 
     async def get_json(self, path: str) -> Any:
         """GET a JSON document from the HTTP port (debug endpoints answer loopback)."""
+        status, body = await self.get(path)
+        assert status == 200, f"GET {path}: HTTP {status}: {body}"
+        return body
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        """GET from the HTTP port: the status and the JSON body."""
         url = f"http://127.0.0.1:{self.http_port}{path}"
         timeout = aiohttp.ClientTimeout(total=10)
         async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as reply:
-            assert reply.status == 200, f"GET {path}: HTTP {reply.status}"
-            return await reply.json(content_type=None)
+            return reply.status, await reply.json(content_type=None)
 
     # -- logs ----------------------------------------------------------------
 

@@ -5,11 +5,13 @@ The victim (ns-b/victim) and a workload using its node id with its own token
 What an operator reads must show both, told apart by identity: CSDS
 (`FetchClientStatus`, as `pilot proxy-status` calls it) two ClientConfigs with the node
 id; `/debug/syncz` and `/debug/connections` two rows with `"proxy"` the node id and
-`"identity"` each one's SPIFFE URI. No private key appears in any of them.
+`"identity"` each one's SPIFFE URI; `/debug/config_dump` asks which one is meant. No
+private key appears in any of them.
 """
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -82,3 +84,17 @@ async def test_debug_rows_tell_the_proxies_apart_by_identity(
     )
     text = str(rows)
     assert "PRIVATE KEY" not in text, f"{page} shows a private key"
+
+
+async def test_config_dump_asks_which_proxy_behind_the_node_id(mesh: Mesh, two: TwoProxies) -> None:
+    node_id = urllib.parse.quote(two.node_id)
+    status, body = await mesh.pilot.get(f"/debug/config_dump?proxyID={node_id}")
+    assert status == 409, f"one answer for two proxies: {status} {str(body)[:200]}"
+    assert "identity" in body["error"]
+    for account in (VICTIM, ATTACKER):
+        identity = urllib.parse.quote(account.uri)
+        dump = await mesh.pilot.get_json(
+            f"/debug/config_dump?proxyID={node_id}&identity={identity}"
+        )
+        assert dump["identity"] == account.uri
+        assert "PRIVATE KEY" not in str(dump), "config_dump shows a private key"
