@@ -59,7 +59,7 @@ def _matches(status: ProxyStatus, matchers: list[node_pb2.NodeMatcher]) -> bool:
     if not matchers:
         return True
     return any(
-        not matcher.HasField("node_id") or string_matches(matcher.node_id, status.proxy_id)
+        not matcher.HasField("node_id") or string_matches(matcher.node_id, status.proxy.node_id)
         for matcher in matchers
     )
 

@@ -59,14 +59,6 @@ class ProxyStatus:
     streams: tuple[str, ...]
     resources: tuple[ResourceStatus, ...]
 
-    @property
-    def proxy_id(self) -> str:
-        return self.proxy.node_id
-
-    @property
-    def identity(self) -> str | None:
-        return self.proxy.identity
-
     def by_type(self, type_url: str) -> list[ResourceStatus]:
         return [r for r in self.resources if r.type_url == type_url]
 

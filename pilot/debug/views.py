@@ -45,8 +45,8 @@ def _sync_summary(status: ProxyStatus) -> Json:
         if r.error is not None
     ]
     return {
-        "proxy": status.proxy_id,
-        "identity": status.identity,
+        "proxy": status.proxy.node_id,
+        "identity": status.proxy.identity,
         "streams": list(status.streams),
         "types": {name: dict(counts) for name, counts in sorted(by_type.items())},
         "errors": errors,
@@ -125,12 +125,12 @@ def config_dump(proxies: LiveProxies, proxy_id: str, identity: str | None = None
     matching = [
         status
         for status in proxies.statuses()
-        if status.proxy_id == proxy_id and identity in (None, status.identity)
+        if status.proxy.node_id == proxy_id and identity in (None, status.proxy.identity)
     ]
     if not matching:
         raise NotFound(f"no connected proxy {proxy_id!r}")
     if len(matching) > 1:
-        claimed = ", ".join(str(status.identity) for status in matching)
+        claimed = ", ".join(str(status.proxy.identity) for status in matching)
         raise Ambiguous(
             f"node id {proxy_id!r} is claimed under several identities ({claimed}):"
             " say which with &identity="
@@ -140,8 +140,8 @@ def config_dump(proxies: LiveProxies, proxy_id: str, identity: str | None = None
 
 def _dump(status: ProxyStatus) -> Json:
     return {
-        "proxy": status.proxy_id,
-        "identity": status.identity,
+        "proxy": status.proxy.node_id,
+        "identity": status.proxy.identity,
         "streams": list(status.streams),
         "resources": [
             {

@@ -15,28 +15,10 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from tests.integration.ca_support import sa_token, write_plugged_in
-from tests.kubeapi import KubeAPIServer, write_kubeconfig
-from tests.security.peers import ATTACKER, BARRIER_SERVICES, VICTIM, Mesh
-from tests.security.pilot_process import start_pilot
-from tests.support.mesh import Ep, endpoint_slice, service
+from tests.security.peers import Mesh, running_mesh
 
 
 @pytest_asyncio.fixture(scope="package", loop_scope="package")
 async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
-    folder = tmp_path_factory.mktemp("security")
-    ca = write_plugged_in(folder / "plugged-in-ca")
-    async with KubeAPIServer() as srv:
-        for name in BARRIER_SERVICES:
-            srv.apply(service(name))
-            srv.apply(endpoint_slice(name, [Ep("10.1.0.1")]))
-        tokens = {
-            account: sa_token(srv, account.namespace, account.name)
-            for account in (VICTIM, ATTACKER)
-        }
-        kubeconfig = write_kubeconfig(folder / "kubeconfig.yaml", srv.url)
-        pilot = await start_pilot(folder, kubeconfig, ca.directory, ca.root.cert_pem.encode())
-        try:
-            yield Mesh(pilot, srv, ca, tokens)
-        finally:
-            await pilot.stop()
+    async with running_mesh(tmp_path_factory.mktemp("security")) as running:
+        yield running

@@ -20,14 +20,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.ca_support import PluggedIn, Token
-from tests.kubeapi import KubeAPIServer
+from tests.integration.ca_support import PluggedIn, Token, sa_token, write_plugged_in
+from tests.kubeapi import KubeAPIServer, write_kubeconfig
 from tests.protocol.client import (
     ENDPOINT,
     SECRET,
@@ -43,8 +44,8 @@ from tests.protocol.client import (
     secret_summaries,
     sotw_names,
 )
-from tests.security.pilot_process import Entry, PilotProcess
-from tests.support.mesh import cluster_name
+from tests.security.pilot_process import Entry, PilotProcess, start_pilot
+from tests.support.mesh import Ep, cluster_name, endpoint_slice, service
 
 WORKLOAD, ROOTCA = "default", "ROOTCA"
 TRUST_DOMAIN = "cluster.local"
@@ -320,6 +321,28 @@ def wildcard_warning(entry: Entry) -> bool:
     return entry["level"] == "warning" and WILDCARD_WARNING in entry["msg"]
 
 
+@contextlib.asynccontextmanager
+async def running_mesh(folder: Path, *pilot_flags: str) -> AsyncIterator[Mesh]:
+    """The API server (barrier Services, both accounts' tokens) and pilot on it,
+    with a plugged-in CA written under `folder` so that tests know the root."""
+    ca = write_plugged_in(folder / "plugged-in-ca")
+    async with KubeAPIServer() as srv:
+        for name in BARRIER_SERVICES:
+            srv.apply(service(name))
+            srv.apply(endpoint_slice(name, [Ep("10.1.0.1")]))
+        tokens = {
+            account: sa_token(srv, account.namespace, account.name)
+            for account in (VICTIM, ATTACKER)
+        }
+        kubeconfig = write_kubeconfig(folder / "kubeconfig.yaml", srv.url)
+        root = ca.root.cert_pem.encode()
+        pilot = await start_pilot(folder, kubeconfig, ca.directory, root, *pilot_flags)
+        try:
+            yield Mesh(pilot, srv, ca, tokens)
+        finally:
+            await pilot.stop()
+
+
 def victim(mesh: Mesh, node_id: str, tls: bool, *, service: str = "ads", delta: bool) -> Peer:
     """The victim's Envoy: its own token, its node id, Istio's node metadata."""
     return Peer.connect(
@@ -336,8 +359,9 @@ def victim(mesh: Mesh, node_id: str, tls: bool, *, service: str = "ads", delta: 
     )
 
 
-def attacker(mesh: Mesh, node_id: str, tls: bool, route: Route, metadata: bool) -> Peer:
-    """The attacker: its own token (ns-a/attacker), the victim's node id."""
+def attacker(mesh: Mesh, node_id: str, tls: bool, route: Route, claims: Account | None) -> Peer:
+    """The attacker: its own token (ns-a/attacker), the victim's node id, and node metadata
+    naming the account `claims` (its own, the victim's, or none)."""
     return Peer.connect(
         mesh.pilot,
         "attacker",
@@ -345,7 +369,7 @@ def attacker(mesh: Mesh, node_id: str, tls: bool, route: Route, metadata: bool) 
         mesh.tokens[ATTACKER],
         tls=tls,
         node_id=node_id,
-        metadata=ATTACKER.metadata if metadata else None,
+        metadata=claims.metadata if claims else None,
         service=route.service,
         delta=route.delta,
         barrier_clusters=mesh.barrier_clusters,

@@ -18,12 +18,10 @@ import pytest_asyncio
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from tests.integration.ca_support import PluggedIn, issue_leaf, pem, write_plugged_in
-from tests.kubeapi import KubeAPIServer, write_kubeconfig
+from tests.integration.ca_support import PluggedIn, issue_leaf, pem
 from tests.protocol.client import XdsClient, node
 from tests.security.peers import (
     ATTACKER,
-    BARRIER_SERVICES,
     ROOTCA,
     VICTIM,
     WAIT,
@@ -32,11 +30,10 @@ from tests.security.peers import (
     Mesh,
     Peer,
     gets_its_secrets,
+    running_mesh,
     show_all,
     wait_streams,
 )
-from tests.security.pilot_process import start_pilot
-from tests.support.mesh import Ep, endpoint_slice, service
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -45,23 +42,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="package")
 async def certified(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
     """A pilot whose TLS port requires client certificates from its (plugged-in) CA."""
     folder = tmp_path_factory.mktemp("client-certificates")
-    ca = write_plugged_in(folder / "plugged-in-ca")
-    async with KubeAPIServer() as srv:
-        for name in BARRIER_SERVICES:
-            srv.apply(service(name))
-            srv.apply(endpoint_slice(name, [Ep("10.1.0.1")]))
-        kubeconfig = write_kubeconfig(folder / "kubeconfig.yaml", srv.url)
-        pilot = await start_pilot(
-            folder,
-            kubeconfig,
-            ca.directory,
-            ca.root.cert_pem.encode(),
-            "--grpc-tls-require-client-cert",
-        )
-        try:
-            yield Mesh(pilot, srv, ca, {})
-        finally:
-            await pilot.stop()
+    async with running_mesh(folder, "--grpc-tls-require-client-cert") as mesh:
+        yield mesh
 
 
 def _credentials(ca: PluggedIn, account: Account) -> grpc.ChannelCredentials:

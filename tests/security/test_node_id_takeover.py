@@ -48,11 +48,12 @@ from tests.security.peers import (
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
+ADS_SOTW_DEFAULT = Route("ads-sotw-default", "ads", delta=False, names=(WORKLOAD,))
 ROUTES = [
     Route("ads-sotw-wildcard", "ads", delta=False, names=()),
     Route("ads-delta-star", "ads", delta=True, names=("*",)),
     Route("ads-delta-empty", "ads", delta=True, names=()),
-    Route("ads-sotw-default", "ads", delta=False, names=(WORKLOAD,)),
+    ADS_SOTW_DEFAULT,
     Route("ads-delta-default", "ads", delta=True, names=(WORKLOAD,)),
     Route("sds-sotw-wildcard", "sds", delta=False, names=()),
     Route("sds-delta-star", "sds", delta=True, names=("*",)),
@@ -105,7 +106,7 @@ async def test_another_proxys_node_id_gets_none_of_its_secrets(
     mark = mesh.pilot.mark()
     # The victim's Envoy: ADS, SotW or delta like the attacker's stream.
     good = victim(mesh, node_id, tls, delta=route.delta)
-    bad = attacker(mesh, node_id, tls, route, attacker_metadata)
+    bad = attacker(mesh, node_id, tls, route, ATTACKER if attacker_metadata else None)
     try:
         if victim_first:
             await gets_its_secrets(good)
@@ -186,17 +187,7 @@ async def test_claiming_the_victims_account_in_metadata_is_refused(mesh: Mesh, t
     nothing sent, and the victim's Envoy keeps its certificate (nothing pushed)."""
     node_id = mesh.node_id()
     good = victim(mesh, node_id, tls, delta=False)
-    liar = Peer.connect(
-        mesh.pilot,
-        "attacker",
-        ATTACKER,
-        mesh.tokens[ATTACKER],
-        tls=tls,
-        node_id=node_id,
-        metadata=VICTIM.metadata,
-        service="ads",
-        delta=False,
-    )
+    liar = attacker(mesh, node_id, tls, ADS_SOTW_DEFAULT, claims=VICTIM)
     try:
         await gets_its_secrets(good)
         assert good.workload is not None

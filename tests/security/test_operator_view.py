@@ -51,7 +51,7 @@ async def two(mesh: Mesh) -> AsyncIterator[TwoProxies]:
     node_id = mesh.node_id()
     good = victim(mesh, node_id, tls=False, delta=False)
     route = Route("ads-delta-default", "ads", delta=True, names=(WORKLOAD,))
-    bad = attacker(mesh, node_id, tls=False, route=route, metadata=False)
+    bad = attacker(mesh, node_id, tls=False, route=route, claims=None)
     try:
         await gets_its_secrets(good)
         await attacks(mesh, bad, route, mesh.pilot.mark())

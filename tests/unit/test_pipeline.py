@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+from pilot.generators.sds import SecretGenerator
 from pilot.protocol import DeltaStream, SotwStream
 from pilot.protocol.kind import StreamKind
 from pilot.protocol.messages import DeltaRequest, SotwRequest
-from pilot.generators.sds import SecretGenerator
 from pilot.push.pipeline import Pipeline
 from pilot.stats import XdsStats
 from pilot.xds import types

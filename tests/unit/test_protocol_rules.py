@@ -48,14 +48,15 @@ def test_a_secret_wildcard_is_refused_and_answered_with_nothing() -> None:
     assert delta.take_responses(view) == [], "not even an empty answer"
 
 
-def _cds_stream_that_answered(view: FakeView) -> tuple[Side, list[StreamEvent]]:
-    cds = Side(CDS_ONLY, SotwStream())
-    cds.stream.on_request(SotwRequest(types.CLUSTER))
-    (response,) = cds.stream.take_responses(view)
+def _cluster_stream_that_acked(kind: StreamKind, view: FakeView) -> tuple[Side, list[StreamEvent]]:
+    """A stream that asked for every cluster, got them, and ACKed: the ACK's events."""
+    side = Side(kind, SotwStream())
+    side.stream.on_request(SotwRequest(types.CLUSTER))
+    (response,) = side.stream.take_responses(view)
     ack = SotwRequest(
         types.CLUSTER, version_info=response.version_info, response_nonce=response.nonce
     )
-    return cds, cds.stream.on_request(ack)
+    return side, side.stream.on_request(ack)
 
 
 def _eds_stream_that_holds(view: FakeView, name: str) -> Side:
@@ -72,7 +73,7 @@ def test_a_cds_only_reply_makes_the_proxys_eds_streams_resend_unchanged_assignme
     view.put(types.ENDPOINT, "a", "endpoints of a")
     eds = _eds_stream_that_holds(view, "a")
     other_ads = Side(ADS, SotwStream())
-    cds, events = _cds_stream_that_answered(view)
+    cds, events = _cluster_stream_that_acked(CDS_ONLY, view)
     siblings = [cds, eds, other_ads]
     woken = [s for event in events for s in streams_to_wake(cds, event, siblings)]
     assert woken == [eds]
@@ -85,12 +86,7 @@ def test_only_cds_only_streams_oblige_their_siblings() -> None:
     view.put(types.CLUSTER, "a", "cluster a")
     view.put(types.ENDPOINT, "a", "endpoints of a")
     eds = _eds_stream_that_holds(view, "a")
-    ads = Side(ADS, SotwStream())
-    ads.stream.on_request(SotwRequest(types.CLUSTER))
-    (response,) = ads.stream.take_responses(view)
-    ack = SotwRequest(
-        types.CLUSTER, version_info=response.version_info, response_nonce=response.nonce
-    )
-    for event in ads.stream.on_request(ack):
+    ads, events = _cluster_stream_that_acked(ADS, view)
+    for event in events:
         assert streams_to_wake(ads, event, [ads, eds]) == []
     assert not eds.stream.has_work
