@@ -108,7 +108,7 @@ class ProxyView:
         return self._flavor if type_url in types.FLAVORED_TYPES else SHARED
 
     def get(self, type_url: str, name: str) -> Resource | None:
-        if self._owner is not None and type_url in types.OWNED_TYPES:
+        if type_url in types.OWNED_TYPES and self._owner is not None:
             own = self._cache.get(type_url, name, owner=self._owner)
             if own is not None:
                 return own
