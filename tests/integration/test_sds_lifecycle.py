@@ -20,17 +20,10 @@ import pytest
 from pilot.security.certs import KeyType
 from pilot.security.secrets import SdsSettings, SecretManager
 from tests.harness.envoy_process import wait_until
-from tests.integration.sds_support import (
-    MESH_SERVICES,
-    ROOT,
-    WORKLOAD,
-    Proxy,
-    SdsClient,
-    SecretStream,
-    WorkloadCert,
-    sds_channel,
-    served_workload,
-)
+from tests.integration.mtls_pair import MESH_SERVICES
+from tests.integration.proxies import Proxy
+from tests.integration.sds_secrets import ROOT, WORKLOAD, WorkloadCert, served_workload
+from tests.integration.sds_stream import SdsClient, SecretStream, sds_channel
 from tests.support.mesh import simple_mesh
 from tests.support.pilot import RunningPilot, running_pilot
 

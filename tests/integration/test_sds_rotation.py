@@ -18,20 +18,11 @@ from pathlib import Path
 
 from pilot.security.secrets import SdsSettings, SecretManager
 from tests.harness.envoy_process import EnvoyProcess, wait_until
-from tests.integration.sds_support import (
-    CLIENT,
-    MESH_SERVICES,
-    ROOT,
-    SERVER,
-    WORKLOAD,
-    EnvoyCert,
-    MtlsPair,
-    Proxy,
-    mtls_pair,
-    own_certs,
-    sds_channel,
-    served_workload,
-)
+from tests.integration.envoy_tls_view import EnvoyCert, own_certs
+from tests.integration.mtls_pair import CLIENT, MESH_SERVICES, SERVER, MtlsPair, mtls_pair
+from tests.integration.proxies import Proxy
+from tests.integration.sds_secrets import ROOT, WORKLOAD, served_workload
+from tests.integration.sds_stream import sds_channel
 from tests.support.mesh import simple_mesh
 from tests.support.pilot import RunningPilot, running_pilot
 

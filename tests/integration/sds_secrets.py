@@ -1,0 +1,137 @@
+"""Secrets decoded for tests without ever keeping a private key printable.
+
+Owns `WorkloadCert`: a `default` secret read into what tests compare (serial,
+SANs, validity, a fingerprint of the key and whether it is the leaf's), and the
+readers that produce it (`decode_secret`, `workload_cert`, `root_of`,
+`served_workload`). The private key is hashed and checked against the leaf, then
+forgotten: neither the key nor a `Secret` message may reach an assertion message.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
+from google.protobuf import any_pb2
+
+from pilot.security.secrets import SecretManager
+
+SECRET_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+WORKLOAD = "default"
+ROOT = "ROOTCA"
+
+
+def _spki(public_key: Any) -> bytes:
+    der: bytes = public_key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return der
+
+
+def uri_sans(certificate: x509.Certificate) -> tuple[str, ...]:
+    try:
+        san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return ()
+    return tuple(san.value.get_values_for_type(x509.UniformResourceIdentifier))
+
+
+def _key_kind(public_key: Any) -> str:
+    if isinstance(public_key, ec.EllipticCurvePublicKey):
+        return f"EC {public_key.curve.name}"
+    if isinstance(public_key, rsa.RSAPublicKey):
+        return f"RSA {public_key.key_size}"
+    return type(public_key).__name__
+
+
+@dataclass(frozen=True)
+class WorkloadCert:
+    """A `default` secret as a test may compare and print it: no private key inside.
+
+    `key_id` is a SHA-256 of the private key PEM, so two secrets with the same key
+    compare equal without the key ever being kept.
+    """
+
+    serial: int
+    uris: tuple[str, ...]
+    key_kind: str
+    key_id: str
+    public_key_id: str  # SHA-256 of the leaf's SubjectPublicKeyInfo
+    key_matches_leaf: bool
+    not_before: datetime.datetime
+    not_after: datetime.datetime
+    chain_length: int
+    leaf_sha256: str = field(repr=False)  # what Envoy puts in XFCC `Hash=`
+    chain: tuple[x509.Certificate, ...] = field(repr=False, compare=False)
+
+    def signed_by(self, root_pem: str) -> bool:
+        """Whether the chain ends in `root_pem` and every link is signed by the next."""
+        root = x509.load_pem_x509_certificate(root_pem.encode())
+        links = [*self.chain, root] if self.chain[-1] != root else list(self.chain)
+        try:
+            for child, parent in itertools.pairwise(links):
+                child.verify_directly_issued_by(parent)
+        except (ValueError, TypeError, InvalidSignature):
+            return False
+        return links[-1] == root
+
+
+def decode_secret(packed: any_pb2.Any) -> secret_pb2.Secret:
+    assert packed.type_url == SECRET_TYPE, f"a {packed.type_url} where a Secret was expected"
+    secret = secret_pb2.Secret()
+    assert packed.Unpack(secret), "cannot unpack a Secret"
+    return secret
+
+
+def _key_facts(key_pem: bytes, leaf_spki: bytes) -> tuple[str, bool]:
+    """(SHA-256 of the key PEM, whether the key is the leaf's): all a test keeps of a key."""
+    private_key = serialization.load_pem_private_key(key_pem, password=None)
+    return hashlib.sha256(key_pem).hexdigest(), _spki(private_key.public_key()) == leaf_spki
+
+
+def workload_cert(secret: secret_pb2.Secret) -> WorkloadCert:
+    """Read a `default` secret; its key is hashed and checked against the leaf, then forgotten."""
+    assert secret.name == WORKLOAD, f"expected the {WORKLOAD!r} secret, got {secret.name!r}"
+    assert secret.HasField("tls_certificate"), "the default secret has no tls_certificate"
+    tls = secret.tls_certificate
+    assert tls.private_key.inline_bytes, "the default secret has no inline private key"
+    chain = tuple(x509.load_pem_x509_certificates(tls.certificate_chain.inline_bytes))
+    leaf = chain[0]
+    leaf_spki = _spki(leaf.public_key())
+    key_id, key_matches_leaf = _key_facts(tls.private_key.inline_bytes, leaf_spki)
+    return WorkloadCert(
+        serial=leaf.serial_number,
+        uris=uri_sans(leaf),
+        key_kind=_key_kind(leaf.public_key()),
+        key_id=key_id,
+        public_key_id=hashlib.sha256(leaf_spki).hexdigest(),
+        key_matches_leaf=key_matches_leaf,
+        not_before=leaf.not_valid_before_utc,
+        not_after=leaf.not_valid_after_utc,
+        chain_length=len(chain),
+        leaf_sha256=leaf.fingerprint(hashes.SHA256()).hex(),
+        chain=chain,
+    )
+
+
+def root_of(secret: secret_pb2.Secret) -> str:
+    """The trusted CA PEM of a `ROOTCA` secret."""
+    assert secret.name == ROOT, f"expected the {ROOT!r} secret, got {secret.name!r}"
+    assert secret.HasField("validation_context"), "ROOTCA has no validation_context"
+    return str(secret.validation_context.trusted_ca.inline_bytes.decode())
+
+
+def served_workload(secrets: SecretManager, proxy_id: str) -> WorkloadCert | None:
+    """What pilot's SecretManager serves a proxy as `default` right now (None: nothing)."""
+    resource = secrets.get(proxy_id, WORKLOAD)
+    if resource is None:
+        return None
+    return workload_cert(secret_pb2.Secret.FromString(resource.payload))
