@@ -1,9 +1,11 @@
 """A typed xDS client for protocol tests: real grpc.aio streams against a running pilot.
 
-`XdsClient` opens streams on one channel: SotW (`ads`, `cds`, `eds`) and delta
-(`delta_ads`, `delta_cds`, `delta_eds`), plus the unary Fetch* calls. Each stream
-reads in the background into a queue, so `next_response(timeout=...)` can fail
-with a clear message without cancelling the RPC.
+`XdsClient` opens streams on one channel: SotW (`ads`, `cds`, `eds`, `sds`) and
+delta (`delta_ads`, `delta_cds`, `delta_eds`, `delta_sds`), plus the unary Fetch*
+calls and CSDS. The channel is plaintext, or TLS with `credentials` (see
+`tls_credentials`); with `token`, every call carries `authorization: Bearer`.
+Each stream reads in the background into a queue, so `next_response(timeout=...)`
+can fail with a clear message without cancelling the RPC.
 
 Every response is checked for what any Envoy would reject outright: a missing
 nonce, a resource whose type differs from the response's, the same name twice
@@ -11,6 +13,12 @@ in one response, or (delta) a name both updated and removed.
 
 Like Envoy with `set_node_on_first_message_only`, a stream sends `node` on its
 first request only.
+
+Secrets carry private keys, which must never reach a failure message, a repr or
+the arguments pytest prints for the frame that failed: failure messages describe
+responses by type, names and nonce only; checks fail through `_fail` (whose only
+argument is the message); `Held` and `SecretSummary` never show a key. Tests look
+at secrets through `secret_summaries`, not at the messages themselves.
 """
 
 from __future__ import annotations
@@ -20,15 +28,20 @@ import contextlib
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import base_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 from envoy.service.cluster.v3 import cds_pb2_grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from envoy.service.endpoint.v3 import eds_pb2_grpc
+from envoy.service.secret.v3 import sds_pb2_grpc
+from envoy.service.status.v3 import csds_pb2, csds_pb2_grpc
 from google.protobuf import any_pb2
 from google.rpc import status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -37,10 +50,13 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
+SECRET = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
 
 ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 CDS_SERVICE = "envoy.service.cluster.v3.ClusterDiscoveryService"
 EDS_SERVICE = "envoy.service.endpoint.v3.EndpointDiscoveryService"
+SDS_SERVICE = "envoy.service.secret.v3.SecretDiscoveryService"
+CSDS_SERVICE = "envoy.service.status.v3.ClientStatusDiscoveryService"
 
 DEFAULT_TIMEOUT = 5.0
 
@@ -50,8 +66,10 @@ DeltaRequest = discovery_pb2.DeltaDiscoveryRequest
 DeltaResponse = discovery_pb2.DeltaDiscoveryResponse
 Cluster = cluster_pb2.Cluster
 Assignment = endpoint_pb2.ClusterLoadAssignment
+Secret = secret_pb2.Secret
+ClientStatusResponse = csds_pb2.ClientStatusResponse
 
-_MESSAGE_CLASSES: dict[str, Any] = {CLUSTER: Cluster, ENDPOINT: Assignment}
+_MESSAGE_CLASSES: dict[str, Any] = {CLUSTER: Cluster, ENDPOINT: Assignment, SECRET: Secret}
 
 Req = TypeVar("Req", DiscoveryRequest, DeltaRequest)
 Resp = TypeVar("Resp", DiscoveryResponse, DeltaResponse)
@@ -60,9 +78,22 @@ Resp = TypeVar("Resp", DiscoveryResponse, DeltaResponse)
 SIDECAR_ID = "sidecar~10.1.1.1~client.default~default.svc.cluster.local"
 
 
-def node(node_id: str = SIDECAR_ID) -> base_pb2.Node:
-    """A Node as an Istio sidecar sends it."""
-    return base_pb2.Node(id=node_id, cluster="client.default")
+def node(node_id: str = SIDECAR_ID, metadata: Mapping[str, str] | None = None) -> base_pb2.Node:
+    """A Node as an Istio sidecar sends it, with these string metadata fields
+    (e.g. NAMESPACE, SERVICE_ACCOUNT) if given."""
+    result = base_pb2.Node(id=node_id, cluster="client.default")
+    for key, value in (metadata or {}).items():
+        result.metadata.fields[key].string_value = value
+    return result
+
+
+def tls_credentials(root_pem: bytes) -> grpc.ChannelCredentials:
+    """Channel credentials trusting `root_pem` (pilot's TLS port names `localhost`)."""
+    return grpc.ssl_channel_credentials(root_certificates=root_pem)
+
+
+def _call_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
+    return (("authorization", f"Bearer {token}"),) if token is not None else None
 
 
 def rejection(message: str) -> status_pb2.Status:
@@ -73,16 +104,24 @@ def rejection(message: str) -> status_pb2.Status:
 # --------------------------------------------------------------------------- decoding
 
 
+def _fail(message: str) -> NoReturn:
+    """Fail a check. Raised from here, the frame pytest prints in full has the message as
+    its only argument, never the response (whose secrets hold private keys)."""
+    raise AssertionError(message)
+
+
 def unpack(type_url: str, packed: any_pb2.Any) -> Any:
     """A resource Any, unpacked into its message class (checking the Any's type)."""
-    assert packed.type_url == type_url, f"a {packed.type_url} in a {type_url} response"
+    if packed.type_url != type_url:
+        _fail(f"a {packed.type_url} in a {type_url} response")
     message = _MESSAGE_CLASSES[type_url]()
-    assert packed.Unpack(message), f"cannot unpack {packed.type_url}"
+    if not packed.Unpack(message):
+        _fail(f"cannot unpack {packed.type_url}")
     return message
 
 
 def resource_name(message: Any) -> str:
-    """The name of a Cluster or ClusterLoadAssignment."""
+    """The name of a Cluster, ClusterLoadAssignment or Secret."""
     if isinstance(message, Assignment):
         return str(message.cluster_name)
     return str(message.name)
@@ -112,12 +151,21 @@ def assignments(response: DiscoveryResponse) -> dict[str, Assignment]:
     return sotw_resources(response)
 
 
-@dataclass(frozen=True)
+def _safe_repr(message: Any) -> str:
+    if isinstance(message, Secret):
+        return f"<Secret {message.name!r}>"
+    return repr(message)
+
+
+@dataclass(frozen=True, repr=False)
 class Held:
-    """One resource as a delta response delivers it."""
+    """One resource as a delta response delivers it (a Secret's repr shows its name only)."""
 
     version: str
     message: Any
+
+    def __repr__(self) -> str:
+        return f"Held(version={self.version!r}, message={_safe_repr(self.message)})"
 
 
 def delta_resources(response: DeltaResponse) -> dict[str, Held]:
@@ -125,9 +173,8 @@ def delta_resources(response: DeltaResponse) -> dict[str, Held]:
     found = {}
     for resource in response.resources:
         message = unpack(response.type_url, resource.resource)
-        assert resource.name == resource_name(message), (
-            f"Resource.name {resource.name!r} wraps {resource_name(message)!r}"
-        )
+        if resource.name != resource_name(message):
+            _fail(f"Resource.name {resource.name!r} wraps {resource_name(message)!r}")
         found[resource.name] = Held(resource.version, message)
     return found
 
@@ -142,23 +189,31 @@ def endpoint_ips(assignment: Assignment) -> set[str]:
 
 
 def _check_sotw(response: DiscoveryResponse) -> None:
-    assert response.type_url, "response without type_url"
-    assert response.nonce, "streamed response without nonce"
+    if not response.type_url:
+        _fail("response without type_url")
+    if not response.nonce:
+        _fail("streamed response without nonce")
     names = sotw_names(response)
     duplicates = sorted({n for n in names if names.count(n) > 1})
-    assert not duplicates, f"same name twice in one response: {duplicates}"
+    if duplicates:
+        _fail(f"same name twice in one response: {duplicates}")
 
 
 def _check_delta(response: DeltaResponse) -> None:
-    assert response.type_url, "response without type_url"
-    assert response.nonce, "delta response without nonce"
+    if not response.type_url:
+        _fail("response without type_url")
+    if not response.nonce:
+        _fail("delta response without nonce")
     names = [r.name for r in response.resources]
     duplicates = sorted({n for n in names if names.count(n) > 1})
-    assert not duplicates, f"same name twice in one response: {duplicates}"
+    if duplicates:
+        _fail(f"same name twice in one response: {duplicates}")
     removed = list(response.removed_resources)
-    assert len(set(removed)) == len(removed), f"removed twice: {removed}"
+    if len(set(removed)) != len(removed):
+        _fail(f"removed twice: {removed}")
     both = set(names) & set(removed)
-    assert not both, f"names both updated and removed: {sorted(both)}"
+    if both:
+        _fail(f"names both updated and removed: {sorted(both)}")
     delta_resources(response)
 
 
@@ -170,6 +225,104 @@ def describe(response: DiscoveryResponse | DeltaResponse) -> str:
     updated = [r.name for r in response.resources]
     removed = list(response.removed_resources)
     return f"{kind} nonce={response.nonce} updated={updated} removed={removed}"
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+@dataclass(frozen=True)
+class SecretSummary:
+    """What a test may look at in a Secret: its kind, certificates and key, never the key.
+
+    For a `tls_certificate`: the URI SANs and serial of the chain's first certificate,
+    whether a private key came with it and whether it is that certificate's key.
+    For a `validation_context`: the SHA-256 fingerprints of the trusted CAs.
+    Public keys are DER SubjectPublicKeyInfo (`key_public` is the private key's public
+    half), kept out of the repr because they are long.
+    """
+
+    name: str
+    kind: str  # "tls_certificate", "validation_context", or "" (neither)
+    uris: tuple[str, ...] = ()
+    serial: int | None = None
+    has_key: bool = False
+    key_matches_leaf: bool = False
+    trusted_ca_sha256: tuple[str, ...] = ()
+    leaf_public: bytes | None = field(default=None, repr=False)
+    key_public: bytes | None = field(default=None, repr=False)
+
+
+def _public_der(key: Any) -> bytes:
+    der: bytes = key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return der
+
+
+def _certificates(pem: bytes) -> list[x509.Certificate]:
+    try:
+        return x509.load_pem_x509_certificates(pem)
+    except ValueError:
+        return []
+
+
+def _uris(certificate: x509.Certificate) -> tuple[str, ...]:
+    try:
+        extension = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return ()
+    return tuple(extension.value.get_values_for_type(x509.UniformResourceIdentifier))
+
+
+def _key_public(key_pem: bytes) -> bytes | None:
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError):
+        return None
+    return _public_der(key.public_key())
+
+
+def summarize_secret(secret: Secret) -> SecretSummary:
+    """A Secret as a test may see it (never raises: a bad secret shows as empty fields)."""
+    kind = secret.WhichOneof("type") or ""
+    if kind == "validation_context":
+        roots = _certificates(secret.validation_context.trusted_ca.inline_bytes)
+        fingerprints = tuple(c.fingerprint(hashes.SHA256()).hex() for c in roots)
+        return SecretSummary(secret.name, kind, trusted_ca_sha256=fingerprints)
+    if kind != "tls_certificate":
+        return SecretSummary(secret.name, kind)
+    tls = secret.tls_certificate
+    chain = _certificates(tls.certificate_chain.inline_bytes)
+    leaf = chain[0] if chain else None
+    leaf_public = _public_der(leaf.public_key()) if leaf is not None else None
+    key_pem = tls.private_key.inline_bytes
+    key_public = _key_public(key_pem) if key_pem else None
+    return SecretSummary(
+        secret.name,
+        kind,
+        uris=_uris(leaf) if leaf is not None else (),
+        serial=leaf.serial_number if leaf is not None else None,
+        has_key=bool(key_pem),
+        key_matches_leaf=key_public is not None and key_public == leaf_public,
+        leaf_public=leaf_public,
+        key_public=key_public,
+    )
+
+
+def secret_summaries(response: DiscoveryResponse | DeltaResponse) -> list[SecretSummary]:
+    """The secrets of a SotW or delta response, in order (none for other types)."""
+    if response.type_url != SECRET:
+        return []
+    if isinstance(response, DiscoveryResponse):
+        packed = list(response.resources)
+    else:
+        packed = [r.resource for r in response.resources]
+    return [summarize_secret(unpack(SECRET, p)) for p in packed]
+
+
+def fingerprint(certificate_pem: bytes) -> str:
+    """The SHA-256 fingerprint of a PEM certificate, as `trusted_ca_sha256` lists them."""
+    return x509.load_pem_x509_certificate(certificate_pem).fingerprint(hashes.SHA256()).hex()
 
 
 # --------------------------------------------------------------------------- streams
@@ -418,12 +571,18 @@ class DeltaStream(_Stream[DeltaRequest, DeltaResponse]):
 ADS_SOTW = f"/{ADS_SERVICE}/StreamAggregatedResources"
 ADS_DELTA = f"/{ADS_SERVICE}/DeltaAggregatedResources"
 CDS_SOTW = f"/{CDS_SERVICE}/StreamClusters"
+SDS_SOTW = f"/{SDS_SERVICE}/StreamSecrets"
+SDS_DELTA = f"/{SDS_SERVICE}/DeltaSecrets"
 
 
 def _first_reply_blocking(
-    target: str, method: str, requests: Sequence[DiscoveryRequest | DeltaRequest]
+    target: str,
+    method: str,
+    requests: Sequence[DiscoveryRequest | DeltaRequest],
+    credentials: grpc.ChannelCredentials | None,
+    token: str | None,
 ) -> DiscoveryResponse | DeltaResponse | Closed:
-    delta = method == ADS_DELTA
+    delta = method.rsplit("/", 1)[-1].startswith("Delta")
     response_class = DeltaResponse if delta else DiscoveryResponse
     stop = threading.Event()
 
@@ -431,13 +590,18 @@ def _first_reply_blocking(
         yield from requests
         stop.wait(DEFAULT_TIMEOUT)  # keep the stream open (Envoy never half-closes)
 
-    with grpc.insecure_channel(target) as channel:
+    channel = (
+        grpc.secure_channel(target, credentials)
+        if credentials is not None
+        else grpc.insecure_channel(target)
+    )
+    with channel:
         rpc = channel.stream_stream(
             method,
             request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=response_class.FromString,
         )
-        call = rpc(stream(), timeout=DEFAULT_TIMEOUT)
+        call = rpc(stream(), timeout=DEFAULT_TIMEOUT, metadata=_call_metadata(token))
         try:
             reply: DiscoveryResponse | DeltaResponse = next(call)
         except grpc.RpcError as error:
@@ -451,15 +615,23 @@ def _first_reply_blocking(
 
 
 async def first_reply(
-    target: str, method: str, requests: Sequence[DiscoveryRequest | DeltaRequest]
+    target: str,
+    method: str,
+    requests: Sequence[DiscoveryRequest | DeltaRequest],
+    *,
+    credentials: grpc.ChannelCredentials | None = None,
+    token: str | None = None,
 ) -> DiscoveryResponse | DeltaResponse | Closed:
     """Send `requests` on a fresh stream and return the first response, or how it ended.
 
-    Uses the blocking gRPC API in a thread: with grpc.aio, a write that races the
-    server closing the stream replaces the server's status with a local INTERNAL
-    error, which would hide what the server answered.
+    `credentials` and `token` as for `XdsClient`. Uses the blocking gRPC API in a
+    thread: with grpc.aio, a write that races the server closing the stream replaces
+    the server's status with a local INTERNAL error, which would hide what the server
+    answered.
     """
-    return await asyncio.to_thread(_first_reply_blocking, target, method, requests)
+    return await asyncio.to_thread(
+        _first_reply_blocking, target, method, requests, credentials, token
+    )
 
 
 # --------------------------------------------------------------------------- channel
@@ -467,14 +639,29 @@ async def first_reply(
 
 @dataclass
 class XdsClient:
-    """A gRPC channel to pilot and the streams opened on it (all closed on `aclose`)."""
+    """A gRPC channel to pilot and the streams opened on it (all closed on `aclose`).
+
+    Plaintext, or TLS with `credentials` (e.g. `tls_credentials(root)`, dialing
+    `localhost:PORT`); with `token`, every stream and unary call carries
+    `authorization: Bearer <token>`, as an Envoy with a service-account token does.
+    """
 
     target: str
     channel: grpc.aio.Channel = field(init=False)
     streams: list[_Stream[Any, Any]] = field(default_factory=list)
+    credentials: grpc.ChannelCredentials | None = field(default=None, kw_only=True, repr=False)
+    token: str | None = field(default=None, kw_only=True, repr=False)
 
     def __post_init__(self) -> None:
-        self.channel = grpc.aio.insecure_channel(self.target)
+        if self.credentials is not None:
+            self.channel = grpc.aio.secure_channel(self.target, self.credentials)
+        else:
+            self.channel = grpc.aio.insecure_channel(self.target)
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...] | None:
+        """What every call carries (the bearer token, if any)."""
+        return _call_metadata(self.token)
 
     async def aclose(self) -> None:
         for stream in self.streams:
@@ -494,58 +681,97 @@ class XdsClient:
     def ads(self, send_node: base_pb2.Node | None = None) -> SotwStream:
         """StreamAggregatedResources."""
         stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(self.channel)
-        return self._sotw(stub.StreamAggregatedResources(), "ads", send_node or node())
+        return self._sotw(
+            stub.StreamAggregatedResources(metadata=self.metadata), "ads", send_node or node()
+        )
 
     def delta_ads(self, send_node: base_pb2.Node | None = None) -> DeltaStream:
         """DeltaAggregatedResources."""
         stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(self.channel)
-        return self._delta(stub.DeltaAggregatedResources(), "delta-ads", send_node or node())
+        return self._delta(
+            stub.DeltaAggregatedResources(metadata=self.metadata), "delta-ads", send_node or node()
+        )
 
     def cds(self, send_node: base_pb2.Node | None = None) -> SotwStream:
         """ClusterDiscoveryService.StreamClusters."""
         stub = cds_pb2_grpc.ClusterDiscoveryServiceStub(self.channel)
-        return self._sotw(stub.StreamClusters(), "cds", send_node or node())
+        return self._sotw(stub.StreamClusters(metadata=self.metadata), "cds", send_node or node())
 
     def delta_cds(self, send_node: base_pb2.Node | None = None) -> DeltaStream:
         """ClusterDiscoveryService.DeltaClusters."""
         stub = cds_pb2_grpc.ClusterDiscoveryServiceStub(self.channel)
-        return self._delta(stub.DeltaClusters(), "delta-cds", send_node or node())
+        return self._delta(
+            stub.DeltaClusters(metadata=self.metadata), "delta-cds", send_node or node()
+        )
 
     def eds(self, send_node: base_pb2.Node | None = None) -> SotwStream:
         """EndpointDiscoveryService.StreamEndpoints."""
         stub = eds_pb2_grpc.EndpointDiscoveryServiceStub(self.channel)
-        return self._sotw(stub.StreamEndpoints(), "eds", send_node or node())
+        return self._sotw(stub.StreamEndpoints(metadata=self.metadata), "eds", send_node or node())
 
     def delta_eds(self, send_node: base_pb2.Node | None = None) -> DeltaStream:
         """EndpointDiscoveryService.DeltaEndpoints."""
         stub = eds_pb2_grpc.EndpointDiscoveryServiceStub(self.channel)
-        return self._delta(stub.DeltaEndpoints(), "delta-eds", send_node or node())
+        return self._delta(
+            stub.DeltaEndpoints(metadata=self.metadata), "delta-eds", send_node or node()
+        )
+
+    def sds(self, send_node: base_pb2.Node | None = None) -> SotwStream:
+        """SecretDiscoveryService.StreamSecrets."""
+        stub = sds_pb2_grpc.SecretDiscoveryServiceStub(self.channel)
+        return self._sotw(stub.StreamSecrets(metadata=self.metadata), "sds", send_node or node())
+
+    def delta_sds(self, send_node: base_pb2.Node | None = None) -> DeltaStream:
+        """SecretDiscoveryService.DeltaSecrets."""
+        stub = sds_pb2_grpc.SecretDiscoveryServiceStub(self.channel)
+        return self._delta(
+            stub.DeltaSecrets(metadata=self.metadata), "delta-sds", send_node or node()
+        )
 
     async def fetch_clusters(self, names: Iterable[str] = ()) -> DiscoveryResponse:
         """ClusterDiscoveryService.FetchClusters."""
         stub = cds_pb2_grpc.ClusterDiscoveryServiceStub(self.channel)
         request = DiscoveryRequest(type_url=CLUSTER, resource_names=list(names), node=node())
-        response: DiscoveryResponse = await stub.FetchClusters(request, timeout=DEFAULT_TIMEOUT)
+        response: DiscoveryResponse = await stub.FetchClusters(
+            request, timeout=DEFAULT_TIMEOUT, metadata=self.metadata
+        )
         return response
 
     async def fetch_endpoints(self, names: Iterable[str]) -> DiscoveryResponse:
         """EndpointDiscoveryService.FetchEndpoints."""
         stub = eds_pb2_grpc.EndpointDiscoveryServiceStub(self.channel)
         request = DiscoveryRequest(type_url=ENDPOINT, resource_names=list(names), node=node())
-        response: DiscoveryResponse = await stub.FetchEndpoints(request, timeout=DEFAULT_TIMEOUT)
+        response: DiscoveryResponse = await stub.FetchEndpoints(
+            request, timeout=DEFAULT_TIMEOUT, metadata=self.metadata
+        )
         return response
 
     async def health(self, service: str = "") -> health_pb2.HealthCheckResponse.ServingStatus:
         """grpc.health.v1.Health/Check."""
         stub = health_pb2_grpc.HealthStub(self.channel)
         request = health_pb2.HealthCheckRequest(service=service)
-        response = await stub.Check(request, timeout=DEFAULT_TIMEOUT)
+        response = await stub.Check(request, timeout=DEFAULT_TIMEOUT, metadata=self.metadata)
         return response.status  # type: ignore[no-any-return]
+
+    async def client_status(
+        self, node_ids: Iterable[str] = (), *, exclude_contents: bool = True
+    ) -> ClientStatusResponse:
+        """ClientStatusDiscoveryService.FetchClientStatus, matching these node ids exactly
+        (none: every proxy)."""
+        stub = csds_pb2_grpc.ClientStatusDiscoveryServiceStub(self.channel)
+        request = csds_pb2.ClientStatusRequest(exclude_resource_contents=exclude_contents)
+        for node_id in node_ids:
+            matcher = request.node_matchers.add()
+            matcher.node_id.exact = node_id
+        response: ClientStatusResponse = await stub.FetchClientStatus(
+            request, timeout=DEFAULT_TIMEOUT, metadata=self.metadata
+        )
+        return response
 
     async def reflected_services(self) -> set[str]:
         """Service names listed by server reflection."""
         stub = reflection_pb2_grpc.ServerReflectionStub(self.channel)
-        call = stub.ServerReflectionInfo(timeout=DEFAULT_TIMEOUT)
+        call = stub.ServerReflectionInfo(timeout=DEFAULT_TIMEOUT, metadata=self.metadata)
         await call.write(reflection_pb2.ServerReflectionRequest(list_services=""))
         await call.done_writing()
         reply = await call.read()
