@@ -2,9 +2,12 @@
 
 Owns `WorkloadCert`: a `default` secret read into what tests compare (serial,
 SANs, validity, a fingerprint of the key and whether it is the leaf's), and the
-readers that produce it (`decode_secret`, `workload_cert`, `root_of`,
-`served_workload`). The private key is hashed and checked against the leaf, then
-forgotten: neither the key nor a `Secret` message may reach an assertion message.
+readers that produce it from a `Secret` (`workload_cert`, `root_of`), from what a
+stream of the xDS test client received (`workload_in`, `root_in`,
+`workloads_received`) or from pilot's SecretManager (`served_workload`). The
+private key is hashed and checked against the leaf, then forgotten: neither the key
+nor a `Secret` message may reach an assertion message, nor the arguments of the
+frame a failed check raises from (checks fail through `_fail`).
 """
 
 from __future__ import annotations
@@ -13,18 +16,17 @@ import datetime
 import hashlib
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
-from google.protobuf import any_pb2
 
 from pilot.security.secrets import SecretManager
+from tests.protocol.client import SECRET, Arrived, DeltaStream, SotwStream, response_resources
 
-SECRET_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
 WORKLOAD = "default"
 ROOT = "ROOTCA"
 
@@ -84,11 +86,9 @@ class WorkloadCert:
         return links[-1] == root
 
 
-def decode_secret(packed: any_pb2.Any) -> secret_pb2.Secret:
-    assert packed.type_url == SECRET_TYPE, f"a {packed.type_url} where a Secret was expected"
-    secret = secret_pb2.Secret()
-    assert packed.Unpack(secret), "cannot unpack a Secret"
-    return secret
+def _fail(message: str) -> NoReturn:
+    """Fail a check from a frame whose only argument is the message, not the secret."""
+    raise AssertionError(message)
 
 
 def _key_facts(key_pem: bytes, leaf_spki: bytes) -> tuple[str, bool]:
@@ -99,10 +99,15 @@ def _key_facts(key_pem: bytes, leaf_spki: bytes) -> tuple[str, bool]:
 
 def workload_cert(secret: secret_pb2.Secret) -> WorkloadCert:
     """Read a `default` secret; its key is hashed and checked against the leaf, then forgotten."""
-    assert secret.name == WORKLOAD, f"expected the {WORKLOAD!r} secret, got {secret.name!r}"
-    assert secret.HasField("tls_certificate"), "the default secret has no tls_certificate"
+    if secret.name != WORKLOAD:
+        _fail(f"expected the {WORKLOAD!r} secret, got {secret.name!r}")
+    if not secret.HasField("tls_certificate"):
+        _fail("the default secret has no tls_certificate")
     tls = secret.tls_certificate
-    assert tls.private_key.inline_bytes, "the default secret has no inline private key"
+    if not tls.private_key.inline_bytes:
+        _fail("the default secret has no inline private key")
+    if not tls.certificate_chain.inline_bytes:
+        _fail("the default secret has no certificate chain")
     chain = tuple(x509.load_pem_x509_certificates(tls.certificate_chain.inline_bytes))
     leaf = chain[0]
     leaf_spki = _spki(leaf.public_key())
@@ -124,8 +129,10 @@ def workload_cert(secret: secret_pb2.Secret) -> WorkloadCert:
 
 def root_of(secret: secret_pb2.Secret) -> str:
     """The trusted CA PEM of a `ROOTCA` secret."""
-    assert secret.name == ROOT, f"expected the {ROOT!r} secret, got {secret.name!r}"
-    assert secret.HasField("validation_context"), "ROOTCA has no validation_context"
+    if secret.name != ROOT:
+        _fail(f"expected the {ROOT!r} secret, got {secret.name!r}")
+    if not secret.HasField("validation_context"):
+        _fail("ROOTCA has no validation_context")
     return str(secret.validation_context.trusted_ca.inline_bytes.decode())
 
 
@@ -135,3 +142,24 @@ def served_workload(secrets: SecretManager, proxy_id: str) -> WorkloadCert | Non
     if resource is None:
         return None
     return workload_cert(secret_pb2.Secret.FromString(resource.payload))
+
+
+def workload_in(arrived: Arrived) -> WorkloadCert:
+    """The `default` secret among what a stream's `ack_until` received."""
+    return workload_cert(arrived[WORKLOAD])
+
+
+def root_in(arrived: Arrived) -> str:
+    """The trusted CA PEM of the `ROOTCA` secret among what `ack_until` received."""
+    return root_of(arrived[ROOT])
+
+
+def workloads_received(stream: SotwStream | DeltaStream) -> list[WorkloadCert]:
+    """Every `default` secret the stream has read so far, in order."""
+    found = []
+    for response in stream.received:
+        if response.type_url == SECRET:
+            resources = response_resources(response)
+            if WORKLOAD in resources:
+                found.append(workload_cert(resources[WORKLOAD]))
+    return found
