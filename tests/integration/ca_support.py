@@ -7,8 +7,8 @@ Owns:
   over a real gRPC channel, with the generated messages, as a node agent calls it;
 * `record_signatures`: a spy on one pilot's `CertificateAuthority.sign`, so that a
   test can say "nothing was signed";
-* `AdsClient`: one SotW ADS stream (optionally with a bearer token) that ACKs every
-  response and keeps what it received, secrets decoded;
+* `node`: an Envoy node claiming an identity in Istio's metadata, for the xDS test
+  client (`tests.protocol.client`);
 * `FakeIstioCa`: a small Istio-protocol CA (grpc.aio) that records each request and
   signs with its own root, can be stopped and started on the same port, serve TLS,
   and answer broken chains on purpose;
@@ -23,13 +23,11 @@ them into a boolean first.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import datetime
 import enum
 import ipaddress
 import itertools
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,21 +41,16 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import base_pb2
-from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
-from envoy.service.discovery.v3 import discovery_pb2
 
 from pilot._gen.istio.v1.auth import ca_pb2
 from pilot.security.ca import CertificateAuthority
 from pilot.security.identity import Identity
-from pilot.xds import types
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
+from tests.protocol.client import node as envoy_node
 
 CA_SERVICE = "istio.v1.auth.IstioCertificateService"
 CREATE_CERTIFICATE = f"/{CA_SERVICE}/CreateCertificate"
-ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
-SDS = "/envoy.service.secret.v3.SecretDiscoveryService/StreamSecrets"
 FETCH_CLUSTERS = "/envoy.service.cluster.v3.ClusterDiscoveryService/FetchClusters"
 IMPERSONATED = "ImpersonatedIdentity"
 TRUST_DOMAIN = "cluster.local"
@@ -360,181 +353,15 @@ def record_signatures(monkeypatch: pytest.MonkeyPatch, ca: CertificateAuthority)
     return signed
 
 
-# ------------------------------------------------------------------ xDS client
+# ------------------------------------------------------------------ xDS node
 
 
-def node(node_id: str, namespace: str | None = None, service_account: str | None = None) -> Any:
+def node(
+    node_id: str, namespace: str | None = None, service_account: str | None = None
+) -> base_pb2.Node:
     """An Envoy node, with Istio's NAMESPACE / SERVICE_ACCOUNT metadata where given."""
-    result = base_pb2.Node(id=node_id, cluster="ca-tests")
-    if namespace is not None:
-        result.metadata.fields["NAMESPACE"].string_value = namespace
-    if service_account is not None:
-        result.metadata.fields["SERVICE_ACCOUNT"].string_value = service_account
-    return result
-
-
-class AdsClient:
-    """One SotW ADS stream: subscribes, ACKs each response, and keeps everything it got.
-
-    `method` may name another SotW stream (e.g. `SDS`) with the same messages.
-    """
-
-    def __init__(
-        self, target: str, node_message: Any, token: str | None = None, method: str = ADS
-    ) -> None:
-        self.target = target
-        self.method = method
-        self.node = node_message
-        self._metadata = (("authorization", f"Bearer {token}"),) if token is not None else ()
-        self._channel = grpc.aio.insecure_channel(target)
-        self._call: Any = None
-        self._reader: asyncio.Task[None] | None = None
-        self._write_lock = asyncio.Lock()
-        self._changed = asyncio.Event()
-        self._names: dict[str, list[str]] = {}
-        self.responses: list[Any] = []
-        self.secrets: list[Any] = []  # every Secret received, in order
-        self.error: grpc.aio.AioRpcError | None = None
-        self.ended = False
-
-    async def __aenter__(self) -> Self:
-        method = self._channel.stream_stream(
-            self.method,
-            request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
-            response_deserializer=discovery_pb2.DiscoveryResponse.FromString,
-        )
-        self._call = method(None, metadata=self._metadata)
-        self._reader = asyncio.create_task(self._read(), name=f"ads-{self.node.id}")
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._call.cancel()
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-        await self._channel.close(None)
-
-    async def _send(self, request: Any) -> None:
-        async with self._write_lock:
-            # If the stream has ended, `status()` and the waits report why.
-            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                await self._call.write(request)
-
-    async def subscribe(self, type_url: str, names: Sequence[str] = ()) -> None:
-        """Ask for `names` of `type_url` (none: wildcard)."""
-        self._names[type_url] = list(names)
-        request = discovery_pb2.DiscoveryRequest(
-            node=self.node, type_url=type_url, resource_names=list(names)
-        )
-        await self._send(request)
-
-    async def _read(self) -> None:
-        try:
-            async for response in self._call:
-                self.responses.append(response)
-                if response.type_url == types.SECRET:
-                    for resource in response.resources:
-                        self.secrets.append(secret_pb2.Secret.FromString(resource.value))
-                self._changed.set()
-                ack = discovery_pb2.DiscoveryRequest(
-                    node=self.node,
-                    type_url=response.type_url,
-                    version_info=response.version_info,
-                    response_nonce=response.nonce,
-                    resource_names=self._names.get(response.type_url, []),
-                )
-                await self._send(ack)
-        except grpc.aio.AioRpcError as error:
-            self.error = error
-        finally:
-            self.ended = True
-            self._changed.set()
-
-    def _describe(self) -> str:
-        kinds = [types.short_name(r.type_url) for r in self.responses]
-        ended = (
-            f"; the stream ended with {self.error.code().name}: {self.error.details()}"
-            if self.error is not None
-            else ""
-        )
-        return f"{len(self.responses)} responses {kinds}{ended}"
-
-    async def wait_for(
-        self, condition: Callable[[], bool], what: str, within: float = 10.0
-    ) -> None:
-        """Until `condition()` holds after some response (or fail, saying what arrived)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within
-        while not condition():
-            if self.error is not None:
-                pytest.fail(f"waiting for {what}: {self._describe()}")
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                pytest.fail(f"waiting for {what}: timed out after {within:g}s; {self._describe()}")
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await self._changed.wait()
-
-    async def ended_or_answered(self, within: float = 10.0) -> bool:
-        """Wait for the stream to end or for its first response; True if it ended unanswered."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within
-        while not (self.ended or self.responses):
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                pytest.fail(f"the stream neither ended nor was answered within {within:g}s")
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await self._changed.wait()
-        return not self.responses
-
-    def secrets_named(self, name: str) -> list[Any]:
-        return [s for s in self.secrets if s.name == name]
-
-    async def secret(self, name: str, within: float = 10.0) -> Any:
-        """The latest Secret `name` received, waiting for the first one."""
-        await self.wait_for(lambda: bool(self.secrets_named(name)), f"secret {name!r}", within)
-        return self.secrets_named(name)[-1]
-
-    def cluster_names(self) -> set[str]:
-        latest = [r for r in self.responses if r.type_url == types.CLUSTER]
-        if not latest:
-            return set()
-        return {cluster_pb2.Cluster.FromString(a.value).name for a in latest[-1].resources}
-
-    async def status(self, within: float = 10.0) -> tuple[grpc.StatusCode, str]:
-        """How the server ended the stream (waits for it to end)."""
-        async with asyncio.timeout(within):
-            code = await self._call.code()
-            details = await self._call.details()
-        return code, details or ""
-
-
-def workload_chain(secret: Any) -> list[x509.Certificate]:
-    """The certificates of a `default` secret's chain."""
-    return load_chain(secret.tls_certificate.certificate_chain.inline_bytes)
-
-
-def is_complete_workload_secret(secret: Any) -> bool:
-    """A `default` secret with a chain and a private key (never an empty one)."""
-    tls = secret.tls_certificate
-    return bool(tls.certificate_chain.inline_bytes) and bool(tls.private_key.inline_bytes)
-
-
-def secret_key_matches_leaf(secret: Any) -> bool:
-    """The secret's private key is the leaf's key."""
-    key = serialization.load_pem_private_key(
-        secret.tls_certificate.private_key.inline_bytes, password=None
-    )
-    return public_der(key) == public_der(workload_chain(secret)[0].public_key())
+    claimed = {"NAMESPACE": namespace, "SERVICE_ACCOUNT": service_account}
+    return envoy_node(node_id, {k: v for k, v in claimed.items() if v is not None})
 
 
 # ------------------------------------------------------------------ a CA of our own

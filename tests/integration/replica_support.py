@@ -27,9 +27,9 @@ from typing import Any, Self
 import aiohttp
 
 from tests.harness.envoy_process import XDS_CLUSTER, EnvoyProcess, Json
+from tests.integration.envoy_tls_view import ca_certs, own_certs
 from tests.integration.envoy_view import ClusterView, dynamic_clusters
 from tests.integration.kube_helpers import PresenceMonitor, hosts_of
-from tests.integration.sds_support import ca_certs, own_certs
 from tests.kubeapi import KubeAPIServer
 from tests.support.background import BackgroundLoop
 from tests.support.mesh import Ep, cluster_name, endpoint_slice, service

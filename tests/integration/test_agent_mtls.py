@@ -3,7 +3,7 @@
 The same pair as test_sds_mtls (a *server* Envoy, ns `shop` sa `server`, terminating
 mTLS in front of a local HTTP backend; a *client* Envoy, ns `web` sa `client`, routing
 plain HTTP to a static cluster that speaks mTLS to it and accepts only the server's
-SPIFFE identity), built by the same sds_support builders. Only the source of the
+SPIFFE identity), built by the same bootstrap builders (mtls_bootstraps). Only the source of the
 secrets differs: each Envoy has no ADS and takes `default` and `ROOTCA` from a static
 `sds-grpc` cluster whose one endpoint is the Unix socket of its own agent. Each agent
 authenticates to pilot's CA with its service account's token (pilot checks it by
@@ -23,29 +23,31 @@ from pilot.agent import Agent, AgentSettings
 from pilot.security.ca_client import RemoteCaSettings
 from pilot.security.identity import Identity
 from tests.harness.envoy_process import XDS_CLUSTER, EnvoyProcess, Json
-from tests.integration.sds_support import (
-    BACKEND_BODY,
-    CLIENT,
-    MESH_SERVICES,
-    MTLS_LISTENER,
-    PLAIN_LISTENER,
-    SERVER,
-    SERVER_CLUSTER,
+from tests.integration.envoy_tls_view import (
     STARTUP,
-    TRUST_DOMAIN,
-    Backend,
-    MtlsPair,
-    Proxy,
-    assert_client_cluster_verified,
     assert_envoy_holds,
-    client_bootstrap,
     listener_port,
     listener_ssl_stat,
-    served_workload,
-    server_bootstrap,
-    tls_get,
     wait_for_own_cert,
 )
+from tests.integration.http_backend import BACKEND_BODY, Backend
+from tests.integration.mtls_bootstraps import (
+    MTLS_LISTENER,
+    PLAIN_LISTENER,
+    SERVER_CLUSTER,
+    client_bootstrap,
+    server_bootstrap,
+)
+from tests.integration.mtls_pair import (
+    CLIENT,
+    MESH_SERVICES,
+    SERVER,
+    MtlsPair,
+    assert_client_cluster_verified,
+)
+from tests.integration.proxies import TRUST_DOMAIN, Proxy
+from tests.integration.sds_secrets import served_workload
+from tests.integration.tls_probe import tls_get
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
 from tests.support.mesh import simple_mesh
 from tests.support.pilot import RunningPilot, running_pilot
@@ -136,7 +138,7 @@ async def agent_mtls_pair(
 ) -> AsyncIterator[AgentPair]:
     """Backend, server agent and Envoy, then client agent and Envoy; return once both serve.
 
-    Ready means what sds_support.mtls_pair means: each Envoy's /certs shows its own
+    Ready means what mtls_pair.mtls_pair means: each Envoy's /certs shows its own
     identity, both are LIVE, both listeners are bound, and the client's cluster has taken
     both secrets over SDS.
     """

@@ -28,12 +28,10 @@ from pilot.xds import types
 from tests.harness.envoy_process import wait_until
 from tests.integration.ca_support import (
     IMPERSONATED,
-    AdsClient,
     FakeIstioCa,
     Fault,
     Token,
     assert_issued_chain,
-    is_complete_workload_secret,
     kube_api,
     load_chain,
     node,
@@ -41,10 +39,17 @@ from tests.integration.ca_support import (
     reviews,
     sa_token,
     san_uris,
-    secret_key_matches_leaf,
     spiffe,
-    workload_chain,
 )
+from tests.integration.sds_secrets import (
+    ROOT,
+    WORKLOAD,
+    WorkloadCert,
+    root_in,
+    workload_in,
+    workloads_received,
+)
+from tests.protocol.client import SotwStream, XdsClient
 from tests.support.mesh import simple_mesh
 from tests.support.pilot import RunningPilot, running_pilot
 
@@ -55,6 +60,7 @@ PROXY = ("ns1", "sa1")
 TTL = datetime.timedelta(hours=2)
 FAST_RETRY = SdsSettings(ttl=TTL, retry_initial=0.05, retry_max=0.25)
 TOKEN = Token("pilot-token-from-ca-token-file")
+WAIT = 10.0
 
 
 def _subdir(parent: Path, name: str) -> Path:
@@ -98,18 +104,28 @@ async def _ca_errors_reach(pilot: RunningPilot, count: int) -> None:
     )
 
 
-def _no_secret_pushed(ads: AdsClient) -> None:
+async def _workload_for(pilot: RunningPilot, proxy: Any) -> WorkloadCert:
+    """Subscribe `proxy` to `default` on a stream of its own; its certificate once it came."""
+    async with XdsClient(pilot.grpc_target) as xds:
+        ads = xds.ads(proxy)
+        await ads.subscribe(types.SECRET, [WORKLOAD])
+        return workload_in(await ads.ack_until(types.SECRET, [WORKLOAD], WAIT))
+
+
+async def _no_secret_pushed(ads: SotwStream) -> None:
+    await ads.ack_pending()
     pushed = [
-        (r.version_info, len(r.resources)) for r in ads.responses if r.type_url == types.SECRET
+        (r.version_info, len(r.resources)) for r in ads.received if r.type_url == types.SECRET
     ]
     assert pushed == [], "no secret may be pushed before the CA signs a chain that verifies"
 
 
-def _only_complete_secrets(ads: AdsClient) -> None:
-    for response in ads.responses:
-        if response.type_url == types.SECRET:
-            assert len(response.resources) > 0, "an empty SDS response"
-    assert all(is_complete_workload_secret(s) for s in ads.secrets_named("default"))
+def _only_complete_secrets(ads: SotwStream) -> None:
+    """No empty SDS response, and every `default` has a chain and its key (decoding
+    fails on one without)."""
+    sizes = [len(r.resources) for r in ads.received if r.type_url == types.SECRET]
+    assert 0 not in sizes, "an empty SDS response"
+    workloads_received(ads)
 
 
 # ------------------------------------------------------------------ happy paths
@@ -125,17 +141,18 @@ async def test_proxy_certificate_roots_at_the_remote_ca(
         assert pilot.discovery.security is not None
         local_ca = pilot.discovery.security.ca
         local_signatures = record_signatures(monkeypatch, local_ca)
-        async with AdsClient(pilot.grpc_target, node("proxy-1", *PROXY)) as ads:
-            await ads.subscribe(types.SECRET, ["default", "ROOTCA"])
-            workload = await ads.secret("default")
-            rootca = await ads.secret("ROOTCA")
+        async with XdsClient(pilot.grpc_target) as xds:
+            ads = xds.ads(node("proxy-1", *PROXY))
+            await ads.subscribe(types.SECRET, [WORKLOAD, ROOT])
+            secrets = await ads.ack_until(types.SECRET, [WORKLOAD, ROOT], WAIT)
 
-    chain = workload_chain(workload)
+    workload = workload_in(secrets)
+    chain = list(workload.chain)
     assert_issued_chain(chain, fake.root.cert)
     assert chain[-1] != local_ca.root
     assert san_uris(chain[0]) == [spiffe(*PROXY)]
-    assert secret_key_matches_leaf(workload), "the secret's key is not the certificate's"
-    assert load_chain(rootca.validation_context.trusted_ca.inline_bytes) == [fake.root.cert]
+    assert workload.key_matches_leaf, "the secret's key is not the certificate's"
+    assert load_chain(root_in(secrets)) == [fake.root.cert]
     assert local_signatures == [], "pilot's own CA must not sign when CA_ADDR is set"
 
     assert len(fake.calls) == 1, "one certificate, one request"
@@ -155,11 +172,9 @@ async def test_no_impersonation_for_pilots_own_identity(tmp_path: Path) -> None:
     async with (
         FakeIstioCa({TOKEN: OWN.uri}) as fake,
         _pilot_using(tmp_path, fake.address) as pilot,
-        AdsClient(pilot.grpc_target, node("proxy-own", *PILOT_ACCOUNT)) as ads,
     ):
-        await ads.subscribe(types.SECRET, ["default"])
-        workload = await ads.secret("default")
-    assert san_uris(workload_chain(workload)[0]) == [OWN.uri]
+        workload = await _workload_for(pilot, node("proxy-own", *PILOT_ACCOUNT))
+    assert san_uris(workload.chain[0]) == [OWN.uri]
     assert [(c.impersonated, c.request_metadata) for c in fake.calls] == [(None, {})]
 
 
@@ -170,13 +185,9 @@ async def test_token_file_is_read_on_every_call(tmp_path: Path) -> None:
         FakeIstioCa({TOKEN: OWN.uri, rotated: OWN.uri}) as fake,
         _pilot_using(tmp_path, fake.address) as pilot,
     ):
-        async with AdsClient(pilot.grpc_target, node("proxy-1", *PROXY)) as ads:
-            await ads.subscribe(types.SECRET, ["default"])
-            await ads.secret("default")
+        await _workload_for(pilot, node("proxy-1", *PROXY))
         _token_file(tmp_path, rotated)
-        async with AdsClient(pilot.grpc_target, node("proxy-2", "ns2", "sa2")) as ads:
-            await ads.subscribe(types.SECRET, ["default"])
-            await ads.secret("default")
+        await _workload_for(pilot, node("proxy-2", "ns2", "sa2"))
     assert len(fake.calls) == 2
     tokens = (TOKEN, rotated)
     sent = [c.authorization == f"Bearer {t}" for c, t in zip(fake.calls, tokens, strict=True)]
@@ -189,13 +200,13 @@ async def test_tls_verified_with_ca_root_cert(tmp_path: Path) -> None:
         root_file.write_text(fake.root_pem)
         async with (
             _pilot_using(tmp_path / "pilot", fake.address, root_cert=root_file) as pilot,
-            AdsClient(pilot.grpc_target, node("proxy-1", *PROXY)) as ads,
+            XdsClient(pilot.grpc_target) as xds,
         ):
-            await ads.subscribe(types.SECRET, ["default", "ROOTCA"])
-            workload = await ads.secret("default")
-            rootca = await ads.secret("ROOTCA")
-    assert_issued_chain(workload_chain(workload), fake.root.cert)
-    assert rootca.validation_context.trusted_ca.inline_bytes.decode() == fake.root_pem
+            ads = xds.ads(node("proxy-1", *PROXY))
+            await ads.subscribe(types.SECRET, [WORKLOAD, ROOT])
+            secrets = await ads.ack_until(types.SECRET, [WORKLOAD, ROOT], WAIT)
+    assert_issued_chain(list(workload_in(secrets).chain), fake.root.cert)
+    assert root_in(secrets) == fake.root_pem
     assert len(fake.calls) == 1
 
 
@@ -205,11 +216,12 @@ async def test_tls_ca_not_matching_ca_root_cert_is_never_used(tmp_path: Path) ->
         wrong_root.write_text(fake.other.cert_pem)
         async with (
             _pilot_using(tmp_path / "pilot", fake.address, root_cert=wrong_root) as pilot,
-            AdsClient(pilot.grpc_target, node("proxy-1", *PROXY)) as ads,
+            XdsClient(pilot.grpc_target) as xds,
         ):
-            await ads.subscribe(types.SECRET, ["default"])
+            ads = xds.ads(node("proxy-1", *PROXY))
+            await ads.subscribe(types.SECRET, [WORKLOAD])
             await _ca_errors_reach(pilot, 3)
-            _no_secret_pushed(ads)
+            await _no_secret_pushed(ads)
     assert fake.calls == [], "no request (and no token) may reach an unverified server"
 
 
@@ -223,22 +235,22 @@ async def test_secret_arrives_once_the_ca_is_back(tmp_path: Path) -> None:
     try:
         async with (
             _pilot_using(tmp_path, fake.address) as pilot,
-            AdsClient(pilot.grpc_target, node("proxy-1", *PROXY)) as ads,
+            XdsClient(pilot.grpc_target) as xds,
         ):
-            await ads.subscribe(types.SECRET, ["default", "ROOTCA"])
+            ads = xds.ads(node("proxy-1", *PROXY))
+            await ads.subscribe(types.SECRET, [WORKLOAD, ROOT])
             await _ca_errors_reach(pilot, 3)
-            _no_secret_pushed(ads)
+            await _no_secret_pushed(ads)
             errors_while_down = _stats(pilot).ca_errors
             await fake.start()
-            workload = await ads.secret("default", within=20)
+            workload = workload_in(await ads.ack_until(types.SECRET, [WORKLOAD, ROOT], 20))
             assert _stats(pilot).ca_errors >= errors_while_down
             assert _stats(pilot).minted == 1
-            await ads.secret("ROOTCA")
             _only_complete_secrets(ads)
     finally:
         await fake.stop()
-    assert_issued_chain(workload_chain(workload), fake.root.cert)
-    assert san_uris(workload_chain(workload)[0]) == [spiffe(*PROXY)]
+    assert_issued_chain(list(workload.chain), fake.root.cert)
+    assert san_uris(workload.chain[0]) == [spiffe(*PROXY)]
     assert len(fake.signed) == 1
 
 
@@ -249,20 +261,20 @@ async def test_chain_that_does_not_verify_is_refused(tmp_path: Path, fault: Faul
     async with (
         FakeIstioCa({TOKEN: OWN.uri}) as fake,
         _pilot_using(tmp_path, fake.address) as pilot,
-        AdsClient(pilot.grpc_target, node("proxy-1", *PROXY)) as ads,
+        XdsClient(pilot.grpc_target) as xds,
     ):
+        ads = xds.ads(node("proxy-1", *PROXY))
         fake.fault = fault
-        await ads.subscribe(types.SECRET, ["default", "ROOTCA"])
+        await ads.subscribe(types.SECRET, [WORKLOAD, ROOT])
         await _ca_errors_reach(pilot, 3)
-        _no_secret_pushed(ads)  # not `default`, and no ROOTCA learned from a bad chain
+        await _no_secret_pushed(ads)  # not `default`, and no ROOTCA learned from a bad chain
         assert _stats(pilot).minted == 0
 
         fake.fault = Fault.NONE  # the CA mends its ways: the retry succeeds
-        workload = await ads.secret("default")
-        rootca = await ads.secret("ROOTCA")
+        secrets = await ads.ack_until(types.SECRET, [WORKLOAD, ROOT], WAIT)
         _only_complete_secrets(ads)
-    assert_issued_chain(workload_chain(workload), fake.root.cert)
-    assert load_chain(rootca.validation_context.trusted_ca.inline_bytes) == [fake.root.cert]
+    assert_issued_chain(list(workload_in(secrets).chain), fake.root.cert)
+    assert load_chain(root_in(secrets)) == [fake.root.cert]
 
 
 async def test_chain_under_another_root_than_the_one_served_is_refused(tmp_path: Path) -> None:
@@ -272,29 +284,29 @@ async def test_chain_under_another_root_than_the_one_served_is_refused(tmp_path:
         FakeIstioCa({TOKEN: OWN.uri}) as fake,
         _pilot_using(tmp_path, fake.address) as pilot,
     ):
-        async with AdsClient(pilot.grpc_target, node("proxy-1", *PROXY)) as first:
-            await first.subscribe(types.SECRET, ["default", "ROOTCA"])
-            await first.secret("default")
-            learned = await first.secret("ROOTCA")
-        assert load_chain(learned.validation_context.trusted_ca.inline_bytes) == [fake.root.cert]
+        async with XdsClient(pilot.grpc_target) as xds:
+            first = xds.ads(node("proxy-1", *PROXY))
+            await first.subscribe(types.SECRET, [WORKLOAD, ROOT])
+            learned = root_in(await first.ack_until(types.SECRET, [WORKLOAD, ROOT], WAIT))
+        assert load_chain(learned) == [fake.root.cert]
 
         fake.fault = Fault.OTHER_ROOT
         errors_before = _stats(pilot).ca_errors
-        async with AdsClient(pilot.grpc_target, node("proxy-2", "ns2", "sa2")) as ads:
-            await ads.subscribe(types.SECRET, ["default", "ROOTCA"])
-            rootca = await ads.secret("ROOTCA")
-            await wait_until(
-                lambda: (
-                    bool(ads.secrets_named("default"))
-                    or _stats(pilot).ca_errors >= errors_before + 3
-                ),
-                15,
-                "a secret for proxy-2 or 3 more CA errors",
-            )
-    trusted = load_chain(rootca.validation_context.trusted_ca.inline_bytes)
-    for secret in ads.secrets_named("default"):
-        served_under = workload_chain(secret)[-1].subject.rfc4514_string()
-        assert workload_chain(secret)[-1] in trusted, (
+        async with XdsClient(pilot.grpc_target) as xds:
+            ads = xds.ads(node("proxy-2", "ns2", "sa2"))
+            await ads.subscribe(types.SECRET, [WORKLOAD, ROOT])
+            rootca = root_in(await ads.ack_until(types.SECRET, [ROOT], WAIT))
+
+            async def served_or_refused() -> bool:
+                await ads.ack_pending()
+                served = bool(workloads_received(ads))
+                return served or _stats(pilot).ca_errors >= errors_before + 3
+
+            await wait_until(served_or_refused, 15, "a secret for proxy-2 or 3 more CA errors")
+    trusted = load_chain(rootca)
+    for workload in workloads_received(ads):
+        served_under = workload.chain[-1].subject.rfc4514_string()
+        assert workload.chain[-1] in trusted, (
             f"pilot served a `default` chain ending in {served_under!r} next to a ROOTCA of "
             f"{trusted[0].subject.rfc4514_string()!r}: no peer can verify it"
         )
@@ -306,12 +318,13 @@ async def test_chain_under_another_root_than_ca_root_cert_is_refused(tmp_path: P
         root_file.write_text(fake.root_pem)
         async with (
             _pilot_using(tmp_path / "pilot", fake.address, root_cert=root_file) as pilot,
-            AdsClient(pilot.grpc_target, node("proxy-1", *PROXY)) as ads,
+            XdsClient(pilot.grpc_target) as xds,
         ):
+            ads = xds.ads(node("proxy-1", *PROXY))
             fake.fault = Fault.OTHER_ROOT
-            await ads.subscribe(types.SECRET, ["default"])
+            await ads.subscribe(types.SECRET, [WORKLOAD])
             await _ca_errors_reach(pilot, 3)
-            _no_secret_pushed(ads)
+            await _no_secret_pushed(ads)
             assert len(fake.calls) >= 3
 
 
@@ -341,20 +354,21 @@ async def test_second_pilot_as_the_ca(tmp_path: Path, trusted: bool) -> None:
             security = {"remote_ca": remote, "sds": FAST_RETRY}
             async with (
                 running_pilot(tmp_path / "a", MESH, security=security) as pilot,
-                AdsClient(pilot.grpc_target, node("proxy-1", *PROXY)) as ads,
+                XdsClient(pilot.grpc_target) as xds,
             ):
                 assert pilot.discovery.security is not None
                 assert pilot.discovery.security.ca.root != ca_root
-                await ads.subscribe(types.SECRET, ["default"])
+                ads = xds.ads(node("proxy-1", *PROXY))
+                await ads.subscribe(types.SECRET, [WORKLOAD])
                 if trusted:
-                    workload = await ads.secret("default")
-                    chain = workload_chain(workload)
+                    secrets = await ads.ack_until(types.SECRET, [WORKLOAD], WAIT)
+                    chain = list(workload_in(secrets).chain)
                     assert_issued_chain(chain, ca_root)
                     assert san_uris(chain[0]) == [spiffe(*PROXY)]
                     lifetime = chain[0].not_valid_after_utc - chain[0].not_valid_before_utc
                     assert lifetime == TTL + datetime.timedelta(minutes=2)
                 else:
                     await _ca_errors_reach(pilot, 3)
-                    _no_secret_pushed(ads)
+                    await _no_secret_pushed(ads)
         username = f"system:serviceaccount:{PILOT_ACCOUNT[0]}:{PILOT_ACCOUNT[1]}"
         assert set(reviews(srv)) == {(("istio-ca",), True, username)}

@@ -29,7 +29,6 @@ from pilot.security.ca import PLUGGED_IN_FILES, CaSettings, CaSetupError, Certif
 from pilot.security.identity import Identity
 from pilot.xds import types
 from tests.integration.ca_support import (
-    AdsClient,
     CaCaller,
     assert_issued_chain,
     kube_api,
@@ -41,15 +40,17 @@ from tests.integration.ca_support import (
     sa_token,
     san_uris,
     spiffe,
-    workload_chain,
     write_plugged_in,
 )
+from tests.integration.sds_secrets import ROOT, WORKLOAD, root_in, workload_in
+from tests.protocol.client import XdsClient
 from tests.support.mesh import simple_mesh, write_mesh
 from tests.support.pilot import running_pilot
 
 HOUR = datetime.timedelta(hours=1)
 MESH = simple_mesh({"a": ["10.0.0.1"]})
 CALLER = ("ns1", "sa1")
+WAIT = 10.0
 
 
 def _verdict(child: x509.Certificate, parent: x509.Certificate) -> str:
@@ -102,15 +103,16 @@ async def test_restart_keeps_the_same_root(tmp_path: Path) -> None:
             assert second.discovery.security.ca.root == first_root
             async with CaCaller(second.grpc_target) as caller:
                 after = load_chain(await caller.create(make_csr()[1], token=token))
-            async with AdsClient(second.grpc_target, node("proxy-1", *CALLER)) as ads:
-                await ads.subscribe(types.SECRET, ["ROOTCA"])
-                rootca = await ads.secret("ROOTCA")
+            async with XdsClient(second.grpc_target) as xds:
+                ads = xds.ads(node("proxy-1", *CALLER))
+                await ads.subscribe(types.SECRET, [ROOT])
+                rootca = root_in(await ads.ack_until(types.SECRET, [ROOT], WAIT))
 
     unchanged = (tmp_path / "ca" / "root-key.pem").read_bytes() == key_bytes
     assert unchanged, "the restarted pilot rewrote root-key.pem"
     assert_issued_chain(before, first_root)
     assert_issued_chain(after, first_root)
-    assert load_chain(rootca.validation_context.trusted_ca.inline_bytes) == [first_root]
+    assert load_chain(rootca) == [first_root]
 
 
 # ------------------------------------------------------------------ plugged-in CA
@@ -130,21 +132,21 @@ async def test_plugged_in_ca_signs_under_its_root_via_the_intermediate(
         ) as pilot:
             async with CaCaller(pilot.grpc_target) as caller:
                 chain = load_chain(await caller.create(make_csr()[1], token=token))
-            async with AdsClient(pilot.grpc_target, node("proxy-1", "ns2", "sa2")) as ads:
-                await ads.subscribe(types.SECRET, ["default", "ROOTCA"])
-                workload = await ads.secret("default")
-                rootca = await ads.secret("ROOTCA")
+            async with XdsClient(pilot.grpc_target) as xds:
+                ads = xds.ads(node("proxy-1", "ns2", "sa2"))
+                await ads.subscribe(types.SECRET, [WORKLOAD, ROOT])
+                secrets = await ads.ack_until(types.SECRET, [WORKLOAD, ROOT], WAIT)
 
     assert chain[1:] == [plugged.intermediate.cert, plugged.root.cert]
     assert_issued_chain(chain, plugged.root.cert)
     assert chain[0].issuer == plugged.intermediate.cert.subject
     assert san_uris(chain[0]) == [spiffe(*CALLER)]
 
-    sds_chain = workload_chain(workload)
+    sds_chain = list(workload_in(secrets).chain)
     assert sds_chain[1:] == [plugged.intermediate.cert, plugged.root.cert]
     assert_issued_chain(sds_chain, plugged.root.cert)
     assert san_uris(sds_chain[0]) == [spiffe("ns2", "sa2")]
-    assert load_chain(rootca.validation_context.trusted_ca.inline_bytes) == [plugged.root.cert]
+    assert load_chain(root_in(secrets)) == [plugged.root.cert]
     assert not state_dir.exists(), "with --ca-cert-dir, no self-signed root is made"
 
 

@@ -23,10 +23,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from pilot.security.xds_auth import XdsAuth
 from pilot.xds import types
 from tests.integration.ca_support import (
-    ADS,
     FETCH_CLUSTERS,
-    SDS,
-    AdsClient,
     Token,
     assert_issued_chain,
     kube_api,
@@ -36,14 +33,16 @@ from tests.integration.ca_support import (
     sa_token,
     san_uris,
     spiffe,
-    workload_chain,
 )
+from tests.integration.sds_secrets import ROOT, WORKLOAD, root_in, workload_in
 from tests.kubeapi import KubeAPIServer
+from tests.protocol.client import ADS_SOTW, SDS_SOTW, Closed, XdsClient, describe, first_reply
 from tests.support.mesh import Ep, cluster_name, endpoint_slice, service
 from tests.support.pilot import RunningPilot, running_kube_pilot
 
 PROXY = ("ns1", "sa1")
 ALPHA = cluster_name("alpha")
+WAIT = 10.0
 
 
 @dataclass
@@ -64,21 +63,23 @@ class KubePilot:
         return self.pilot.discovery.security.secrets.stats
 
     async def refused(
-        self, node_message: Any, token: Token | None, method: str = ADS
+        self, node_message: Any, token: Token | None, method: str = ADS_SOTW
     ) -> tuple[grpc.StatusCode, str]:
-        """How the stream ends; fails if it received anything or had a certificate minted."""
-        async with AdsClient(self.pilot.grpc_target, node_message, token, method) as ads:
-            # One request only: a second write racing the server's status makes the grpc.aio
-            # client report INTERNAL ("Internal error from Core") instead of that status.
-            await ads.subscribe(types.SECRET, ["default", "ROOTCA"])
-            unanswered = await ads.ended_or_answered()
-            received = [types.short_name(r.type_url) for r in ads.responses]
-            assert unanswered, f"the stream was served ({received}) instead of refused"
-            code, details = await ads.status()
+        """How the stream ends; fails if it received anything or had a certificate minted.
+
+        A stream asking for both secrets, with `first_reply`: with grpc.aio, a write racing
+        the server's status would report INTERNAL instead of that status.
+        """
+        request = discovery_pb2.DiscoveryRequest(
+            node=node_message, type_url=types.SECRET, resource_names=[WORKLOAD, ROOT]
+        )
+        reply = await first_reply(self.pilot.grpc_target, method, [request], token=token)
+        if not isinstance(reply, Closed):
+            pytest.fail(f"the stream was served ({describe(reply)}) instead of refused")
         assert self.secret_stats.minted == 0, "no certificate for a refused stream"
-        leaked = token is not None and token in details
+        leaked = token is not None and token in reply.details
         assert not leaked, "the refusal message repeats the stream's token"
-        return code, details
+        return reply.code, reply.details
 
 
 @pytest.fixture
@@ -93,7 +94,7 @@ async def kube(tmp_path: Path) -> AsyncIterator[KubePilot]:
 # ------------------------------------------------------------------ refused
 
 
-@pytest.mark.parametrize("method", [ADS, SDS], ids=["ads", "sds"])
+@pytest.mark.parametrize("method", [ADS_SOTW, SDS_SOTW], ids=["ads", "sds"])
 async def test_stream_without_token_is_unauthenticated(kube: KubePilot, method: str) -> None:
     code, details = await kube.refused(node("proxy-1", *PROXY), None, method)
     assert code == grpc.StatusCode.UNAUTHENTICATED
@@ -175,16 +176,16 @@ async def test_stream_with_valid_token_is_served_with_the_tokens_identity(
 ) -> None:
     token = kube.token(*PROXY)
     proxy = node("proxy-1", *PROXY) if with_metadata else node("proxy-1")
-    async with AdsClient(kube.pilot.grpc_target, proxy, token) as ads:
+    async with XdsClient(kube.pilot.grpc_target, token=token) as xds:
+        ads = xds.ads(proxy)
         await ads.subscribe(types.CLUSTER)
-        await ads.wait_for(lambda: ALPHA in ads.cluster_names(), f"cluster {ALPHA}")
-        await ads.subscribe(types.SECRET, ["default", "ROOTCA"])
-        workload = await ads.secret("default")
-        rootca = await ads.secret("ROOTCA")
+        await ads.ack_until(types.CLUSTER, [ALPHA], WAIT)
+        await ads.subscribe(types.SECRET, [WORKLOAD, ROOT])
+        secrets = await ads.ack_until(types.SECRET, [WORKLOAD, ROOT], WAIT)
     assert kube.pilot.discovery.security is not None
     root = kube.pilot.discovery.security.ca.root
-    chain = workload_chain(workload)
+    chain = list(workload_in(secrets).chain)
     assert_issued_chain(chain, root)
     assert san_uris(chain[0]) == [spiffe(*PROXY)]
-    assert load_chain(rootca.validation_context.trusted_ca.inline_bytes) == [root]
+    assert load_chain(root_in(secrets)) == [root]
     assert reviews(kube.srv) == [(("istio-ca",), True, "system:serviceaccount:ns1:sa1")]

@@ -33,6 +33,24 @@ import pytest
 from pilot.security.component import Security
 from pilot.security.identity import Identity
 from tests.harness.envoy_process import EnvoyProcess, wait_until
+from tests.integration.envoy_tls_view import (
+    STARTUP,
+    ca_certs,
+    listener_port,
+    own_certs,
+    wait_for_own_cert,
+)
+from tests.integration.http_backend import BACKEND_BODY, Backend
+from tests.integration.mtls_bootstraps import (
+    BACKEND_CLUSTER,
+    MTLS_LISTENER,
+    PLAIN_LISTENER,
+    SERVER_CLUSTER,
+    client_bootstrap,
+    server_bootstrap,
+)
+from tests.integration.mtls_pair import CLIENT, SERVER
+from tests.integration.proxies import Proxy
 from tests.integration.replica_support import (
     CertMonitor,
     PortMesh,
@@ -43,27 +61,8 @@ from tests.integration.replica_support import (
     proxies_on,
     reroute,
 )
-from tests.integration.sds_support import (
-    BACKEND_BODY,
-    BACKEND_CLUSTER,
-    CLIENT,
-    MTLS_LISTENER,
-    PLAIN_LISTENER,
-    SERVER,
-    SERVER_CLUSTER,
-    STARTUP,
-    Backend,
-    Proxy,
-    ca_certs,
-    client_bootstrap,
-    listener_port,
-    own_certs,
-    probe_credentials,
-    served_workload,
-    server_bootstrap,
-    tls_get,
-    wait_for_own_cert,
-)
+from tests.integration.sds_secrets import served_workload
+from tests.integration.tls_probe import probe_credentials, tls_get
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
 from tests.support.mesh import cluster_name
 from tests.support.pilot import RunningPilot, running_kube_pilot

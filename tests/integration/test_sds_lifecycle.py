@@ -20,17 +20,17 @@ import pytest
 from pilot.security.certs import KeyType
 from pilot.security.secrets import SdsSettings, SecretManager
 from tests.harness.envoy_process import wait_until
-from tests.integration.sds_support import (
-    MESH_SERVICES,
+from tests.integration.mtls_pair import MESH_SERVICES
+from tests.integration.proxies import Proxy
+from tests.integration.sds_secrets import (
     ROOT,
     WORKLOAD,
-    Proxy,
-    SdsClient,
-    SecretStream,
     WorkloadCert,
-    sds_channel,
+    root_in,
     served_workload,
+    workload_in,
 )
+from tests.protocol.client import SECRET, DeltaStream, SotwStream, XdsClient
 from tests.support.mesh import simple_mesh
 from tests.support.pilot import RunningPilot, running_pilot
 
@@ -39,6 +39,7 @@ WAIT = 10.0
 # (service, delta): every RPC that can carry secrets.
 VARIANTS = [("ads", False), ("ads", True), ("sds", False), ("sds", True)]
 VARIANT_IDS = ["ads-sotw", "ads-delta", "sds-sotw", "sds-delta"]
+Stream = SotwStream | DeltaStream
 
 
 @pytest.fixture
@@ -48,9 +49,25 @@ async def pilot(tmp_path: Path) -> AsyncIterator[RunningPilot]:
 
 
 @pytest.fixture
-async def client(pilot: RunningPilot) -> AsyncIterator[SdsClient]:
-    async with sds_channel(pilot.grpc_target) as sds:
-        yield sds
+async def client(pilot: RunningPilot) -> AsyncIterator[XdsClient]:
+    async with XdsClient(pilot.grpc_target) as xds:
+        yield xds
+
+
+def open_stream(client: XdsClient, proxy: Proxy, service: str, delta: bool) -> Stream:
+    """A stream of `proxy` for secrets: over ADS or the SecretDiscoveryService, SotW or delta."""
+    if service == "ads":
+        return client.delta_ads(proxy.node()) if delta else client.ads(proxy.node())
+    return client.delta_sds(proxy.node()) if delta else client.sds(proxy.node())
+
+
+async def ask(stream: Stream, names: list[str]) -> None:
+    """Want these secrets too: delta subscribes to them; SotW sends its whole list again."""
+    if isinstance(stream, DeltaStream):
+        await stream.subscribe(SECRET, names)
+        return
+    wanted = stream.names.get(SECRET, [])
+    await stream.subscribe(SECRET, [*wanted, *(n for n in names if n not in wanted)])
 
 
 def secrets_of(pilot: RunningPilot) -> SecretManager:
@@ -71,29 +88,27 @@ def assert_fresh_certificate(cert: WorkloadCert, proxy: Proxy, pilot: RunningPil
     assert cert.not_after - now > datetime.timedelta(hours=23)  # SECRET_TTL 24h by default
 
 
-async def subscribe_both(stream: SecretStream, pilot: RunningPilot) -> WorkloadCert:
+async def subscribe_both(stream: Stream, pilot: RunningPilot) -> WorkloadCert:
     """Ask for `default` and `ROOTCA`; return the certificate once both have arrived."""
-    await stream.subscribe([WORKLOAD, ROOT])
-    update = await stream.wait_for(WORKLOAD, WAIT)
-    roots = [u.root_pem for u in stream.updates if ROOT in u.secrets]
+    await ask(stream, [WORKLOAD, ROOT])
+    arrived = await stream.ack_until(SECRET, [WORKLOAD, ROOT], WAIT)
     security = pilot.discovery.security
     assert security is not None
-    assert roots == [security.ca.root_pem], f"ROOTCA sent {len(roots)} times, or another root"
-    return update.workload
+    sent = (arrived.times[ROOT], root_in(arrived))
+    assert sent == (1, security.ca.root_pem), f"ROOTCA sent {sent[0]} times, or another root"
+    return workload_in(arrived)
 
 
-async def assert_nothing_pending(stream: SecretStream) -> None:
+async def assert_nothing_pending(stream: Stream) -> None:
     """A barrier: ask for ROOTCA anew; the answer must carry it alone.
 
     Pilot handles one stream's requests in order and sends everything owed at once, so a
     `default` still owed to this stream would come before or with this answer.
     """
-    before = len(stream.updates)
-    await stream.unsubscribe([ROOT])
-    await stream.subscribe([ROOT])
-    await stream.wait_for(ROOT, WAIT)
-    since = stream.updates[before:]
-    assert [(u.names, u.removed) for u in since] == [([ROOT], ())], since
+    await stream.unsubscribe(SECRET, [ROOT])
+    await ask(stream, [ROOT])
+    answer = await stream.ack_until(SECRET, [ROOT], WAIT)
+    assert (answer.responses, answer.names, answer.removed) == (1, [ROOT], []), answer
 
 
 async def wait_dropped(pilot: RunningPilot, proxy: Proxy, dropped: int) -> None:
@@ -109,25 +124,25 @@ async def wait_dropped(pilot: RunningPilot, proxy: Proxy, dropped: int) -> None:
 
 @pytest.mark.parametrize(("service", "delta"), VARIANTS, ids=VARIANT_IDS)
 async def test_same_certificate_while_subscribed(
-    pilot: RunningPilot, client: SdsClient, service: str, delta: bool
+    pilot: RunningPilot, client: XdsClient, service: str, delta: bool
 ) -> None:
-    stream = client.stream(ORDERS.node(), service=service, delta=delta)
+    stream = open_stream(client, ORDERS, service, delta)
     first = await subscribe_both(stream, pilot)
     assert_fresh_certificate(first, ORDERS, pilot)
 
-    if delta:
+    if isinstance(stream, DeltaStream):
         # Re-subscribing is answered even if unchanged: with the same certificate.
-        await stream.subscribe([WORKLOAD])
-        assert (await stream.wait_for(WORKLOAD, WAIT)).workload == first
+        await stream.subscribe(SECRET, [WORKLOAD])
+        assert workload_in(await stream.ack_until(SECRET, [WORKLOAD], WAIT)) == first
     else:
         # The same list again changes nothing and is owed nothing.
-        await stream.resend()
+        await stream.subscribe(SECRET, stream.names[SECRET])
         await assert_nothing_pending(stream)
     # Another stream of the same proxy (the other RPC, the other variant) gets it too.
     other_service = "sds" if service == "ads" else "ads"
-    other = client.stream(ORDERS.node(), service=other_service, delta=not delta)
-    await other.subscribe([WORKLOAD])
-    assert (await other.wait_for(WORKLOAD, WAIT)).workload == first
+    other = open_stream(client, ORDERS, other_service, not delta)
+    await ask(other, [WORKLOAD])
+    assert workload_in(await other.ack_until(SECRET, [WORKLOAD], WAIT)) == first
 
     assert served_workload(secrets_of(pilot), ORDERS) == first
     stats = secrets_of(pilot).stats
@@ -136,18 +151,18 @@ async def test_same_certificate_while_subscribed(
 
 @pytest.mark.parametrize(("service", "delta"), VARIANTS, ids=VARIANT_IDS)
 async def test_unsubscribe_drops_and_resubscribe_mints_a_new_key(
-    pilot: RunningPilot, client: SdsClient, service: str, delta: bool
+    pilot: RunningPilot, client: XdsClient, service: str, delta: bool
 ) -> None:
-    stream = client.stream(ORDERS.node(), service=service, delta=delta)
+    stream = open_stream(client, ORDERS, service, delta)
     first = await subscribe_both(stream, pilot)
 
     # Unsubscribe `default` alone (SotW: the list without it); ROOTCA stays.
-    await stream.unsubscribe([WORKLOAD])
+    await stream.unsubscribe(SECRET, [WORKLOAD])
     await wait_dropped(pilot, ORDERS, 1)
     await assert_nothing_pending(stream)
 
-    await stream.subscribe([WORKLOAD])
-    second = (await stream.wait_for(WORKLOAD, WAIT)).workload
+    await ask(stream, [WORKLOAD])
+    second = workload_in(await stream.ack_until(SECRET, [WORKLOAD], WAIT))
 
     assert_fresh_certificate(second, ORDERS, pilot)
     assert second.serial != first.serial
@@ -158,27 +173,27 @@ async def test_unsubscribe_drops_and_resubscribe_mints_a_new_key(
 
 
 @pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
-async def test_empty_list_unsubscribes(pilot: RunningPilot, client: SdsClient, delta: bool) -> None:
+async def test_empty_list_unsubscribes(pilot: RunningPilot, client: XdsClient, delta: bool) -> None:
     """SotW: an empty `resource_names` after names is "nothing"; delta: unsubscribe all."""
-    stream = client.stream(ORDERS.node(), service="sds", delta=delta)
+    stream = open_stream(client, ORDERS, "sds", delta)
     await subscribe_both(stream, pilot)
-    await stream.unsubscribe([WORKLOAD, ROOT])
+    await stream.unsubscribe(SECRET, [WORKLOAD, ROOT])
     await wait_dropped(pilot, ORDERS, 1)
-    await stream.subscribe([ROOT])
-    update = await stream.wait_for(ROOT, WAIT)
-    assert (update.names, update.removed) == ([ROOT], ()), update
+    await ask(stream, [ROOT])
+    answer = await stream.ack_until(SECRET, [ROOT], WAIT)
+    assert (answer.responses, answer.names, answer.removed) == (1, [ROOT], []), answer
     assert secrets_of(pilot).stats.minted == 1
 
 
 async def test_stream_end_drops_only_when_the_last_stream_goes(
-    pilot: RunningPilot, client: SdsClient
+    pilot: RunningPilot, client: XdsClient
 ) -> None:
     """Envoy holds `default` on its ADS stream and on an SDS stream at once."""
-    ads = client.stream(ORDERS.node(), service="ads", delta=True)
-    sds = client.stream(ORDERS.node(), service="sds", delta=False)
+    ads = client.delta_ads(ORDERS.node())
+    sds = client.sds(ORDERS.node())
     first = await subscribe_both(ads, pilot)
-    await sds.subscribe([WORKLOAD])
-    assert (await sds.wait_for(WORKLOAD, WAIT)).workload == first
+    await sds.subscribe(SECRET, [WORKLOAD])
+    assert workload_in(await sds.ack_until(SECRET, [WORKLOAD], WAIT)) == first
     discovery = pilot.discovery
     streams = len(discovery.connections)
 
@@ -198,7 +213,7 @@ async def test_stream_end_drops_only_when_the_last_stream_goes(
     await wait_dropped(pilot, ORDERS, 1)
 
     # A new stream of the same proxy starts from nothing: a new key.
-    again = client.stream(ORDERS.node(), service="ads", delta=False)
+    again = client.ads(ORDERS.node())
     second = await subscribe_both(again, pilot)
     assert_fresh_certificate(second, ORDERS, pilot)
     assert (second.serial, second.key_id) != (first.serial, first.key_id)
@@ -206,11 +221,11 @@ async def test_stream_end_drops_only_when_the_last_stream_goes(
 
 
 async def test_proxies_of_one_service_account_never_share_a_key(
-    pilot: RunningPilot, client: SdsClient
+    pilot: RunningPilot, client: XdsClient
 ) -> None:
     proxies = [Proxy.sidecar(f"orders-{i}", "shop", "orders") for i in range(4)]
     streams = [
-        client.stream(proxy.node(), service=service, delta=delta)
+        open_stream(client, proxy, service, delta)
         for proxy, (service, delta) in zip(proxies, VARIANTS, strict=True)
     ]
     certs = await asyncio.gather(*(subscribe_both(stream, pilot) for stream in streams))
@@ -234,8 +249,8 @@ async def test_rsa_key_type(tmp_path: Path) -> None:
     rsa = {"sds": SdsSettings(key_type=KeyType.RSA)}
     async with (
         running_pilot(tmp_path, simple_mesh(MESH_SERVICES), security=rsa) as pilot,
-        sds_channel(pilot.grpc_target) as client,
+        XdsClient(pilot.grpc_target) as client,
     ):
-        cert = await subscribe_both(client.stream(ORDERS.node(), delta=True), pilot)
+        cert = await subscribe_both(client.delta_ads(ORDERS.node()), pilot)
         assert_fresh_certificate(cert, ORDERS, pilot)
         assert cert.key_kind == "RSA 2048"

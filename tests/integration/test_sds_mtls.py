@@ -17,19 +17,17 @@ from pilot.security.ca import CaSettings, CertificateAuthority
 from pilot.security.identity import Identity
 from pilot.xds.proxy import ProxyKey
 from tests.harness.envoy_process import EnvoyProcess
-from tests.integration.sds_support import (
-    BACKEND_BODY,
+from tests.integration.envoy_tls_view import assert_envoy_holds, listener_ssl_stat
+from tests.integration.http_backend import BACKEND_BODY
+from tests.integration.mtls_pair import (
     CLIENT,
     MESH_SERVICES,
     SERVER,
     assert_client_cluster_verified,
-    assert_envoy_holds,
-    listener_ssl_stat,
     mtls_pair,
-    probe_credentials,
-    served_workload,
-    tls_get,
 )
+from tests.integration.sds_secrets import served_workload
+from tests.integration.tls_probe import probe_credentials, tls_get
 from tests.support.mesh import simple_mesh
 from tests.support.pilot import RunningPilot, running_pilot
 

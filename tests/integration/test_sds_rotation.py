@@ -18,20 +18,11 @@ from pathlib import Path
 
 from pilot.security.secrets import SdsSettings, SecretManager
 from tests.harness.envoy_process import EnvoyProcess, wait_until
-from tests.integration.sds_support import (
-    CLIENT,
-    MESH_SERVICES,
-    ROOT,
-    SERVER,
-    WORKLOAD,
-    EnvoyCert,
-    MtlsPair,
-    Proxy,
-    mtls_pair,
-    own_certs,
-    sds_channel,
-    served_workload,
-)
+from tests.integration.envoy_tls_view import EnvoyCert, own_certs
+from tests.integration.mtls_pair import CLIENT, MESH_SERVICES, SERVER, MtlsPair, mtls_pair
+from tests.integration.proxies import Proxy
+from tests.integration.sds_secrets import ROOT, WORKLOAD, served_workload, workload_in
+from tests.protocol.client import SECRET, XdsClient
 from tests.support.mesh import simple_mesh
 from tests.support.pilot import RunningPilot, running_pilot
 
@@ -60,15 +51,15 @@ async def test_rotation_is_pushed_while_subscribed_and_stops_after_unsubscribe(
     ttl = 6.0  # rotation ~3 s after minting, 3 s before expiry
     async with (
         running_pilot(tmp_path, simple_mesh(MESH_SERVICES), security=short_ttl(ttl)) as pilot,
-        sds_channel(pilot.grpc_target) as client,
+        XdsClient(pilot.grpc_target) as client,
     ):
         secrets = secrets_of(pilot)
-        stream = client.stream(BILLING.node(), service="sds", delta=True)
-        await stream.subscribe([WORKLOAD, ROOT])
-        first = (await stream.wait_for(WORKLOAD, ttl)).workload
+        stream = client.delta_sds(BILLING.node())
+        await stream.subscribe(SECRET, [WORKLOAD, ROOT])
+        first = workload_in(await stream.ack_until(SECRET, [WORKLOAD], ttl))
         received = time.monotonic()
 
-        second = (await stream.wait_for(WORKLOAD, ttl)).workload
+        second = workload_in(await stream.ack_until(SECRET, [WORKLOAD], ttl))
         rotated_after = time.monotonic() - received
 
         assert utcnow() < first.not_after, "the new certificate came after the old expired"
@@ -79,7 +70,7 @@ async def test_rotation_is_pushed_while_subscribed_and_stops_after_unsubscribe(
         assert rotated_after > 0.3 * ttl, f"rotated only {rotated_after:.2f}s after minting"
         assert (secrets.stats.minted, secrets.stats.rotated) == (2, 1)
 
-        await stream.unsubscribe([WORKLOAD])
+        await stream.unsubscribe(SECRET, [WORKLOAD])
         await wait_until(
             lambda: (secrets.stats.dropped, served_workload(secrets, BILLING)),
             5,

@@ -25,8 +25,9 @@ from typing import Any
 from aiohttp import web
 
 from .kubeconfig import write_kubeconfig
-from .server import KubeAPIServer, json_response, status_response
+from .server import KubeAPIServer
 from .store import ApiError
+from .wire import json_response, status_response
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

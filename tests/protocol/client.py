@@ -7,6 +7,12 @@ calls and CSDS. The channel is plaintext, or TLS with `credentials` (see
 Each stream reads in the background into a queue, so `next_response(timeout=...)`
 can fail with a clear message without cancelling the RPC.
 
+Tests that drive the protocol step by step use `next_response`, `ack` and `nack`.
+Tests that only need what pilot serves use the stream as an Envoy would:
+`ack_until` reads and ACKs responses until named resources have arrived,
+`ack_pending` takes whatever has already arrived, and `expect_silence` asserts
+that nothing comes for a while.
+
 Every response is checked for what any Envoy would reject outright: a missing
 nonce, a resource whose type differs from the response's, the same name twice
 in one response, or (delta) a name both updated and removed.
@@ -17,8 +23,9 @@ first request only.
 Secrets carry private keys, which must never reach a failure message, a repr or
 the arguments pytest prints for the frame that failed: failure messages describe
 responses by type, names and nonce only; checks fail through `_fail` (whose only
-argument is the message); `Held` and `SecretSummary` never show a key. Tests look
-at secrets through `secret_summaries`, not at the messages themselves.
+argument is the message); `Held`, `Arrived` and `SecretSummary` never show a key.
+Tests look at secrets through `secret_summaries` (or decode `Arrived` messages into
+summaries of their own), not at the messages themselves.
 """
 
 from __future__ import annotations
@@ -179,6 +186,13 @@ def delta_resources(response: DeltaResponse) -> dict[str, Held]:
     return found
 
 
+def response_resources(response: DiscoveryResponse | DeltaResponse) -> dict[str, Any]:
+    """name -> message of a SotW or delta response."""
+    if isinstance(response, DiscoveryResponse):
+        return sotw_resources(response)
+    return {name: held.message for name, held in delta_resources(response).items()}
+
+
 def endpoint_ips(assignment: Assignment) -> set[str]:
     """Every host address of an assignment."""
     return {
@@ -336,6 +350,50 @@ class Closed:
     details: str
 
 
+@dataclass(repr=False)
+class Arrived:
+    """What the responses read by one `ack_until` delivered of one type.
+
+    `messages` holds the latest message of each name, so a Secret's private key:
+    the repr names resources only, so that an `Arrived` may go in a failure message.
+    """
+
+    type_url: str
+    messages: dict[str, Any] = field(default_factory=dict)  # name -> latest message
+    times: dict[str, int] = field(default_factory=dict)  # name -> responses carrying it
+    removed: list[str] = field(default_factory=list)  # names delta responses removed
+    responses: int = 0  # responses read, of any type
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self.messages)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.messages
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.messages:
+            _fail(f"{self!r} has no {name!r}")
+        return self.messages[name]
+
+    def __repr__(self) -> str:
+        kind = self.type_url.rsplit(".", 1)[-1]
+        return (
+            f"Arrived({kind} {self.names}, removed={self.removed}, in {self.responses} responses)"
+        )
+
+    def record(self, response: DiscoveryResponse | DeltaResponse) -> None:
+        """Count one response read, and keep what it carried of this type."""
+        self.responses += 1
+        if response.type_url != self.type_url:
+            return
+        for name, message in response_resources(response).items():
+            self.messages[name] = message
+            self.times[name] = self.times.get(name, 0) + 1
+        if isinstance(response, DeltaResponse):
+            self.removed.extend(response.removed_resources)
+
+
 class _Stream(Generic[Req, Resp]):
     """One bidirectional xDS call; responses are read in the background."""
 
@@ -377,6 +435,9 @@ class _Stream(Generic[Req, Resp]):
                 f"{self.label}: nothing from the server within {timeout}s; "
                 f"last request: {_short(last)}; last responses: {seen}"
             ) from None
+        return self._accept(item)
+
+    def _accept(self, item: Resp | Closed) -> Resp | Closed:
         if not isinstance(item, Closed):
             self._check(item)
             self.received.append(item)
@@ -384,13 +445,61 @@ class _Stream(Generic[Req, Resp]):
 
     async def next_response(self, timeout: float = DEFAULT_TIMEOUT) -> Resp:  # noqa: ASYNC109
         """The next response; fails clearly on timeout or if the stream ended."""
-        item = await self.next_event(timeout)
+        return self._response(await self.next_event(timeout))
+
+    def _response(self, item: Resp | Closed) -> Resp:
         if isinstance(item, Closed):
-            raise AssertionError(f"{self.label}: stream ended: {item.code.name} {item.details}")
+            _fail(f"{self.label}: stream ended: {item.code.name} {item.details}")
         return item
 
     def _check(self, response: Resp) -> None:
         raise NotImplementedError
+
+    async def ack(self, response: Resp) -> None:
+        raise NotImplementedError
+
+    async def ack_until(
+        self,
+        type_url: str,
+        names: Iterable[str],
+        timeout: float = DEFAULT_TIMEOUT,  # noqa: ASYNC109
+    ) -> Arrived:
+        """As Envoy does: read responses, ACKing each whatever its type, until every one
+        of `names` of `type_url` has arrived in a response read by this call. Returns
+        what those responses carried of that type; fails if the stream ends first."""
+        wanted = set(names)
+        arrived = Arrived(type_url)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not wanted <= arrived.messages.keys():
+            missing = sorted(wanted - arrived.messages.keys())
+            try:
+                response = await self.next_response(max(deadline - loop.time(), 0.0))
+            except AssertionError as error:
+                _fail(f"{self.label}: waiting for {missing} ({arrived!r}): {error}")
+            arrived.record(response)
+            await self.ack(response)
+        return arrived
+
+    async def ack_pending(self) -> list[Resp]:
+        """Read and ACK every response that has already arrived, without waiting for
+        more; fails if the stream has ended."""
+        responses = []
+        while not self._queue.empty():
+            response = self._response(self._accept(self._queue.get_nowait()))
+            await self.ack(response)
+            responses.append(response)
+        return responses
+
+    async def expect_silence(self, seconds: float) -> None:
+        """Assert that nothing at all arrives for `seconds`, not even the stream's end:
+        for a test whose point is that nothing happens by a deadline."""
+        try:
+            item = await asyncio.wait_for(self._queue.get(), max(seconds, 0.0))
+        except TimeoutError:
+            return
+        shown = item if isinstance(item, Closed) else describe(item)
+        _fail(f"{self.label}: expected nothing for {seconds:.2f}s, got {shown}")
 
     async def close(self) -> None:
         """Cancel the call (as a disconnecting Envoy does)."""
@@ -455,6 +564,12 @@ class SotwStream(_Stream[DiscoveryRequest, DiscoveryResponse]):
             version=self.accepted.get(type_url, ""),
             nonce=self.nonces.get(type_url, ""),
         )
+
+    async def unsubscribe(self, type_url: str, names: Iterable[str]) -> None:
+        """Ask for the type's names without these, as Envoy does when it stops using
+        them (none left: an empty list, which for names asked for by name is nothing)."""
+        gone = set(names)
+        await self.subscribe(type_url, [n for n in self.names.get(type_url, []) if n not in gone])
 
     async def ack(self, response: DiscoveryResponse) -> None:
         """Accept a response: its version and nonce, the current names."""
@@ -667,6 +782,12 @@ class XdsClient:
         for stream in self.streams:
             await stream.close()
         await self.channel.close()
+
+    async def __aenter__(self) -> XdsClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
     def _sotw(self, call: Any, label: str, send_node: base_pb2.Node | None) -> SotwStream:
         stream = SotwStream(call, label, send_node)

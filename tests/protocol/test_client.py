@@ -1,8 +1,8 @@
 """The test client itself: secrets are described without their private keys.
 
 No pilot here: responses are built by hand, with a real key and certificate, and
-every way the client shows a response (describe, Held, SecretSummary, failure
-messages and the frame that raised them) is checked for the key's text.
+every way the client shows a response (describe, Held, SecretSummary, Arrived,
+failure messages and the frame that raised them) is checked for the key's text.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from google.protobuf import any_pb2
 
 from tests.protocol.client import (
+    CLUSTER,
     SECRET,
+    Arrived,
     DeltaResponse,
     DiscoveryResponse,
     Secret,
@@ -147,3 +149,24 @@ def test_a_bad_response_fails_without_showing_the_key(delta: bool) -> None:
     last = failure.traceback[-1]
     arguments = repr(last.frame.getargs(var=True))
     assert not _shows_key(arguments, key), f"the failing frame {last.name} holds the secret"
+
+
+def test_what_arrived_is_named_without_showing_the_key() -> None:
+    """`ack_until` hands back an `Arrived`: it names what came and never shows a secret."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    workload = _packed(_workload(key, _certificate(key, URI)))
+    arrived = Arrived(SECRET)
+    for response in (
+        DiscoveryResponse(type_url=SECRET, nonce="1", resources=[workload]),
+        DeltaResponse(type_url=SECRET, nonce="2", removed_resources=["ROOTCA"]),
+        DiscoveryResponse(type_url=CLUSTER, nonce="3"),
+    ):
+        arrived.record(response)
+    counts = (arrived.names, arrived.times, arrived.removed, arrived.responses)
+    assert counts == (["default"], {"default": 1}, ["ROOTCA"], 3)
+    assert repr(arrived) == "Arrived(Secret ['default'], removed=['ROOTCA'], in 3 responses)"
+    with pytest.raises(AssertionError) as failure:
+        arrived["ROOTCA"]
+    assert str(failure.value) == f"{arrived!r} has no 'ROOTCA'"
+    last = failure.traceback[-1]
+    assert not _shows_key(repr(last.frame.getargs(var=True)), key)

@@ -1,0 +1,74 @@
+"""`Backend`: the HTTP server behind the server Envoy in the mTLS tests.
+
+Owns a small aiohttp server on an ephemeral port that answers every path with
+`BACKEND_BODY` and records each request as `Seen` (its path and the
+`x-forwarded-client-cert` header the server Envoy set, with a field reader).
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One request the backend received."""
+
+    path: str
+    xfcc: str
+
+    def xfcc_field(self, key: str) -> str | None:
+        """One field of the (single-element) x-forwarded-client-cert header, unquoted."""
+        for part in _split_xfcc(self.xfcc):
+            name, _, value = part.partition("=")
+            if name == key:
+                return urllib.parse.unquote(value.strip('"'))
+        return None
+
+
+def _split_xfcc(header: str) -> list[str]:
+    parts, current, quoted = [], "", False
+    for char in header:
+        if char == '"':
+            quoted = not quoted
+        if char == ";" and not quoted:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return [*parts, current] if current else parts
+
+
+BACKEND_BODY = "hello from the shop backend"
+
+
+class Backend:
+    """A small HTTP server on 127.0.0.1 (ephemeral port) that records every request."""
+
+    def __init__(self) -> None:
+        self.seen: list[Seen] = []
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.seen.append(Seen(request.path, request.headers.get("x-forwarded-client-cert", "")))
+        return web.Response(text=f"{BACKEND_BODY} {request.path}")
+
+    async def __aenter__(self) -> Backend:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        server: Any = site._server  # aiohttp has no public accessor for the bound port
+        self.port = int(server.sockets[0].getsockname()[1])
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()

@@ -1,0 +1,55 @@
+"""Faults the test API server injects on a test's say-so: `Faults`.
+
+Owns the switches that make the server misbehave the way a real one can:
+watches dropped abruptly or ended cleanly, history compacted (old
+resourceVersions get 410), every watch expired with a 410 ERROR event, list
+requests failing with 500, and BOOKMARKs sent at a moment the test picks.
+"""
+
+from __future__ import annotations
+
+from .store import ApiError, Store
+from .watches import WatchHub
+
+
+class Faults:
+    """The fault switches over one store and its watches."""
+
+    def __init__(self, store: Store, watches: WatchHub) -> None:
+        self.store = store
+        self.watches = watches
+        self._failing_lists: int | None = 0  # None: every list fails
+
+    def drop_watches(self, abrupt: bool = True) -> None:
+        """End every open watch: abrupt cuts the connection (a crashed server),
+        otherwise the body ends cleanly (a server-side watch timeout)."""
+        self.watches.end_all(abrupt)
+
+    def compact(self) -> None:
+        """Forget history up to now: watching or paging from an older RV gets 410."""
+        self.store.compact()
+
+    def expire_watches(self) -> None:
+        """Compact, then end every open watch with a 410 Expired ERROR event."""
+        self.compact()
+        self.watches.expire_all()
+
+    def fail_lists(self, n: int | None = None) -> None:
+        """The next n list requests (all, if None, until fail_lists(0)) get 500."""
+        self._failing_lists = n
+
+    def send_bookmarks(self) -> None:
+        """A BOOKMARK now on every open watch that allowed bookmarks."""
+        self.watches.bookmark_all()
+
+    def check_list(self) -> None:
+        """Raise the injected 500 if this list request is one that must fail."""
+        if self._failing_lists is None:
+            raise _list_failure()
+        if self._failing_lists > 0:
+            self._failing_lists -= 1
+            raise _list_failure()
+
+
+def _list_failure() -> ApiError:
+    return ApiError(500, "InternalError", "Internal error occurred: injected list failure")
