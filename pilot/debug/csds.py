@@ -1,6 +1,7 @@
 """CSDS: `envoy.service.status.v3.ClientStatusDiscoveryService` (Fetch and Stream).
 
-One `ClientConfig` per connected proxy, a `GenericXdsConfig` per resource it
+One `ClientConfig` per connected proxy (node id and proven identity: the
+identity's SPIFFE URI is its `client_scope`), a `GenericXdsConfig` per resource it
 subscribes to, filtered by `node_matchers` on the node id; resource contents
 unless `exclude_resource_contents`; secrets always redacted.
 """
@@ -96,6 +97,8 @@ def client_status(
         config = response.config.add()
         if status.node is not None:
             config.node.CopyFrom(status.node)
+        # Two identities may claim one node id: the scope tells their rows apart.
+        config.client_scope = status.proxy.identity or ""
         for resource in status.resources:
             config.generic_xds_configs.append(
                 _generic(resource, not request.exclude_resource_contents)

@@ -1,4 +1,8 @@
-"""`pilot proxy-status`: one row per proxy, from CSDS, like `istioctl proxy-status`."""
+"""`pilot proxy-status`: one row per proxy, from CSDS, like `istioctl proxy-status`.
+
+A proxy is a node id and the identity its streams proved (CSDS `client_scope`),
+so the identity is a column of its own.
+"""
 
 from __future__ import annotations
 
@@ -46,9 +50,10 @@ def summarize(configs: Iterable[csds_pb2.ClientConfig.GenericXdsConfig]) -> str:
 
 
 def rows(response: csds_pb2.ClientStatusResponse) -> list[list[str]]:
-    table = [["NAME", *(name for name, _ in COLUMNS)]]
-    for config in sorted(response.config, key=lambda c: c.node.id):
-        cells = [config.node.id]
+    """NAME (node id), IDENTITY (what its streams proved), then a state per type."""
+    table = [["NAME", "IDENTITY", *(name for name, _ in COLUMNS)]]
+    for config in sorted(response.config, key=lambda c: (c.node.id, c.client_scope)):
+        cells = [config.node.id, config.client_scope or "-"]
         for _, type_url in COLUMNS:
             cells.append(summarize(c for c in config.generic_xds_configs if c.type_url == type_url))
         table.append(cells)

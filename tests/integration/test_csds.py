@@ -202,6 +202,7 @@ async def test_proxy_status_command_prints_one_row_per_proxy(tmp_path: Path) -> 
         out, _ = await asyncio.wait_for(process.communicate(), 30)
         assert process.returncode == 0
         header, row = out.decode().strip().splitlines()
-        assert header.split() == ["NAME", "CDS", "EDS", "SDS"]
-        assert row.split(maxsplit=1)[0] == "sidecar-1"
+        assert header.split() == ["NAME", "IDENTITY", "CDS", "EDS", "SDS"]
+        identity = "spiffe://cluster.local/ns/shop/sa/sidecar-1"  # its metadata (--xds-auth none)
+        assert row.split()[:2] == ["sidecar-1", identity]
         assert "ERROR (2/2)" in row and "SYNCED (2)" in row and row.endswith("-")

@@ -11,6 +11,8 @@ private key appears in any of them.
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ import pytest_asyncio
 from tests.security.peers import (
     ATTACKER,
     VICTIM,
+    WAIT,
     WORKLOAD,
     Mesh,
     Peer,
@@ -69,7 +72,28 @@ async def test_csds_lists_each_proxy_behind_the_node_id(mesh: Mesh, two: TwoProx
         f"CSDS lists {len(configs)} ClientConfig for node id {two.node_id} while two proxies "
         f"({VICTIM} and {ATTACKER}) use it: `pilot proxy-status` shows them as one"
     )
+    assert sorted(c.client_scope for c in configs) == BOTH, "each row names its identity"
     assert b"PRIVATE KEY" not in status.SerializeToString(), "CSDS shows a private key"
+
+
+async def test_proxy_status_shows_both_rows_with_their_identities(
+    mesh: Mesh, two: TwoProxies
+) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "pilot",
+        "proxy-status",
+        "--addr",
+        mesh.pilot.target(tls=False),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), WAIT)
+    assert process.returncode == 0
+    header, *lines = out.decode().splitlines()
+    assert header.split()[:2] == ["NAME", "IDENTITY"]
+    mine = sorted(line.split()[1] for line in lines if line.split()[0] == two.node_id)
+    assert mine == BOTH, f"proxy-status rows for {two.node_id}: {lines}"
 
 
 @pytest.mark.parametrize("page", ["/debug/syncz", "/debug/connections"])
