@@ -9,6 +9,12 @@ Certificates enter the same pipeline: the secret manager reports a proxy whose
 certificate was minted or rotated, and the SDS generator submits it.
 See docs/architecture.md.
 
+Ports: as in Istio, tokens and private keys travel over TLS only. In
+Kubernetes mode the plaintext port serves CDS and EDS and asks for no
+credentials; the TLS port serves everything (xDS with SDS, the CA, CSDS) to
+callers that prove who they are. With --config (loopback development) the
+plaintext port serves everything too; --plaintext-secrets forces that.
+
 Start-up order: the HTTP port first (so `/ready` answers 503 meanwhile), then
 the security component (it may wait for the shared root), the pipeline and
 the gRPC port (health NOT_SERVING: Envoys may connect, and wait), then the
@@ -26,7 +32,7 @@ from typing import Protocol
 
 from kubernetes_asyncio import client
 
-from pilot.debug.csds import CSDS_SERVICE, csds_handler
+from pilot.debug.csds import CSDS_SERVICE, StatusReaders, csds_handler
 from pilot.debug.http import DebugState, HttpServer
 from pilot.debug.metrics import Metrics, Sources, WatchCounts
 from pilot.debug.proxy_status import LiveProxies
@@ -40,13 +46,14 @@ from pilot.security.component import Security
 from pilot.security.serving import TlsServing, default_dns_names
 from pilot.security.xds_auth import XdsAuth
 from pilot.server.connection import Connection, StreamContext
-from pilot.server.grpc_server import ExtraService, GrpcServer
+from pilot.server.grpc_server import ExtraService, GrpcServer, Listener
 from pilot.server.registry import ConnectionRegistry
 from pilot.settings import Settings
 from pilot.sources.file import FileRegistry
 from pilot.sources.kubernetes.connection import connect
 from pilot.sources.kubernetes.registry import KubernetesRegistry
 from pilot.stats import XdsStats
+from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 
 log = logging.getLogger("pilot")
@@ -162,28 +169,54 @@ class Discovery:
         )
         return TlsServing(security.ca, names, self.settings.tls_require_client_cert)
 
-    def _grpc_server(
+    def _plaintext_secrets(self) -> bool:
+        """Whether the plaintext port serves the CA, SDS and CSDS (with their credentials)."""
+        if self.settings.plaintext_secrets is None:
+            return self.settings.config is not None  # loopback development
+        if self.settings.plaintext_secrets and self.settings.config is None:
+            log.warning(
+                "--plaintext-secrets: the CA, SDS and CSDS also answer on the plaintext port %s;"
+                " tokens and private keys cross the network unencrypted",
+                self.settings.grpc_addr,
+            )
+        return self.settings.plaintext_secrets
+
+    def _listeners(
         self, security: Security, pipeline: Pipeline, tls: TlsServing | None
-    ) -> GrpcServer:
-        streams = StreamContext(
-            pipeline,
-            self.stats,
-            self.connections,
-            auth=security.identities,
-            metrics=self.metrics,
+    ) -> list[Listener]:
+        """The plaintext port, and the TLS port if configured.
+
+        As in Istio, tokens and private keys travel over TLS only: in Kubernetes
+        mode the plaintext port serves clusters and endpoints and asks for no
+        credentials, unless --plaintext-secrets says otherwise.
+        """
+        everything = StreamContext(
+            pipeline, self.stats, self.connections, security.identities, self.metrics
+        )
+        readers = StatusReaders(
+            self.settings.security.namespace, frozenset(self.settings.csds_trusted_accounts)
         )
         extra = (
-            ExtraService(CSDS_SERVICE, csds_handler(self.proxies)),
+            ExtraService(CSDS_SERVICE, csds_handler(self.proxies, security.identities, readers)),
             ExtraService(CA_SERVICE, security.ca_service.handler()),
         )
-        return GrpcServer(
-            self.settings.grpc_addr,
-            streams,
-            extra=extra,
-            tls=(self.settings.grpc_tls_addr, tls.credentials) if tls is not None else None,
-            max_connection_age=self.settings.max_connection_age,
-            drain=self.settings.drain_duration,
-        )
+        address = self.settings.grpc_addr
+        if self._plaintext_secrets():
+            listeners = [Listener(address, everything, extra)]
+        else:
+            mesh = StreamContext(
+                pipeline,
+                self.stats,
+                self.connections,
+                metrics=self.metrics,
+                served_types=frozenset({types.CLUSTER, types.ENDPOINT}),
+            )
+            listeners = [Listener(address, mesh)]
+        if tls is not None:
+            listeners.append(
+                Listener(self.settings.grpc_tls_addr, everything, extra, tls.credentials)
+            )
+        return listeners
 
     async def start(self) -> None:
         """Serve /ready, sync the registry, then serve xDS."""
@@ -192,7 +225,11 @@ class Discovery:
         self.security = security = await self._start_security()
         self.pipeline = pipeline = self._pipeline(security)
         tls = self._tls(security)
-        self._grpc = self._grpc_server(security, pipeline, tls)
+        self._grpc = GrpcServer(
+            self._listeners(security, pipeline, tls),
+            max_connection_age=self.settings.max_connection_age,
+            drain=self.settings.drain_duration,
+        )
         await self.grpc.start()
         self.source = self._source(pipeline)
         await self.source.start()

@@ -26,6 +26,7 @@ from pilot.security.xds_auth import XdsAuth
 from pilot.settings import (
     Settings,
     SettingsError,
+    csds_trusted_accounts_from_env,
     debounce_from_env,
     push_from_env,
     split_host_port,
@@ -52,6 +53,8 @@ environment:
   SECRET_TTL                 workload certificate lifetime (default 24h)
   SECRET_GRACE_PERIOD_RATIO  rotate when this share of the lifetime is left (default 0.5)
   POD_NAMESPACE, SERVICE_ACCOUNT  pilot's own identity (no impersonation needed for it)
+  PILOT_CSDS_TRUSTED_ACCOUNTS  ns/sa,... that read every proxy over CSDS (others: their
+                             own namespace; accounts of POD_NAMESPACE: every proxy)
 """
 
 
@@ -81,6 +84,13 @@ def _parser() -> argparse.ArgumentParser:
         "--grpc-tls-addr",
         default="0.0.0.0:15012",
         help="xDS over TLS, certificate from pilot's CA ('' to disable; default %(default)s)",
+    )
+    discovery.add_argument(
+        "--plaintext-secrets",
+        action="store_true",
+        default=None,
+        help="serve the CA, SDS and CSDS on the plaintext port too (the default only with"
+        " --config; elsewhere tokens and private keys would cross the network unencrypted)",
     )
     discovery.add_argument(
         "--tls-dns-names",
@@ -145,6 +155,16 @@ def _parser() -> argparse.ArgumentParser:
         description="One row per connected proxy: CDS, EDS and SDS state (like istioctl).",
     )
     status.add_argument("--addr", default="localhost:15010", help="pilot's gRPC address")
+    status.add_argument(
+        "--root-cert",
+        type=Path,
+        help="talk TLS, verifying pilot with this PEM root (pilot's TLS port, e.g. :15012)",
+    )
+    status.add_argument(
+        "--token-file",
+        type=Path,
+        help="present this service-account token (a Kubernetes-mode pilot wants one, over TLS)",
+    )
     return parser
 
 
@@ -239,6 +259,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         http_addr=args.http_addr,
         debug_addr=args.debug_addr,
         grpc_tls_addr=args.grpc_tls_addr,
+        plaintext_secrets=args.plaintext_secrets,
+        csds_trusted_accounts=csds_trusted_accounts_from_env(),
         tls_dns_names=tuple(n.strip() for n in args.tls_dns_names.split(",") if n.strip()),
         tls_require_client_cert=args.grpc_tls_require_client_cert,
         drain_duration=args.drain_duration,
@@ -285,11 +307,20 @@ async def _run_discovery(settings: Settings) -> None:
     await _run_until_signalled(Discovery(settings))
 
 
-def _proxy_status(address: str) -> int:
+def _proxy_status(args: argparse.Namespace) -> int:
+    address = args.addr
     try:
-        response = proxy_status_table.fetch(address)
+        access = proxy_status_table.Access.from_files(args.root_cert, args.token_file)
+        response = proxy_status_table.fetch(address, access)
+    except OSError as error:
+        print(f"pilot: error: {error}", file=sys.stderr)
+        return 2
     except grpc.RpcError as error:
-        print(f"pilot: error: {address}: {error.code().name}: {error.details()}", file=sys.stderr)
+        hint = proxy_status_table.hint(error.code())
+        print(
+            f"pilot: error: {address}: {error.code().name}: {error.details()}{hint}",
+            file=sys.stderr,
+        )
         return 2
     print(proxy_status_table.render(proxy_status_table.rows(response)))
     return 0
@@ -299,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `pilot` console script."""
     args = _parser().parse_args(argv)
     if args.command == "proxy-status":
-        return _proxy_status(args.addr)
+        return _proxy_status(args)
     try:
         configure_logging(args.log_level, args.log_format)
         if args.command == "agent":

@@ -33,6 +33,10 @@ class Settings:
     push: PushSettings = field(default_factory=PushSettings)
     file_poll_interval: float = 0.5
     grpc_tls_addr: str = ""  # the CLI default is 0.0.0.0:15012; empty: no TLS port
+    # The CA, SDS and CSDS on the plaintext port too; None: only with --config.
+    plaintext_secrets: bool | None = None
+    # PILOT_CSDS_TRUSTED_ACCOUNTS: ns/sa that may read every proxy's status over CSDS.
+    csds_trusted_accounts: tuple[str, ...] = ()
     tls_dns_names: tuple[str, ...] = ()
     tls_require_client_cert: bool = False
     drain_duration: float = 5.0
@@ -90,3 +94,15 @@ def split_host_port(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or int(port) > 65535:
         raise SettingsError(f"{address!r} is not HOST:PORT")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def csds_trusted_accounts_from_env(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """PILOT_CSDS_TRUSTED_ACCOUNTS: `ns/sa,...` that read every proxy's status over CSDS."""
+    env = os.environ if env is None else env
+    raw = env.get("PILOT_CSDS_TRUSTED_ACCOUNTS", "")
+    accounts = tuple(a.strip() for a in raw.split(",") if a.strip())
+    for account in accounts:
+        namespace, _, name = account.partition("/")
+        if not namespace or not name or "/" in name:
+            raise SettingsError(f"PILOT_CSDS_TRUSTED_ACCOUNTS: {account!r} is not ns/sa")
+    return accounts

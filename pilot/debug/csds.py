@@ -2,22 +2,30 @@
 
 One `ClientConfig` per connected proxy (node id and proven identity: the
 identity's SPIFFE URI is its `client_scope`), a `GenericXdsConfig` per resource it
-subscribes to, filtered by `node_matchers` on the node id; resource contents
-unless `exclude_resource_contents`; secrets always redacted.
+subscribes to, filtered by `node_matchers` on the node id (RE2, see
+`node_matching`); resource contents unless `exclude_resource_contents`; secrets
+always redacted. Callers authenticate as xDS streams do and see the proxies
+`StatusReaders` allows them.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from envoy.admin.v3 import config_dump_shared_pb2
 from envoy.service.status.v3 import csds_pb2
-from envoy.type.matcher.v3 import node_pb2, string_pb2
 
-from pilot.debug.proxy_status import LiveProxies, ProxyStatus, ResourceStatus, Sync, packed
+from pilot.debug.node_matching import MatcherError, compile_node_matchers
+from pilot.debug.proxy_status import LiveProxies, ResourceStatus, Sync, packed
+from pilot.decoding import BadRequest, decode
+from pilot.security.identity import Identity
+from pilot.xds.proxy import ProxyAuthenticator, ProxyKey, Unauthenticated
+
+log = logging.getLogger("pilot.xds")
 
 CSDS_SERVICE = "envoy.service.status.v3.ClientStatusDiscoveryService"
 
@@ -35,34 +43,31 @@ _CLIENT_STATUS = {
 }
 
 
-def string_matches(matcher: string_pb2.StringMatcher, value: str) -> bool:
-    """Envoy's StringMatcher (exact, prefix, suffix, contains, safe_regex)."""
-    kind = matcher.WhichOneof("match_pattern")
-    if matcher.ignore_case and kind != "safe_regex":
-        value = value.lower()
-    pattern = getattr(matcher, kind) if kind else ""
-    if isinstance(pattern, str) and matcher.ignore_case:
-        pattern = pattern.lower()
-    if kind == "exact":
-        return value == pattern
-    if kind == "prefix":
-        return value.startswith(pattern)
-    if kind == "suffix":
-        return value.endswith(pattern)
-    if kind == "contains":
-        return pattern in value
-    if kind == "safe_regex":
-        return re.fullmatch(matcher.safe_regex.regex, value) is not None
-    return True
+@dataclass(frozen=True)
+class StatusReaders:
+    """Who may read which proxies' status.
+
+    An authenticated caller sees the proxies of its own namespace (as its
+    streams proved it); accounts of pilot's own namespace, and those listed in
+    PILOT_CSDS_TRUSTED_ACCOUNTS (`ns/sa,...`), see every proxy. With `--xds-auth
+    none` nobody proves anything and everyone sees everything.
+    """
+
+    namespace: str
+    trusted_accounts: frozenset[str] = frozenset()
+
+    def scope(self, caller: str | None) -> Callable[[ProxyKey], bool]:
+        """What `caller` (a SPIFFE URI, None when unauthenticated) may see."""
+        if caller is None:
+            return lambda proxy: True
+        identity = Identity.parse(caller)
+        if identity.namespace == self.namespace or identity.account in self.trusted_accounts:
+            return lambda proxy: True
+        return lambda proxy: _namespace_of(proxy) == identity.namespace
 
 
-def _matches(status: ProxyStatus, matchers: list[node_pb2.NodeMatcher]) -> bool:
-    if not matchers:
-        return True
-    return any(
-        not matcher.HasField("node_id") or string_matches(matcher.node_id, status.proxy.node_id)
-        for matcher in matchers
-    )
+def _namespace_of(proxy: ProxyKey) -> str | None:
+    return Identity.parse(proxy.identity).namespace if proxy.identity else None
 
 
 def _generic(
@@ -86,13 +91,18 @@ def _generic(
 
 
 def client_status(
-    proxies: LiveProxies, request: csds_pb2.ClientStatusRequest
+    proxies: LiveProxies,
+    request: csds_pb2.ClientStatusRequest,
+    visible: Callable[[ProxyKey], bool] = lambda proxy: True,
 ) -> csds_pb2.ClientStatusResponse:
-    """The answer to one ClientStatusRequest: one ClientConfig per proxy (node, identity)."""
+    """The answer to one ClientStatusRequest: one ClientConfig per proxy (node, identity).
+
+    Raises MatcherError for matchers pilot will not run.
+    """
     response = csds_pb2.ClientStatusResponse()
-    matchers = list(request.node_matchers)
+    matches = compile_node_matchers(request.node_matchers)
     for status in proxies.statuses():
-        if not _matches(status, matchers):
+        if not visible(status.proxy) or not matches(status.proxy.node_id):
             continue
         config = response.config.add()
         if status.node is not None:
@@ -106,27 +116,69 @@ def client_status(
     return response
 
 
-def csds_handler(proxies: LiveProxies) -> grpc.GenericRpcHandler[Any, Any]:
-    async def fetch(
-        request: csds_pb2.ClientStatusRequest, _context: grpc.aio.ServicerContext[Any, Any]
-    ) -> csds_pb2.ClientStatusResponse:
-        return client_status(proxies, request)
+class _Csds:
+    """The service: who is calling, what they may see, the answer."""
+
+    def __init__(
+        self, proxies: LiveProxies, auth: ProxyAuthenticator | None, readers: StatusReaders
+    ) -> None:
+        self._proxies = proxies
+        self._auth = auth
+        self._readers = readers
+
+    async def _scope(
+        self, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Callable[[ProxyKey], bool]:
+        if self._auth is None:
+            return self._readers.scope(None)
+        metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+        try:
+            caller = await self._auth.credential(metadata, context.auth_context())
+        except Unauthenticated as error:
+            log.warning("CSDS caller %s refused: %s", context.peer(), error)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
+        return self._readers.scope(caller)
+
+    async def _answer(
+        self,
+        data: bytes,
+        scope: Callable[[ProxyKey], bool],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> bytes:
+        try:
+            request = decode(csds_pb2.ClientStatusRequest, data)
+            answer: bytes = client_status(self._proxies, request, scope).SerializeToString()
+            return answer
+        except (BadRequest, MatcherError) as error:
+            log.warning("CSDS request from %s refused: %s", context.peer(), error)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+
+    async def fetch(self, data: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        return await self._answer(data, await self._scope(context), context)
 
     async def stream(
-        requests: AsyncIterator[csds_pb2.ClientStatusRequest],
-        _context: grpc.aio.ServicerContext[Any, Any],
-    ) -> AsyncIterator[csds_pb2.ClientStatusResponse]:
-        async for request in requests:
-            yield client_status(proxies, request)
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        scope = await self._scope(context)
+        async for data in requests:
+            yield await self._answer(data, scope, context)
 
-    serialize = csds_pb2.ClientStatusResponse.SerializeToString
-    deserialize = csds_pb2.ClientStatusRequest.FromString
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+def csds_handler(
+    proxies: LiveProxies, auth: ProxyAuthenticator | None, readers: StatusReaders
+) -> grpc.GenericRpcHandler[Any, Any]:
+    """FetchClientStatus and StreamClientStatus; callers authenticate as xDS streams do."""
+    service = _Csds(proxies, auth, readers)
     methods = {
         "FetchClientStatus": grpc.unary_unary_rpc_method_handler(
-            fetch, request_deserializer=deserialize, response_serializer=serialize
+            service.fetch, request_deserializer=_identity, response_serializer=_identity
         ),
         "StreamClientStatus": grpc.stream_stream_rpc_method_handler(
-            stream, request_deserializer=deserialize, response_serializer=serialize
+            service.stream, request_deserializer=_identity, response_serializer=_identity
         ),
     }
     return grpc.method_handlers_generic_handler(CSDS_SERVICE, methods)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from envoy.service.status.v3 import csds_pb2
@@ -19,18 +21,56 @@ COLUMNS = (("CDS", types.CLUSTER), ("EDS", types.ENDPOINT), ("SDS", types.SECRET
 _STATUS_NAMES = {csds_pb2.SYNCED: "SYNCED", csds_pb2.STALE: "STALE", csds_pb2.ERROR: "ERROR"}
 
 
-def fetch(address: str, timeout: float = 10.0) -> csds_pb2.ClientStatusResponse:
+@dataclass(frozen=True)
+class Access:
+    """How to reach pilot's CSDS: plaintext, or TLS with its root; with a token or not."""
+
+    root_pem: bytes | None = None
+    token: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_files(cls, root_cert: Path | None, token_file: Path | None) -> Access:
+        """Read --root-cert and --token-file (OSError names the file that cannot be read)."""
+        root = root_cert.read_bytes() if root_cert is not None else None
+        token = token_file.read_text().strip() if token_file is not None else None
+        return cls(root, token)
+
+    def channel(self, address: str) -> grpc.Channel:
+        if self.root_pem is None:
+            return grpc.insecure_channel(address)
+        return grpc.secure_channel(address, grpc.ssl_channel_credentials(self.root_pem))
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+
+def fetch(
+    address: str, access: Access | None = None, timeout: float = 10.0
+) -> csds_pb2.ClientStatusResponse:
     """FetchClientStatus from pilot, without resource contents."""
-    with grpc.insecure_channel(address) as channel:
+    access = access or Access()
+    with access.channel(address) as channel:
         call = channel.unary_unary(
             f"/{CSDS_SERVICE}/FetchClientStatus",
             request_serializer=csds_pb2.ClientStatusRequest.SerializeToString,
             response_deserializer=csds_pb2.ClientStatusResponse.FromString,
         )
         response: csds_pb2.ClientStatusResponse = call(
-            csds_pb2.ClientStatusRequest(exclude_resource_contents=True), timeout=timeout
+            csds_pb2.ClientStatusRequest(exclude_resource_contents=True),
+            timeout=timeout,
+            metadata=access.metadata,
         )
         return response
+
+
+def hint(code: grpc.StatusCode) -> str:
+    """What to try next, for the refusals a Kubernetes-mode pilot gives."""
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return " (in Kubernetes mode CSDS is on pilot's TLS port: --addr HOST:15012 --root-cert)"
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return " (present a service-account token: --token-file)"
+    return ""
 
 
 def summarize(configs: Iterable[csds_pb2.ClientConfig.GenericXdsConfig]) -> str:

@@ -63,13 +63,24 @@ class _NoMetrics:
 
 @dataclass(frozen=True)
 class StreamContext:
-    """What every xDS stream of one server shares, handed in when the server is built."""
+    """What every xDS stream of one port shares, handed in when the server is built.
+
+    `served_types` narrows what the port serves (None: every type the pipeline
+    builds); `auth` None means the port asks for no credentials.
+    """
 
     pipeline: Pipeline
     stats: XdsStats
     connections: ConnectionRegistry[Connection] = field(default_factory=ConnectionRegistry)
     auth: ProxyAuthenticator | None = None
     metrics: StreamMetrics = field(default_factory=_NoMetrics)
+    served_types: frozenset[str] | None = None
+
+    @property
+    def types(self) -> frozenset[str]:
+        """The type URLs streams of this port are answered for."""
+        built = self.pipeline.served_types
+        return built if self.served_types is None else built & self.served_types
 
 
 class Connection:
@@ -87,6 +98,7 @@ class Connection:
         self.pending_since: float | None = None
         self.connected_at = time.time()
         self._credential: str | None = None
+        self._served = context.types
         self._wake = asyncio.Event()
         self._closing = asyncio.Event()
         self._warned: set[str] = set()
@@ -185,7 +197,7 @@ class Connection:
         if self.node is None:
             self._identify(message.node)
         request = self._convert(message)
-        if request.type_url not in self._pipeline.served_types:
+        if request.type_url not in self._served:
             self._unserved(request.type_url)
             return
         self.kind.check(request.type_url)
@@ -238,7 +250,9 @@ class Connection:
         if not type_url:
             raise ProtocolError("type_url is empty")
         self._warn_once(
-            type_url, "proxy %s asked for %s, which pilot does not serve; ignoring", type_url
+            type_url,
+            "proxy %s asked for %s, which pilot does not serve on this port; ignoring",
+            type_url,
         )
 
     def _warn_once(self, key: str, message: str, subject: str) -> None:

@@ -1,7 +1,11 @@
-"""The grpc.aio server: xDS services, gRPC health and server reflection on one port.
+"""The grpc.aio servers: one per listening address, each with what that port serves.
 
-Other services (CSDS, the CA) are handed in by the composition root as
-`ExtraService`s, so the shell knows nothing of what they do.
+A `Listener` says what one address serves: the xDS services for its stream
+context (which types, which authentication), gRPC health, server reflection,
+and any other services the composition root hands it (CSDS, the CA), each as
+an `ExtraService` so the shell knows nothing of what they do. Every listener
+is its own grpc.aio server, so reflection and the registered services are
+exactly what that port serves.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from pilot.server.connection import StreamContext
-from pilot.server.services import XDS_SERVICE_NAMES, xds_handlers
+from pilot.server.services import xds_handlers, xds_service_names
 
 # A second pilot must not silently share the port (grpc enables SO_REUSEPORT by default).
 _SERVER_OPTIONS = [
@@ -39,6 +43,16 @@ class ExtraService:
 
     name: str
     handler: grpc.GenericRpcHandler[Any, Any]
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One listening address: its streams' context, extra services, TLS credentials."""
+
+    address: str
+    streams: StreamContext
+    extra: Sequence[ExtraService] = ()
+    credentials: grpc.ServerCredentials | None = None
 
 
 def _options(max_connection_age: float, drain: float) -> list[tuple[str, int]]:
@@ -63,40 +77,25 @@ def _bind(server: aio.Server, address: str, credentials: grpc.ServerCredentials 
     return port
 
 
-class GrpcServer:
-    """xDS + health + reflection (+ extra services), bound to a plaintext and a TLS address."""
+class _Port:
+    """One listener's grpc.aio server, bound."""
 
-    def __init__(
-        self,
-        address: str,
-        streams: StreamContext,
-        *,
-        extra: Sequence[ExtraService] = (),
-        tls: tuple[str, grpc.ServerCredentials] | None = None,
-        max_connection_age: float = 0.0,
-        drain: float = 5.0,
-    ) -> None:
-        self.address = address
-        self._streams = streams
-        self.server = aio.server(options=_options(max_connection_age, drain))
+    def __init__(self, listener: Listener, options: list[tuple[str, int]]) -> None:
+        self.listener = listener
+        self.server = aio.server(options=options)
         self.health = health_aio.HealthServicer()
-        self.server.add_generic_rpc_handlers(tuple(xds_handlers(streams)))
-        self.server.add_generic_rpc_handlers(tuple(service.handler for service in extra))
+        self.server.add_generic_rpc_handlers(tuple(xds_handlers(listener.streams)))
+        self.server.add_generic_rpc_handlers(tuple(s.handler for s in listener.extra))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.xds_names = xds_service_names(listener.streams)
         names = (
-            *XDS_SERVICE_NAMES,
-            *(service.name for service in extra),
+            *self.xds_names,
+            *(service.name for service in listener.extra),
             health.SERVICE_NAME,
             reflection.SERVICE_NAME,
         )
         reflection.enable_server_reflection(names, self.server)
-        self.port = _bind(self.server, address, None)
-        self.tls_port = _bind(self.server, *tls) if tls else 0
-
-    async def start(self) -> None:
-        """Listen; health says NOT_SERVING until `set_serving(True)`."""
-        await self.set_serving(False)
-        await self.server.start()
+        self.port = _bind(self.server, listener.address, listener.credentials)
 
     async def set_serving(self, serving: bool) -> None:
         status = (
@@ -104,8 +103,42 @@ class GrpcServer:
             if serving
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
-        for name in ("", *XDS_SERVICE_NAMES):
+        for name in ("", *self.xds_names):
             await self.health.set(name, status)
+
+
+class GrpcServer:
+    """Every listener of pilot: started, health-flipped and drained together."""
+
+    def __init__(
+        self,
+        listeners: Sequence[Listener],
+        *,
+        max_connection_age: float = 0.0,
+        drain: float = 5.0,
+    ) -> None:
+        options = _options(max_connection_age, drain)
+        self._ports = [_Port(listener, options) for listener in listeners]
+
+    @property
+    def port(self) -> int:
+        """The first plaintext port (0 if there is none)."""
+        return next((p.port for p in self._ports if p.listener.credentials is None), 0)
+
+    @property
+    def tls_port(self) -> int:
+        """The first TLS port (0 if there is none)."""
+        return next((p.port for p in self._ports if p.listener.credentials is not None), 0)
+
+    async def start(self) -> None:
+        """Listen; health says NOT_SERVING until `set_serving(True)`."""
+        await self.set_serving(False)
+        for port in self._ports:
+            await port.server.start()
+
+    async def set_serving(self, serving: bool) -> None:
+        for port in self._ports:
+            await port.set_serving(serving)
 
     async def stop(self, drain: float) -> None:
         """Graceful: NOT_SERVING at once, stop accepting (GOAWAY), drain streams, stop.
@@ -114,9 +147,10 @@ class GrpcServer:
         their Envoys reconnect to other replicas gradually rather than at once.
         """
         await self.set_serving(False)
-        stopping = asyncio.create_task(self.server.stop(drain))
-        await self._streams.connections.drain(drain / 2)
-        await stopping
+        stopping = [asyncio.create_task(p.server.stop(drain)) for p in self._ports]
+        drained = {id(p.listener.streams.connections): p.listener.streams for p in self._ports}
+        await asyncio.gather(*(s.connections.drain(drain / 2) for s in drained.values()))
+        await asyncio.gather(*stopping)
 
 
-__all__ = ["ExtraService", "GrpcServer"]
+__all__ = ["ExtraService", "GrpcServer", "Listener"]

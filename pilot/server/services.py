@@ -117,12 +117,21 @@ def xds_handlers(shared: StreamContext) -> list[grpc.GenericRpcHandler[Any, byte
         "DeltaEndpoints": kind(True, types.ENDPOINT, Flavor.DELTA_GRPC),
         "FetchEndpoints": _fetch_handler(shared, types.ENDPOINT, Flavor.GRPC),
     }
-    return [
+    handlers = [
         grpc.method_handlers_generic_handler(ADS_SERVICE, ads),
         grpc.method_handlers_generic_handler(CDS_SERVICE, cds),
         grpc.method_handlers_generic_handler(EDS_SERVICE, eds),
-        _sds(shared),
     ]
+    if types.SECRET in shared.types:
+        handlers.append(_sds(shared))
+    return handlers
+
+
+def xds_service_names(shared: StreamContext) -> tuple[str, ...]:
+    """The xDS services `xds_handlers` registers for this context."""
+    if types.SECRET in shared.types:
+        return XDS_SERVICE_NAMES
+    return tuple(name for name in XDS_SERVICE_NAMES if name != SDS_SERVICE)
 
 
 def sds_handlers(shared: StreamContext) -> list[grpc.GenericRpcHandler[Any, bytes]]:

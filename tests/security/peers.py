@@ -76,6 +76,11 @@ class Account:
 
 VICTIM = Account("ns-b", "victim")
 ATTACKER = Account("ns-a", "attacker")
+# pilot's own namespace (no POD_NAMESPACE: "default"): its accounts read every proxy.
+OPERATOR = Account("default", "operator")
+# Listed in PILOT_CSDS_TRUSTED_ACCOUNTS: reads every proxy too.
+AUDITOR = Account("ns-c", "auditor")
+ACCOUNTS = (VICTIM, ATTACKER, OPERATOR, AUDITOR)
 
 
 def victim_node_id(tag: str) -> str:
@@ -323,20 +328,18 @@ def wildcard_warning(entry: Entry) -> bool:
 
 @contextlib.asynccontextmanager
 async def running_mesh(folder: Path, *pilot_flags: str) -> AsyncIterator[Mesh]:
-    """The API server (barrier Services, both accounts' tokens) and pilot on it,
+    """The API server (barrier Services, every account's token) and pilot on it,
     with a plugged-in CA written under `folder` so that tests know the root."""
     ca = write_plugged_in(folder / "plugged-in-ca")
     async with KubeAPIServer() as srv:
         for name in BARRIER_SERVICES:
             srv.apply(service(name))
             srv.apply(endpoint_slice(name, [Ep("10.1.0.1")]))
-        tokens = {
-            account: sa_token(srv, account.namespace, account.name)
-            for account in (VICTIM, ATTACKER)
-        }
+        tokens = {account: sa_token(srv, account.namespace, account.name) for account in ACCOUNTS}
         kubeconfig = write_kubeconfig(folder / "kubeconfig.yaml", srv.url)
         root = ca.root.cert_pem.encode()
-        pilot = await start_pilot(folder, kubeconfig, ca.directory, root, *pilot_flags)
+        env = {"PILOT_CSDS_TRUSTED_ACCOUNTS": f"{AUDITOR.namespace}/{AUDITOR.name}"}
+        pilot = await start_pilot(folder, kubeconfig, ca.directory, root, *pilot_flags, env=env)
         try:
             yield Mesh(pilot, srv, ca, tokens)
         finally:

@@ -19,7 +19,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,11 +80,15 @@ class PilotProcess:
         return body
 
     async def get(self, path: str) -> tuple[int, Any]:
-        """GET from the HTTP port: the status and the JSON body."""
+        """GET from the HTTP port: the status and the body (JSON when it is JSON)."""
         url = f"http://127.0.0.1:{self.http_port}{path}"
         timeout = aiohttp.ClientTimeout(total=10)
         async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as reply:
-            return reply.status, await reply.json(content_type=None)
+            text = await reply.text()
+            try:
+                return reply.status, json.loads(text)
+            except ValueError:
+                return reply.status, text
 
     # -- logs ----------------------------------------------------------------
 
@@ -161,14 +165,20 @@ class PilotProcess:
         assert code == 0, f"pilot exited {code} on SIGTERM; {self.tail()}"
 
 
-def _environment(home: Path) -> dict[str, str]:
+def _environment(home: Path, settings: Mapping[str, str]) -> dict[str, str]:
+    """The test's environment without pilot's own knobs, then `settings` (the test's)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(_INHERITED_PREFIXES)}
     env["HOME"] = str(home)
-    return env
+    return env | dict(settings)
 
 
 async def start_pilot(
-    folder: Path, kubeconfig: Path, ca_cert_dir: Path, root_pem: bytes, *extra: str
+    folder: Path,
+    kubeconfig: Path,
+    ca_cert_dir: Path,
+    root_pem: bytes,
+    *extra: str,
+    env: Mapping[str, str] | None = None,
 ) -> PilotProcess:
     """`pilot discovery` on the cluster `kubeconfig` names, serving once it logs so."""
     home = folder / "home"
@@ -199,7 +209,7 @@ async def start_pilot(
     process = await asyncio.create_subprocess_exec(
         *command,
         cwd=folder,
-        env=_environment(home),
+        env=_environment(home, env or {}),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,

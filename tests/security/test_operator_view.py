@@ -16,12 +16,14 @@ import sys
 import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
 from tests.security.peers import (
     ATTACKER,
+    OPERATOR,
     VICTIM,
     WAIT,
     WORKLOAD,
@@ -66,7 +68,8 @@ async def two(mesh: Mesh) -> AsyncIterator[TwoProxies]:
 
 
 async def test_csds_lists_each_proxy_behind_the_node_id(mesh: Mesh, two: TwoProxies) -> None:
-    status = await two.victim.client.client_status([two.node_id], exclude_contents=False)
+    async with mesh.pilot.client(tls=True, token=mesh.tokens[OPERATOR]) as operator:
+        status = await operator.client_status([two.node_id], exclude_contents=False)
     configs = [c for c in status.config if c.node.id == two.node_id]
     assert len(configs) == 2, (
         f"CSDS lists {len(configs)} ClientConfig for node id {two.node_id} while two proxies "
@@ -77,8 +80,10 @@ async def test_csds_lists_each_proxy_behind_the_node_id(mesh: Mesh, two: TwoProx
 
 
 async def test_proxy_status_shows_both_rows_with_their_identities(
-    mesh: Mesh, two: TwoProxies
+    mesh: Mesh, two: TwoProxies, tmp_path: Path
 ) -> None:
+    token = tmp_path / "token"
+    token.write_text(mesh.tokens[OPERATOR])
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -86,6 +91,8 @@ async def test_proxy_status_shows_both_rows_with_their_identities(
         "proxy-status",
         "--addr",
         mesh.pilot.target(tls=False),
+        "--token-file",
+        str(token),
         stdout=asyncio.subprocess.PIPE,
     )
     out, _ = await asyncio.wait_for(process.communicate(), WAIT)

@@ -90,11 +90,15 @@ async def running_kube_pilot(
     informer: InformerSettings = FAST_INFORMER,
     xds_auth: XdsAuth = XdsAuth.NONE,
     security: dict[str, Any] | None = None,
+    plaintext_secrets: bool = True,
 ) -> AsyncIterator[RunningPilot]:
     """A pilot on the Kubernetes registry, reaching the API server through `kubeconfig`.
 
     xDS streams are trusted by node metadata unless `xds_auth` says otherwise;
     `security` overrides other SecuritySettings fields (e.g. `sds`, `remote_ca`).
+    Tests talk plaintext gRPC, so the CA and SDS answer on the plaintext port
+    too (`--plaintext-secrets`); tests/security/test_ports.py proves the
+    default, which keeps them on the TLS port.
     """
     kubernetes = KubernetesSettings(kubeconfig, namespaces, endpoints_api, informer)
     settings = _settings(
@@ -102,6 +106,7 @@ async def running_kube_pilot(
         kubernetes=kubernetes,
         debounce=debounce,
         security=_security(kubeconfig.parent / "ca", xds_auth=xds_auth, **(security or {})),
+        plaintext_secrets=plaintext_secrets,
     )
     async with _running(settings, None) as pilot:
         yield pilot
