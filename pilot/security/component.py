@@ -64,7 +64,7 @@ class Security:
         ca_service = CaService(ca, authenticator, settings.trusted_node_accounts, slots)
         remote = RemoteCa(settings.remote_ca) if settings.remote_ca is not None else None
         ca_client: CaClient = remote if remote is not None else LocalCa(ca, slots)
-        root_pem = _configured_root(settings) if remote is not None else ca.root_pem
+        root_pem = remote.root_pem if remote is not None else ca.root_pem
         secrets = SecretManager(ca_client, root_pem, settings.sds, observe_ca_latency)
         mode = settings.xds_auth or default_xds_auth
         identities = ProxyIdentities(mode, ca.settings.trust_domain, authenticator)
@@ -76,11 +76,3 @@ class Security:
         await self.secrets.close()
         if self.remote is not None:
             await self.remote.close()
-
-
-def _configured_root(settings: SecuritySettings) -> str | None:
-    """With a remote CA, the trust root is CA_ROOT_CERT if given (else learned from chains)."""
-    remote = settings.remote_ca
-    if remote is None or remote.root_cert is None:
-        return None
-    return remote.root_cert.read_text()

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from pilot.security.certs import cert_pem, self_signed_root
+
 PACKAGE = Path(__file__).resolve().parents[2] / "pilot"
 
 
@@ -111,10 +113,12 @@ def test_importing_the_server_and_the_agent_loads_no_kubernetes_client() -> None
 
 
 def test_a_running_pilot_agent_loads_no_kubernetes_client(tmp_path: Path) -> None:
+    root = tmp_path / "root-cert.pem"
+    root.write_text(cert_pem(self_signed_root("cluster.local")[1]))
     env = os.environ | {
         "POD_NAMESPACE": "shop",
         "SERVICE_ACCOUNT": "cart",
-        "CA_INSECURE": "true",
+        "CA_ROOT_CERT": str(root),
         "PYTHONVERBOSE": "1",  # every import is written to stderr
     }
     command = [sys.executable, "-m", "pilot", "agent", "--sds-socket", str(tmp_path / "sds.sock")]
