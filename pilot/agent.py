@@ -9,7 +9,7 @@ The CA is reached over TLS verified with the root in CA_ROOT_CERT (default
 Istio's `./var/run/secrets/istio/root-cert.pem`, where the `istio-ca-root-cert`
 ConfigMap is mounted); plaintext only with CA_INSECURE=true. That root, never
 one a CA hands back, is what Envoy gets as `ROOTCA` and what every chain must
-lead to.
+lead to. The socket's directory is private (`pilot.security.sds_socket`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from grpc import aio
 
 from pilot.generators.sds import SecretGenerator
 from pilot.push.pipeline import Pipeline
+from pilot.security import sds_socket
 from pilot.security.ca_client import RemoteCa, RemoteCaSettings
 from pilot.security.certs import KeyType
 from pilot.security.identity import Identity
@@ -100,14 +101,13 @@ class Agent:
 
     async def start(self) -> None:
         socket = self.settings.socket
-        socket.parent.mkdir(parents=True, exist_ok=True)
-        socket.unlink(missing_ok=True)
-        if self.server.add_insecure_port(f"unix:{socket.resolve()}") == 0:
+        sds_socket.prepare(socket)
+        if self.server.add_insecure_port(f"unix:{socket}") == 0:
             raise OSError(f"cannot listen on {socket}")
         self.pipeline.publish_initial()  # nothing to build: certificates come when asked for
         self._pushing = asyncio.create_task(self.pipeline.run(), name="push")
         await self.server.start()
-        socket.chmod(0o600)  # secrets cross it: only Envoy's user may connect
+        socket.chmod(sds_socket.SOCKET_MODE)  # secrets cross it: only Envoy's user may connect
         remote = self.settings.remote_ca
         if remote.insecure:
             log.warning("CA_INSECURE=true: CSRs and token go to %s in plaintext", remote.address)

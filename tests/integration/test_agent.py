@@ -9,7 +9,7 @@ the agent's socket and presents a certificate naming the pod's identity, chained
 pilot's root. The root is the configured one, never one a CA hands back: a pilot the
 root does not verify never sees the token, and a chain that does not lead to the root
 is refused even over plaintext (`CA_INSECURE=true`). Start-up refuses, in one line, a
-missing root file.
+missing root file and a socket directory that others could write.
 
 pilot runs in process (tests.support.pilot): the tests read its root and ports.
 """
@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cryptography import x509
 
-from pilot.agent import DEFAULT_ROOT_CERT
+from pilot.agent import DEFAULT_ROOT_CERT, DEFAULT_SOCKET
 from pilot.security.certs import cert_pem, self_signed_root
 from pilot.security.identity import Identity
 from tests.harness.envoy_process import EnvoyProcess
@@ -266,7 +267,10 @@ async def test_envoy_gets_its_certificate_from_the_agent(tmp_path: Path) -> None
                 _bootstrap(folder.socket, port), tmp_path / "envoy", "agent-envoy"
             ) as envoy,
         ):
+            # Under umask 000: the socket is the agent's user's alone, in a private directory.
             assert _mode(folder.socket) == "0o600"
+            assert _mode(folder.socket.parent) == "0o700"
+            assert _mode(folder.path / "var/run/secrets") == "0o755"
             assert any("CA at " + mesh.tls_address + " (TLS" in line for line in agent.lines)
             await envoy.wait_live()
             await envoy.wait_for(
@@ -349,3 +353,21 @@ async def test_a_missing_root_is_a_one_line_error_naming_it() -> None:
     assert stderr.splitlines() == [
         f"pilot: error: CA_ROOT_CERT: cannot read the CA root {root}: No such file or directory"
     ]
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o702], ids=oct)
+async def test_a_socket_directory_others_can_write_is_refused(mode: int) -> None:
+    async with agent_folder() as folder:
+        folder.write_token(COMMAND, "token")
+        folder.write_root(_other_root())
+        directory = folder.path / DEFAULT_SOCKET.parent
+        directory.mkdir(parents=True)
+        directory.chmod(mode)
+        status, stderr = await run_to_exit(folder, "localhost:1")
+        assert not folder.socket.exists()
+    assert status == 2
+    [line] = stderr.splitlines()
+    assert line.startswith(
+        f"pilot: error: SDS socket directory {DEFAULT_SOCKET.parent} is writable"
+    )
+    assert f"(mode {mode:04o})" in line
