@@ -45,14 +45,16 @@ class Security:
     ) -> Security:
         """Load (or make) the CA root and build everything around it.
 
-        With a Kubernetes API and neither --config nor --ca-cert-dir, the root is
-        the one shared by every replica through Secret pilot-ca-secret.
+        With a Kubernetes API and no --config, replicas elect one writer for CA
+        duties (the Lease pilot-ca); without --ca-cert-dir, the root is the one
+        they share through Secret pilot-ca-secret.
         """
         elector = None
-        if shared_root and api_client is not None and settings.ca.cert_dir is None:
+        if shared_root and api_client is not None:
             elector = LeaseElector(
                 api_client, settings.namespace, LEASE_NAME, lease_duration=settings.lease_duration
             )
+        if api_client is not None and elector is not None and settings.ca.cert_dir is None:
             ca = await SharedRoot(api_client, settings.namespace, settings.ca, elector).load()
         else:
             ca = await asyncio.to_thread(CertificateAuthority.load, settings.ca)
