@@ -33,6 +33,7 @@ import yaml
 
 from pilot.durations import parse_duration
 from pilot.security.certs import cert_pem, self_signed_root
+from pilot.security.root_publisher import CONFIGMAP as ROOT_CONFIGMAP
 from tests.harness.envoy_process import find_envoy_binary
 
 Json = dict[str, Any]
@@ -59,6 +60,21 @@ CLUSTER_GRANTS = {
     ("discovery.k8s.io", "endpointslices", "list"),
     ("discovery.k8s.io", "endpointslices", "watch"),
     ("authentication.k8s.io", "tokenreviews", "create"),
+    # The root in every namespace (pilot/security/root_publisher.py).
+    ("", "namespaces", "list"),
+    ("", "namespaces", "watch"),
+    ("", "configmaps", "list"),
+    ("", "configmaps", "watch"),
+    ("", "configmaps", "create"),
+    ("", "configmaps", "update"),
+}
+# Verbs RBAC can limit to one name, and the names: pilot reads and changes nothing else.
+NAMED_GRANTS = {
+    ("configmaps", "list"): [ROOT_CONFIGMAP],
+    ("configmaps", "watch"): [ROOT_CONFIGMAP],
+    ("configmaps", "update"): [ROOT_CONFIGMAP],
+    ("secrets", "get"): ["pilot-ca-secret"],
+    ("secrets", "update"): ["pilot-ca-secret"],
 }
 NAMESPACE_GRANTS = {
     ("", "secrets", "get"),
@@ -277,6 +293,14 @@ def test_rbac_grants_exactly_what_pilot_uses() -> None:
     role = _one(manifests, "Role")
     assert _grants(role) == NAMESPACE_GRANTS
     assert role["metadata"]["namespace"] == _pilot_deployment()["metadata"]["namespace"]
+    for (resource, verb), names in NAMED_GRANTS.items():
+        rules = [
+            rule
+            for kind in ("ClusterRole", "Role")
+            for rule in _one(manifests, kind)["rules"]
+            if resource in rule["resources"] and verb in rule["verbs"]
+        ]
+        assert [rule.get("resourceNames") for rule in rules] == [names], (resource, verb)
     assert _binds_pilot(_one(manifests, "ClusterRoleBinding"), "ClusterRole", "pilot")
     assert _binds_pilot(_one(manifests, "RoleBinding"), "Role", "pilot")
     assert _pilot_deployment()["spec"]["template"]["spec"]["serviceAccountName"] == "pilot"
