@@ -183,7 +183,7 @@ environment:
   CA_TOKEN_FILE              service-account token presented to the CA
   CA_ADDR                    the CA (default: --discovery-address)
   CA_ROOT_CERT               the root that verifies the CA and every chain, served to
-                             Envoy as ROOTCA (default {DEFAULT_ROOT_CERT})
+                             Envoy as ROOTCA (default ./{DEFAULT_ROOT_CERT})
   CA_INSECURE                true: plaintext to the CA (chains are still verified)
   SECRET_TTL, SECRET_GRACE_PERIOD_RATIO  lifetime and rotation point
 """

@@ -104,6 +104,17 @@ def test_the_grpc_shell_imports_none_of_what_uses_it(forbidden: str) -> None:
     assert not offenders, sorted(offenders)
 
 
+def test_the_sources_import_nothing_from_security() -> None:
+    offenders = {
+        f"{module} -> {imported}"
+        for module, imports in _graph().items()
+        if module.startswith("pilot.sources")
+        for imported in imports
+        if imported.startswith("pilot.security")
+    }
+    assert not offenders, sorted(offenders)
+
+
 def test_importing_the_server_and_the_agent_loads_no_kubernetes_client() -> None:
     check = (
         "import pilot.server.grpc_server, pilot.agent, pilot.cli, sys; "
