@@ -3,8 +3,13 @@
 Like Istio's node agent: serves `envoy.service.secret.v3.SecretDiscoveryService`
 on a Unix socket, takes its identity from POD_NAMESPACE / SERVICE_ACCOUNT and
 its token from CA_TOKEN_FILE, and sends CSRs to CA_ADDR, which defaults to the
-discovery address (pilot's plaintext gRPC port, so plaintext unless
-CA_ROOT_CERT is given).
+discovery address (pilot's TLS port, as Istio's agent uses istiod's 15012).
+
+The CA is reached over TLS verified with the root in CA_ROOT_CERT (default
+Istio's `./var/run/secrets/istio/root-cert.pem`, where the `istio-ca-root-cert`
+ConfigMap is mounted); plaintext only with CA_INSECURE=true. That root, never
+one a CA hands back, is what Envoy gets as `ROOTCA` and what every chain must
+lead to. The socket's directory is private (`pilot.security.sds_socket`).
 """
 
 from __future__ import annotations
@@ -21,11 +26,17 @@ from grpc import aio
 
 from pilot.generators.sds import SecretGenerator
 from pilot.push.pipeline import Pipeline
+from pilot.security import sds_socket
 from pilot.security.ca_client import RemoteCa, RemoteCaSettings
 from pilot.security.certs import KeyType
 from pilot.security.identity import Identity
 from pilot.security.secrets import SecretManager
-from pilot.security.settings import SecuritySettingsError, own_identity, sds_from_env
+from pilot.security.settings import (
+    SecuritySettingsError,
+    own_identity,
+    remote_ca_from_env,
+    sds_from_env,
+)
 from pilot.security.xds_auth import FixedIdentity
 from pilot.server.connection import StreamContext
 from pilot.server.services import sds_handlers
@@ -35,6 +46,10 @@ from pilot.xds.cache import ResourceCache
 log = logging.getLogger("pilot.agent")
 
 DEFAULT_SOCKET = Path("./var/run/secrets/workload-spiffe-uds/socket")
+# pilot's TLS port through the Service in deploy/ (Istio's agent: istiod.istio-system.svc:15012).
+DEFAULT_DISCOVERY_ADDRESS = "pilot.pilot-system.svc:15012"
+# Where Istio mounts the istio-ca-root-cert ConfigMap; relative to the working directory.
+DEFAULT_ROOT_CERT = Path("./var/run/secrets/istio/root-cert.pem")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,20 +74,9 @@ def agent_settings(
     identity = own_identity(env, trust_domain)
     if identity is None:
         raise SecuritySettingsError("pilot agent needs POD_NAMESPACE and SERVICE_ACCOUNT")
-    address = env.get("CA_ADDR", "").strip() or discovery_address
-    root = env.get("CA_ROOT_CERT", "").strip()
-    insecure_flag = env.get("CA_INSECURE", "").strip().lower()
-    insecure = insecure_flag in ("1", "true") or (not insecure_flag and not root)
-    if not insecure and not root:
-        raise SecuritySettingsError(f"CA_ADDR={address}: set CA_ROOT_CERT, or CA_INSECURE=true")
-    token = env.get("CA_TOKEN_FILE", "").strip()
-    remote = RemoteCaSettings(
-        address=address,
-        root_cert=Path(root) if root else None,
-        insecure=insecure,
-        token_file=Path(token) if token else None,
-        own_identity=identity,
-    )
+    remote = remote_ca_from_env(env, trust_domain, discovery_address, DEFAULT_ROOT_CERT)
+    if remote is None:
+        raise SecuritySettingsError("pilot agent needs --discovery-address or CA_ADDR")
     return AgentSettings(socket, identity, remote, key_type)
 
 
@@ -84,7 +88,7 @@ class Agent:
         self.stats = XdsStats()
         self.ca = RemoteCa(settings.remote_ca)
         sds = sds_from_env(os.environ, settings.key_type)
-        self.secrets = SecretManager(self.ca, _root(settings.remote_ca), sds)
+        self.secrets = SecretManager(self.ca, self.ca.root_pem, sds)
         cache = ResourceCache()
         sds_generator = SecretGenerator(self.secrets, cache, self.stats)
         self.pipeline = Pipeline(cache, self.stats, [sds_generator])
@@ -97,19 +101,23 @@ class Agent:
 
     async def start(self) -> None:
         socket = self.settings.socket
-        socket.parent.mkdir(parents=True, exist_ok=True)
-        socket.unlink(missing_ok=True)
-        if self.server.add_insecure_port(f"unix:{socket.resolve()}") == 0:
+        sds_socket.prepare(socket)
+        if self.server.add_insecure_port(f"unix:{socket}") == 0:
             raise OSError(f"cannot listen on {socket}")
         self.pipeline.publish_initial()  # nothing to build: certificates come when asked for
         self._pushing = asyncio.create_task(self.pipeline.run(), name="push")
         await self.server.start()
-        socket.chmod(0o600)  # secrets cross it: only Envoy's user may connect
+        socket.chmod(sds_socket.SOCKET_MODE)  # secrets cross it: only Envoy's user may connect
+        remote = self.settings.remote_ca
+        if remote.insecure:
+            log.warning("CA_INSECURE=true: CSRs and token go to %s in plaintext", remote.address)
         log.info(
-            "pilot agent serving SDS on %s for %s, CA at %s",
+            "pilot agent serving SDS on %s for %s, CA at %s (%s, root %s)",
             socket,
             self.settings.identity,
-            self.settings.remote_ca.address,
+            remote.address,
+            "plaintext" if remote.insecure else "TLS",
+            remote.root_cert,
         )
 
     async def stop(self) -> None:
@@ -122,7 +130,3 @@ class Agent:
         await self.secrets.close()
         await self.ca.close()
         self.settings.socket.unlink(missing_ok=True)
-
-
-def _root(remote: RemoteCaSettings) -> str | None:
-    return remote.root_cert.read_text() if remote.root_cert is not None else None

@@ -43,6 +43,7 @@ from pilot.push.updater import IndexUpdater
 from pilot.registry.index import EndpointIndex
 from pilot.security.ca_service import CA_SERVICE
 from pilot.security.component import Security
+from pilot.security.root_publisher import RootPublisher
 from pilot.security.serving import TlsServing, default_dns_names
 from pilot.security.xds_auth import XdsAuth
 from pilot.server.connection import Connection, StreamContext
@@ -246,6 +247,15 @@ class Discovery:
         if security.elector is not None:
             # Holds the Lease for single-writer CA duties (root creation, later rotation).
             self._tasks.append(asyncio.create_task(security.elector.run(), name="ca-lease"))
+            # ConfigMap istio-ca-root-cert in every watched namespace, written by the holder.
+            assert self.api_client is not None
+            publisher = RootPublisher(
+                self.api_client,
+                self.settings.kubernetes,
+                security.secrets.root_pem,
+                security.elector,
+            )
+            self._tasks.append(asyncio.create_task(publisher.run(), name="ca-root-publisher"))
         await self.grpc.set_serving(True)
         self._serving = True
         log.info(

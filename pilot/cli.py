@@ -13,7 +13,14 @@ from typing import Protocol
 
 import grpc
 
-from pilot.agent import DEFAULT_SOCKET, Agent, AgentSettings, agent_settings
+from pilot.agent import (
+    DEFAULT_DISCOVERY_ADDRESS,
+    DEFAULT_ROOT_CERT,
+    DEFAULT_SOCKET,
+    Agent,
+    AgentSettings,
+    agent_settings,
+)
 from pilot.debug import proxy_status_table
 from pilot.durations import parse_duration
 from pilot.generators.builder import BuildSettings
@@ -47,7 +54,8 @@ environment:
   PILOT_PUSH_THROTTLE        responses built and written at once (default 100)
   PILOT_XDS_SEND_TIMEOUT     close a stream whose Envoy stops reading (default 10s, 0: never)
   CA_ADDR                    the CA that signs workload certificates (default: pilot's own)
-  CA_ROOT_CERT, CA_INSECURE  verify CA_ADDR with this PEM root, or talk plaintext (true)
+  CA_ROOT_CERT               with CA_ADDR: the root its chains must lead to (required)
+  CA_INSECURE                with CA_ADDR: plaintext instead of TLS verified with CA_ROOT_CERT
   CA_TOKEN_FILE              token pilot presents to CA_ADDR
   CA_TRUSTED_NODE_ACCOUNTS   ns/sa,... allowed to ask pilot's CA for another identity
   SECRET_TTL                 workload certificate lifetime (default 24h)
@@ -181,21 +189,22 @@ def _agent_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     agent.add_argument(
         "--discovery-address",
-        default="localhost:15010",
-        help="pilot's gRPC address, the default CA_ADDR (default %(default)s)",
+        default=DEFAULT_DISCOVERY_ADDRESS,
+        help="pilot's TLS gRPC address, the default CA_ADDR (default %(default)s)",
     )
     agent.add_argument("--trust-domain", default="cluster.local")
     agent.add_argument("--key-type", choices=[k.value for k in KeyType], default=KeyType.EC.value)
     _log_flags(agent)
 
 
-_AGENT_EPILOG = """\
+_AGENT_EPILOG = f"""\
 environment:
   POD_NAMESPACE, SERVICE_ACCOUNT  the workload identity (required)
   CA_TOKEN_FILE              service-account token presented to the CA
   CA_ADDR                    the CA (default: --discovery-address)
-  CA_ROOT_CERT, CA_INSECURE  TLS to the CA verified with this root, or plaintext
-                             (plaintext by default when CA_ROOT_CERT is not set)
+  CA_ROOT_CERT               the root that verifies the CA and every chain, served to
+                             Envoy as ROOTCA (default ./{DEFAULT_ROOT_CERT})
+  CA_INSECURE                true: plaintext to the CA (chains are still verified)
   SECRET_TTL, SECRET_GRACE_PERIOD_RATIO  lifetime and rotation point
 """
 

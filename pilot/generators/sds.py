@@ -138,7 +138,7 @@ class SecretGenerator:
         return changes
 
     def _publish_root(self) -> set[str]:
-        """Store the root if it is new (a remote CA's root is learned from its chains)."""
+        """Store the root if it is new (the first time, or when the source's root changed)."""
         root_pem = self._source.root_pem()
         if root_pem is None or root_pem == self._root_pem:
             return set()

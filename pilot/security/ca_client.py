@@ -4,7 +4,9 @@ The remote client speaks Istio's `IstioCertificateService`: over TLS verified
 with `CA_ROOT_CERT`, or plaintext with `CA_INSECURE=true`; it authenticates
 with the token in `CA_TOKEN_FILE` (read on every call: projected tokens
 rotate) and, when the workload's identity is not pilot's own, asks for it with
-`ImpersonatedIdentity` metadata. A chain that does not verify is an error.
+`ImpersonatedIdentity` metadata. Every chain must verify against the configured
+root (`root_pem`, also what proxies get as `ROOTCA`), whatever the transport: a
+root is never learned from what a CA answers.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class RemoteCaSettings:
     """CA_ADDR, CA_ROOT_CERT, CA_INSECURE, CA_TOKEN_FILE, and pilot's own identity."""
 
     address: str
-    root_cert: Path | None = None
+    root_cert: Path  # the only root its chains may lead to, TLS or not
     insecure: bool = False
     token_file: Path | None = None
     own_identity: Identity | None = None
@@ -77,14 +79,12 @@ class RemoteCa:
 
     def __init__(self, settings: RemoteCaSettings) -> None:
         self.settings = settings
-        self.roots: list[x509.Certificate] = []
+        pem = settings.root_cert.read_bytes()
+        self.roots: list[x509.Certificate] = load_certificates(pem)
+        self.root_pem = pem.decode()
         if settings.insecure:
             self._channel = grpc.aio.insecure_channel(settings.address)
         else:
-            if settings.root_cert is None:
-                raise CaError("CA_ADDR over TLS needs CA_ROOT_CERT (or CA_INSECURE=true)")
-            pem = settings.root_cert.read_bytes()
-            self.roots = load_certificates(pem)
             credentials = grpc.ssl_channel_credentials(root_certificates=pem)
             self._channel = grpc.aio.secure_channel(settings.address, credentials)
         self._call = self._channel.unary_unary(
@@ -122,18 +122,14 @@ class RemoteCa:
     def _check(self, chain: list[str], identity: Identity) -> None:
         try:
             certificates = [c for pem in chain for c in load_certificates(pem.encode())]
-            # Without CA_ROOT_CERT, the first chain's root is the trust root from then on.
-            roots = self.roots or certificates[-1:]
-            verify_chain(certificates, roots)
-        except (ValueError, IndexError) as error:
+            verify_chain(certificates, self.roots)
+        except ValueError as error:
             raise CaError(
                 f"CA at {self.settings.address} returned a chain that does not verify: {error}"
             ) from error
         signed_for = uri_sans(certificates[0])
         if identity.uri not in signed_for:
             raise CaError(f"CA at {self.settings.address} signed for {signed_for}, not {identity}")
-        if not self.roots:
-            self.roots = certificates[-1:]
 
     async def close(self) -> None:
         await self._channel.close(None)

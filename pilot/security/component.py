@@ -45,14 +45,16 @@ class Security:
     ) -> Security:
         """Load (or make) the CA root and build everything around it.
 
-        With a Kubernetes API and neither --config nor --ca-cert-dir, the root is
-        the one shared by every replica through Secret pilot-ca-secret.
+        With a Kubernetes API and no --config, replicas elect one writer for CA
+        duties (the Lease pilot-ca); without --ca-cert-dir, the root is the one
+        they share through Secret pilot-ca-secret.
         """
         elector = None
-        if shared_root and api_client is not None and settings.ca.cert_dir is None:
+        if shared_root and api_client is not None:
             elector = LeaseElector(
                 api_client, settings.namespace, LEASE_NAME, lease_duration=settings.lease_duration
             )
+        if api_client is not None and elector is not None and settings.ca.cert_dir is None:
             ca = await SharedRoot(api_client, settings.namespace, settings.ca, elector).load()
         else:
             ca = await asyncio.to_thread(CertificateAuthority.load, settings.ca)
@@ -64,7 +66,7 @@ class Security:
         ca_service = CaService(ca, authenticator, settings.trusted_node_accounts, slots)
         remote = RemoteCa(settings.remote_ca) if settings.remote_ca is not None else None
         ca_client: CaClient = remote if remote is not None else LocalCa(ca, slots)
-        root_pem = _configured_root(settings) if remote is not None else ca.root_pem
+        root_pem = remote.root_pem if remote is not None else ca.root_pem
         secrets = SecretManager(ca_client, root_pem, settings.sds, observe_ca_latency)
         mode = settings.xds_auth or default_xds_auth
         identities = ProxyIdentities(mode, ca.settings.trust_domain, authenticator)
@@ -76,11 +78,3 @@ class Security:
         await self.secrets.close()
         if self.remote is not None:
             await self.remote.close()
-
-
-def _configured_root(settings: SecuritySettings) -> str | None:
-    """With a remote CA, the trust root is CA_ROOT_CERT if given (else learned from chains)."""
-    remote = settings.remote_ca
-    if remote is None or remote.root_cert is None:
-        return None
-    return remote.root_cert.read_text()

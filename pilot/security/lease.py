@@ -3,7 +3,8 @@
 client-go's scheme: a replica holds the Lease while it renews it within
 `lease_duration`; another may take it over once that has passed (optimistic
 concurrency on resourceVersion decides races). The holder releases it on
-shutdown by clearing the holder, so a successor need not wait.
+shutdown by clearing the holder, so a successor need not wait. Whoever must
+act when this replica starts or stops holding it registers with `on_change`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 from kubernetes_asyncio import client
 
@@ -53,6 +54,18 @@ class LeaseElector:
         self._duration = lease_duration
         self._renew_every = renew_every
         self.is_leader = False
+        self._listeners: list[Callable[[bool], None]] = []
+
+    def on_change(self, listener: Callable[[bool], None]) -> None:
+        """Call `listener(is_leader)` whenever this replica starts or stops holding the Lease."""
+        self._listeners.append(listener)
+
+    def _set_leader(self, leading: bool) -> None:
+        if leading == self.is_leader:
+            return
+        self.is_leader = leading
+        for listener in self._listeners:
+            listener(leading)
 
     def _spec(self, transitions: int) -> client.V1LeaseSpec:
         now = _now()
@@ -74,7 +87,7 @@ class LeaseElector:
             return await self._create()
         spec = lease.spec or client.V1LeaseSpec()
         if spec.holder_identity not in (None, "", self.identity) and not self._expired(spec):
-            self.is_leader = False
+            self._set_leader(False)
             return False
         transitions = (spec.lease_transitions or 0) + (spec.holder_identity != self.identity)
         lease.spec = self._spec(transitions)
@@ -106,14 +119,14 @@ class LeaseElector:
         except client.ApiException as error:
             if error.status != CONFLICT:
                 raise
-            self.is_leader = False
+            self._set_leader(False)
             return False
         return self._won()
 
     def _won(self) -> bool:
         if not self.is_leader:
             log.info("%s now holds lease %s/%s", self.identity, self.namespace, self.name)
-        self.is_leader = True
+        self._set_leader(True)
         return True
 
     async def run(self) -> None:
@@ -123,14 +136,14 @@ class LeaseElector:
                 await self.try_acquire()
             except (client.ApiException, OSError, TimeoutError) as error:
                 log.warning("lease %s/%s: %s", self.namespace, self.name, error)
-                self.is_leader = False
+                self._set_leader(False)
             await asyncio.sleep(self._renew_every)
 
     async def release(self) -> None:
         """Give the Lease up (on shutdown) so that another replica need not wait it out."""
         if not self.is_leader:
             return
-        self.is_leader = False
+        self._set_leader(False)
         try:
             lease = await self._api.read_namespaced_lease(self.name, self.namespace)
             if lease.spec is not None and lease.spec.holder_identity == self.identity:

@@ -10,8 +10,8 @@ given, which hands the proxy to the push pipeline. When released, key and
 certificate are forgotten. CA failures are retried with backoff; a chain that
 does not match the key is never kept.
 
-With a remote CA and no configured root, the root is learned from the first
-chain the CA returns (the SDS generator then publishes `ROOTCA`).
+The trust root (`ROOTCA`) is the one the manager is given: pilot's own CA's,
+or the configured root of a remote CA. It never comes from a CA's answer.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class SecretManager:
     def __init__(
         self,
         ca: CaClient,
-        root_pem: str | None,
+        root_pem: str,
         settings: SdsSettings,
         observe_ca_latency: Callable[[float], None] = lambda seconds: None,
     ) -> None:
@@ -133,7 +133,7 @@ class SecretManager:
         workload = self._workloads.get(proxy)
         return workload.certificate if workload is not None else None
 
-    def root_pem(self) -> str | None:
+    def root_pem(self) -> str:
         return self._root_pem
 
     def serial(self, proxy: ProxyKey) -> int | None:
@@ -202,8 +202,6 @@ class SecretManager:
         leaf = load_certificates(chain[0].encode())[0]
         if not key_matches(serialization.load_pem_private_key(key_pem, password=None), leaf):
             raise CaError("the CA signed a different key than the one in the CSR")
-        if self._root_pem is None:
-            self._root_pem = chain[-1]  # no configured root: trust the one the CA's chains end in
         certificate = WorkloadCertificate(
             "".join(chain).encode(), key_pem, leaf.serial_number, leaf.not_valid_after_utc
         )

@@ -4,6 +4,12 @@ CA_ADDR, CA_ROOT_CERT, CA_INSECURE, CA_TOKEN_FILE (the CA pilot's SDS uses),
 CA_TRUSTED_NODE_ACCOUNTS (who may ask for another identity), SECRET_TTL,
 SECRET_GRACE_PERIOD_RATIO, and POD_NAMESPACE / SERVICE_ACCOUNT (pilot's own
 identity, so that it asks for impersonation only when it must).
+
+A remote CA is always given a root (CA_ROOT_CERT, or the caller's default
+path): its chains must verify against it and it is the `ROOTCA` proxies get.
+Nothing is trusted on first use, not even over plaintext (`CA_INSECURE=true`
+changes the transport only). The root file is read here, so that a missing or
+broken one stops start-up with one line naming the variable and the path.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from pathlib import Path
 from pilot.durations import parse_duration
 from pilot.security.ca import CaSettings
 from pilot.security.ca_client import RemoteCaSettings
-from pilot.security.certs import KeyType
+from pilot.security.certs import KeyType, load_certificates
 from pilot.security.identity import Identity
 from pilot.security.secrets import SdsSettings
 from pilot.security.xds_auth import XdsAuth
@@ -57,25 +63,49 @@ def own_identity(env: Mapping[str, str], trust_domain: str) -> Identity | None:
 
 
 def remote_ca_from_env(
-    env: Mapping[str, str], trust_domain: str, default_address: str = ""
+    env: Mapping[str, str],
+    trust_domain: str,
+    default_address: str = "",
+    default_root: Path | None = None,
 ) -> RemoteCaSettings | None:
-    """The CA at CA_ADDR (or `default_address`), or None for pilot's own CA."""
+    """The CA at CA_ADDR (or `default_address`), or None for pilot's own CA.
+
+    TLS verified with the root unless CA_INSECURE=true; the root is CA_ROOT_CERT,
+    else `default_root`, and must be a readable PEM certificate either way.
+    """
     address = env.get("CA_ADDR", "").strip() or default_address
     if not address:
         return None
-    insecure = _flag(env, "CA_INSECURE")
-    root = _path(env, "CA_ROOT_CERT")
-    if not insecure and root is None:
+    root = _path(env, "CA_ROOT_CERT") or default_root
+    if root is None:
         raise SecuritySettingsError(
-            f"CA_ADDR={address}: set CA_ROOT_CERT to verify it, or CA_INSECURE=true for plaintext"
+            f"CA_ADDR={address}: set CA_ROOT_CERT to the root its certificates must chain to"
+            " (needed with CA_INSECURE=true too: no root is taken from the CA)"
         )
+    check_root_file(root)
     return RemoteCaSettings(
         address=address,
         root_cert=root,
-        insecure=insecure,
+        insecure=_flag(env, "CA_INSECURE"),
         token_file=_path(env, "CA_TOKEN_FILE"),
         own_identity=own_identity(env, trust_domain),
     )
+
+
+def check_root_file(path: Path) -> None:
+    """CA_ROOT_CERT must hold at least one PEM certificate; say which file does not."""
+    try:
+        pem = path.read_bytes()
+    except OSError as error:
+        raise SecuritySettingsError(
+            f"CA_ROOT_CERT: cannot read the CA root {path.absolute()}: {error.strerror or error}"
+        ) from error
+    try:
+        load_certificates(pem)
+    except ValueError:
+        raise SecuritySettingsError(
+            f"CA_ROOT_CERT: no PEM certificate in {path.absolute()}"
+        ) from None
 
 
 def sds_from_env(env: Mapping[str, str], key_type: KeyType) -> SdsSettings:

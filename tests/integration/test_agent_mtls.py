@@ -5,9 +5,14 @@ mTLS in front of a local HTTP backend; a *client* Envoy, ns `web` sa `client`, r
 plain HTTP to a static cluster that speaks mTLS to it and accepts only the server's
 SPIFFE identity), built by the same bootstrap builders (mtls_bootstraps). Only the source of the
 secrets differs: each Envoy has no ADS and takes `default` and `ROOTCA` from a static
-`sds-grpc` cluster whose one endpoint is the Unix socket of its own agent. Each agent
-authenticates to pilot's CA with its service account's token (pilot checks it by
-TokenReview against the test API server) and mints one certificate for its identity.
+`sds-grpc` cluster whose one endpoint is the Unix socket of its own agent. Each agent is
+the README's `pilot agent` command run as a subprocess (agent_process) with its pod's
+identity, talking TLS to pilot's TLS port verified with pilot's root; it authenticates
+to pilot's CA with its service account's token (pilot checks it by TokenReview against
+the test API server) and mints one certificate for its identity. What an agent serves
+is read from its socket, as its Envoy (same node id) reads it.
+
+pilot runs in process (tests.support.pilot): the tests read its root and its counters.
 """
 
 from __future__ import annotations
@@ -19,10 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pilot.agent import Agent, AgentSettings
-from pilot.security.ca_client import RemoteCaSettings
-from pilot.security.identity import Identity
 from tests.harness.envoy_process import XDS_CLUSTER, EnvoyProcess, Json
+from tests.integration.agent_process import (
+    CA_ERROR,
+    MINTED,
+    AgentProcess,
+    agent_folder,
+    readme_command,
+    running_agent,
+)
 from tests.integration.envoy_tls_view import (
     STARTUP,
     assert_envoy_holds,
@@ -45,10 +55,11 @@ from tests.integration.mtls_pair import (
     MtlsPair,
     assert_client_cluster_verified,
 )
-from tests.integration.proxies import TRUST_DOMAIN, Proxy
-from tests.integration.sds_secrets import served_workload
+from tests.integration.proxies import Proxy
+from tests.integration.sds_secrets import ROOT, WORKLOAD, WorkloadCert, root_in, workload_in
 from tests.integration.tls_probe import tls_get
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
+from tests.protocol.client import SECRET, XdsClient
 from tests.support.mesh import simple_mesh
 from tests.support.pilot import RunningPilot, running_pilot
 
@@ -61,10 +72,6 @@ AGENT_SDS: Json = {
     },
     "resource_api_version": "V3",
 }
-
-
-def _identity(proxy: Proxy) -> Identity:
-    return Identity(TRUST_DOMAIN, proxy.namespace, proxy.account)
 
 
 def _through_agent(bootstrap: Json, sds_socket: Path) -> Json:
@@ -106,30 +113,22 @@ class AgentPair:
     """The mTLS pair and the agent of each Envoy."""
 
     pair: MtlsPair
-    server_agent: Agent
-    client_agent: Agent
-
-
-def _agent_settings(pilot: RunningPilot, proxy: Proxy, token: str, workdir: Path) -> AgentSettings:
-    """`proxy`'s identity, pilot as its CA, the token in `workdir`, the socket beside it."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    token_file = workdir / "istio-token"
-    token_file.write_text(token)
-    identity = _identity(proxy)
-    remote = RemoteCaSettings(
-        address=pilot.grpc_target, insecure=True, token_file=token_file, own_identity=identity
-    )
-    return AgentSettings(workdir / "socket", identity, remote)
+    server_agent: AgentProcess
+    client_agent: AgentProcess
 
 
 @asynccontextmanager
-async def _agent(settings: AgentSettings) -> AsyncIterator[Agent]:
-    agent = Agent(settings)
-    await agent.start()
-    try:
-        yield agent
-    finally:
-        await agent.stop()
+async def _agent(pilot: RunningPilot, proxy: Proxy, token: str) -> AsyncIterator[AgentProcess]:
+    """The README's agent with `proxy`'s identity and token, pilot's TLS port as its CA."""
+    async with agent_folder() as folder:
+        folder.write_token(readme_command(), token)
+        security = pilot.discovery.security
+        assert security is not None
+        folder.write_root(security.ca.root_pem)
+        identity = {"POD_NAMESPACE": proxy.namespace, "SERVICE_ACCOUNT": proxy.account}
+        address = f"localhost:{pilot.discovery.grpc.tls_port}"
+        async with running_agent(folder, address, identity) as agent:
+            yield agent
 
 
 @asynccontextmanager
@@ -145,15 +144,13 @@ async def agent_mtls_pair(
     async with AsyncExitStack() as stack:
         backend = await stack.enter_async_context(Backend())
         server_token = api.add_service_account_token(SERVER.namespace, SERVER.account)
-        server_agent = await stack.enter_async_context(
-            _agent(_agent_settings(pilot, SERVER, server_token, workdir / "server-agent"))
-        )
+        server_agent = await stack.enter_async_context(_agent(pilot, SERVER, server_token))
         server_boot = server_bootstrap(
             pilot.grpc_port, SERVER, backend_port=backend.port, example="envoy-ads-delta.yaml"
         )
         server = await stack.enter_async_context(
             EnvoyProcess(
-                _through_agent(server_boot, server_agent.settings.socket),
+                _through_agent(server_boot, server_agent.folder.socket),
                 workdir / "server",
                 "server",
             )
@@ -165,9 +162,7 @@ async def agent_mtls_pair(
         )
 
         client_token = api.add_service_account_token(CLIENT.namespace, CLIENT.account)
-        client_agent = await stack.enter_async_context(
-            _agent(_agent_settings(pilot, CLIENT, client_token, workdir / "client-agent"))
-        )
+        client_agent = await stack.enter_async_context(_agent(pilot, CLIENT, client_token))
         client_boot = client_bootstrap(
             pilot.grpc_port,
             CLIENT,
@@ -177,7 +172,7 @@ async def agent_mtls_pair(
         )
         client = await stack.enter_async_context(
             EnvoyProcess(
-                _through_agent(client_boot, client_agent.settings.socket),
+                _through_agent(client_boot, client_agent.folder.socket),
                 workdir / "client",
                 "client",
             )
@@ -196,17 +191,26 @@ async def agent_mtls_pair(
         yield AgentPair(pair, server_agent, client_agent)
 
 
+async def _served_by(agent: AgentProcess, proxy: Proxy) -> tuple[WorkloadCert, str]:
+    """`default` and `ROOTCA` as the agent serves them to `proxy`'s node (its Envoy's)."""
+    async with XdsClient(f"unix:{agent.folder.socket}") as xds:
+        sds = xds.sds(proxy.node())
+        await sds.subscribe(SECRET, [WORKLOAD, ROOT])
+        arrived = await sds.ack_until(SECRET, [WORKLOAD, ROOT], 10)
+    return workload_in(arrived), root_in(arrived)
+
+
 async def _assert_holds_agent_identity(
-    envoy: EnvoyProcess, agent: Agent, pilot: RunningPilot, proxy: Proxy
+    envoy: EnvoyProcess, agent: AgentProcess, pilot: RunningPilot, proxy: Proxy
 ) -> str:
     """/certs shows exactly what the agent serves, under pilot's root; return its leaf hash."""
     security = pilot.discovery.security
     assert security is not None
-    served = served_workload(agent.secrets, proxy)
-    assert served is not None, f"the {proxy.account} agent serves no certificate"
+    served, root = await _served_by(agent, proxy)
     assert served.uris == (proxy.uri,)
     assert served.key_matches_leaf
     assert served.signed_by(security.ca.root_pem), "the agent's chain does not end at pilot's root"
+    assert root == security.ca.root_pem, "the agent's ROOTCA is not pilot's root"
     await assert_envoy_holds(envoy, served.serial, proxy.uri, security.ca.root.serial_number)
     return served.leaf_sha256
 
@@ -215,7 +219,12 @@ async def test_request_crosses_mtls_between_envoys_of_two_agents(tmp_path: Path)
     async with KubeAPIServer() as api:
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
         async with (
-            running_pilot(tmp_path, simple_mesh(MESH_SERVICES), kubeconfig=kubeconfig) as pilot,
+            running_pilot(
+                tmp_path,
+                simple_mesh(MESH_SERVICES),
+                kubeconfig=kubeconfig,
+                grpc_tls_addr="127.0.0.1:0",
+            ) as pilot,
             agent_mtls_pair(pilot, api, tmp_path) as agents,
         ):
             pair = agents.pair
@@ -250,10 +259,8 @@ async def test_request_crosses_mtls_between_envoys_of_two_agents(tmp_path: Path)
 
             # Each agent minted once, through pilot's CA, with its own service account's
             # token; pilot itself minted nothing (no Envoy asked it for secrets).
-            assert agents.server_agent.secrets.stats.minted == 1
-            assert agents.client_agent.secrets.stats.minted == 1
-            assert agents.server_agent.secrets.stats.ca_errors == 0
-            assert agents.client_agent.secrets.stats.ca_errors == 0
+            for agent in (agents.server_agent, agents.client_agent):
+                assert (agent.count(MINTED), agent.count(CA_ERROR)) == (1, 0), agent.tail()
             assert security.secrets.stats.minted == 0
             reviews = sorted((r.username, r.authenticated) for r in api.token_reviews)
             assert reviews == [

@@ -6,14 +6,19 @@ chains) or a second pilot on its own ports. A proxy subscribes to `default` and
 `ROOTCA` over ADS with node metadata (`--xds-auth none`); its certificate must
 root at *that* CA, which must have seen pilot's token (CA_TOKEN_FILE), the
 proxy's identity as `ImpersonatedIdentity` when it is not pilot's own, and the
-configured lifetime. While the CA is down or answers something that does not
+configured lifetime. pilot always has the CA's root (CA_ROOT_CERT), TLS or
+plaintext: `ROOTCA` is that root and every chain must lead to it; nothing is
+trusted on first use. While the CA is down or answers something that does not
 verify, `ca_errors` rises and no secret (least of all an empty one) is pushed;
 the subscription gets its secret once the CA signs properly again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -50,7 +55,7 @@ from tests.integration.sds_secrets import (
     workloads_received,
 )
 from tests.protocol.client import SotwStream, XdsClient
-from tests.support.mesh import simple_mesh
+from tests.support.mesh import simple_mesh, write_mesh
 from tests.support.pilot import RunningPilot, running_pilot
 
 MESH = simple_mesh({"a": ["10.0.0.1"]})
@@ -76,15 +81,23 @@ def _token_file(directory: Path, token: str = TOKEN) -> Path:
     return path
 
 
+def _root_file(directory: Path, root_pem: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "ca-root.pem"
+    path.write_text(root_pem)
+    return path
+
+
 @asynccontextmanager
 async def _pilot_using(
-    directory: Path, address: str, *, root_cert: Path | None = None
+    directory: Path, address: str, root_pem: str, *, tls: bool = False
 ) -> AsyncIterator[RunningPilot]:
-    """A pilot whose SDS has the CA at `address` sign (plaintext unless `root_cert`)."""
+    """A pilot whose SDS has the CA at `address` sign, its CA_ROOT_CERT holding `root_pem`
+    (TLS verified with it, or plaintext with CA_INSECURE=true)."""
     remote = RemoteCaSettings(
         address=address,
-        root_cert=root_cert,
-        insecure=root_cert is None,
+        root_cert=_root_file(directory, root_pem),
+        insecure=not tls,
         token_file=_token_file(directory),
         own_identity=OWN,
     )
@@ -112,12 +125,14 @@ async def _workload_for(pilot: RunningPilot, proxy: Any) -> WorkloadCert:
         return workload_in(await ads.ack_until(types.SECRET, [WORKLOAD], WAIT))
 
 
-async def _no_secret_pushed(ads: SotwStream) -> None:
+async def _no_workload_pushed(ads: SotwStream) -> None:
+    """No `default` (ROOTCA, the configured root, may be there) and no empty response."""
     await ads.ack_pending()
-    pushed = [
-        (r.version_info, len(r.resources)) for r in ads.received if r.type_url == types.SECRET
-    ]
-    assert pushed == [], "no secret may be pushed before the CA signs a chain that verifies"
+    assert workloads_received(ads) == [], (
+        "no `default` may be pushed before the CA signs a chain that verifies"
+    )
+    sizes = [len(r.resources) for r in ads.received if r.type_url == types.SECRET]
+    assert 0 not in sizes, "an empty SDS response"
 
 
 def _only_complete_secrets(ads: SotwStream) -> None:
@@ -136,7 +151,7 @@ async def test_proxy_certificate_roots_at_the_remote_ca(
 ) -> None:
     async with (
         FakeIstioCa({TOKEN: OWN.uri}) as fake,
-        _pilot_using(tmp_path, fake.address) as pilot,
+        _pilot_using(tmp_path, fake.address, fake.root_pem) as pilot,
     ):
         assert pilot.discovery.security is not None
         local_ca = pilot.discovery.security.ca
@@ -171,7 +186,7 @@ async def test_proxy_certificate_roots_at_the_remote_ca(
 async def test_no_impersonation_for_pilots_own_identity(tmp_path: Path) -> None:
     async with (
         FakeIstioCa({TOKEN: OWN.uri}) as fake,
-        _pilot_using(tmp_path, fake.address) as pilot,
+        _pilot_using(tmp_path, fake.address, fake.root_pem) as pilot,
     ):
         workload = await _workload_for(pilot, node("proxy-own", *PILOT_ACCOUNT))
     assert san_uris(workload.chain[0]) == [OWN.uri]
@@ -183,7 +198,7 @@ async def test_token_file_is_read_on_every_call(tmp_path: Path) -> None:
     rotated = Token("pilot-token-after-rotation")
     async with (
         FakeIstioCa({TOKEN: OWN.uri, rotated: OWN.uri}) as fake,
-        _pilot_using(tmp_path, fake.address) as pilot,
+        _pilot_using(tmp_path, fake.address, fake.root_pem) as pilot,
     ):
         await _workload_for(pilot, node("proxy-1", *PROXY))
         _token_file(tmp_path, rotated)
@@ -195,33 +210,29 @@ async def test_token_file_is_read_on_every_call(tmp_path: Path) -> None:
 
 
 async def test_tls_verified_with_ca_root_cert(tmp_path: Path) -> None:
-    async with FakeIstioCa({TOKEN: OWN.uri}, tls=True) as fake:
-        root_file = tmp_path / "ca-root.pem"
-        root_file.write_text(fake.root_pem)
-        async with (
-            _pilot_using(tmp_path / "pilot", fake.address, root_cert=root_file) as pilot,
-            XdsClient(pilot.grpc_target) as xds,
-        ):
-            ads = xds.ads(node("proxy-1", *PROXY))
-            await ads.subscribe(types.SECRET, [WORKLOAD, ROOT])
-            secrets = await ads.ack_until(types.SECRET, [WORKLOAD, ROOT], WAIT)
+    async with (
+        FakeIstioCa({TOKEN: OWN.uri}, tls=True) as fake,
+        _pilot_using(tmp_path, fake.address, fake.root_pem, tls=True) as pilot,
+        XdsClient(pilot.grpc_target) as xds,
+    ):
+        ads = xds.ads(node("proxy-1", *PROXY))
+        await ads.subscribe(types.SECRET, [WORKLOAD, ROOT])
+        secrets = await ads.ack_until(types.SECRET, [WORKLOAD, ROOT], WAIT)
     assert_issued_chain(list(workload_in(secrets).chain), fake.root.cert)
     assert root_in(secrets) == fake.root_pem
     assert len(fake.calls) == 1
 
 
 async def test_tls_ca_not_matching_ca_root_cert_is_never_used(tmp_path: Path) -> None:
-    async with FakeIstioCa({TOKEN: OWN.uri}, tls=True) as fake:
-        wrong_root = tmp_path / "wrong-root.pem"
-        wrong_root.write_text(fake.other.cert_pem)
-        async with (
-            _pilot_using(tmp_path / "pilot", fake.address, root_cert=wrong_root) as pilot,
-            XdsClient(pilot.grpc_target) as xds,
-        ):
-            ads = xds.ads(node("proxy-1", *PROXY))
-            await ads.subscribe(types.SECRET, [WORKLOAD])
-            await _ca_errors_reach(pilot, 3)
-            await _no_secret_pushed(ads)
+    async with (
+        FakeIstioCa({TOKEN: OWN.uri}, tls=True) as fake,
+        _pilot_using(tmp_path, fake.address, fake.other.cert_pem, tls=True) as pilot,
+        XdsClient(pilot.grpc_target) as xds,
+    ):
+        ads = xds.ads(node("proxy-1", *PROXY))
+        await ads.subscribe(types.SECRET, [WORKLOAD])
+        await _ca_errors_reach(pilot, 3)
+        await _no_workload_pushed(ads)
     assert fake.calls == [], "no request (and no token) may reach an unverified server"
 
 
@@ -234,21 +245,23 @@ async def test_secret_arrives_once_the_ca_is_back(tmp_path: Path) -> None:
     await fake.stop()  # keep its port, be down
     try:
         async with (
-            _pilot_using(tmp_path, fake.address) as pilot,
+            _pilot_using(tmp_path, fake.address, fake.root_pem) as pilot,
             XdsClient(pilot.grpc_target) as xds,
         ):
             ads = xds.ads(node("proxy-1", *PROXY))
             await ads.subscribe(types.SECRET, [WORKLOAD, ROOT])
+            rootca = root_in(await ads.ack_until(types.SECRET, [ROOT], WAIT))
             await _ca_errors_reach(pilot, 3)
-            await _no_secret_pushed(ads)
+            await _no_workload_pushed(ads)
             errors_while_down = _stats(pilot).ca_errors
             await fake.start()
-            workload = workload_in(await ads.ack_until(types.SECRET, [WORKLOAD, ROOT], 20))
+            workload = workload_in(await ads.ack_until(types.SECRET, [WORKLOAD], 20))
             assert _stats(pilot).ca_errors >= errors_while_down
             assert _stats(pilot).minted == 1
             _only_complete_secrets(ads)
     finally:
         await fake.stop()
+    assert rootca == fake.root_pem, "ROOTCA is CA_ROOT_CERT, even while the CA is down"
     assert_issued_chain(list(workload.chain), fake.root.cert)
     assert san_uris(workload.chain[0]) == [spiffe(*PROXY)]
     assert len(fake.signed) == 1
@@ -260,72 +273,47 @@ async def test_secret_arrives_once_the_ca_is_back(tmp_path: Path) -> None:
 async def test_chain_that_does_not_verify_is_refused(tmp_path: Path, fault: Fault) -> None:
     async with (
         FakeIstioCa({TOKEN: OWN.uri}) as fake,
-        _pilot_using(tmp_path, fake.address) as pilot,
+        _pilot_using(tmp_path, fake.address, fake.root_pem) as pilot,
         XdsClient(pilot.grpc_target) as xds,
     ):
         ads = xds.ads(node("proxy-1", *PROXY))
         fake.fault = fault
         await ads.subscribe(types.SECRET, [WORKLOAD, ROOT])
+        rootca = root_in(await ads.ack_until(types.SECRET, [ROOT], WAIT))
         await _ca_errors_reach(pilot, 3)
-        await _no_secret_pushed(ads)  # not `default`, and no ROOTCA learned from a bad chain
+        await _no_workload_pushed(ads)
         assert _stats(pilot).minted == 0
 
         fake.fault = Fault.NONE  # the CA mends its ways: the retry succeeds
-        secrets = await ads.ack_until(types.SECRET, [WORKLOAD, ROOT], WAIT)
+        secrets = await ads.ack_until(types.SECRET, [WORKLOAD], WAIT)
         _only_complete_secrets(ads)
     assert_issued_chain(list(workload_in(secrets).chain), fake.root.cert)
-    assert load_chain(root_in(secrets)) == [fake.root.cert]
+    assert load_chain(rootca) == [fake.root.cert]
 
 
-async def test_chain_under_another_root_than_the_one_served_is_refused(tmp_path: Path) -> None:
-    """Without CA_ROOT_CERT, the root is learned from the first chain; later chains must
-    verify against it, or a proxy gets a `default` its ROOTCA (and every peer) rejects."""
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "tls"])
+async def test_no_root_is_learned_from_the_ca(tmp_path: Path, tls: bool) -> None:
+    """From its very first answer on, a CA signing under another root than CA_ROOT_CERT
+    gets nothing served, over plaintext too; ROOTCA is CA_ROOT_CERT all along."""
     async with (
-        FakeIstioCa({TOKEN: OWN.uri}) as fake,
-        _pilot_using(tmp_path, fake.address) as pilot,
+        FakeIstioCa({TOKEN: OWN.uri}, tls=tls) as fake,
+        _pilot_using(tmp_path, fake.address, fake.root_pem, tls=tls) as pilot,
+        XdsClient(pilot.grpc_target) as xds,
     ):
-        async with XdsClient(pilot.grpc_target) as xds:
-            first = xds.ads(node("proxy-1", *PROXY))
-            await first.subscribe(types.SECRET, [WORKLOAD, ROOT])
-            learned = root_in(await first.ack_until(types.SECRET, [WORKLOAD, ROOT], WAIT))
-        assert load_chain(learned) == [fake.root.cert]
-
         fake.fault = Fault.OTHER_ROOT
-        errors_before = _stats(pilot).ca_errors
-        async with XdsClient(pilot.grpc_target) as xds:
-            ads = xds.ads(node("proxy-2", "ns2", "sa2"))
-            await ads.subscribe(types.SECRET, [WORKLOAD, ROOT])
-            rootca = root_in(await ads.ack_until(types.SECRET, [ROOT], WAIT))
+        ads = xds.ads(node("proxy-1", *PROXY))
+        await ads.subscribe(types.SECRET, [WORKLOAD, ROOT])
+        rootca = root_in(await ads.ack_until(types.SECRET, [ROOT], WAIT))
+        await _ca_errors_reach(pilot, 3)
+        await ads.ack_pending()
+        assert rootca == fake.root_pem
+        assert workloads_received(ads) == [], "a chain under another root was served"
+        assert _stats(pilot).minted == 0
+        assert len(fake.calls) >= 3
 
-            async def served_or_refused() -> bool:
-                await ads.ack_pending()
-                served = bool(workloads_received(ads))
-                return served or _stats(pilot).ca_errors >= errors_before + 3
-
-            await wait_until(served_or_refused, 15, "a secret for proxy-2 or 3 more CA errors")
-    trusted = load_chain(rootca)
-    for workload in workloads_received(ads):
-        served_under = workload.chain[-1].subject.rfc4514_string()
-        assert workload.chain[-1] in trusted, (
-            f"pilot served a `default` chain ending in {served_under!r} next to a ROOTCA of "
-            f"{trusted[0].subject.rfc4514_string()!r}: no peer can verify it"
-        )
-
-
-async def test_chain_under_another_root_than_ca_root_cert_is_refused(tmp_path: Path) -> None:
-    async with FakeIstioCa({TOKEN: OWN.uri}, tls=True) as fake:
-        root_file = tmp_path / "ca-root.pem"
-        root_file.write_text(fake.root_pem)
-        async with (
-            _pilot_using(tmp_path / "pilot", fake.address, root_cert=root_file) as pilot,
-            XdsClient(pilot.grpc_target) as xds,
-        ):
-            ads = xds.ads(node("proxy-1", *PROXY))
-            fake.fault = Fault.OTHER_ROOT
-            await ads.subscribe(types.SECRET, [WORKLOAD])
-            await _ca_errors_reach(pilot, 3)
-            await _no_secret_pushed(ads)
-            assert len(fake.calls) >= 3
+        fake.fault = Fault.NONE
+        secrets = await ads.ack_until(types.SECRET, [WORKLOAD], WAIT)
+    assert_issued_chain(list(workload_in(secrets).chain), fake.root.cert)
 
 
 # ------------------------------------------------------------------ a pilot as the CA
@@ -347,6 +335,7 @@ async def test_second_pilot_as_the_ca(tmp_path: Path, trusted: bool) -> None:
             ca_root = ca_pilot.discovery.security.ca.root
             remote = RemoteCaSettings(
                 address=ca_pilot.grpc_target,
+                root_cert=_root_file(tmp_path / "a", ca_pilot.discovery.security.ca.root_pem),
                 insecure=True,
                 token_file=_token_file(tmp_path / "a", token),
                 own_identity=OWN,
@@ -369,6 +358,34 @@ async def test_second_pilot_as_the_ca(tmp_path: Path, trusted: bool) -> None:
                     assert lifetime == TTL + datetime.timedelta(minutes=2)
                 else:
                     await _ca_errors_reach(pilot, 3)
-                    await _no_secret_pushed(ads)
+                    await _no_workload_pushed(ads)
         username = f"system:serviceaccount:{PILOT_ACCOUNT[0]}:{PILOT_ACCOUNT[1]}"
         assert set(reviews(srv)) == {(("istio-ca",), True, username)}
+
+
+# ------------------------------------------------------------------ pilot discovery
+
+
+@pytest.mark.parametrize("insecure", ["", "true"], ids=["tls", "plaintext"])
+async def test_pilot_discovery_with_ca_addr_needs_ca_root_cert(
+    tmp_path: Path, insecure: str
+) -> None:
+    """As users run it: without the root, `pilot discovery` says so in one line and stops."""
+    config = tmp_path / "mesh.yaml"
+    write_mesh(config, MESH)
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("CA_")}
+    environment |= {"CA_ADDR": "ca.example:15012", "CA_INSECURE": insecure}
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "pilot", "discovery", "--config", str(config)),
+        *("--grpc-addr", "127.0.0.1:0", "--grpc-tls-addr", "", "--http-addr", "127.0.0.1:0"),
+        env=environment | {"HOME": str(tmp_path)},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(30):
+        _, stderr = await process.communicate()
+    assert process.returncode == 2
+    assert stderr.decode().splitlines() == [
+        "pilot: error: CA_ADDR=ca.example:15012: set CA_ROOT_CERT to the root its certificates"
+        " must chain to (needed with CA_INSECURE=true too: no root is taken from the CA)"
+    ]

@@ -33,6 +33,8 @@ import yaml
 
 from pilot.durations import parse_duration
 from pilot.security.certs import cert_pem, self_signed_root
+from pilot.security.root_publisher import CONFIGMAP as ROOT_CONFIGMAP
+from pilot.security.root_publisher import ROOT_KEY
 from tests.harness.envoy_process import find_envoy_binary
 
 Json = dict[str, Any]
@@ -59,6 +61,21 @@ CLUSTER_GRANTS = {
     ("discovery.k8s.io", "endpointslices", "list"),
     ("discovery.k8s.io", "endpointslices", "watch"),
     ("authentication.k8s.io", "tokenreviews", "create"),
+    # The root in every namespace (pilot/security/root_publisher.py).
+    ("", "namespaces", "list"),
+    ("", "namespaces", "watch"),
+    ("", "configmaps", "list"),
+    ("", "configmaps", "watch"),
+    ("", "configmaps", "create"),
+    ("", "configmaps", "update"),
+}
+# Verbs RBAC can limit to one name, and the names: pilot reads and changes nothing else.
+NAMED_GRANTS = {
+    ("configmaps", "list"): [ROOT_CONFIGMAP],
+    ("configmaps", "watch"): [ROOT_CONFIGMAP],
+    ("configmaps", "update"): [ROOT_CONFIGMAP],
+    ("secrets", "get"): ["pilot-ca-secret"],
+    ("secrets", "update"): ["pilot-ca-secret"],
 }
 NAMESPACE_GRANTS = {
     ("", "secrets", "get"),
@@ -277,6 +294,14 @@ def test_rbac_grants_exactly_what_pilot_uses() -> None:
     role = _one(manifests, "Role")
     assert _grants(role) == NAMESPACE_GRANTS
     assert role["metadata"]["namespace"] == _pilot_deployment()["metadata"]["namespace"]
+    for (resource, verb), names in NAMED_GRANTS.items():
+        rules = [
+            rule
+            for kind in ("ClusterRole", "Role")
+            for rule in _one(manifests, kind)["rules"]
+            if resource in rule["resources"] and verb in rule["verbs"]
+        ]
+        assert [rule.get("resourceNames") for rule in rules] == [names], (resource, verb)
     assert _binds_pilot(_one(manifests, "ClusterRoleBinding"), "ClusterRole", "pilot")
     assert _binds_pilot(_one(manifests, "RoleBinding"), "Role", "pilot")
     assert _pilot_deployment()["spec"]["template"]["spec"]["serviceAccountName"] == "pilot"
@@ -507,8 +532,8 @@ def _volume_files(volume: Json, root_pem: str) -> dict[str, str]:
     """What a volume holds, as the kubelet would write it."""
     if "configMap" in volume:
         name = volume["configMap"]["name"]
-        if name == "pilot-ca-root-cert":  # made by hand from pilot's root (deploy/README.md)
-            return {"root-cert.pem": root_pem}
+        if name == ROOT_CONFIGMAP:  # pilot keeps it in every namespace (root_publisher)
+            return {ROOT_KEY: root_pem}
         data: dict[str, str] = _one(_example(), "ConfigMap", name)["data"]
         return data
     if "projected" in volume:
@@ -621,6 +646,16 @@ def test_the_sidecar_talks_to_pilot_over_tls_with_its_token() -> None:
         if content == TOKEN_STAND_IN
     ]
     assert tokens == [plugin["secret_data"]["filename"]]
+
+
+def test_the_sidecar_trusts_the_root_pilot_publishes_where_istio_mounts_it() -> None:
+    pod = _echo()["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if v.get("configMap", {}).get("name") == ROOT_CONFIGMAP]
+    mounts = {m["name"]: m["mountPath"] for m in _envoy_container(_echo())["volumeMounts"]}
+    assert mounts[volume["name"]] == "/var/run/secrets/istio"
+    (service,) = _bootstrap()["dynamic_resources"]["ads_config"]["grpc_services"]
+    ssl = service["google_grpc"]["channel_credentials"]["ssl_credentials"]
+    assert ssl["root_certs"]["filename"] == f"/var/run/secrets/istio/{ROOT_KEY}"
 
 
 def test_the_sidecar_names_the_identity_of_its_token() -> None:

@@ -161,7 +161,7 @@ def example_sidecar(folder: Path, tls_port: int, root_pem: str) -> Sidecar:
     # Loopback instead of the Service's address; the name checked is the Service's.
     google["channel_args"] = {"args": {"grpc.ssl_target_name_override": {"string_value": name}}}
     root_certs = google["channel_credentials"]["ssl_credentials"]["root_certs"]
-    Path(root_certs["filename"]).write_text(root_pem)  # the ConfigMap pilot-ca-root-cert
+    Path(root_certs["filename"]).write_text(root_pem)  # the ConfigMap istio-ca-root-cert
     (credentials,) = google["call_credentials"]
     token_file = Path(credentials["from_plugin"]["typed_config"]["secret_data"]["filename"])
     return Sidecar(bootstrap, _node_args(container), token_file)

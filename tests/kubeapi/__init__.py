@@ -2,9 +2,10 @@
 
 `KubeAPIServer` (server.py) serves list/watch/CRUD/TokenReview over HTTP the way
 kube-apiserver does, wiring together the store (store.py), routing (routing.py),
-lists (lists.py), watches (watches.py), object requests (objects.py), TokenReview
-(tokens.py) and injected faults (faults.py). `write_kubeconfig` (kubeconfig.py)
-points a client at it; `python -m tests.kubeapi` runs it standalone (__main__.py).
+lists (lists.py), watches (watches.py), metadata-only answers (metadata.py),
+object requests (objects.py), TokenReview (tokens.py) and injected faults
+(faults.py). `write_kubeconfig` (kubeconfig.py) points a client at it;
+`python -m tests.kubeapi` runs it standalone (__main__.py).
 """
 
 from .kubeconfig import write_kubeconfig

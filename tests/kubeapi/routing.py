@@ -3,8 +3,9 @@
 Owns the aiohttp application and what every request goes through: the
 record tests read back (`RequestRecord`), the optional bearer-token check, the
 discovery documents and health endpoints, and dispatch to the handler that
-owns the request (TokenReview, list, watch, or an object request). An
-`ApiError` from any handler becomes a `Status` response here.
+owns the request (TokenReview, list, watch, or an object request), whole
+objects or their metadata only (metadata.py). An `ApiError` from any handler
+becomes a `Status` response here.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import NamedTuple
 
 from aiohttp import web
 
-from . import lists, objects, resources
+from . import lists, metadata, objects, resources
 from .changes import Changes
 from .faults import Faults
 from .store import ApiError, Obj, Store
@@ -33,6 +34,7 @@ class RequestRecord(NamedTuple):
     path: str
     query: dict[str, str]
     is_watch: bool
+    accept: str = ""
 
 
 class Router:
@@ -69,8 +71,9 @@ class Router:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         is_watch = request.query.get("watch", "") in TRUE
+        accept = request.headers.get("Accept", "")
         self.requests.append(
-            RequestRecord(request.method, request.path, dict(request.query), is_watch)
+            RequestRecord(request.method, request.path, dict(request.query), is_watch, accept)
         )
         self.changes.notify()
         try:
@@ -120,10 +123,13 @@ class Router:
     ) -> web.StreamResponse:
         if request.method == "GET":
             parse_bool(request.query.get("watch"), "watch")
+            only_metadata = metadata.wants_metadata(request.headers.get("Accept", ""), is_watch)
             if is_watch:
-                return await self.watches.serve(request, target)
+                shape = metadata.item if only_metadata else None
+                return await self.watches.serve(request, target, shape)
             self.faults.check_list()
-            return json_response(lists.list_body(self.store, request.query, target))
+            body = lists.list_body(self.store, request.query, target)
+            return json_response(metadata.list_of(body) if only_metadata else body)
         if request.method == "POST":
             return await objects.create(self.store, request, target)
         raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported here")

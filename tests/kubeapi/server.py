@@ -10,6 +10,7 @@ The work is done by the pieces it wires together:
 * `store.Store`: objects, resourceVersions, history and compaction;
 * `routing.Router`: the aiohttp application, request records, auth, dispatch;
 * `lists`: consistent paged lists; `watches.WatchHub`: the open watch streams;
+* `metadata`: lists and watches of metadata only (`PartialObjectMetadata`);
 * `objects`: create/get/replace/patch/delete requests;
 * `tokens.TokenReviewer`: TokenReview; `faults.Faults`: injected faults;
 * `changes.Changes`: the signal `wait_until` waits on.

@@ -2,8 +2,8 @@
 
 Owns the evidence that `KubeAPIServer` behaves like kube-apiserver where a
 client can tell: list/watch semantics, resume, bookmarks, selectors, paging,
-410 Expired, injected faults, restart on the same port, TokenReview and the
-standalone `python -m tests.kubeapi` mode.
+metadata-only lists and watches, 410 Expired, injected faults, restart on the
+same port, TokenReview and the standalone `python -m tests.kubeapi` mode.
 """
 
 from __future__ import annotations
@@ -244,6 +244,79 @@ async def test_endpointslices_leases_and_secrets(
     server.apply({"kind": "Secret", "metadata": {"name": "s"}, "data": {"k": "dg=="}})
     secret = await client.CoreV1Api(api).read_namespaced_secret("s", "default")
     assert secret.type == "Opaque" and secret.data == {"k": "dg=="}
+
+
+async def test_configmaps_by_name_in_every_namespace(
+    server: KubeAPIServer, api: client.ApiClient, sinks: list[WatchSink]
+) -> None:
+    core = client.CoreV1Api(api)
+    named = "metadata.name=root"
+    by_name = start_watch(sinks, core.list_config_map_for_all_namespaces, field_selector=named)
+    await server.wait_for_watches(1, kind="ConfigMap")
+    for namespace in ("a", "b"):
+        body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name="root"), data={"k": "v"})
+        await core.create_namespaced_config_map(namespace, body)
+    await core.create_namespaced_config_map(
+        "a", client.V1ConfigMap(metadata=client.V1ObjectMeta(name="other"))
+    )
+    current = await core.read_namespaced_config_map("root", "a")
+    current.data = {"k": "changed"}
+    await core.replace_namespaced_config_map("root", "a", current)
+    await core.delete_namespaced_config_map("root", "b")
+    await by_name.wait_events(4)
+    assert by_name.summary() == [
+        ("ADDED", "root"),
+        ("ADDED", "root"),
+        ("MODIFIED", "root"),
+        ("DELETED", "root"),
+    ]
+    listed = await core.list_config_map_for_all_namespaces(field_selector=named)
+    assert [(c.metadata.namespace, c.data) for c in listed.items] == [("a", {"k": "changed"})]
+
+
+async def _get_json(url: str, accept: str) -> tuple[int, Obj]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url, headers={"Accept": accept}) as r,
+    ):
+        return r.status, await r.json()
+
+
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+METADATA_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
+async def test_metadata_only_lists_and_watches(server: KubeAPIServer) -> None:
+    server.apply({"kind": "Namespace", "metadata": {"name": "shop", "labels": {"x": "y"}}})
+    url = f"{server.url}/api/v1/namespaces"
+    status, body = await _get_json(url + "?fieldSelector=metadata.name=shop", METADATA_LIST)
+    assert status == 200
+    assert (body["kind"], body["apiVersion"]) == ("PartialObjectMetadataList", "meta.k8s.io/v1")
+    assert body["metadata"] == {"resourceVersion": server.resource_version}
+    [item] = body["items"]
+    assert set(item) == {"kind", "apiVersion", "metadata"}, "metadata only: no spec, no status"
+    assert item["kind"] == "PartialObjectMetadata"
+    assert item["metadata"]["labels"]["x"] == "y"
+    _, whole = await _get_json(url, f"application/vnd.kubernetes.protobuf,{METADATA_LIST}")
+    assert whole["kind"] == "PartialObjectMetadataList", "alternatives are tried in order"
+    _, whole = await _get_json(url, "application/json")
+    assert whole["kind"] == "NamespaceList" and "spec" in whole["items"][0]
+    status, refused = await _get_json(url, METADATA_WATCH)  # the watch shape, on a list
+    assert status == 406 and refused["reason"] == "NotAcceptable"
+
+    query = f"?watch=true&allowWatchBookmarks=true&resourceVersion={server.resource_version}"
+    headers = {"Accept": METADATA_WATCH}
+    async with aiohttp.ClientSession() as session, session.get(url + query, headers=headers) as r:
+        server.apply({"kind": "Namespace", "metadata": {"name": "web"}})
+        server.delete("Namespace", None, "web")
+        server.send_bookmarks()
+        events = [json.loads(await r.content.readline()) for _ in range(3)]
+    assert [e["type"] for e in events] == ["ADDED", "DELETED", "BOOKMARK"]
+    for event in events:
+        assert set(event["object"]) == {"kind", "apiVersion", "metadata"}
+        assert event["object"]["kind"] == "PartialObjectMetadata"
+    assert [e["object"]["metadata"].get("name") for e in events[:2]] == ["web", "web"]
+    assert [r.accept for r in server.requests_for("Namespace")][-1] == METADATA_WATCH
 
 
 async def test_paging_is_consistent_with_the_first_page(

@@ -4,8 +4,9 @@ Owns the watch half of the list/watch protocol: opening a watch at a
 resourceVersion (replaying history since then, or the current state first),
 showing each store event through the watcher's selectors the way the watch
 cache does, BOOKMARKs (periodic, on demand, and the initial-events-end one),
-streaming JSON lines over chunked HTTP until `timeoutSeconds`, and ending the
-streams on purpose: cleanly, abruptly, or with a 410 Expired ERROR event.
+streaming JSON lines over chunked HTTP until `timeoutSeconds` (whole objects,
+or each reshaped, e.g. to its metadata), and ending the streams on purpose:
+cleanly, abruptly, or with a 410 Expired ERROR event.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -64,6 +65,7 @@ class Watch:
     bookmarks: bool
     last_rv: int
     queue: asyncio.Queue[bytes | Control] = field(default_factory=asyncio.Queue)
+    shape: Callable[[Obj], Obj] | None = None  # what is sent of each object (None: all of it)
 
     def offer(self, event: Event, lines: dict[str, bytes] | None = None) -> None:
         """Queue what this watch sees of event; `lines` caches the encoding of
@@ -72,7 +74,7 @@ class Watch:
         if projected is None:
             return
         event_type, obj = projected
-        if lines is None or obj is not event.obj:
+        if lines is None or obj is not event.obj or self.shape is not None:
             self.push(event_type, obj)
             return
         if event_type not in lines:
@@ -82,7 +84,7 @@ class Watch:
 
     def push(self, event_type: str, obj: Obj) -> None:
         self.last_rv = max(self.last_rv, int(obj["metadata"]["resourceVersion"]))
-        self.queue.put_nowait(event_line(event_type, obj))
+        self.queue.put_nowait(event_line(event_type, self.shape(obj) if self.shape else obj))
 
     def push_bookmark(self, rv: int, annotations: dict[str, str] | None = None) -> None:
         meta: Obj = {"resourceVersion": str(rv)}
@@ -90,7 +92,7 @@ class Watch:
             meta["annotations"] = annotations
         obj = {"kind": self.rtype.kind, "apiVersion": self.rtype.api_version, "metadata": meta}
         self.last_rv = max(self.last_rv, rv)
-        self.queue.put_nowait(event_line("BOOKMARK", obj))
+        self.queue.put_nowait(event_line("BOOKMARK", self.shape(obj) if self.shape else obj))
 
     def fail(self, error: ApiError) -> None:
         """End the stream with an ERROR event carrying error's Status."""
@@ -176,9 +178,14 @@ class WatchHub:
 
     # ---------------------------------------------------------- serving one
 
-    async def serve(self, request: web.Request, target: Target) -> web.StreamResponse:
-        """Answer a watch request: a chunked stream of JSON event lines."""
-        watch, timeout = self._open(target, request.query)
+    async def serve(
+        self,
+        request: web.Request,
+        target: Target,
+        shape: Callable[[Obj], Obj] | None = None,
+    ) -> web.StreamResponse:
+        """Answer a watch request: a chunked stream of JSON event lines (objects as `shape`d)."""
+        watch, timeout = self._open(target, request.query, shape)
         try:
             response = web.StreamResponse(headers={"Content-Type": JSON})
             response.enable_chunked_encoding()
@@ -195,12 +202,15 @@ class WatchHub:
             self._watches.discard(watch)
             self.changes.notify()
 
-    def _open(self, target: Target, query: Mapping[str, str]) -> tuple[Watch, float | None]:
+    def _open(
+        self, target: Target, query: Mapping[str, str], shape: Callable[[Obj], Obj] | None
+    ) -> tuple[Watch, float | None]:
         """Build the watch with its first events queued, and register it unless
         it can only answer an error. Synchronous, so no change slips between
         the initial state and the live events."""
         params = WatchParams.parse(query)
-        watch = Watch(target.rtype, query_selector(query, target), params.bookmarks, self.store.rv)
+        selector = query_selector(query, target)
+        watch = Watch(target.rtype, selector, params.bookmarks, self.store.rv, shape=shape)
         try:
             self._queue_start(watch, params)
         except ApiError as error:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pilot.security.certs import cert_pem, self_signed_root
 from pilot.security.identity import Identity
 from pilot.security.settings import (
     SecuritySettingsError,
@@ -108,18 +109,20 @@ def test_own_identity() -> None:
     assert own_identity({"POD_NAMESPACE": "istio-system"}, "cluster.local") is None
 
 
-def test_remote_ca_needs_a_root_or_insecure() -> None:
-    with pytest.raises(SecuritySettingsError) as caught:
-        remote_ca_from_env({"CA_ADDR": "istiod:15012"}, "cluster.local")
-    assert "CA_ROOT_CERT" in str(caught.value)
-    assert "CA_INSECURE" in str(caught.value)
+def test_remote_ca_needs_a_root_even_in_plaintext() -> None:
+    for env in ({"CA_ADDR": "istiod:15012"}, {"CA_ADDR": "ca:15010", "CA_INSECURE": "true"}):
+        with pytest.raises(SecuritySettingsError) as caught:
+            remote_ca_from_env(env, "cluster.local")
+        assert "CA_ROOT_CERT" in str(caught.value)
 
 
 def test_remote_ca_from_env(tmp_path: Path) -> None:
     assert remote_ca_from_env({}, "cluster.local") is None
+    root = tmp_path / "root.pem"
+    root.write_text(cert_pem(self_signed_root("cluster.local")[1]))
     env = {
         "CA_ADDR": "istiod:15012",
-        "CA_ROOT_CERT": str(tmp_path / "root.pem"),
+        "CA_ROOT_CERT": str(root),
         "CA_TOKEN_FILE": str(tmp_path / "token"),
         "POD_NAMESPACE": "istio-system",
         "SERVICE_ACCOUNT": "istiod",
@@ -127,9 +130,9 @@ def test_remote_ca_from_env(tmp_path: Path) -> None:
     remote = remote_ca_from_env(env, "cluster.local")
     assert remote is not None
     assert remote.address == "istiod:15012"
-    assert remote.root_cert == tmp_path / "root.pem"
+    assert remote.root_cert == root
     assert not remote.insecure
     assert remote.token_file == tmp_path / "token"
     assert remote.own_identity == Identity("cluster.local", "istio-system", "istiod")
-    insecure = remote_ca_from_env({"CA_ADDR": "ca:15012", "CA_INSECURE": "true"}, "x")
-    assert insecure is not None and insecure.insecure and insecure.root_cert is None
+    insecure = remote_ca_from_env(env | {"CA_INSECURE": "true"}, "x")
+    assert insecure is not None and insecure.insecure and insecure.root_cert == root

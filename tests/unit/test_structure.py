@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from pilot.security.certs import cert_pem, self_signed_root
+
 PACKAGE = Path(__file__).resolve().parents[2] / "pilot"
 
 
@@ -102,6 +104,17 @@ def test_the_grpc_shell_imports_none_of_what_uses_it(forbidden: str) -> None:
     assert not offenders, sorted(offenders)
 
 
+def test_the_sources_import_nothing_from_security() -> None:
+    offenders = {
+        f"{module} -> {imported}"
+        for module, imports in _graph().items()
+        if module.startswith("pilot.sources")
+        for imported in imports
+        if imported.startswith("pilot.security")
+    }
+    assert not offenders, sorted(offenders)
+
+
 def test_importing_the_server_and_the_agent_loads_no_kubernetes_client() -> None:
     check = (
         "import pilot.server.grpc_server, pilot.agent, pilot.cli, sys; "
@@ -111,10 +124,12 @@ def test_importing_the_server_and_the_agent_loads_no_kubernetes_client() -> None
 
 
 def test_a_running_pilot_agent_loads_no_kubernetes_client(tmp_path: Path) -> None:
+    root = tmp_path / "root-cert.pem"
+    root.write_text(cert_pem(self_signed_root("cluster.local")[1]))
     env = os.environ | {
         "POD_NAMESPACE": "shop",
         "SERVICE_ACCOUNT": "cart",
-        "CA_INSECURE": "true",
+        "CA_ROOT_CERT": str(root),
         "PYTHONVERBOSE": "1",  # every import is written to stderr
     }
     command = [sys.executable, "-m", "pilot", "agent", "--sds-socket", str(tmp_path / "sds.sock")]
