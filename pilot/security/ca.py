@@ -38,7 +38,7 @@ from pilot.security.certs import (
     verify_chain,
     write_private,
 )
-from pilot.security.identity import Identity
+from pilot.security.identity import Identity, check_trust_domain
 
 log = logging.getLogger("pilot.security.ca")
 
@@ -54,7 +54,7 @@ class CsrError(ValueError):
 
 
 class CaSetupError(RuntimeError):
-    """The CA's key material is missing or inconsistent."""
+    """The CA cannot start: a setting or its key material is unusable; the message says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +66,12 @@ class CaSettings:
     trust_domain: str = "cluster.local"
     default_ttl: datetime.timedelta = DEFAULT_TTL
     max_ttl: datetime.timedelta = MAX_TTL
+
+    def __post_init__(self) -> None:
+        try:
+            check_trust_domain(self.trust_domain)
+        except ValueError as error:
+            raise CaSetupError(f"--trust-domain: {error}") from error
 
 
 def default_state_dir() -> Path:

@@ -3,7 +3,8 @@
 CA_ADDR, CA_ROOT_CERT, CA_INSECURE, CA_TOKEN_FILE (the CA pilot's SDS uses),
 CA_TRUSTED_NODE_ACCOUNTS (who may ask for another identity), SECRET_TTL,
 SECRET_GRACE_PERIOD_RATIO, and POD_NAMESPACE / SERVICE_ACCOUNT (pilot's own
-identity, so that it asks for impersonation only when it must).
+identity, so that it asks for impersonation only when it must). Names must be
+valid Kubernetes names, else SecuritySettingsError at start.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ from pilot.durations import parse_duration
 from pilot.security.ca import CaSettings
 from pilot.security.ca_client import RemoteCaSettings
 from pilot.security.certs import KeyType
-from pilot.security.identity import Identity
+from pilot.security.identity import (
+    Identity,
+    check_account,
+    check_namespace,
+    check_trust_domain,
+)
 from pilot.security.secrets import SdsSettings
 from pilot.security.xds_auth import XdsAuth
 
@@ -51,9 +57,32 @@ def _path(env: Mapping[str, str], name: str) -> Path | None:
 
 
 def own_identity(env: Mapping[str, str], trust_domain: str) -> Identity | None:
-    """pilot's (or the agent's) own identity from POD_NAMESPACE and SERVICE_ACCOUNT."""
-    namespace, account = env.get("POD_NAMESPACE", ""), env.get("SERVICE_ACCOUNT", "")
-    return Identity(trust_domain, namespace, account) if namespace and account else None
+    """pilot's (or the agent's) own identity from POD_NAMESPACE and SERVICE_ACCOUNT.
+
+    None unless both are set; SecuritySettingsError when they (or the trust
+    domain) are not valid names.
+    """
+    try:
+        check_trust_domain(trust_domain)
+    except ValueError as error:
+        raise SecuritySettingsError(f"--trust-domain: {error}") from error
+    namespace = env.get("POD_NAMESPACE", "").strip()
+    account = env.get("SERVICE_ACCOUNT", "").strip()
+    if not namespace or not account:
+        return None
+    try:
+        return Identity(trust_domain, namespace, account)
+    except ValueError as error:
+        raise SecuritySettingsError(f"POD_NAMESPACE / SERVICE_ACCOUNT: {error}") from error
+
+
+def own_namespace(env: Mapping[str, str]) -> str:
+    """POD_NAMESPACE (where the shared root lives), `default` when unset."""
+    namespace = env.get("POD_NAMESPACE", "").strip() or "default"
+    try:
+        return check_namespace(namespace)
+    except ValueError as error:
+        raise SecuritySettingsError(f"POD_NAMESPACE: {error}") from error
 
 
 def remote_ca_from_env(
@@ -96,13 +125,15 @@ def sds_from_env(env: Mapping[str, str], key_type: KeyType) -> SdsSettings:
 
 
 def trusted_accounts(env: Mapping[str, str]) -> tuple[str, ...]:
-    """CA_TRUSTED_NODE_ACCOUNTS: `ns/sa,ns/sa`."""
+    """CA_TRUSTED_NODE_ACCOUNTS: `ns/sa,ns/sa`, each a valid namespace and service account."""
     accounts = tuple(
         a.strip() for a in env.get("CA_TRUSTED_NODE_ACCOUNTS", "").split(",") if a.strip()
     )
     for account in accounts:
-        if account.count("/") != 1:
-            raise SecuritySettingsError(f"CA_TRUSTED_NODE_ACCOUNTS: {account!r} is not ns/sa")
+        try:
+            check_account(account)
+        except ValueError as error:
+            raise SecuritySettingsError(f"CA_TRUSTED_NODE_ACCOUNTS: {error}") from error
     return accounts
 
 
@@ -122,5 +153,5 @@ def security_from_env(
         token_audiences=token_audiences,
         trusted_node_accounts=trusted_accounts(env),
         remote_ca=remote_ca_from_env(env, ca.trust_domain),
-        namespace=env.get("POD_NAMESPACE", "").strip() or "default",
+        namespace=own_namespace(env),
     )

@@ -6,6 +6,10 @@ refusal comes with the right status and a reason, and nothing is signed (a spy
 on the CA's `sign` counts). Accepted requests get a chain leaf first, root
 last, naming the caller (or, for a trusted node account, the identity it asks
 for), backdated two minutes, with the requested or default lifetime.
+
+Callers that lie are refused next to honest ones that are served: a token of an
+account whose name has `..` or `/`, an ImpersonatedIdentity that is no valid
+identity.
 """
 
 from __future__ import annotations
@@ -211,6 +215,56 @@ async def test_lifetime_out_of_bounds_is_invalid(ca: Ca, validity: int) -> None:
     assert str(validity) in refusal.details
     if validity > 0:
         assert f"maximum {MAX_TTL}s" in refusal.details
+
+
+# ------------------------------------------------------------------ callers that lie
+
+
+@pytest.mark.parametrize(
+    ("account", "part"),
+    [
+        (("..", "x/y"), "namespace '..'"),
+        (("ns1", "../../kube-system/sa/admin"), "service account '../../kube-system/sa/admin'"),
+        (("kube-system", "node-agent/x"), "service account 'node-agent/x'"),
+        (("NS1", "sa1"), "namespace 'NS1'"),
+    ],
+)
+async def test_token_of_an_invalid_account_is_unauthenticated(
+    ca: Ca, account: tuple[str, str], part: str
+) -> None:
+    """What TokenReview says is checked too: `..` or `/` never becomes a SPIFFE path."""
+    token = ca.token(*account)
+    refusal = await ca.refused(_csr_for(CALLER), token=token)
+    assert refusal.code == grpc.StatusCode.UNAUTHENTICATED
+    assert "does not name a valid service account" in refusal.details
+    assert part in refusal.details
+    honest = await ca.caller.create(_csr_for(CALLER), token=ca.token(*CALLER))
+    assert san_uris(load_chain(honest)[0]) == [spiffe(*CALLER)], "the honest caller still is"
+
+
+@pytest.mark.parametrize(
+    ("wanted", "part"),
+    [
+        ("spiffe://cluster.local/ns/../sa/admin", "namespace '..'"),
+        ("spiffe://cluster.local/ns/Kube-System/sa/admin", "namespace 'Kube-System'"),
+        ("spiffe://cluster.local/ns/ns2/sa/..", "service account '..'"),
+        ("spiffe://cluster.local/ns/ns2/sa/sa2/extra", "not a SPIFFE identity"),
+        ("spiffe://Cluster.Local/ns/ns2/sa/sa2", "trust domain 'Cluster.Local'"),
+    ],
+)
+async def test_trusted_node_account_asking_for_an_invalid_identity_is_invalid(
+    ca: Ca, wanted: str, part: str
+) -> None:
+    refusal = await ca.refused(_csr_for(VICTIM), token=ca.token(*NODE_AGENT), impersonate=wanted)
+    assert refusal.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert part in refusal.details
+
+
+async def test_untrusted_caller_asking_for_an_invalid_identity_is_denied(ca: Ca) -> None:
+    """Trust is checked first: a caller not trusted learns nothing about the identity's shape."""
+    wanted = "spiffe://cluster.local/ns/../sa/admin"
+    refusal = await ca.refused(_csr_for(CALLER), token=ca.token(*CALLER), impersonate=wanted)
+    assert refusal.code == grpc.StatusCode.PERMISSION_DENIED
 
 
 # ------------------------------------------------------------------ accepted

@@ -17,7 +17,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
-from pilot.security.ca import CaSettings, CertificateAuthority, CsrError
+from pilot.security.ca import CaSettings, CaSetupError, CertificateAuthority, CsrError
 from pilot.security.identity import Identity
 from tests.integration.ca_support import load_chain, make_csr, utcnow, write_plugged_in
 
@@ -49,6 +49,12 @@ def test_above_the_maximum_is_refused(ca: CertificateAuthority) -> None:
 def test_negative_is_refused(ca: CertificateAuthority) -> None:
     with pytest.raises(CsrError, match="negative"):
         ca.lifetime(-5)
+
+
+@pytest.mark.parametrize("trust_domain", ["", "Cluster.Local", "evil/td", "td_1", "a..b"])
+def test_invalid_trust_domain_is_a_setup_error(trust_domain: str) -> None:
+    with pytest.raises(CaSetupError, match=r"^--trust-domain: trust domain .* is not a valid DNS"):
+        CaSettings(trust_domain=trust_domain)
 
 
 def test_configured_default_and_maximum(tmp_path: Path) -> None:
