@@ -72,6 +72,11 @@ class CaSettings:
             check_trust_domain(self.trust_domain)
         except ValueError as error:
             raise CaSetupError(f"--trust-domain: {error}") from error
+        if not datetime.timedelta(0) < self.default_ttl <= self.max_ttl:
+            raise CaSetupError(
+                f"the default certificate lifetime ({self.default_ttl}) must be positive"
+                f" and at most the maximum ({self.max_ttl})"
+            )
 
 
 def default_state_dir() -> Path:
@@ -156,17 +161,18 @@ class CertificateAuthority:
 
     def lifetime(self, requested_seconds: int) -> datetime.timedelta:
         """The certificate lifetime for a request: default when 0, refused above the maximum."""
+        maximum = int(self.settings.max_ttl.total_seconds())
         if requested_seconds < 0:
-            raise CsrError(f"validity_duration {requested_seconds} is negative")
+            raise CsrError(
+                f"validity_duration {requested_seconds}s is negative"
+                " (0 asks for the default lifetime)"
+            )
         if requested_seconds == 0:
             return self.settings.default_ttl
-        ttl = datetime.timedelta(seconds=requested_seconds)
-        if ttl > self.settings.max_ttl:
-            raise CsrError(
-                f"validity_duration {requested_seconds}s exceeds the maximum "
-                f"{int(self.settings.max_ttl.total_seconds())}s"
-            )
-        return ttl
+        # Compared as integers first: a huge request never reaches timedelta (OverflowError).
+        if requested_seconds > maximum:
+            raise CsrError(f"validity_duration {requested_seconds}s exceeds the maximum {maximum}s")
+        return datetime.timedelta(seconds=requested_seconds)
 
     @property
     def signing_cert(self) -> x509.Certificate:

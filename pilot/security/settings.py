@@ -4,7 +4,8 @@ CA_ADDR, CA_ROOT_CERT, CA_INSECURE, CA_TOKEN_FILE (the CA pilot's SDS uses),
 CA_TRUSTED_NODE_ACCOUNTS (who may ask for another identity), SECRET_TTL,
 SECRET_GRACE_PERIOD_RATIO, and POD_NAMESPACE / SERVICE_ACCOUNT (pilot's own
 identity, so that it asks for impersonation only when it must). Names must be
-valid Kubernetes names, else SecuritySettingsError at start.
+valid Kubernetes names and durations within bounds, else SecuritySettingsError
+at start.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pilot.durations import parse_duration
-from pilot.security.ca import CaSettings
+from pilot.security.ca import MAX_TTL, CaSettings
 from pilot.security.ca_client import RemoteCaSettings
 from pilot.security.certs import KeyType
 from pilot.security.identity import (
@@ -27,6 +28,8 @@ from pilot.security.identity import (
 )
 from pilot.security.secrets import SdsSettings
 from pilot.security.xds_auth import XdsAuth
+
+MIN_SECRET_TTL = datetime.timedelta(seconds=1)
 
 
 class SecuritySettingsError(ValueError):
@@ -108,20 +111,36 @@ def remote_ca_from_env(
 
 
 def sds_from_env(env: Mapping[str, str], key_type: KeyType) -> SdsSettings:
-    """SECRET_TTL and SECRET_GRACE_PERIOD_RATIO."""
+    """SECRET_TTL (1s to the CA's 90-day maximum) and SECRET_GRACE_PERIOD_RATIO (0 to 1)."""
     defaults = SdsSettings()
+    text = env.get("SECRET_TTL", "24h")
     try:
-        ttl = datetime.timedelta(seconds=parse_duration(env.get("SECRET_TTL", "24h")))
+        seconds = parse_duration(text)
+    except ValueError as error:
+        raise SecuritySettingsError(f"SECRET_TTL: {error}") from error
+    # Whole seconds go to the CA (validity_duration): below 1s would ask for its default.
+    if not MIN_SECRET_TTL.total_seconds() <= seconds <= MAX_TTL.total_seconds():
+        raise SecuritySettingsError(
+            f"SECRET_TTL={text.strip()} is out of range: from {_go(MIN_SECRET_TTL)}"
+            f" to {_go(MAX_TTL)} (90 days, the most a CA signs for)"
+        )
+    try:
         ratio = float(env.get("SECRET_GRACE_PERIOD_RATIO", str(defaults.grace_ratio)))
     except ValueError as error:
-        raise SecuritySettingsError(f"SECRET_TTL / SECRET_GRACE_PERIOD_RATIO: {error}") from error
+        raise SecuritySettingsError(f"SECRET_GRACE_PERIOD_RATIO: {error}") from error
     if not 0 < ratio < 1:
         raise SecuritySettingsError(
             f"SECRET_GRACE_PERIOD_RATIO must be between 0 and 1, got {ratio}"
         )
-    if ttl.total_seconds() <= 0:
-        raise SecuritySettingsError("SECRET_TTL must be positive")
-    return SdsSettings(key_type=key_type, ttl=ttl, grace_ratio=ratio)
+    return SdsSettings(
+        key_type=key_type, ttl=datetime.timedelta(seconds=seconds), grace_ratio=ratio
+    )
+
+
+def _go(duration: datetime.timedelta) -> str:
+    """A whole number of seconds as a Go duration: `1s`, `2160h`."""
+    seconds = int(duration.total_seconds())
+    return f"{seconds // 3600}h" if seconds % 3600 == 0 else f"{seconds}s"
 
 
 def trusted_accounts(env: Mapping[str, str]) -> tuple[str, ...]:

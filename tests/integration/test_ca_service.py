@@ -9,7 +9,7 @@ for), backdated two minutes, with the requested or default lifetime.
 
 Callers that lie are refused next to honest ones that are served: a token of an
 account whose name has `..` or `/`, an ImpersonatedIdentity that is no valid
-identity.
+identity, any lifetime an int64 holds beyond the bounds.
 """
 
 from __future__ import annotations
@@ -265,6 +265,20 @@ async def test_untrusted_caller_asking_for_an_invalid_identity_is_denied(ca: Ca)
     wanted = "spiffe://cluster.local/ns/../sa/admin"
     refusal = await ca.refused(_csr_for(CALLER), token=ca.token(*CALLER), impersonate=wanted)
     assert refusal.code == grpc.StatusCode.PERMISSION_DENIED
+
+
+@pytest.mark.parametrize("validity", [2**63 - 1, 2**62, 10**12])
+async def test_huge_lifetime_is_invalid(ca: Ca, validity: int) -> None:
+    refusal = await ca.refused(_csr_for(CALLER), token=ca.token(*CALLER), validity=validity)
+    assert refusal.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert refusal.details == f"validity_duration {validity}s exceeds the maximum {MAX_TTL}s"
+
+
+@pytest.mark.parametrize("validity", [-1, -(2**63)])
+async def test_negative_lifetime_is_invalid(ca: Ca, validity: int) -> None:
+    refusal = await ca.refused(_csr_for(CALLER), token=ca.token(*CALLER), validity=validity)
+    assert refusal.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"validity_duration {validity}s is negative" in refusal.details
 
 
 # ------------------------------------------------------------------ accepted

@@ -2,7 +2,7 @@
 
 Run as a subprocess, the way an operator starts pilot: each case exits 2 with one
 `pilot: error: ...` line naming the variable or flag and what is wrong with it,
-and no traceback. The cases: names that are not Kubernetes names
+and no traceback. The cases: SECRET_TTL out of range; names that are not Kubernetes names
 (CA_TRUSTED_NODE_ACCOUNTS, POD_NAMESPACE, SERVICE_ACCOUNT) and a trust domain
 that is no DNS name.
 """
@@ -68,6 +68,12 @@ async def _run(tmp_path: Path, start: Start) -> tuple[int | None, str]:
 
 
 SETTINGS = {
+    "secret-ttl-huge": Start(
+        "SECRET_TTL=99999999999999999999h is out of range: from 1s to 2160h"
+        " (90 days, the most a CA signs for)",
+        env={"SECRET_TTL": "99999999999999999999h"},
+    ),
+    "secret-ttl-sub-second": Start("SECRET_TTL=500ms is out of range", env={"SECRET_TTL": "500ms"}),
     "trusted-account-slash": Start(
         "CA_TRUSTED_NODE_ACCOUNTS: 'kube-system/x/y' is not ns/sa",
         env={"CA_TRUSTED_NODE_ACCOUNTS": "kube-system/x/y"},
