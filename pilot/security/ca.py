@@ -109,6 +109,7 @@ class CertificateAuthority:
         self.root = root
         self.root_pem = cert_pem(root)
         self.settings = settings
+        self._authority_key_id = _authority_key_id(signing_cert, signing_key)
 
     @classmethod
     def load(cls, settings: CaSettings) -> CertificateAuthority:
@@ -219,13 +220,21 @@ class CertificateAuthority:
                 ),
                 critical=False,
             )
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()),
-                critical=False,
-            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+            .add_extension(self._authority_key_id, critical=False)
             .sign(self._key, hashes.SHA256())
         )
         return [cert_pem(leaf), *self._chain_pem]
+
+
+def _authority_key_id(issuer: x509.Certificate, key: PrivateKey) -> x509.AuthorityKeyIdentifier:
+    """What leaves name their issuer by: its own SubjectKeyIdentifier if it has one
+    (whichever way it was computed), else the hash of its key."""
+    try:
+        ski = issuer.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    except x509.ExtensionNotFound:
+        return x509.AuthorityKeyIdentifier.from_issuer_public_key(key.public_key())
+    return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
 
 
 def _check_plugged_in(

@@ -103,7 +103,8 @@ def self_signed_root(trust_domain: str, years: int = 10) -> tuple[PrivateKey, x5
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=2))
         .not_valid_after(now + datetime.timedelta(days=365 * years))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        # It signs leaves only: no CA certificate may come between it and a leaf.
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
                 digital_signature=True,

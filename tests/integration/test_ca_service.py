@@ -5,16 +5,19 @@ a pilot that checks tokens against the test API server's TokenReview. Each
 refusal comes with the right status and a reason, and nothing is signed (a spy
 on the CA's `sign` counts). Accepted requests get a chain leaf first, root
 last, naming the caller (or, for a trusted node account, the identity it asks
-for), backdated two minutes, with the requested or default lifetime.
+for), backdated two minutes, with the requested or default lifetime, and key
+identifiers (the leaf's own, and its issuer's).
 
 Callers that lie are refused next to honest ones that are served: a token of an
 account whose name has `..` or `/`, an ImpersonatedIdentity that is no valid
-identity, any lifetime an int64 holds beyond the bounds.
+identity, any lifetime an int64 holds beyond the bounds, a CSR asking for other
+SANs.
 """
 
 from __future__ import annotations
 
 import datetime
+import ipaddress
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +26,8 @@ from typing import NamedTuple
 import grpc
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from tests.integration.ca_support import (
     CaCaller,
@@ -281,6 +285,32 @@ async def test_negative_lifetime_is_invalid(ca: Ca, validity: int) -> None:
     assert f"validity_duration {validity}s is negative" in refusal.details
 
 
+async def test_csr_san_tricks_get_the_callers_identity_only(ca: Ca) -> None:
+    """A CSR asking for `..` paths, another trust domain, DNS names and IPs: none of it."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = [
+        x509.UniformResourceIdentifier("spiffe://cluster.local/ns/../sa/admin"),
+        x509.UniformResourceIdentifier("spiffe://cluster.local/ns/kube-system/sa/admin"),
+        x509.UniformResourceIdentifier("spiffe://evil.example/ns/ns1/sa/sa1"),
+        x509.DNSName("kubernetes.default.svc"),
+        x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
+    ]
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, "admin")]))
+        .add_extension(x509.SubjectAlternativeName(names), critical=True)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+        .public_bytes(serialization.Encoding.PEM)
+    )
+    chain = await ca.caller.create(csr, token=ca.token(*CALLER))
+    leaf = _leaf_checks(ca, chain, public_der(key), spiffe(*CALLER))
+    san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert list(san) == [x509.UniformResourceIdentifier(spiffe(*CALLER))]
+    assert leaf.subject == x509.Name([])
+    assert ca.signed == [spiffe(*CALLER)]
+
+
 # ------------------------------------------------------------------ accepted
 
 
@@ -293,6 +323,12 @@ def _leaf_checks(ca: Ca, chain: list[str], key_der: bytes, identity: str) -> x50
     assert public_der(leaf.public_key()) == key_der, "the CSR's key is the one certified"
     constraints = leaf.extensions.get_extension_for_class(x509.BasicConstraints).value
     assert not constraints.ca
+    extensions = leaf.extensions
+    ski = extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    assert ski == x509.SubjectKeyIdentifier.from_public_key(leaf.public_key())  # type: ignore[arg-type]
+    aki = extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
+    root_ski = ca.root.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    assert aki.key_identifier == root_ski.digest, "the leaf names its issuer's key id"
     return leaf
 
 
