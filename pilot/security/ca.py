@@ -3,7 +3,10 @@
 The signing key comes from `--ca-cert-dir` in Istio's plugged-in CA layout
 (`ca-cert.pem`, `ca-key.pem`, `root-cert.pem`, `cert-chain.pem`), or else from
 a self-signed root made at first start and kept in `--ca-state-dir` (key file
-0600), so that a restart keeps the same trust root.
+0600), so that a restart keeps the same trust root. Whichever it is, pilot
+starts only if the key is the certificate's, every certificate up to the root
+is a CA certificate valid now, and the chain leads to the root. Anything else
+is a `CaSetupError` naming the file and the problem.
 
 `sign` checks the CSR's signature and key, and puts the identity it is *told*
 into the certificate, never what the CSR asks for. It is synchronous and
@@ -85,11 +88,29 @@ def default_state_dir() -> Path:
     return Path(base) / "pilot" / "ca"
 
 
-def _load_key(pem: bytes, where: Path) -> PrivateKey:
-    key = serialization.load_pem_private_key(pem, password=None)
-    if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
-        raise CaSetupError(f"{where}: unsupported key type {type(key).__name__}")
-    return key
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """How messages name the CA's key, certificates and the way to replace them."""
+
+    key: str
+    cert: str
+    root: str
+    chain: str
+    replace: str
+
+    @classmethod
+    def plugged_in(cls, directory: Path) -> _Source:
+        return cls(
+            key=str(directory / "ca-key.pem"),
+            cert=str(directory / "ca-cert.pem"),
+            root=str(directory / "root-cert.pem"),
+            chain=str(directory / "cert-chain.pem"),
+            replace=f"put valid CA files in {directory}",
+        )
+
+    @classmethod
+    def self_signed(cls, key: str, cert: str, replace: str) -> _Source:
+        return cls(key=key, cert=cert, root=cert, chain=cert, replace=replace)
 
 
 class CertificateAuthority:
@@ -119,11 +140,18 @@ class CertificateAuthority:
         return cls._self_signed(settings.state_dir or default_state_dir(), settings)
 
     @classmethod
-    def from_pem(cls, key: bytes, certificate: bytes, settings: CaSettings) -> CertificateAuthority:
-        """A self-signed root given as PEM (e.g. from the shared Secret)."""
-        root = load_certificates(certificate)[0]
-        signing_key = _load_key(key, Path("<secret>"))
-        _check_plugged_in(Path("<secret>"), signing_key, root, [root], root)
+    def from_pem(
+        cls, key: bytes, certificate: bytes, settings: CaSettings, where: str = "the CA secret"
+    ) -> CertificateAuthority:
+        """A self-signed root given as PEM (e.g. from the shared Secret, named by `where`)."""
+        source = _Source.self_signed(
+            key=f"{where} ca-key.pem",
+            cert=f"{where} ca-cert.pem",
+            replace=f"delete {where} and pilot makes a new root (workloads must then trust it)",
+        )
+        root = _parse_certificates(certificate, source.cert)[0]
+        signing_key = _parse_key(key, source.key)
+        _check_material(source, signing_key, root, [root], root)
         return cls(signing_key, root, [root], root, settings)
 
     @classmethod
@@ -131,15 +159,16 @@ class CertificateAuthority:
         missing = [name for name in PLUGGED_IN_FILES if not (directory / name).is_file()]
         if missing:
             raise CaSetupError(f"--ca-cert-dir {directory} lacks {', '.join(missing)}")
-        signing_cert = load_certificates((directory / "ca-cert.pem").read_bytes())[0]
-        key = _load_key((directory / "ca-key.pem").read_bytes(), directory / "ca-key.pem")
-        root = load_certificates((directory / "root-cert.pem").read_bytes())[0]
-        chain = load_certificates((directory / "cert-chain.pem").read_bytes())
+        source = _Source.plugged_in(directory)
+        signing_cert = _read_certificates(directory / "ca-cert.pem")[0]
+        key = _parse_key((directory / "ca-key.pem").read_bytes(), source.key)
+        root = _read_certificates(directory / "root-cert.pem")[0]
+        chain = _read_certificates(directory / "cert-chain.pem")
         if chain and chain[0] != signing_cert:
             chain.insert(0, signing_cert)
         if not chain or chain[-1] != root:
             chain.append(root)
-        _check_plugged_in(directory, key, signing_cert, chain, root)
+        _check_material(source, key, signing_cert, chain, root)
         log.info("CA: using the plugged-in signing certificate from %s", directory)
         return cls(key, signing_cert, chain, root, settings)
 
@@ -147,8 +176,15 @@ class CertificateAuthority:
     def _self_signed(cls, state_dir: Path, settings: CaSettings) -> CertificateAuthority:
         cert_path, key_path = state_dir / "root-cert.pem", state_dir / "root-key.pem"
         if cert_path.is_file() and key_path.is_file():
-            root = load_certificates(cert_path.read_bytes())[0]
-            key = _load_key(key_path.read_bytes(), key_path)
+            source = _Source.self_signed(
+                key=str(key_path),
+                cert=str(cert_path),
+                replace=f"move {state_dir} aside and pilot makes a new root"
+                " (workloads must then trust it)",
+            )
+            root = _read_certificates(cert_path)[0]
+            key = _parse_key(key_path.read_bytes(), source.key)
+            _check_material(source, key, root, [root], root)
             log.info("CA: using the self-signed root kept in %s", state_dir)
         else:
             key, root = self_signed_root(settings.trust_domain)
@@ -237,22 +273,86 @@ def _authority_key_id(issuer: x509.Certificate, key: PrivateKey) -> x509.Authori
     return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
 
 
-def _check_plugged_in(
-    directory: Path,
+# ------------------------------------------------------------------ loading and checking
+
+
+def _read_certificates(path: Path) -> list[x509.Certificate]:
+    return _parse_certificates(path.read_bytes(), str(path))
+
+
+def _parse_certificates(pem: bytes, where: str) -> list[x509.Certificate]:
+    try:
+        certificates = load_certificates(pem)
+    except ValueError as error:
+        raise CaSetupError(f"{where} holds no PEM certificate: {error}") from error
+    return certificates
+
+
+def _parse_key(pem: bytes, where: str) -> PrivateKey:
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError) as error:  # TypeError: encrypted, and no password
+        raise CaSetupError(f"{where} holds no usable PEM private key: {error}") from error
+    if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+        raise CaSetupError(f"{where}: unsupported key type {type(key).__name__}")
+    return key
+
+
+def _check_material(
+    source: _Source,
     key: PrivateKey,
     signing_cert: x509.Certificate,
     chain: list[x509.Certificate],
     root: x509.Certificate,
 ) -> None:
-    """The key must be the certificate's, and the chain must lead to the root."""
+    """The key is the certificate's; every certificate is a CA, valid now; the chain leads
+    to the root. `chain` runs from `signing_cert` to `root`."""
     if not key_matches(key, signing_cert):
-        raise CaSetupError(f"{directory}: ca-key.pem is not the key of ca-cert.pem")
+        raise CaSetupError(f"{source.key} is not the key of {source.cert}")
+    now = utcnow()
+    for position, certificate in enumerate(chain):
+        if position == 0:
+            name = source.cert
+        elif position == len(chain) - 1:
+            name = source.root
+        else:
+            name = f"{source.chain} certificate {position + 1}"
+        _check_ca_certificate(certificate, name, below=position)
+        if now < certificate.not_valid_before_utc:
+            raise CaSetupError(
+                f"{name} is not valid until {certificate.not_valid_before_utc.isoformat()}"
+                " (is the clock right?)"
+            )
+        if now > certificate.not_valid_after_utc:
+            raise CaSetupError(
+                f"{name} expired at {certificate.not_valid_after_utc.isoformat()}:"
+                f" pilot does not sign with an expired CA; {source.replace}"
+            )
     try:
         verify_chain(chain, [root])
     except ValueError as error:
+        raise CaSetupError(f"{source.cert} does not chain to {source.root}: {error}") from error
+
+
+def _check_ca_certificate(certificate: x509.Certificate, name: str, below: int) -> None:
+    """A CA certificate that may sign certificates, with `below` CA certificates under it."""
+    try:
+        constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        constraints = None
+    if constraints is None or not constraints.ca:
+        raise CaSetupError(f"{name} is not a CA certificate (BasicConstraints CA:TRUE)")
+    try:
+        usage = certificate.extensions.get_extension_for_class(x509.KeyUsage).value
+    except x509.ExtensionNotFound:
+        usage = None  # no KeyUsage: any use (RFC 5280), as TLS libraries read it
+    if usage is not None and not usage.key_cert_sign:
+        raise CaSetupError(f"{name} may not sign certificates (its KeyUsage lacks keyCertSign)")
+    if constraints.path_length is not None and constraints.path_length < below:
         raise CaSetupError(
-            f"{directory}: ca-cert.pem does not chain to root-cert.pem: {error}"
-        ) from error
+            f"{name} allows {constraints.path_length} CA certificates below it"
+            f" (BasicConstraints pathlen) but the chain has {below}"
+        )
 
 
 def _checked_csr(csr_pem: bytes) -> x509.CertificateSigningRequest:

@@ -311,6 +311,16 @@ def write_plugged_in(
     return PluggedIn(directory, root, intermediate)
 
 
+def write_state_dir(directory: Path, root: Issuer) -> Path:
+    """A `--ca-state-dir` as pilot leaves it (0700, files 0600), holding `root`."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    directory.chmod(0o700)
+    for name, data in (("root-cert.pem", root.cert_pem.encode()), ("root-key.pem", root.key_pem)):
+        (directory / name).write_bytes(data)
+        (directory / name).chmod(0o600)
+    return directory
+
+
 # ------------------------------------------------------------------ pilot's CA API
 
 

@@ -1,8 +1,10 @@
 """`pilot discovery` (and `pilot agent`) refuse to start on unusable CA input, as a user sees it.
 
 Run as a subprocess, the way an operator starts pilot: each case exits 2 with one
-`pilot: error: ...` line naming the variable or flag and what is wrong with it,
-and no traceback. The cases: SECRET_TTL out of range; names that are not Kubernetes names
+`pilot: error: ...` line naming the file, variable or flag and what is wrong with
+it, and no traceback. The cases: a key that is not its certificate's; a
+certificate that is not a CA or has expired (self-signed or plugged-in);
+SECRET_TTL out of range; names that are not Kubernetes names
 (CA_TRUSTED_NODE_ACCOUNTS, POD_NAMESPACE, SERVICE_ACCOUNT) and a trust domain
 that is no DNS name.
 """
@@ -10,14 +12,24 @@ that is no DNS name.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from tests.integration.ca_support import (
+    new_ca,
+    utcnow,
+    write_plugged_in,
+    write_state_dir,
+)
 from tests.support.mesh import simple_mesh, write_mesh
+
+DAY = datetime.timedelta(days=1)
 
 
 @dataclass
@@ -66,6 +78,64 @@ async def _run(tmp_path: Path, start: Start) -> tuple[int | None, str]:
             await process.wait()
     return process.returncode, err.decode()
 
+
+def _state_key_mismatch(tmp_path: Path) -> Start:
+    state = write_state_dir(tmp_path / "ca", new_ca("kept root"))
+    (state / "root-key.pem").write_bytes(new_ca("another").key_pem)
+    return Start(
+        f"{state / 'root-key.pem'} is not the key of {state / 'root-cert.pem'}",
+        ["--ca-state-dir", str(state)],
+    )
+
+
+def _state_root_expired(tmp_path: Path) -> Start:
+    root = new_ca("kept root", valid_for=DAY, starts=utcnow() - 3 * DAY)
+    state = write_state_dir(tmp_path / "ca", root)
+    return Start(
+        f"{state / 'root-cert.pem'} expired at {root.cert.not_valid_after_utc.isoformat()}:"
+        f" pilot does not sign with an expired CA; move {state} aside and pilot makes"
+        " a new root (workloads must then trust it)",
+        ["--ca-state-dir", str(state)],
+    )
+
+
+def _state_root_not_a_ca(tmp_path: Path) -> Start:
+    state = write_state_dir(tmp_path / "ca", new_ca("a leaf really", is_ca=False))
+    return Start(
+        f"{state / 'root-cert.pem'} is not a CA certificate (BasicConstraints CA:TRUE)",
+        ["--ca-state-dir", str(state)],
+    )
+
+
+def _plugged_expired(tmp_path: Path) -> Start:
+    root = new_ca("plugged-in root")
+    intermediate = new_ca("intermediate", root, valid_for=DAY, starts=utcnow() - 3 * DAY)
+    plugged = write_plugged_in(tmp_path / "cacerts", root=root, intermediate=intermediate)
+    return Start(
+        f"{plugged.directory / 'ca-cert.pem'} expired at"
+        f" {intermediate.cert.not_valid_after_utc.isoformat()}: pilot does not sign with an"
+        f" expired CA; put valid CA files in {plugged.directory}",
+        ["--ca-cert-dir", str(plugged.directory)],
+    )
+
+
+def _plugged_not_a_ca(tmp_path: Path) -> Start:
+    root = new_ca("plugged-in root")
+    leaf = new_ca("a leaf really", root, is_ca=False)
+    plugged = write_plugged_in(tmp_path / "cacerts", root=root, intermediate=leaf)
+    return Start(
+        f"{plugged.directory / 'ca-cert.pem'} is not a CA certificate (BasicConstraints CA:TRUE)",
+        ["--ca-cert-dir", str(plugged.directory)],
+    )
+
+
+CA_FILES: dict[str, Callable[[Path], Start]] = {
+    "state-key-mismatch": _state_key_mismatch,
+    "state-root-expired": _state_root_expired,
+    "state-root-not-a-ca": _state_root_not_a_ca,
+    "plugged-expired": _plugged_expired,
+    "plugged-not-a-ca": _plugged_not_a_ca,
+}
 
 SETTINGS = {
     "secret-ttl-huge": Start(
@@ -116,6 +186,14 @@ def _assert_one_error_line(code: int | None, stderr: str, expected: str) -> None
     assert len(errors) == 1, stderr
     assert stderr.rstrip("\n").splitlines()[-1] == errors[0], "the error comes last"
     assert expected in errors[0], f"expected {expected!r} in {errors[0]!r}"
+
+
+@pytest.mark.parametrize("case", CA_FILES, ids=list(CA_FILES))
+async def test_unusable_ca_files_stop_pilot_with_one_line(tmp_path: Path, case: str) -> None:
+    start = CA_FILES[case](tmp_path)
+    code, stderr = await _run(tmp_path, start)
+    _assert_one_error_line(code, stderr, f"pilot: error: {start.expected}")
+    assert not (tmp_path / "xdg").exists(), "no self-signed root made elsewhere instead"
 
 
 @pytest.mark.parametrize("case", SETTINGS, ids=list(SETTINGS))
