@@ -2,11 +2,13 @@
 
 The signing key comes from `--ca-cert-dir` in Istio's plugged-in CA layout
 (`ca-cert.pem`, `ca-key.pem`, `root-cert.pem`, `cert-chain.pem`), or else from
-a self-signed root made at first start and kept in `--ca-state-dir` (key file
-0600), so that a restart keeps the same trust root. Whichever it is, pilot
-starts only if the key is the certificate's, every certificate up to the root
-is a CA certificate valid now, and the chain leads to the root. Anything else
-is a `CaSetupError` naming the file and the problem.
+a self-signed root made at first start and kept in `--ca-state-dir`, so that a
+restart keeps the same trust root. Whichever it is, pilot starts only if the key
+is the certificate's, every certificate up to the root is a CA certificate
+valid now, and the chain leads to the root; and only if no one else can read
+the key (`--ca-state-dir` and its key only by their owner, `ca-key.pem` also by
+pilot's own group). Anything else is a `CaSetupError` naming the file and the
+problem. What pilot writes there is 0700/0600 whatever the umask.
 
 `sign` checks the CSR's signature and key, and puts the identity it is *told*
 into the certificate, never what the CSR asks for. It is synchronous and
@@ -19,6 +21,7 @@ import datetime
 import ipaddress
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,6 +163,7 @@ class CertificateAuthority:
         if missing:
             raise CaSetupError(f"--ca-cert-dir {directory} lacks {', '.join(missing)}")
         source = _Source.plugged_in(directory)
+        _check_private_file(directory / "ca-key.pem", group_may_read=True)
         signing_cert = _read_certificates(directory / "ca-cert.pem")[0]
         key = _parse_key((directory / "ca-key.pem").read_bytes(), source.key)
         root = _read_certificates(directory / "root-cert.pem")[0]
@@ -175,7 +179,9 @@ class CertificateAuthority:
     @classmethod
     def _self_signed(cls, state_dir: Path, settings: CaSettings) -> CertificateAuthority:
         cert_path, key_path = state_dir / "root-cert.pem", state_dir / "root-key.pem"
+        _private_directory(state_dir)
         if cert_path.is_file() and key_path.is_file():
+            _check_private_file(key_path, group_may_read=False)
             source = _Source.self_signed(
                 key=str(key_path),
                 cert=str(cert_path),
@@ -188,9 +194,8 @@ class CertificateAuthority:
             log.info("CA: using the self-signed root kept in %s", state_dir)
         else:
             key, root = self_signed_root(settings.trust_domain)
-            state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             write_private(key_path, key_pem(key))
-            cert_path.write_text(cert_pem(root))
+            write_private(cert_path, cert_pem(root).encode())
             log.info(
                 "CA: made a new self-signed root for %s in %s", settings.trust_domain, state_dir
             )
@@ -274,6 +279,45 @@ def _authority_key_id(issuer: x509.Certificate, key: PrivateKey) -> x509.Authori
 
 
 # ------------------------------------------------------------------ loading and checking
+
+
+def _private_directory(directory: Path) -> None:
+    """`--ca-state-dir`: made 0700 if missing, refused if others can get in."""
+    if not directory.exists():
+        directory.mkdir(parents=True, mode=0o700)
+        directory.chmod(0o700)  # whatever the umask
+        return
+    if not directory.is_dir():
+        raise CaSetupError(f"--ca-state-dir {directory} is not a directory")
+    mode = stat.S_IMODE(directory.stat().st_mode)
+    if mode & 0o077:
+        raise CaSetupError(
+            f"--ca-state-dir {directory} is open to {_who(mode)} (mode {mode:04o}):"
+            f" it holds the CA's private key; chmod 700 {directory}"
+        )
+
+
+def _check_private_file(path: Path, *, group_may_read: bool) -> None:
+    """A key file: nobody but its owner may read it.
+
+    `group_may_read`: read by the file's group is allowed when that group is pilot's
+    own (Kubernetes gives a Secret volume's files to the pod's fsGroup, mode 0440).
+    """
+    status = path.stat()
+    mode = stat.S_IMODE(status.st_mode) & 0o777
+    allowed = 0o740 if group_may_read and status.st_gid == os.getegid() else 0o700
+    if mode & ~allowed:
+        advice = f"chmod 600 {path}"
+        if group_may_read:
+            advice += " (or 640 if its group is pilot's own)"
+        raise CaSetupError(
+            f"{path} is a private key open to {_who(mode & ~allowed)} (mode {mode:04o}); {advice}"
+        )
+
+
+def _who(bits: int) -> str:
+    parties = [name for mask, name in ((0o070, "its group"), (0o007, "others")) if bits & mask]
+    return " and ".join(parties)
 
 
 def _read_certificates(path: Path) -> list[x509.Certificate]:

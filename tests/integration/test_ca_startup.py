@@ -2,11 +2,11 @@
 
 Run as a subprocess, the way an operator starts pilot: each case exits 2 with one
 `pilot: error: ...` line naming the file, variable or flag and what is wrong with
-it, and no traceback. The cases: a key that is not its certificate's; a
-certificate that is not a CA or has expired (self-signed or plugged-in);
-SECRET_TTL out of range; names that are not Kubernetes names
-(CA_TRUSTED_NODE_ACCOUNTS, POD_NAMESPACE, SERVICE_ACCOUNT) and a trust domain
-that is no DNS name.
+it, and no traceback. The cases: a `--ca-state-dir` or key file others can read;
+a key that is not its certificate's; a certificate that is not a CA or has
+expired (self-signed or plugged-in); SECRET_TTL out of range; names that are not
+Kubernetes names (CA_TRUSTED_NODE_ACCOUNTS, POD_NAMESPACE, SERVICE_ACCOUNT) and a
+trust domain that is no DNS name.
 """
 
 from __future__ import annotations
@@ -79,6 +79,26 @@ async def _run(tmp_path: Path, start: Start) -> tuple[int | None, str]:
     return process.returncode, err.decode()
 
 
+def _state_dir_open(tmp_path: Path) -> Start:
+    state = write_state_dir(tmp_path / "ca", new_ca("kept root"))
+    state.chmod(0o755)
+    return Start(
+        f"--ca-state-dir {state} is open to its group and others (mode 0755):"
+        f" it holds the CA's private key; chmod 700 {state}",
+        ["--ca-state-dir", str(state)],
+    )
+
+
+def _state_key_open(tmp_path: Path) -> Start:
+    state = write_state_dir(tmp_path / "ca", new_ca("kept root"))
+    key = state / "root-key.pem"
+    key.chmod(0o644)
+    return Start(
+        f"{key} is a private key open to its group and others (mode 0644); chmod 600 {key}",
+        ["--ca-state-dir", str(state)],
+    )
+
+
 def _state_key_mismatch(tmp_path: Path) -> Start:
     state = write_state_dir(tmp_path / "ca", new_ca("kept root"))
     (state / "root-key.pem").write_bytes(new_ca("another").key_pem)
@@ -107,6 +127,17 @@ def _state_root_not_a_ca(tmp_path: Path) -> Start:
     )
 
 
+def _plugged_key_open(tmp_path: Path) -> Start:
+    plugged = write_plugged_in(tmp_path / "cacerts")
+    key = plugged.directory / "ca-key.pem"
+    key.chmod(0o604)
+    return Start(
+        f"{key} is a private key open to others (mode 0604); chmod 600 {key}"
+        " (or 640 if its group is pilot's own)",
+        ["--ca-cert-dir", str(plugged.directory)],
+    )
+
+
 def _plugged_expired(tmp_path: Path) -> Start:
     root = new_ca("plugged-in root")
     intermediate = new_ca("intermediate", root, valid_for=DAY, starts=utcnow() - 3 * DAY)
@@ -130,9 +161,12 @@ def _plugged_not_a_ca(tmp_path: Path) -> Start:
 
 
 CA_FILES: dict[str, Callable[[Path], Start]] = {
+    "state-dir-open": _state_dir_open,
+    "state-key-open": _state_key_open,
     "state-key-mismatch": _state_key_mismatch,
     "state-root-expired": _state_root_expired,
     "state-root-not-a-ca": _state_root_not_a_ca,
+    "plugged-key-open": _plugged_key_open,
     "plugged-expired": _plugged_expired,
     "plugged-not-a-ca": _plugged_not_a_ca,
 }
@@ -144,6 +178,10 @@ SETTINGS = {
         env={"SECRET_TTL": "99999999999999999999h"},
     ),
     "secret-ttl-sub-second": Start("SECRET_TTL=500ms is out of range", env={"SECRET_TTL": "500ms"}),
+    "trusted-account-dotdot": Start(
+        "CA_TRUSTED_NODE_ACCOUNTS: namespace '..' is not a valid Kubernetes namespace",
+        env={"CA_TRUSTED_NODE_ACCOUNTS": "kube-system/ztunnel,../ztunnel"},
+    ),
     "trusted-account-slash": Start(
         "CA_TRUSTED_NODE_ACCOUNTS: 'kube-system/x/y' is not ns/sa",
         env={"CA_TRUSTED_NODE_ACCOUNTS": "kube-system/x/y"},

@@ -6,12 +6,19 @@ plugged-in layout in `--ca-cert-dir`, the shared Secret as PEM):
 - the key must be the certificate's, and every certificate up to the root a CA
   certificate (BasicConstraints CA:TRUE, keyCertSign where KeyUsage is given,
   path lengths respected) that is valid now: else `CaSetupError` naming the file;
-- files that are not PEM are a `CaSetupError`, never a traceback.
+- files that are not PEM are a `CaSetupError`, never a traceback;
+- the state directory and its key file are refused when others can read them
+  (the plugged-in `ca-key.pem` too, but its own group may read it: Kubernetes
+  gives Secret volumes to the pod's fsGroup); what pilot writes is 0700/0600
+  whatever the umask.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -253,3 +260,97 @@ def test_expired_secret_root_is_refused() -> None:
     message = _setup_error(_from_secret, _expired("shared"))
     assert message.startswith(f"{SECRET} ca-cert.pem expired at ")
     assert f"delete {SECRET}" in message
+
+
+# ------------------------------------------------------------------ nobody else reads the key
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o750, 0o705, 0o710, 0o701])
+def test_state_dir_open_to_others_is_refused(tmp_path: Path, mode: int) -> None:
+    state = write_state_dir(tmp_path / "ca", new_ca("kept root"))
+    state.chmod(mode)
+    message = _setup_error(_load_state, state)
+    assert message.startswith(f"--ca-state-dir {state} is open to ")
+    assert f"(mode {mode:04o})" in message
+    assert f"chmod 700 {state}" in message
+
+
+def test_empty_state_dir_open_to_others_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "ca"
+    state.mkdir(mode=0o755)
+    state.chmod(0o755)
+    message = _setup_error(_load_state, state)
+    assert message.startswith(f"--ca-state-dir {state} is open to its group and others")
+    assert list(state.iterdir()) == [], "no root made in it"
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o644, 0o660, 0o606])
+def test_state_dir_key_open_to_others_is_refused(tmp_path: Path, mode: int) -> None:
+    state = write_state_dir(tmp_path / "ca", new_ca("kept root"))
+    (state / "root-key.pem").chmod(mode)
+    message = _setup_error(_load_state, state)
+    assert message.startswith(f"{state / 'root-key.pem'} is a private key open to ")
+    assert f"chmod 600 {state / 'root-key.pem'}" in message
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400])
+def test_state_dir_key_for_its_owner_only_is_accepted(tmp_path: Path, mode: int) -> None:
+    root = new_ca("kept root")
+    state = write_state_dir(tmp_path / "ca", root)
+    (state / "root-key.pem").chmod(mode)
+    assert _load_state(state).root == root.cert
+
+
+def test_state_dir_certificate_may_be_public(tmp_path: Path) -> None:
+    root = new_ca("kept root")
+    state = write_state_dir(tmp_path / "ca", root)
+    (state / "root-cert.pem").chmod(0o644)
+    assert _load_state(state).root == root.cert
+
+
+@pytest.mark.parametrize("mode", [0o604, 0o644, 0o606, 0o660, 0o670])
+def test_plugged_in_key_open_to_others_is_refused(tmp_path: Path, mode: int) -> None:
+    plugged = write_plugged_in(tmp_path / "cacerts")
+    key = plugged.directory / "ca-key.pem"
+    key.chmod(mode)
+    message = _setup_error(_load_plugged, plugged.directory)
+    assert message.startswith(f"{key} is a private key open to ")
+    assert f"(mode {mode:04o})" in message
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400, 0o640, 0o440])
+def test_plugged_in_key_readable_by_pilots_own_group_is_accepted(tmp_path: Path, mode: int) -> None:
+    """A Kubernetes Secret volume under an fsGroup: 0440, group = the pod's group."""
+    plugged = write_plugged_in(tmp_path / "cacerts")
+    (plugged.directory / "ca-key.pem").chmod(mode)
+    assert (plugged.directory / "ca-key.pem").stat().st_gid == os.getegid()
+    assert _load_plugged(plugged.directory).signing_cert == plugged.intermediate.cert
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another group needs root")
+def test_plugged_in_key_readable_by_another_group_is_refused(tmp_path: Path) -> None:
+    plugged = write_plugged_in(tmp_path / "cacerts")
+    key = plugged.directory / "ca-key.pem"
+    os.chown(key, -1, os.getegid() + 4242)
+    key.chmod(0o640)
+    message = _setup_error(_load_plugged, plugged.directory)
+    assert message.startswith(f"{key} is a private key open to its group (mode 0640)")
+
+
+@pytest.fixture
+def umask(request: pytest.FixtureRequest) -> Iterator[int]:
+    previous = os.umask(request.param)
+    try:
+        yield request.param
+    finally:
+        os.umask(previous)
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o077, 0o277], indirect=True)
+def test_what_pilot_writes_is_private_whatever_the_umask(tmp_path: Path, umask: int) -> None:
+    state = tmp_path / "ca"
+    ca = _load_state(state)
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    for name in ("root-key.pem", "root-cert.pem"):
+        assert stat.S_IMODE((state / name).stat().st_mode) == 0o600, name
+    assert _load_state(state).root == ca.root, "and pilot reads it back next time"
