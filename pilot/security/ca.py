@@ -11,8 +11,10 @@ pilot's own group). Anything else is a `CaSetupError` naming the file and the
 problem. What pilot writes there is 0700/0600 whatever the umask.
 
 `sign` checks the CSR's signature and key, and puts the identity it is *told*
-into the certificate, never what the CSR asks for. It is synchronous and
-CPU-bound: callers run it off the event loop.
+into the certificate, never what the CSR asks for. A certificate never outlives
+the CA's own (its lifetime is cut short, logged once), and an expired CA signs
+nothing (`CaExpired`). It is synchronous and CPU-bound: callers run it off the
+event loop.
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ PLUGGED_IN_FILES = ("ca-cert.pem", "ca-key.pem", "root-cert.pem", "cert-chain.pe
 
 class CsrError(ValueError):
     """The CSR or the requested lifetime cannot be signed; the message says why."""
+
+
+class CaExpired(Exception):
+    """The CA's certificate (or one above it) is not valid now: it signs nothing."""
 
 
 class CaSetupError(RuntimeError):
@@ -133,7 +139,12 @@ class CertificateAuthority:
         self.root = root
         self.root_pem = cert_pem(root)
         self.settings = settings
+        above = [signing_cert, *chain, root]
+        # A leaf is valid only while every certificate above it is.
+        self.not_before = max(c.not_valid_before_utc for c in above)
+        self.not_after = min(c.not_valid_after_utc for c in above)
         self._authority_key_id = _authority_key_id(signing_cert, signing_key)
+        self._told_of_cap = False
 
     @classmethod
     def load(cls, settings: CaSettings) -> CertificateAuthority:
@@ -222,7 +233,10 @@ class CertificateAuthority:
         return self._cert
 
     def sign(self, csr_pem: bytes, identity: Identity, ttl: datetime.timedelta) -> list[str]:
-        """Sign a CSR for `identity`; returns the chain, leaf first and root last."""
+        """Sign a CSR for `identity`; returns the chain, leaf first and root last.
+
+        Raises CsrError for a CSR it will not sign, CaExpired when the CA is not valid now.
+        """
         csr = _checked_csr(csr_pem)
         san = [x509.UniformResourceIdentifier(identity.uri)]
         return self._issue(csr.public_key(), san, ttl)  # type: ignore[arg-type]
@@ -236,21 +250,45 @@ class CertificateAuthority:
         san.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
         return key_pem(key), self._issue(key.public_key(), san, ttl)
 
+    def _validity(self, ttl: datetime.timedelta) -> tuple[datetime.datetime, datetime.datetime]:
+        """(NotBefore, NotAfter) of a leaf issued now: within the CA's own validity."""
+        now = utcnow()
+        if now < self.not_before:
+            raise CaExpired(
+                f"the CA's certificate is not valid until {self.not_before.isoformat()}:"
+                " it cannot sign yet"
+            )
+        if now >= self.not_after:
+            raise CaExpired(
+                f"the CA's certificate expired at {self.not_after.isoformat()}:"
+                " it signs nothing until it is replaced"
+            )
+        remaining = self.not_after - now
+        if ttl > remaining:
+            if not self._told_of_cap:
+                self._told_of_cap = True
+                log.warning(
+                    "CA: its certificate chain expires at %s; certificates asked to last"
+                    " longer end then (logged once)",
+                    self.not_after.isoformat(),
+                )
+            ttl = remaining
+        return max(now - BACKDATE, self.not_before), now + ttl
+
     def _issue(
         self,
         public_key: CertificatePublicKeyTypes,
         san: list[x509.GeneralName],
         ttl: datetime.timedelta,
     ) -> list[str]:
-        now = utcnow()
-        not_after = min(now + ttl, self._cert.not_valid_after_utc)
+        not_before, not_after = self._validity(ttl)
         leaf = (
             x509.CertificateBuilder()
             .subject_name(x509.Name([]))
             .issuer_name(self._cert.subject)
             .public_key(public_key)
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - BACKDATE)
+            .not_valid_before(not_before)
             .not_valid_after(not_after)
             .add_extension(x509.SubjectAlternativeName(san), critical=True)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)

@@ -11,7 +11,7 @@ identifiers (the leaf's own, and its issuer's).
 Callers that lie are refused next to honest ones that are served: a token of an
 account whose name has `..` or `/`, an ImpersonatedIdentity that is no valid
 identity, any lifetime an int64 holds beyond the bounds, a CSR asking for other
-SANs.
+SANs; and once the CA has expired, everyone gets FAILED_PRECONDITION.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from pilot.security import ca as ca_module
 from tests.integration.ca_support import (
     CaCaller,
     Token,
@@ -309,6 +310,18 @@ async def test_csr_san_tricks_get_the_callers_identity_only(ca: Ca) -> None:
     assert list(san) == [x509.UniformResourceIdentifier(spiffe(*CALLER))]
     assert leaf.subject == x509.Name([])
     assert ca.signed == [spiffe(*CALLER)]
+
+
+async def test_expired_ca_is_a_failed_precondition(ca: Ca, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the CA's certificate has expired, it refuses rather than sign a dead certificate."""
+    after_expiry = ca.root.not_valid_after_utc + datetime.timedelta(seconds=1)
+    monkeypatch.setattr(ca_module, "utcnow", lambda: after_expiry)
+    refusal = await ca.refused(_csr_for(CALLER), token=ca.token(*CALLER))
+    assert refusal.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert refusal.details == (
+        f"the CA's certificate expired at {ca.root.not_valid_after_utc.isoformat()}:"
+        " it signs nothing until it is replaced"
+    )
 
 
 # ------------------------------------------------------------------ accepted
