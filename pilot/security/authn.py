@@ -3,8 +3,9 @@
 Bearer tokens are checked with a TokenReview (`pilot.security.token_review`)
 for the configured audiences; the caller is the service account it names.
 Over TLS, a client certificate's SPIFFE URI in the trust domain is accepted
-instead. Failures raise `AuthError` with a
-reason the caller can act on; tokens never appear in messages or logs.
+instead. Either way the namespace and service account must be valid Kubernetes
+names (`Identity`). Failures raise `AuthError` with a reason the caller can act
+on; tokens never appear in messages or logs.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class Authenticator:
         try:
             return Identity.from_username(username, self.trust_domain)
         except ValueError as error:
-            raise AuthError(f"token is not a service account's: {error}") from error
+            raise AuthError(f"token does not name a valid service account: {error}") from error
 
     def from_certificate(self, auth_context: AuthContext) -> Identity | None:
         pem = next(iter(auth_context.get("x509_pem_cert") or ()), None)
@@ -75,14 +76,19 @@ class Authenticator:
             return None
         certificate = x509.load_pem_x509_certificate(pem)
         self._check_issued_here(certificate)
+        invalid = ""
         for uri in uri_sans(certificate):
             try:
                 identity = Identity.parse(uri)
-            except ValueError:
+            except ValueError as error:
+                if uri.startswith(f"spiffe://{self.trust_domain}/"):
+                    invalid = invalid or f": {error}"
                 continue
             if identity.trust_domain == self.trust_domain:
                 return identity
-        raise AuthError(f"client certificate has no SPIFFE identity in {self.trust_domain}")
+        raise AuthError(
+            f"client certificate has no SPIFFE identity in {self.trust_domain}{invalid}"
+        )
 
     def _check_issued_here(self, certificate: x509.Certificate) -> None:
         now = utcnow()

@@ -2,12 +2,19 @@
 
 The signing key comes from `--ca-cert-dir` in Istio's plugged-in CA layout
 (`ca-cert.pem`, `ca-key.pem`, `root-cert.pem`, `cert-chain.pem`), or else from
-a self-signed root made at first start and kept in `--ca-state-dir` (key file
-0600), so that a restart keeps the same trust root.
+a self-signed root made at first start and kept in `--ca-state-dir`, so that a
+restart keeps the same trust root. Whichever it is, pilot starts only if the key
+is the certificate's, every certificate up to the root is a CA certificate
+valid now, and the chain leads to the root; and only if no one else can read
+the key (`--ca-state-dir` and its key only by their owner, `ca-key.pem` also by
+pilot's own group). Anything else is a `CaSetupError` naming the file and the
+problem. What pilot writes there is 0700/0600 whatever the umask.
 
 `sign` checks the CSR's signature and key, and puts the identity it is *told*
-into the certificate, never what the CSR asks for. It is synchronous and
-CPU-bound: callers run it off the event loop.
+into the certificate, never what the CSR asks for. A certificate never outlives
+the CA's own (its lifetime is cut short, logged once), and an expired CA signs
+nothing (`CaExpired`). It is synchronous and CPU-bound: callers run it off the
+event loop.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import datetime
 import ipaddress
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +46,7 @@ from pilot.security.certs import (
     verify_chain,
     write_private,
 )
-from pilot.security.identity import Identity
+from pilot.security.identity import Identity, check_trust_domain
 
 log = logging.getLogger("pilot.security.ca")
 
@@ -53,8 +61,12 @@ class CsrError(ValueError):
     """The CSR or the requested lifetime cannot be signed; the message says why."""
 
 
+class CaExpired(Exception):
+    """The CA's certificate (or one above it) is not valid now: it signs nothing."""
+
+
 class CaSetupError(RuntimeError):
-    """The CA's key material is missing or inconsistent."""
+    """The CA cannot start: a setting or its key material is unusable; the message says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +79,17 @@ class CaSettings:
     default_ttl: datetime.timedelta = DEFAULT_TTL
     max_ttl: datetime.timedelta = MAX_TTL
 
+    def __post_init__(self) -> None:
+        try:
+            check_trust_domain(self.trust_domain)
+        except ValueError as error:
+            raise CaSetupError(f"--trust-domain: {error}") from error
+        if not datetime.timedelta(0) < self.default_ttl <= self.max_ttl:
+            raise CaSetupError(
+                f"the default certificate lifetime ({self.default_ttl}) must be positive"
+                f" and at most the maximum ({self.max_ttl})"
+            )
+
 
 def default_state_dir() -> Path:
     """Where a self-signed root is kept by default (XDG state directory)."""
@@ -74,11 +97,29 @@ def default_state_dir() -> Path:
     return Path(base) / "pilot" / "ca"
 
 
-def _load_key(pem: bytes, where: Path) -> PrivateKey:
-    key = serialization.load_pem_private_key(pem, password=None)
-    if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
-        raise CaSetupError(f"{where}: unsupported key type {type(key).__name__}")
-    return key
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """How messages name the CA's key, certificates and the way to replace them."""
+
+    key: str
+    cert: str
+    root: str
+    chain: str
+    replace: str
+
+    @classmethod
+    def plugged_in(cls, directory: Path) -> _Source:
+        return cls(
+            key=str(directory / "ca-key.pem"),
+            cert=str(directory / "ca-cert.pem"),
+            root=str(directory / "root-cert.pem"),
+            chain=str(directory / "cert-chain.pem"),
+            replace=f"put valid CA files in {directory}",
+        )
+
+    @classmethod
+    def self_signed(cls, key: str, cert: str, replace: str) -> _Source:
+        return cls(key=key, cert=cert, root=cert, chain=cert, replace=replace)
 
 
 class CertificateAuthority:
@@ -98,6 +139,12 @@ class CertificateAuthority:
         self.root = root
         self.root_pem = cert_pem(root)
         self.settings = settings
+        above = [signing_cert, *chain, root]
+        # A leaf is valid only while every certificate above it is.
+        self.not_before = max(c.not_valid_before_utc for c in above)
+        self.not_after = min(c.not_valid_after_utc for c in above)
+        self._authority_key_id = _authority_key_id(signing_cert, signing_key)
+        self._told_of_cap = False
 
     @classmethod
     def load(cls, settings: CaSettings) -> CertificateAuthority:
@@ -107,11 +154,18 @@ class CertificateAuthority:
         return cls._self_signed(settings.state_dir or default_state_dir(), settings)
 
     @classmethod
-    def from_pem(cls, key: bytes, certificate: bytes, settings: CaSettings) -> CertificateAuthority:
-        """A self-signed root given as PEM (e.g. from the shared Secret)."""
-        root = load_certificates(certificate)[0]
-        signing_key = _load_key(key, Path("<secret>"))
-        _check_plugged_in(Path("<secret>"), signing_key, root, [root], root)
+    def from_pem(
+        cls, key: bytes, certificate: bytes, settings: CaSettings, where: str = "the CA secret"
+    ) -> CertificateAuthority:
+        """A self-signed root given as PEM (e.g. from the shared Secret, named by `where`)."""
+        source = _Source.self_signed(
+            key=f"{where} ca-key.pem",
+            cert=f"{where} ca-cert.pem",
+            replace=f"delete {where} and pilot makes a new root (workloads must then trust it)",
+        )
+        root = _parse_certificates(certificate, source.cert)[0]
+        signing_key = _parse_key(key, source.key)
+        _check_material(source, signing_key, root, [root], root)
         return cls(signing_key, root, [root], root, settings)
 
     @classmethod
@@ -119,30 +173,40 @@ class CertificateAuthority:
         missing = [name for name in PLUGGED_IN_FILES if not (directory / name).is_file()]
         if missing:
             raise CaSetupError(f"--ca-cert-dir {directory} lacks {', '.join(missing)}")
-        signing_cert = load_certificates((directory / "ca-cert.pem").read_bytes())[0]
-        key = _load_key((directory / "ca-key.pem").read_bytes(), directory / "ca-key.pem")
-        root = load_certificates((directory / "root-cert.pem").read_bytes())[0]
-        chain = load_certificates((directory / "cert-chain.pem").read_bytes())
+        source = _Source.plugged_in(directory)
+        _check_private_file(directory / "ca-key.pem", group_may_read=True)
+        signing_cert = _read_certificates(directory / "ca-cert.pem")[0]
+        key = _parse_key((directory / "ca-key.pem").read_bytes(), source.key)
+        root = _read_certificates(directory / "root-cert.pem")[0]
+        chain = _read_certificates(directory / "cert-chain.pem")
         if chain and chain[0] != signing_cert:
             chain.insert(0, signing_cert)
         if not chain or chain[-1] != root:
             chain.append(root)
-        _check_plugged_in(directory, key, signing_cert, chain, root)
+        _check_material(source, key, signing_cert, chain, root)
         log.info("CA: using the plugged-in signing certificate from %s", directory)
         return cls(key, signing_cert, chain, root, settings)
 
     @classmethod
     def _self_signed(cls, state_dir: Path, settings: CaSettings) -> CertificateAuthority:
         cert_path, key_path = state_dir / "root-cert.pem", state_dir / "root-key.pem"
+        _private_directory(state_dir)
         if cert_path.is_file() and key_path.is_file():
-            root = load_certificates(cert_path.read_bytes())[0]
-            key = _load_key(key_path.read_bytes(), key_path)
+            _check_private_file(key_path, group_may_read=False)
+            source = _Source.self_signed(
+                key=str(key_path),
+                cert=str(cert_path),
+                replace=f"move {state_dir} aside and pilot makes a new root"
+                " (workloads must then trust it)",
+            )
+            root = _read_certificates(cert_path)[0]
+            key = _parse_key(key_path.read_bytes(), source.key)
+            _check_material(source, key, root, [root], root)
             log.info("CA: using the self-signed root kept in %s", state_dir)
         else:
             key, root = self_signed_root(settings.trust_domain)
-            state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             write_private(key_path, key_pem(key))
-            cert_path.write_text(cert_pem(root))
+            write_private(cert_path, cert_pem(root).encode())
             log.info(
                 "CA: made a new self-signed root for %s in %s", settings.trust_domain, state_dir
             )
@@ -150,17 +214,18 @@ class CertificateAuthority:
 
     def lifetime(self, requested_seconds: int) -> datetime.timedelta:
         """The certificate lifetime for a request: default when 0, refused above the maximum."""
+        maximum = int(self.settings.max_ttl.total_seconds())
         if requested_seconds < 0:
-            raise CsrError(f"validity_duration {requested_seconds} is negative")
+            raise CsrError(
+                f"validity_duration {requested_seconds}s is negative"
+                " (0 asks for the default lifetime)"
+            )
         if requested_seconds == 0:
             return self.settings.default_ttl
-        ttl = datetime.timedelta(seconds=requested_seconds)
-        if ttl > self.settings.max_ttl:
-            raise CsrError(
-                f"validity_duration {requested_seconds}s exceeds the maximum "
-                f"{int(self.settings.max_ttl.total_seconds())}s"
-            )
-        return ttl
+        # Compared as integers first: a huge request never reaches timedelta (OverflowError).
+        if requested_seconds > maximum:
+            raise CsrError(f"validity_duration {requested_seconds}s exceeds the maximum {maximum}s")
+        return datetime.timedelta(seconds=requested_seconds)
 
     @property
     def signing_cert(self) -> x509.Certificate:
@@ -168,7 +233,10 @@ class CertificateAuthority:
         return self._cert
 
     def sign(self, csr_pem: bytes, identity: Identity, ttl: datetime.timedelta) -> list[str]:
-        """Sign a CSR for `identity`; returns the chain, leaf first and root last."""
+        """Sign a CSR for `identity`; returns the chain, leaf first and root last.
+
+        Raises CsrError for a CSR it will not sign, CaExpired when the CA is not valid now.
+        """
         csr = _checked_csr(csr_pem)
         san = [x509.UniformResourceIdentifier(identity.uri)]
         return self._issue(csr.public_key(), san, ttl)  # type: ignore[arg-type]
@@ -182,21 +250,45 @@ class CertificateAuthority:
         san.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
         return key_pem(key), self._issue(key.public_key(), san, ttl)
 
+    def _validity(self, ttl: datetime.timedelta) -> tuple[datetime.datetime, datetime.datetime]:
+        """(NotBefore, NotAfter) of a leaf issued now: within the CA's own validity."""
+        now = utcnow()
+        if now < self.not_before:
+            raise CaExpired(
+                f"the CA's certificate is not valid until {self.not_before.isoformat()}:"
+                " it cannot sign yet"
+            )
+        if now >= self.not_after:
+            raise CaExpired(
+                f"the CA's certificate expired at {self.not_after.isoformat()}:"
+                " it signs nothing until it is replaced"
+            )
+        remaining = self.not_after - now
+        if ttl > remaining:
+            if not self._told_of_cap:
+                self._told_of_cap = True
+                log.warning(
+                    "CA: its certificate chain expires at %s; certificates asked to last"
+                    " longer end then (logged once)",
+                    self.not_after.isoformat(),
+                )
+            ttl = remaining
+        return max(now - BACKDATE, self.not_before), now + ttl
+
     def _issue(
         self,
         public_key: CertificatePublicKeyTypes,
         san: list[x509.GeneralName],
         ttl: datetime.timedelta,
     ) -> list[str]:
-        now = utcnow()
-        not_after = min(now + ttl, self._cert.not_valid_after_utc)
+        not_before, not_after = self._validity(ttl)
         leaf = (
             x509.CertificateBuilder()
             .subject_name(x509.Name([]))
             .issuer_name(self._cert.subject)
             .public_key(public_key)
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - BACKDATE)
+            .not_valid_before(not_before)
             .not_valid_after(not_after)
             .add_extension(x509.SubjectAlternativeName(san), critical=True)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
@@ -207,31 +299,142 @@ class CertificateAuthority:
                 ),
                 critical=False,
             )
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()),
-                critical=False,
-            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+            .add_extension(self._authority_key_id, critical=False)
             .sign(self._key, hashes.SHA256())
         )
         return [cert_pem(leaf), *self._chain_pem]
 
 
-def _check_plugged_in(
-    directory: Path,
+def _authority_key_id(issuer: x509.Certificate, key: PrivateKey) -> x509.AuthorityKeyIdentifier:
+    """What leaves name their issuer by: its own SubjectKeyIdentifier if it has one
+    (whichever way it was computed), else the hash of its key."""
+    try:
+        ski = issuer.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    except x509.ExtensionNotFound:
+        return x509.AuthorityKeyIdentifier.from_issuer_public_key(key.public_key())
+    return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
+
+
+# ------------------------------------------------------------------ loading and checking
+
+
+def _private_directory(directory: Path) -> None:
+    """`--ca-state-dir`: made 0700 if missing, refused if others can get in."""
+    if not directory.exists():
+        directory.mkdir(parents=True, mode=0o700)
+        directory.chmod(0o700)  # whatever the umask
+        return
+    if not directory.is_dir():
+        raise CaSetupError(f"--ca-state-dir {directory} is not a directory")
+    mode = stat.S_IMODE(directory.stat().st_mode)
+    if mode & 0o077:
+        raise CaSetupError(
+            f"--ca-state-dir {directory} is open to {_who(mode)} (mode {mode:04o}):"
+            f" it holds the CA's private key; chmod 700 {directory}"
+        )
+
+
+def _check_private_file(path: Path, *, group_may_read: bool) -> None:
+    """A key file: nobody but its owner may read it.
+
+    `group_may_read`: read by the file's group is allowed when that group is pilot's
+    own (Kubernetes gives a Secret volume's files to the pod's fsGroup, mode 0440).
+    """
+    status = path.stat()
+    mode = stat.S_IMODE(status.st_mode) & 0o777
+    allowed = 0o740 if group_may_read and status.st_gid == os.getegid() else 0o700
+    if mode & ~allowed:
+        advice = f"chmod 600 {path}"
+        if group_may_read:
+            advice += " (or 640 if its group is pilot's own)"
+        raise CaSetupError(
+            f"{path} is a private key open to {_who(mode & ~allowed)} (mode {mode:04o}); {advice}"
+        )
+
+
+def _who(bits: int) -> str:
+    parties = [name for mask, name in ((0o070, "its group"), (0o007, "others")) if bits & mask]
+    return " and ".join(parties)
+
+
+def _read_certificates(path: Path) -> list[x509.Certificate]:
+    return _parse_certificates(path.read_bytes(), str(path))
+
+
+def _parse_certificates(pem: bytes, where: str) -> list[x509.Certificate]:
+    try:
+        certificates = load_certificates(pem)
+    except ValueError as error:
+        raise CaSetupError(f"{where} holds no PEM certificate: {error}") from error
+    return certificates
+
+
+def _parse_key(pem: bytes, where: str) -> PrivateKey:
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError) as error:  # TypeError: encrypted, and no password
+        raise CaSetupError(f"{where} holds no usable PEM private key: {error}") from error
+    if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+        raise CaSetupError(f"{where}: unsupported key type {type(key).__name__}")
+    return key
+
+
+def _check_material(
+    source: _Source,
     key: PrivateKey,
     signing_cert: x509.Certificate,
     chain: list[x509.Certificate],
     root: x509.Certificate,
 ) -> None:
-    """The key must be the certificate's, and the chain must lead to the root."""
+    """The key is the certificate's; every certificate is a CA, valid now; the chain leads
+    to the root. `chain` runs from `signing_cert` to `root`."""
     if not key_matches(key, signing_cert):
-        raise CaSetupError(f"{directory}: ca-key.pem is not the key of ca-cert.pem")
+        raise CaSetupError(f"{source.key} is not the key of {source.cert}")
+    now = utcnow()
+    for position, certificate in enumerate(chain):
+        if position == 0:
+            name = source.cert
+        elif position == len(chain) - 1:
+            name = source.root
+        else:
+            name = f"{source.chain} certificate {position + 1}"
+        _check_ca_certificate(certificate, name, below=position)
+        if now < certificate.not_valid_before_utc:
+            raise CaSetupError(
+                f"{name} is not valid until {certificate.not_valid_before_utc.isoformat()}"
+                " (is the clock right?)"
+            )
+        if now > certificate.not_valid_after_utc:
+            raise CaSetupError(
+                f"{name} expired at {certificate.not_valid_after_utc.isoformat()}:"
+                f" pilot does not sign with an expired CA; {source.replace}"
+            )
     try:
         verify_chain(chain, [root])
     except ValueError as error:
+        raise CaSetupError(f"{source.cert} does not chain to {source.root}: {error}") from error
+
+
+def _check_ca_certificate(certificate: x509.Certificate, name: str, below: int) -> None:
+    """A CA certificate that may sign certificates, with `below` CA certificates under it."""
+    try:
+        constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        constraints = None
+    if constraints is None or not constraints.ca:
+        raise CaSetupError(f"{name} is not a CA certificate (BasicConstraints CA:TRUE)")
+    try:
+        usage = certificate.extensions.get_extension_for_class(x509.KeyUsage).value
+    except x509.ExtensionNotFound:
+        usage = None  # no KeyUsage: any use (RFC 5280), as TLS libraries read it
+    if usage is not None and not usage.key_cert_sign:
+        raise CaSetupError(f"{name} may not sign certificates (its KeyUsage lacks keyCertSign)")
+    if constraints.path_length is not None and constraints.path_length < below:
         raise CaSetupError(
-            f"{directory}: ca-cert.pem does not chain to root-cert.pem: {error}"
-        ) from error
+            f"{name} allows {constraints.path_length} CA certificates below it"
+            f" (BasicConstraints pathlen) but the chain has {below}"
+        )
 
 
 def _checked_csr(csr_pem: bytes) -> x509.CertificateSigningRequest:

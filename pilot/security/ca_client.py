@@ -22,7 +22,7 @@ from cryptography import x509
 from google.protobuf import struct_pb2
 
 from pilot._gen.istio.v1.auth import ca_pb2
-from pilot.security.ca import CertificateAuthority
+from pilot.security.ca import CaExpired, CertificateAuthority, CsrError
 from pilot.security.ca_service import CA_SERVICE, IMPERSONATED_IDENTITY
 from pilot.security.certs import load_certificates, uri_sans, verify_chain
 from pilot.security.identity import Identity
@@ -51,7 +51,10 @@ class LocalCa:
 
     async def sign(self, csr_pem: bytes, identity: Identity, ttl: datetime.timedelta) -> list[str]:
         async with self._slots:
-            return await asyncio.to_thread(self.ca.sign, csr_pem, identity, ttl)
+            try:
+                return await asyncio.to_thread(self.ca.sign, csr_pem, identity, ttl)
+            except (CsrError, CaExpired) as error:
+                raise CaError(f"pilot's CA: {error}") from error
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,9 +3,12 @@
 The certificate's identity is the authenticated caller's, whatever the CSR
 asks for, unless the caller is a trusted node account (CA_TRUSTED_NODE_ACCOUNTS,
 `ns/sa,...`) asking for another identity through `ImpersonatedIdentity`.
-Malformed, oversized or unauthenticated requests are refused with
-INVALID_ARGUMENT, UNAUTHENTICATED or PERMISSION_DENIED and a reason; nothing
-is signed then. Signing runs off the event loop, a bounded number at once.
+Refusals carry a status and a reason, and nothing is signed: UNAUTHENTICATED
+without valid credentials (a token or certificate naming no valid service
+account included), PERMISSION_DENIED for another identity without that trust,
+INVALID_ARGUMENT for a malformed or oversized CSR, an invalid identity, or a
+lifetime below zero or above the maximum, FAILED_PRECONDITION once the CA's own
+certificate has expired. Signing runs off the event loop, a bounded number at once.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import grpc
 
 from pilot._gen.istio.v1.auth import ca_pb2
 from pilot.security.authn import Authenticator, AuthError
-from pilot.security.ca import CertificateAuthority, CsrError
+from pilot.security.ca import CaExpired, CertificateAuthority, CsrError
 from pilot.security.identity import Identity
 
 log = logging.getLogger("pilot.security.ca")
@@ -122,6 +125,8 @@ class CaService:
                 return await asyncio.to_thread(self.ca.sign, request.csr.encode(), identity, ttl)
         except CsrError as error:
             raise RequestRefused(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from error
+        except CaExpired as error:
+            raise RequestRefused(grpc.StatusCode.FAILED_PRECONDITION, str(error)) from error
 
     def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
         method = grpc.unary_unary_rpc_method_handler(

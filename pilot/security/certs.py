@@ -103,7 +103,8 @@ def self_signed_root(trust_domain: str, years: int = 10) -> tuple[PrivateKey, x5
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=2))
         .not_valid_after(now + datetime.timedelta(days=365 * years))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        # It signs leaves only: no CA certificate may come between it and a leaf.
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
                 digital_signature=True,
@@ -125,11 +126,13 @@ def self_signed_root(trust_domain: str, years: int = 10) -> tuple[PrivateKey, x5
 
 
 def write_private(path: Path, data: bytes) -> None:
-    """Write a file that holds a private key: 0600 from its first byte, replaced atomically."""
+    """Write a file only its owner may read: 0600 from its first byte whatever the umask,
+    replaced atomically."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as handle:
+        os.fchmod(handle.fileno(), 0o600)  # the umask may have taken bits away
         handle.write(data)
     tmp.replace(path)
 

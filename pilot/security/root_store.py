@@ -4,7 +4,9 @@ With the Kubernetes registry and no `--ca-cert-dir`, the root lives in Secret
 `pilot-ca-secret` in pilot's namespace. A replica that finds it uses it; one
 that finds none creates it, but only while holding the `pilot-ca` Lease, and a
 create conflict means: read what won. A replica that cannot read the Secret
-does not sign: it keeps trying and says why.
+does not sign: it keeps trying and says why. A Secret whose key is not its
+certificate's, whose certificate is not a CA or has expired, stops pilot at
+start (`CaSetupError`): the Secret must be fixed or deleted.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ class SharedRoot:
 
     def _from_secret(self, secret: client.V1Secret) -> CertificateAuthority:
         ca = CertificateAuthority.from_pem(
-            _decode(secret, KEY_KEY), _decode(secret, CERT_KEY), self._settings
+            _decode(secret, KEY_KEY), _decode(secret, CERT_KEY), self._settings, self._where
         )
         log.info("CA: using the shared root in Secret %s/%s", self.namespace, SECRET_NAME)
         return ca
@@ -116,4 +118,8 @@ class SharedRoot:
             log.info("another replica created the CA root first; reading it")
             return None
         log.info("CA: created the shared root in Secret %s/%s", self.namespace, SECRET_NAME)
-        return CertificateAuthority.from_pem(pem_key, pem_cert, self._settings)
+        return CertificateAuthority.from_pem(pem_key, pem_cert, self._settings, self._where)
+
+    @property
+    def _where(self) -> str:
+        return f"Secret {self.namespace}/{SECRET_NAME}"

@@ -3,7 +3,9 @@
 CA_ADDR, CA_ROOT_CERT, CA_INSECURE, CA_TOKEN_FILE (the CA pilot's SDS uses),
 CA_TRUSTED_NODE_ACCOUNTS (who may ask for another identity), SECRET_TTL,
 SECRET_GRACE_PERIOD_RATIO, and POD_NAMESPACE / SERVICE_ACCOUNT (pilot's own
-identity, so that it asks for impersonation only when it must).
+identity, so that it asks for impersonation only when it must). Names must be
+valid Kubernetes names and durations within bounds, else SecuritySettingsError
+at start.
 
 A remote CA is always given a root (CA_ROOT_CERT, or the caller's default
 path): its chains must verify against it and it is the `ROOTCA` proxies get.
@@ -21,12 +23,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pilot.durations import parse_duration
-from pilot.security.ca import CaSettings
+from pilot.security.ca import MAX_TTL, CaSettings
 from pilot.security.ca_client import RemoteCaSettings
 from pilot.security.certs import KeyType, load_certificates
-from pilot.security.identity import Identity
+from pilot.security.identity import (
+    Identity,
+    check_account,
+    check_namespace,
+    check_trust_domain,
+)
 from pilot.security.secrets import SdsSettings
 from pilot.security.xds_auth import XdsAuth
+
+MIN_SECRET_TTL = datetime.timedelta(seconds=1)
 
 
 class SecuritySettingsError(ValueError):
@@ -57,9 +66,32 @@ def _path(env: Mapping[str, str], name: str) -> Path | None:
 
 
 def own_identity(env: Mapping[str, str], trust_domain: str) -> Identity | None:
-    """pilot's (or the agent's) own identity from POD_NAMESPACE and SERVICE_ACCOUNT."""
-    namespace, account = env.get("POD_NAMESPACE", ""), env.get("SERVICE_ACCOUNT", "")
-    return Identity(trust_domain, namespace, account) if namespace and account else None
+    """pilot's (or the agent's) own identity from POD_NAMESPACE and SERVICE_ACCOUNT.
+
+    None unless both are set; SecuritySettingsError when they (or the trust
+    domain) are not valid names.
+    """
+    try:
+        check_trust_domain(trust_domain)
+    except ValueError as error:
+        raise SecuritySettingsError(f"--trust-domain: {error}") from error
+    namespace = env.get("POD_NAMESPACE", "").strip()
+    account = env.get("SERVICE_ACCOUNT", "").strip()
+    if not namespace or not account:
+        return None
+    try:
+        return Identity(trust_domain, namespace, account)
+    except ValueError as error:
+        raise SecuritySettingsError(f"POD_NAMESPACE / SERVICE_ACCOUNT: {error}") from error
+
+
+def own_namespace(env: Mapping[str, str]) -> str:
+    """POD_NAMESPACE (where the shared root lives), `default` when unset."""
+    namespace = env.get("POD_NAMESPACE", "").strip() or "default"
+    try:
+        return check_namespace(namespace)
+    except ValueError as error:
+        raise SecuritySettingsError(f"POD_NAMESPACE: {error}") from error
 
 
 def remote_ca_from_env(
@@ -76,6 +108,7 @@ def remote_ca_from_env(
     address = env.get("CA_ADDR", "").strip() or default_address
     if not address:
         return None
+    identity = own_identity(env, trust_domain)  # who asks, before who signs
     root = _path(env, "CA_ROOT_CERT") or default_root
     if root is None:
         raise SecuritySettingsError(
@@ -88,7 +121,7 @@ def remote_ca_from_env(
         root_cert=root,
         insecure=_flag(env, "CA_INSECURE"),
         token_file=_path(env, "CA_TOKEN_FILE"),
-        own_identity=own_identity(env, trust_domain),
+        own_identity=identity,
     )
 
 
@@ -109,30 +142,48 @@ def check_root_file(path: Path) -> None:
 
 
 def sds_from_env(env: Mapping[str, str], key_type: KeyType) -> SdsSettings:
-    """SECRET_TTL and SECRET_GRACE_PERIOD_RATIO."""
+    """SECRET_TTL (1s to the CA's 90-day maximum) and SECRET_GRACE_PERIOD_RATIO (0 to 1)."""
     defaults = SdsSettings()
+    text = env.get("SECRET_TTL", "24h")
     try:
-        ttl = datetime.timedelta(seconds=parse_duration(env.get("SECRET_TTL", "24h")))
+        seconds = parse_duration(text)
+    except ValueError as error:
+        raise SecuritySettingsError(f"SECRET_TTL: {error}") from error
+    # Whole seconds go to the CA (validity_duration): below 1s would ask for its default.
+    if not MIN_SECRET_TTL.total_seconds() <= seconds <= MAX_TTL.total_seconds():
+        raise SecuritySettingsError(
+            f"SECRET_TTL={text.strip()} is out of range: from {_go(MIN_SECRET_TTL)}"
+            f" to {_go(MAX_TTL)} (90 days, the most a CA signs for)"
+        )
+    try:
         ratio = float(env.get("SECRET_GRACE_PERIOD_RATIO", str(defaults.grace_ratio)))
     except ValueError as error:
-        raise SecuritySettingsError(f"SECRET_TTL / SECRET_GRACE_PERIOD_RATIO: {error}") from error
+        raise SecuritySettingsError(f"SECRET_GRACE_PERIOD_RATIO: {error}") from error
     if not 0 < ratio < 1:
         raise SecuritySettingsError(
             f"SECRET_GRACE_PERIOD_RATIO must be between 0 and 1, got {ratio}"
         )
-    if ttl.total_seconds() <= 0:
-        raise SecuritySettingsError("SECRET_TTL must be positive")
-    return SdsSettings(key_type=key_type, ttl=ttl, grace_ratio=ratio)
+    return SdsSettings(
+        key_type=key_type, ttl=datetime.timedelta(seconds=seconds), grace_ratio=ratio
+    )
+
+
+def _go(duration: datetime.timedelta) -> str:
+    """A whole number of seconds as a Go duration: `1s`, `2160h`."""
+    seconds = int(duration.total_seconds())
+    return f"{seconds // 3600}h" if seconds % 3600 == 0 else f"{seconds}s"
 
 
 def trusted_accounts(env: Mapping[str, str]) -> tuple[str, ...]:
-    """CA_TRUSTED_NODE_ACCOUNTS: `ns/sa,ns/sa`."""
+    """CA_TRUSTED_NODE_ACCOUNTS: `ns/sa,ns/sa`, each a valid namespace and service account."""
     accounts = tuple(
         a.strip() for a in env.get("CA_TRUSTED_NODE_ACCOUNTS", "").split(",") if a.strip()
     )
     for account in accounts:
-        if account.count("/") != 1:
-            raise SecuritySettingsError(f"CA_TRUSTED_NODE_ACCOUNTS: {account!r} is not ns/sa")
+        try:
+            check_account(account)
+        except ValueError as error:
+            raise SecuritySettingsError(f"CA_TRUSTED_NODE_ACCOUNTS: {error}") from error
     return accounts
 
 
@@ -152,5 +203,5 @@ def security_from_env(
         token_audiences=token_audiences,
         trusted_node_accounts=trusted_accounts(env),
         remote_ca=remote_ca_from_env(env, ca.trust_domain),
-        namespace=env.get("POD_NAMESPACE", "").strip() or "default",
+        namespace=own_namespace(env),
     )

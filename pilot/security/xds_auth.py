@@ -9,6 +9,9 @@
   account, else the stream is refused; a field left out is taken from the
   proof, never from the claim.
 
+In both modes a NAMESPACE or SERVICE_ACCOUNT that is not a valid Kubernetes
+name refuses the stream (PERMISSION_DENIED).
+
 Both implement `pilot.xds.proxy.ProxyAuthenticator`; identities are SPIFFE URIs.
 """
 
@@ -20,7 +23,7 @@ from enum import StrEnum
 from typing import Any
 
 from pilot.security.authn import Authenticator, AuthError, bearer_token
-from pilot.security.identity import Identity
+from pilot.security.identity import Identity, check_namespace, check_service_account
 from pilot.xds.proxy import AuthContext, PermissionDenied
 
 log = logging.getLogger("pilot.security")
@@ -39,10 +42,25 @@ class IdentityMismatch(PermissionDenied):
     """Node metadata claims an identity the stream's credentials do not carry."""
 
 
+class InvalidClaim(PermissionDenied):
+    """Node metadata NAMESPACE or SERVICE_ACCOUNT is not a valid Kubernetes name."""
+
+
 def _claims(node: Any) -> tuple[str, str]:
-    """(NAMESPACE, SERVICE_ACCOUNT) from node metadata; '' where absent."""
+    """(NAMESPACE, SERVICE_ACCOUNT) from node metadata; '' where absent.
+
+    Raises InvalidClaim when one is present but not a valid Kubernetes name.
+    """
     fields = node.metadata.fields
     namespace, account = (fields[key].string_value if key in fields else "" for key in _CLAIMS)
+    for key, value, check in zip(
+        _CLAIMS, (namespace, account), (check_namespace, check_service_account), strict=True
+    ):
+        if value:
+            try:
+                check(value)
+            except ValueError as error:
+                raise InvalidClaim(f"node metadata {key}: {error}") from error
     return namespace, account
 
 

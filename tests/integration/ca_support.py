@@ -145,8 +145,16 @@ def new_ca(
     common_name: str,
     parent: Issuer | None = None,
     valid_for: datetime.timedelta = datetime.timedelta(days=30),
+    *,
+    starts: datetime.datetime | None = None,
+    is_ca: bool = True,
+    path_length: int | None = None,
+    usage: x509.KeyUsage | None = None,
+    subject_key_id: bool = True,
 ) -> Issuer:
-    """A self-signed root, or an intermediate signed by `parent`."""
+    """A self-signed root, or an intermediate signed by `parent`, valid for `valid_for`
+    from `starts` (default: from now, backdated five minutes). The keywords make faulty ones:
+    `is_ca=False`, a `usage` other than keyCertSign and cRLSign, no SubjectKeyIdentifier."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name(
         [
@@ -163,12 +171,15 @@ def new_ca(
         .issuer_name(issuer_name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + valid_for)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(_ca_usage(), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .not_valid_before(starts or now - datetime.timedelta(minutes=5))
+        .not_valid_after((starts or now) + valid_for)
+        .add_extension(x509.BasicConstraints(ca=is_ca, path_length=path_length), critical=True)
+        .add_extension(usage or _ca_usage(), critical=True)
     )
+    if subject_key_id:
+        builder = builder.add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
+        )
     if parent is not None:
         builder = builder.add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(parent.key.public_key()),
@@ -280,10 +291,16 @@ def write_plugged_in(
     directory: Path,
     chain_has_root: bool = True,
     intermediate_valid_for: datetime.timedelta = datetime.timedelta(days=30),
+    *,
+    root: Issuer | None = None,
+    intermediate: Issuer | None = None,
 ) -> PluggedIn:
-    """ca-cert.pem / ca-key.pem (the intermediate), root-cert.pem, cert-chain.pem."""
-    root = new_ca("plugged-in root")
-    intermediate = new_ca("plugged-in intermediate", root, valid_for=intermediate_valid_for)
+    """ca-cert.pem / ca-key.pem (the intermediate), root-cert.pem, cert-chain.pem;
+    `root` and `intermediate` made here unless given."""
+    root = root or new_ca("plugged-in root")
+    intermediate = intermediate or new_ca(
+        "plugged-in intermediate", root, valid_for=intermediate_valid_for
+    )
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "ca-cert.pem").write_text(intermediate.cert_pem)
     (directory / "ca-key.pem").write_bytes(intermediate.key_pem)
@@ -292,6 +309,16 @@ def write_plugged_in(
     chain = intermediate.cert_pem + (root.cert_pem if chain_has_root else "")
     (directory / "cert-chain.pem").write_text(chain)
     return PluggedIn(directory, root, intermediate)
+
+
+def write_state_dir(directory: Path, root: Issuer) -> Path:
+    """A `--ca-state-dir` as pilot leaves it (0700, files 0600), holding `root`."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    directory.chmod(0o700)
+    for name, data in (("root-cert.pem", root.cert_pem.encode()), ("root-key.pem", root.key_pem)):
+        (directory / name).write_bytes(data)
+        (directory / name).chmod(0o600)
+    return directory
 
 
 # ------------------------------------------------------------------ pilot's CA API

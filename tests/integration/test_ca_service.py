@@ -5,12 +5,19 @@ a pilot that checks tokens against the test API server's TokenReview. Each
 refusal comes with the right status and a reason, and nothing is signed (a spy
 on the CA's `sign` counts). Accepted requests get a chain leaf first, root
 last, naming the caller (or, for a trusted node account, the identity it asks
-for), backdated two minutes, with the requested or default lifetime.
+for), backdated two minutes, with the requested or default lifetime, and key
+identifiers (the leaf's own, and its issuer's).
+
+Callers that lie are refused next to honest ones that are served: a token of an
+account whose name has `..` or `/`, an ImpersonatedIdentity that is no valid
+identity, any lifetime an int64 holds beyond the bounds, a CSR asking for other
+SANs; and once the CA has expired, everyone gets FAILED_PRECONDITION.
 """
 
 from __future__ import annotations
 
 import datetime
+import ipaddress
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +26,10 @@ from typing import NamedTuple
 import grpc
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
+from pilot.security import ca as ca_module
 from tests.integration.ca_support import (
     CaCaller,
     Token,
@@ -213,6 +222,108 @@ async def test_lifetime_out_of_bounds_is_invalid(ca: Ca, validity: int) -> None:
         assert f"maximum {MAX_TTL}s" in refusal.details
 
 
+# ------------------------------------------------------------------ callers that lie
+
+
+@pytest.mark.parametrize(
+    ("account", "part"),
+    [
+        (("..", "x/y"), "namespace '..'"),
+        (("ns1", "../../kube-system/sa/admin"), "service account '../../kube-system/sa/admin'"),
+        (("kube-system", "node-agent/x"), "service account 'node-agent/x'"),
+        (("NS1", "sa1"), "namespace 'NS1'"),
+    ],
+)
+async def test_token_of_an_invalid_account_is_unauthenticated(
+    ca: Ca, account: tuple[str, str], part: str
+) -> None:
+    """What TokenReview says is checked too: `..` or `/` never becomes a SPIFFE path."""
+    token = ca.token(*account)
+    refusal = await ca.refused(_csr_for(CALLER), token=token)
+    assert refusal.code == grpc.StatusCode.UNAUTHENTICATED
+    assert "does not name a valid service account" in refusal.details
+    assert part in refusal.details
+    honest = await ca.caller.create(_csr_for(CALLER), token=ca.token(*CALLER))
+    assert san_uris(load_chain(honest)[0]) == [spiffe(*CALLER)], "the honest caller still is"
+
+
+@pytest.mark.parametrize(
+    ("wanted", "part"),
+    [
+        ("spiffe://cluster.local/ns/../sa/admin", "namespace '..'"),
+        ("spiffe://cluster.local/ns/Kube-System/sa/admin", "namespace 'Kube-System'"),
+        ("spiffe://cluster.local/ns/ns2/sa/..", "service account '..'"),
+        ("spiffe://cluster.local/ns/ns2/sa/sa2/extra", "not a SPIFFE identity"),
+        ("spiffe://Cluster.Local/ns/ns2/sa/sa2", "trust domain 'Cluster.Local'"),
+    ],
+)
+async def test_trusted_node_account_asking_for_an_invalid_identity_is_invalid(
+    ca: Ca, wanted: str, part: str
+) -> None:
+    refusal = await ca.refused(_csr_for(VICTIM), token=ca.token(*NODE_AGENT), impersonate=wanted)
+    assert refusal.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert part in refusal.details
+
+
+async def test_untrusted_caller_asking_for_an_invalid_identity_is_denied(ca: Ca) -> None:
+    """Trust is checked first: a caller not trusted learns nothing about the identity's shape."""
+    wanted = "spiffe://cluster.local/ns/../sa/admin"
+    refusal = await ca.refused(_csr_for(CALLER), token=ca.token(*CALLER), impersonate=wanted)
+    assert refusal.code == grpc.StatusCode.PERMISSION_DENIED
+
+
+@pytest.mark.parametrize("validity", [2**63 - 1, 2**62, 10**12])
+async def test_huge_lifetime_is_invalid(ca: Ca, validity: int) -> None:
+    refusal = await ca.refused(_csr_for(CALLER), token=ca.token(*CALLER), validity=validity)
+    assert refusal.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert refusal.details == f"validity_duration {validity}s exceeds the maximum {MAX_TTL}s"
+
+
+@pytest.mark.parametrize("validity", [-1, -(2**63)])
+async def test_negative_lifetime_is_invalid(ca: Ca, validity: int) -> None:
+    refusal = await ca.refused(_csr_for(CALLER), token=ca.token(*CALLER), validity=validity)
+    assert refusal.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"validity_duration {validity}s is negative" in refusal.details
+
+
+async def test_csr_san_tricks_get_the_callers_identity_only(ca: Ca) -> None:
+    """A CSR asking for `..` paths, another trust domain, DNS names and IPs: none of it."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = [
+        x509.UniformResourceIdentifier("spiffe://cluster.local/ns/../sa/admin"),
+        x509.UniformResourceIdentifier("spiffe://cluster.local/ns/kube-system/sa/admin"),
+        x509.UniformResourceIdentifier("spiffe://evil.example/ns/ns1/sa/sa1"),
+        x509.DNSName("kubernetes.default.svc"),
+        x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
+    ]
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, "admin")]))
+        .add_extension(x509.SubjectAlternativeName(names), critical=True)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+        .public_bytes(serialization.Encoding.PEM)
+    )
+    chain = await ca.caller.create(csr, token=ca.token(*CALLER))
+    leaf = _leaf_checks(ca, chain, public_der(key), spiffe(*CALLER))
+    san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert list(san) == [x509.UniformResourceIdentifier(spiffe(*CALLER))]
+    assert leaf.subject == x509.Name([])
+    assert ca.signed == [spiffe(*CALLER)]
+
+
+async def test_expired_ca_is_a_failed_precondition(ca: Ca, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the CA's certificate has expired, it refuses rather than sign a dead certificate."""
+    after_expiry = ca.root.not_valid_after_utc + datetime.timedelta(seconds=1)
+    monkeypatch.setattr(ca_module, "utcnow", lambda: after_expiry)
+    refusal = await ca.refused(_csr_for(CALLER), token=ca.token(*CALLER))
+    assert refusal.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert refusal.details == (
+        f"the CA's certificate expired at {ca.root.not_valid_after_utc.isoformat()}:"
+        " it signs nothing until it is replaced"
+    )
+
+
 # ------------------------------------------------------------------ accepted
 
 
@@ -225,6 +336,12 @@ def _leaf_checks(ca: Ca, chain: list[str], key_der: bytes, identity: str) -> x50
     assert public_der(leaf.public_key()) == key_der, "the CSR's key is the one certified"
     constraints = leaf.extensions.get_extension_for_class(x509.BasicConstraints).value
     assert not constraints.ca
+    extensions = leaf.extensions
+    ski = extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    assert ski == x509.SubjectKeyIdentifier.from_public_key(leaf.public_key())  # type: ignore[arg-type]
+    aki = extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
+    root_ski = ca.root.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    assert aki.key_identifier == root_ski.digest, "the leaf names its issuer's key id"
     return leaf
 
 

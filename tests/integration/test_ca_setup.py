@@ -1,7 +1,7 @@
 """Where pilot's CA gets its key: a self-signed root kept in `--ca-state-dir`, or `--ca-cert-dir`.
 
 - Without `--ca-cert-dir`, the first pilot makes a root and keeps it in the state
-  directory (key file 0600); the next pilot on the same directory uses the same
+  directory (0700, files 0600); the next pilot on the same directory uses the same
   root, so certificates from before a restart still verify.
 - With `--ca-cert-dir` in Istio's plugged-in layout (a root and an intermediate
   made here), certificates chain leaf -> intermediate -> that root, over the CA

@@ -4,9 +4,10 @@ A pilot on the Kubernetes registry (the test API server, which also answers
 TokenReviews) with `XdsAuth.KUBERNETES`. A stream without a token, or with one
 TokenReview rejects, ends UNAUTHENTICATED; one whose node metadata (NAMESPACE,
 SERVICE_ACCOUNT, each where present) names another account than its token ends
-PERMISSION_DENIED; neither gets a resource or has a certificate minted. A
-stream with a valid token is served, and its `default` secret carries the
-token's identity whatever else it asked.
+PERMISSION_DENIED, and so does one whose metadata is no Kubernetes name (with
+`--xds-auth none` too, where the metadata is the identity); none gets a resource
+or has a certificate minted. A stream with a valid token is served, and its
+`default` secret carries the token's identity whatever else it asked.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from tests.integration.ca_support import (
 from tests.integration.sds_secrets import ROOT, WORKLOAD, root_in, workload_in
 from tests.kubeapi import KubeAPIServer
 from tests.protocol.client import ADS_SOTW, SDS_SOTW, Closed, XdsClient, describe, first_reply
-from tests.support.mesh import Ep, cluster_name, endpoint_slice, service
-from tests.support.pilot import RunningPilot, running_kube_pilot
+from tests.support.mesh import Ep, cluster_name, endpoint_slice, service, simple_mesh
+from tests.support.pilot import RunningPilot, running_kube_pilot, running_pilot
 
 PROXY = ("ns1", "sa1")
 ALPHA = cluster_name("alpha")
@@ -148,6 +149,23 @@ async def test_partial_metadata_claiming_another_identity_is_permission_denied(
     assert code == grpc.StatusCode.PERMISSION_DENIED
 
 
+@pytest.mark.parametrize(
+    ("claimed", "part"),
+    [
+        (("..", "sa1"), "node metadata NAMESPACE: namespace '..'"),
+        (("ns1", "sa1/../admin"), "node metadata SERVICE_ACCOUNT: service account 'sa1/../admin'"),
+    ],
+    ids=["namespace", "service-account"],
+)
+async def test_metadata_that_is_no_kubernetes_name_is_permission_denied(
+    kube: KubePilot, claimed: tuple[str, str], part: str
+) -> None:
+    token = kube.token(*PROXY)
+    code, details = await kube.refused(node("proxy-1", *claimed), token)
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    assert part in details
+
+
 async def test_unary_fetch_without_token_is_unauthenticated(kube: KubePilot) -> None:
     """FetchClusters is xDS too: without a token it must not reveal the mesh."""
     async with grpc.aio.insecure_channel(kube.pilot.grpc_target) as channel:
@@ -189,3 +207,39 @@ async def test_stream_with_valid_token_is_served_with_the_tokens_identity(
     assert san_uris(chain[0]) == [spiffe(*PROXY)]
     assert load_chain(root_in(secrets)) == [root]
     assert reviews(kube.srv) == [(("istio-ca",), True, "system:serviceaccount:ns1:sa1")]
+
+
+# ------------------------------------------------------------------ --xds-auth none
+
+
+@pytest.mark.parametrize(
+    ("claimed", "part"),
+    [
+        (("..", "x"), "namespace '..'"),
+        (("ns1", "x/y"), "service account 'x/y'"),
+        (("kube-system/..", "admin"), "namespace 'kube-system/..'"),
+    ],
+)
+async def test_without_xds_auth_metadata_must_still_be_kubernetes_names(
+    tmp_path: Path, claimed: tuple[str, str], part: str
+) -> None:
+    """With `--xds-auth none` the metadata *is* the identity: a liar is refused, not minted
+    a certificate for a SPIFFE path of its making; an honest proxy still gets its own."""
+    async with running_pilot(tmp_path, simple_mesh({"alpha": ["10.0.0.1"]})) as pilot:
+        assert pilot.discovery.security is not None
+        secrets = pilot.discovery.security.secrets
+        request = discovery_pb2.DiscoveryRequest(
+            node=node("liar", *claimed), type_url=types.SECRET, resource_names=[WORKLOAD, ROOT]
+        )
+        reply = await first_reply(pilot.grpc_target, ADS_SOTW, [request])
+        if not isinstance(reply, Closed):
+            pytest.fail(f"the stream was served ({describe(reply)}) instead of refused")
+        assert reply.code == grpc.StatusCode.PERMISSION_DENIED
+        assert part in reply.details
+        assert secrets.stats.minted == 0, "no certificate for a refused stream"
+
+        async with XdsClient(pilot.grpc_target) as xds:
+            ads = xds.ads(node("honest", *PROXY))
+            await ads.subscribe(types.SECRET, [WORKLOAD, ROOT])
+            honest = await ads.ack_until(types.SECRET, [WORKLOAD, ROOT], WAIT)
+        assert san_uris(next(iter(workload_in(honest).chain))) == [spiffe(*PROXY)]

@@ -5,16 +5,22 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import datetime
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 
+from pilot.security.ca import CaSetupError
 from tests.harness.envoy_process import wait_until
+from tests.integration.ca_support import Issuer, new_ca, utcnow
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
 from tests.support.mesh import simple_mesh
 from tests.support.pilot import running_kube_pilot
 
 SECRET_PATH = "/api/v1/namespaces/default/secrets/pilot-ca-secret"
+DAY = datetime.timedelta(days=1)
 
 
 async def test_replicas_started_together_share_one_root(tmp_path: Path) -> None:
@@ -48,6 +54,64 @@ async def test_replicas_started_together_share_one_root(tmp_path: Path) -> None:
             )
         lease = api.get("Lease", "default", "pilot-ca")
         assert lease is not None and not lease["spec"].get("holderIdentity"), "released on shutdown"
+
+
+def _ca_secret(key_pem: bytes, cert_pem: str) -> dict[str, object]:
+    data = {"ca-cert.pem": cert_pem.encode(), "ca-key.pem": key_pem, "root-cert.pem": cert_pem}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "pilot-ca-secret", "namespace": "default"},
+        "type": "Opaque",
+        "data": {
+            name: base64.b64encode(value if isinstance(value, bytes) else value.encode()).decode()
+            for name, value in data.items()
+        },
+    }
+
+
+def _pair(issuer: Issuer) -> tuple[bytes, str]:
+    return issuer.key_pem, issuer.cert_pem
+
+
+def _mismatched() -> tuple[bytes, str]:
+    return new_ca("another").key_pem, new_ca("shared root").cert_pem
+
+
+UNUSABLE_SECRETS: dict[str, tuple[Callable[[], tuple[bytes, str]], str]] = {
+    "key-mismatch": (
+        _mismatched,
+        "Secret default/pilot-ca-secret ca-key.pem is not the key of"
+        " Secret default/pilot-ca-secret ca-cert.pem",
+    ),
+    "not-a-ca": (
+        lambda: _pair(new_ca("a leaf", is_ca=False)),
+        "Secret default/pilot-ca-secret ca-cert.pem is not a CA certificate",
+    ),
+    "expired": (
+        lambda: _pair(new_ca("old root", valid_for=DAY, starts=utcnow() - 3 * DAY)),
+        "Secret default/pilot-ca-secret ca-cert.pem expired at",
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", UNUSABLE_SECRETS, ids=list(UNUSABLE_SECRETS))
+async def test_an_unusable_shared_root_stops_pilot(tmp_path: Path, fault: str) -> None:
+    """A Secret someone wrote by hand must hold a CA pilot can sign with: else pilot stops,
+    naming the Secret, and does not replace it."""
+    make, expected = UNUSABLE_SECRETS[fault]
+    key_pem, cert_pem = make()
+    async with KubeAPIServer() as api:
+        api.apply(_ca_secret(key_pem, cert_pem))
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
+        with pytest.raises(CaSetupError) as caught:
+            async with running_kube_pilot(kubeconfig):
+                pytest.fail("pilot started with an unusable CA root")
+        assert str(caught.value).startswith(expected)
+        secret = api.get("Secret", "default", "pilot-ca-secret")
+        assert secret is not None
+        kept = base64.b64decode(secret["data"]["ca-cert.pem"]).decode() == cert_pem
+        assert kept, "the Secret was replaced"
 
 
 async def test_a_replica_that_cannot_read_the_root_does_not_sign(tmp_path: Path) -> None:

@@ -106,6 +106,28 @@ def test_certificate_without_an_identity_in_the_trust_domain_is_refused(
     assert "no SPIFFE identity in cluster.local" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("uri", "part"),
+    [
+        ("spiffe://cluster.local/ns/../sa/sa1", "namespace '..'"),
+        ("spiffe://cluster.local/ns/NS1/sa/sa1", "namespace 'NS1'"),
+        ("spiffe://cluster.local/ns/ns1/sa/..", "service account '..'"),
+    ],
+)
+def test_certificate_naming_an_invalid_account_is_refused(uri: str, part: str) -> None:
+    """Even from this CA (a plugged-in one may have signed anything): names must be valid."""
+    with pytest.raises(AuthError) as caught:
+        _authenticator().from_certificate(_context(_client_cert(uri)))
+    message = str(caught.value)
+    assert "no SPIFFE identity in cluster.local" in message
+    assert part in message, "say what is wrong with it"
+
+
+def test_certificate_with_an_invalid_and_a_valid_identity_is_the_valid_one() -> None:
+    certificate = _client_cert("spiffe://cluster.local/ns/../sa/sa1", CALLER.uri)
+    assert _authenticator().from_certificate(_context(certificate)) == CALLER
+
+
 def test_certificate_from_another_ca_is_refused() -> None:
     certificate = _client_cert(CALLER.uri, issuer=new_ca("someone else's CA"))
     with pytest.raises(AuthError, match="not issued by this CA"):
@@ -201,6 +223,27 @@ async def test_token_of_something_else_than_a_service_account_is_refused(usernam
         await authenticator.from_token(token)
     assert "not a service account" in str(caught.value)
     assert token not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("username", "part"),
+    [
+        ("system:serviceaccount:..:x/y", "namespace '..'"),
+        ("system:serviceaccount:ns1:../../admin", "service account '../../admin'"),
+        ("system:serviceaccount:ns1:sa1/extra", "service account 'sa1/extra'"),
+        ("system:serviceaccount:NS1:sa1", "namespace 'NS1'"),
+    ],
+)
+async def test_token_naming_an_invalid_account_is_refused(username: str, part: str) -> None:
+    """TokenReview's answer is checked too: `..` or `/` never becomes a SPIFFE path."""
+    token = Token("token-of-a-strange-account")
+    authenticator = _authenticator(reviewer=StubReviewer({token: username}))
+    with pytest.raises(AuthError) as caught:
+        await authenticator.authenticate({"authorization": f"Bearer {token}"}, {})
+    message = str(caught.value)
+    assert message.startswith("token does not name a valid service account: ")
+    assert part in message
+    assert token not in message
 
 
 # ------------------------------------------------------------------ bearer_token()
