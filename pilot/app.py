@@ -38,6 +38,7 @@ from pilot.debug.metrics import Metrics, Sources, WatchCounts
 from pilot.debug.proxy_status import LiveProxies
 from pilot.generators.builder import ResourceBuilder
 from pilot.generators.sds import SecretGenerator
+from pilot.limits import Admission
 from pilot.push.pipeline import Pipeline
 from pilot.push.updater import IndexUpdater
 from pilot.registry.index import EndpointIndex
@@ -82,6 +83,7 @@ class Discovery:
         self.index = EndpointIndex()
         self.cache = ResourceCache()
         self.connections: ConnectionRegistry[Connection] = ConnectionRegistry()
+        self.admission = Admission.of(settings.limits)
         self.proxies = LiveProxies(self.connections, self.cache)
         self.metrics = Metrics(self._metric_sources())
         self.http = HttpServer(
@@ -117,6 +119,7 @@ class Discovery:
             services=lambda: len(self.index.services),
             secret_stats=lambda: self.security.secrets.stats if self.security else None,
             ca_stats=lambda: self.security.ca_service.stats if self.security else None,
+            limit_hits=lambda: self.admission.hits.counts,
             informers=informers,
         )
 
@@ -137,6 +140,7 @@ class Discovery:
             default_auth,
             shared_root=self.settings.config is None,
             observe_ca_latency=self.metrics.ca_latency.observe,
+            admission=self.admission,
         )
 
     def _pipeline(self, security: Security) -> Pipeline:
@@ -192,13 +196,21 @@ class Discovery:
         credentials, unless --plaintext-secrets says otherwise.
         """
         everything = StreamContext(
-            pipeline, self.stats, self.connections, security.identities, self.metrics
+            pipeline,
+            self.stats,
+            self.connections,
+            security.identities,
+            self.metrics,
+            admission=self.admission,
         )
         readers = StatusReaders(
             self.settings.security.namespace, frozenset(self.settings.csds_trusted_accounts)
         )
         extra = (
-            ExtraService(CSDS_SERVICE, csds_handler(self.proxies, security.identities, readers)),
+            ExtraService(
+                CSDS_SERVICE,
+                csds_handler(self.proxies, security.identities, readers, self.admission),
+            ),
             ExtraService(CA_SERVICE, security.ca_service.handler()),
         )
         address = self.settings.grpc_addr
@@ -211,6 +223,7 @@ class Discovery:
                 self.connections,
                 metrics=self.metrics,
                 served_types=frozenset({types.CLUSTER, types.ENDPOINT}),
+                admission=self.admission,
             )
             listeners = [Listener(address, mesh)]
         if tls is not None:

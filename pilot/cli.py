@@ -24,6 +24,7 @@ from pilot.agent import (
 from pilot.debug import proxy_status_table
 from pilot.durations import parse_duration
 from pilot.generators.builder import BuildSettings
+from pilot.limits import LimitSettingError, limits_from_env
 from pilot.logs import SCOPES, LogSpecError
 from pilot.logs import configure as configure_logging
 from pilot.security.ca import CaSettings, CaSetupError, default_state_dir
@@ -63,6 +64,17 @@ environment:
   POD_NAMESPACE, SERVICE_ACCOUNT  pilot's own identity (no impersonation needed for it)
   PILOT_CSDS_TRUSTED_ACCOUNTS  ns/sa,... that read every proxy over CSDS (others: their
                              own namespace; accounts of POD_NAMESPACE: every proxy)
+limits (refusals are RESOURCE_EXHAUSTED, counted in pilot_limit_hits_total{limit}):
+  PILOT_MAX_RESOURCE_NAMES   names one stream subscribes to, per type (default 10000)
+  PILOT_MAX_STREAMS          xDS streams in all (default 20000)
+  PILOT_MAX_STREAMS_PER_CONNECTION  streams on one HTTP/2 connection (default 1000)
+  PILOT_MAX_REQUEST_BYTES    one request message (default 4194304)
+  PILOT_MAX_NODE_BYTES       a stream's node, with its metadata (default 65536)
+  PILOT_MAX_REQUESTS_PER_SECOND  new streams and calls per second (default 1000, 0: off)
+  PILOT_MAX_CERTIFICATES_PER_IDENTITY  live workload keys of one identity (default 1000)
+  PILOT_MAX_CERTIFICATES     live workload keys in all (default 50000)
+  PILOT_MAX_PENDING_CSRS     CreateCertificate calls answered at once (default 1000)
+  PILOT_TOKEN_CACHE_SIZE     TokenReview answers remembered (default 10000)
 """
 
 
@@ -270,6 +282,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         grpc_tls_addr=args.grpc_tls_addr,
         plaintext_secrets=args.plaintext_secrets,
         csds_trusted_accounts=csds_trusted_accounts_from_env(),
+        limits=limits_from_env(),
         tls_dns_names=tuple(n.strip() for n in args.tls_dns_names.split(",") if n.strip()),
         tls_require_client_cert=args.grpc_tls_require_client_cert,
         drain_duration=args.drain_duration,
@@ -351,6 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(_run_discovery(_settings(args)))
     except (
         LogSpecError,
+        LimitSettingError,
         SettingsError,
         SecuritySettingsError,
         CaSetupError,

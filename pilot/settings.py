@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pilot.durations import parse_duration
 from pilot.generators.builder import BuildSettings
+from pilot.limits import Limits
 from pilot.push.settings import DebounceSettings, PushSettings
 from pilot.security.settings import SecuritySettings
 from pilot.sources.kubernetes.config import KubernetesSettings
@@ -37,6 +38,7 @@ class Settings:
     plaintext_secrets: bool | None = None
     # PILOT_CSDS_TRUSTED_ACCOUNTS: ns/sa that may read every proxy's status over CSDS.
     csds_trusted_accounts: tuple[str, ...] = ()
+    limits: Limits = field(default_factory=Limits)  # PILOT_MAX_* (see pilot.limits)
     tls_dns_names: tuple[str, ...] = ()
     tls_require_client_cert: bool = False
     drain_duration: float = 5.0

@@ -22,6 +22,7 @@ from envoy.service.status.v3 import csds_pb2
 from pilot.debug.node_matching import MatcherError, compile_node_matchers
 from pilot.debug.proxy_status import LiveProxies, ResourceStatus, Sync, packed
 from pilot.decoding import BadRequest, decode
+from pilot.limits import Admission, LimitExceeded
 from pilot.security.identity import Identity
 from pilot.xds.proxy import ProxyAuthenticator, ProxyKey, Unauthenticated
 
@@ -120,11 +121,23 @@ class _Csds:
     """The service: who is calling, what they may see, the answer."""
 
     def __init__(
-        self, proxies: LiveProxies, auth: ProxyAuthenticator | None, readers: StatusReaders
+        self,
+        proxies: LiveProxies,
+        auth: ProxyAuthenticator | None,
+        readers: StatusReaders,
+        admission: Admission,
     ) -> None:
         self._proxies = proxies
         self._auth = auth
         self._readers = readers
+        self._admission = admission
+
+    async def _admit(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        try:
+            await self._admission.rate.admit()
+        except LimitExceeded as error:
+            self._admission.hits.hit(error, f"CSDS caller {context.peer()}")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
 
     async def _scope(
         self, context: grpc.aio.ServicerContext[Any, Any]
@@ -145,6 +158,11 @@ class _Csds:
         scope: Callable[[ProxyKey], bool],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> bytes:
+        limit = self._admission.limits.request_bytes
+        if len(data) > limit:
+            error = LimitExceeded("request_bytes", f"a request of more than {limit} bytes")
+            self._admission.hits.hit(error, f"CSDS caller {context.peer()}")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
         try:
             request = decode(csds_pb2.ClientStatusRequest, data)
             answer: bytes = client_status(self._proxies, request, scope).SerializeToString()
@@ -154,11 +172,13 @@ class _Csds:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
 
     async def fetch(self, data: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        await self._admit(context)
         return await self._answer(data, await self._scope(context), context)
 
     async def stream(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
+        await self._admit(context)
         scope = await self._scope(context)
         async for data in requests:
             yield await self._answer(data, scope, context)
@@ -169,10 +189,13 @@ def _identity(data: bytes) -> bytes:
 
 
 def csds_handler(
-    proxies: LiveProxies, auth: ProxyAuthenticator | None, readers: StatusReaders
+    proxies: LiveProxies,
+    auth: ProxyAuthenticator | None,
+    readers: StatusReaders,
+    admission: Admission | None = None,
 ) -> grpc.GenericRpcHandler[Any, Any]:
     """FetchClientStatus and StreamClientStatus; callers authenticate as xDS streams do."""
-    service = _Csds(proxies, auth, readers)
+    service = _Csds(proxies, auth, readers, admission or Admission.unlimited())
     methods = {
         "FetchClientStatus": grpc.unary_unary_rpc_method_handler(
             service.fetch, request_deserializer=_identity, response_serializer=_identity

@@ -8,7 +8,7 @@ happen. Labels are bounded (xDS type, Kubernetes kind): never a proxy id. Each
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -60,6 +60,7 @@ class Sources:
     secret_stats: Callable[[], SecretStats | None] = lambda: None
     informers: Callable[[], Iterable[WatchCounts]] = lambda: ()
     ca_stats: Callable[[], CaStats | None] = lambda: None
+    limit_hits: Callable[[], Mapping[str, int]] = lambda: {}
 
 
 def _istio_counter(
@@ -86,6 +87,17 @@ class PilotCollector(Collector):
         yield from self._xds()
         yield from self._security()
         yield from self._kubernetes()
+        yield self._limits()
+
+    def _limits(self) -> Metric:
+        hits = CounterMetricFamily(
+            "pilot_limit_hits",
+            "Requests refused, or answers forgotten, because a limit was reached.",
+            labels=["limit"],
+        )
+        for limit, count in sorted(self._sources.limit_hits().items()):
+            hits.add_metric([limit], count)
+        return hits
 
     def _xds(self) -> Iterator[Metric]:
         stats = self._sources.stats

@@ -49,8 +49,11 @@ class Certificate(Protocol):
 class CertificateSource(Protocol):
     """Mints and rotates certificates for the proxies that want one."""
 
-    def want(self, proxy: ProxyKey, ready: Callable[[ProxyKey], None]) -> None:
-        """Start keeping a certificate for the proxy's identity; `ready` after each mint."""
+    def want(self, proxy: ProxyKey, ready: Callable[[ProxyKey], None]) -> bool:
+        """Start keeping a certificate for the proxy's identity; `ready` after each mint.
+
+        False if it will not (a limit): the source says why in its log.
+        """
         ...
 
     def release(self, proxy: ProxyKey) -> None:
@@ -96,19 +99,20 @@ class SecretGenerator:
 
     def watch(
         self, proxy: ProxyKey, type_url: str, name: str, changed: Callable[[PushRequest], None]
-    ) -> None:
-        """The first stream of `proxy` names `name`; `changed` is how its mints reach a push."""
+    ) -> bool:
+        """The first stream of `proxy` names `name`; `changed` is how its mints reach a push.
+
+        False for a name pilot does not serve (the stream reports those, once).
+        """
         if name == ROOT_SECRET:
-            return
+            return True
         if name != WORKLOAD_SECRET:
-            log.warning(
-                "proxy %s asked for secret %r; pilot serves default and ROOTCA", proxy, name
-            )
-        elif proxy.identity is None:
+            return False
+        if proxy.identity is None:
             log.error("proxy %s asked for its certificate but proved no identity", proxy)
-        else:
+        elif self._source.want(proxy, lambda minted: changed(_certificate_of(minted))):
             self._cache.set_pending(type_url, name, proxy, True)
-            self._source.want(proxy, lambda minted: changed(_certificate_of(minted)))
+        return True
 
     def unwatch(self, proxy: ProxyKey, type_url: str, name: str) -> None:
         """The last stream of `proxy` that named `name` let go of it."""

@@ -81,7 +81,9 @@ class OwnedGenerator(Generator, Protocol):
 
     def watch(
         self, proxy: ProxyKey, type_url: str, name: str, changed: Callable[[PushRequest], None]
-    ) -> None: ...
+    ) -> bool:
+        """Start making `name` for `proxy`; False if no such resource is made here."""
+        ...
 
     def unwatch(self, proxy: ProxyKey, type_url: str, name: str) -> None: ...
 
@@ -186,34 +188,49 @@ class Pipeline:
         """A stream identified its proxy (on its first request)."""
         self._subscribers.join(subscriber)
 
-    def on_events(self, subscriber: Subscriber, events: Iterable[StreamEvent]) -> None:
-        """What a request meant: subscription changes, and replies other streams follow."""
+    def on_events(self, subscriber: Subscriber, events: Iterable[StreamEvent]) -> list[str]:
+        """What a request meant: subscription changes, and replies other streams follow.
+
+        Returns the names of per-proxy resources asked for that are not made here.
+        """
         siblings = self._subscribers.streams_of(subscriber.proxy)
+        unknown: list[str] = []
         for event in events:
             if isinstance(event, SubscriptionChanged):
                 self._subscribers.apply(subscriber, event)
-                self._watch_owned(subscriber.proxy, event.type_url, event.added, first=True)
-                self._watch_owned(subscriber.proxy, event.type_url, event.removed, first=False)
+                unknown += self._watch_owned(subscriber.proxy, event.type_url, event.added)
+                self._unwatch_owned(subscriber.proxy, event.type_url, event.removed)
             for sibling in streams_to_wake(subscriber, event, siblings):
                 sibling.wake()
+        return unknown
 
     def leave(self, subscriber: Subscriber) -> None:
         """A stream ended: forget its subscriptions; its proxy may let go of secrets."""
         subscriptions = subscriber.stream.subscriptions()
         self._subscribers.leave(subscriber, subscriptions)
         for type_url, names in subscriptions:
-            self._watch_owned(subscriber.proxy, type_url, names, first=False)
+            self._unwatch_owned(subscriber.proxy, type_url, names)
 
-    def _watch_owned(
-        self, proxy: ProxyKey, type_url: str, names: Iterable[str], *, first: bool
-    ) -> None:
-        """Tell a generator when a proxy starts (first stream) or stops (last) naming its own."""
+    def _watch_owned(self, proxy: ProxyKey, type_url: str, names: Iterable[str]) -> list[str]:
+        """The first stream of a proxy naming its own resource makes its generator watch it.
+
+        Returns the names the generator does not make.
+        """
+        owner = self._owners.get(type_url)
+        if owner is None:
+            return []
+        unknown = []
+        for name in names:
+            first = self._subscribers.proxy_watchers(proxy, type_url, name) == 1
+            if first and not owner.watch(proxy, type_url, name, self.submit):
+                unknown.append(name)
+        return unknown
+
+    def _unwatch_owned(self, proxy: ProxyKey, type_url: str, names: Iterable[str]) -> None:
+        """The last stream of a proxy to let go of its own resource makes the generator stop."""
         owner = self._owners.get(type_url)
         if owner is None:
             return
         for name in names:
-            watchers = self._subscribers.proxy_watchers(proxy, type_url, name)
-            if first and watchers == 1:
-                owner.watch(proxy, type_url, name, self.submit)
-            elif not first and watchers == 0:
+            if self._subscribers.proxy_watchers(proxy, type_url, name) == 0:
                 owner.unwatch(proxy, type_url, name)

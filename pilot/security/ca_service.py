@@ -22,6 +22,8 @@ from typing import Any
 import grpc
 
 from pilot._gen.istio.v1.auth import ca_pb2
+from pilot.decoding import BadRequest, decode
+from pilot.limits import Admission, LimitExceeded
 from pilot.security.authn import Authenticator, AuthError
 from pilot.security.ca import CaExpired, CertificateAuthority, CsrError
 from pilot.security.identity import Identity
@@ -42,6 +44,10 @@ class CaStats:
     csr_error_count: int = 0
 
 
+def _identity(data: bytes) -> bytes:
+    return data
+
+
 class RequestRefused(Exception):
     """A request the CA will not sign, with the status to answer."""
 
@@ -59,18 +65,55 @@ class CaService:
         authenticator: Authenticator,
         trusted_node_accounts: Iterable[str] = (),
         signing_slots: asyncio.Semaphore | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.ca = ca
         self._authenticator = authenticator
         self._trusted = frozenset(trusted_node_accounts)
         self._slots = signing_slots or asyncio.Semaphore(4)
+        self._admission = admission or Admission.unlimited()
+        self.in_flight = 0  # requests admitted and not answered yet
         self.stats = CaStats()
 
     async def create_certificate(
-        self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> ca_pb2.IstioCertificateResponse:
+        self, data: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> bytes:
+        """One CreateCertificate call: admitted, decoded, authenticated, authorized, signed."""
         self.stats.csr_count += 1
         try:
+            await self._admit(data, context)
+        except LimitExceeded as error:
+            self._admission.hits.hit(error, f"CA caller {context.peer()}")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+        self.in_flight += 1
+        try:
+            response = await self._answer(data, context)
+        finally:
+            self.in_flight -= 1
+        answer: bytes = response.SerializeToString()
+        return answer
+
+    async def _admit(self, data: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        limits = self._admission.limits
+        await self._admission.rate.admit()
+        if len(data) > limits.request_bytes:
+            raise LimitExceeded(
+                "request_bytes",
+                f"a request of {len(data)} bytes, more than {limits.request_bytes}"
+                " (PILOT_MAX_REQUEST_BYTES)",
+            )
+        if self.in_flight >= limits.pending_csrs:
+            raise LimitExceeded(
+                "pending_csrs",
+                f"{limits.pending_csrs} certificate requests are being answered already"
+                " (PILOT_MAX_PENDING_CSRS); retry later",
+            )
+
+    async def _answer(
+        self, data: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ca_pb2.IstioCertificateResponse:
+        try:
+            request = self._decode(data)
             caller = await self._caller(context)
             identity = self._identity_for(caller, request)
             chain = await self._sign(request, identity)
@@ -84,6 +127,13 @@ class CaService:
         self.stats.success_cert_issuance_count += 1
         log.info("CA signed a certificate for %s", identity)
         return ca_pb2.IstioCertificateResponse(cert_chain=chain)
+
+    @staticmethod
+    def _decode(data: bytes) -> ca_pb2.IstioCertificateRequest:
+        try:
+            return decode(ca_pb2.IstioCertificateRequest, data)
+        except BadRequest as error:
+            raise RequestRefused(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from error
 
     async def _caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> Identity:
         metadata = {
@@ -131,7 +181,7 @@ class CaService:
     def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
         method = grpc.unary_unary_rpc_method_handler(
             self.create_certificate,
-            request_deserializer=ca_pb2.IstioCertificateRequest.FromString,
-            response_serializer=ca_pb2.IstioCertificateResponse.SerializeToString,
+            request_deserializer=_identity,  # decoded in the handler: garbage is the caller's error
+            response_serializer=_identity,
         )
         return grpc.method_handlers_generic_handler(CA_SERVICE, {"CreateCertificate": method})

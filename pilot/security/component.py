@@ -8,11 +8,13 @@ from dataclasses import dataclass
 
 from kubernetes_asyncio import client
 
+from pilot.limits import Admission
 from pilot.security.authn import Authenticator
 from pilot.security.ca import CertificateAuthority
 from pilot.security.ca_client import CaClient, LocalCa, RemoteCa
 from pilot.security.ca_service import CaService
 from pilot.security.lease import LeaseElector
+from pilot.security.review_cache import CachedReviewer
 from pilot.security.root_store import LEASE_NAME, SharedRoot
 from pilot.security.secrets import SecretManager
 from pilot.security.settings import SecuritySettings
@@ -42,6 +44,7 @@ class Security:
         *,
         shared_root: bool = False,
         observe_ca_latency: Callable[[float], None] = lambda seconds: None,
+        admission: Admission | None = None,
     ) -> Security:
         """Load (or make) the CA root and build everything around it.
 
@@ -58,16 +61,25 @@ class Security:
             ca = await SharedRoot(api_client, settings.namespace, settings.ca, elector).load()
         else:
             ca = await asyncio.to_thread(CertificateAuthority.load, settings.ca)
-        reviewer = KubernetesTokenReviewer(api_client) if api_client is not None else None
+        admission = admission or Admission.unlimited()
+        reviewer = (
+            CachedReviewer(
+                KubernetesTokenReviewer(api_client),
+                admission.limits.token_cache,
+                admission.hits,
+            )
+            if api_client is not None
+            else None
+        )
         authenticator = Authenticator(
             ca.settings.trust_domain, reviewer, settings.token_audiences, [ca.signing_cert]
         )
         slots = asyncio.Semaphore(SIGNING_SLOTS)
-        ca_service = CaService(ca, authenticator, settings.trusted_node_accounts, slots)
+        ca_service = CaService(ca, authenticator, settings.trusted_node_accounts, slots, admission)
         remote = RemoteCa(settings.remote_ca) if settings.remote_ca is not None else None
         ca_client: CaClient = remote if remote is not None else LocalCa(ca, slots)
         root_pem = remote.root_pem if remote is not None else ca.root_pem
-        secrets = SecretManager(ca_client, root_pem, settings.sds, observe_ca_latency)
+        secrets = SecretManager(ca_client, root_pem, settings.sds, observe_ca_latency, admission)
         mode = settings.xds_auth or default_xds_auth
         identities = ProxyIdentities(mode, ca.settings.trust_domain, authenticator)
         return cls(ca, ca_service, secrets, identities, remote, elector)

@@ -21,12 +21,14 @@ import datetime
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives import serialization
 
 from pilot.backoff import Backoff
+from pilot.limits import Admission, LimitExceeded
 from pilot.security.ca_client import CaClient, CaError
 from pilot.security.certs import (
     KeyType,
@@ -95,33 +97,63 @@ class SecretManager:
         root_pem: str,
         settings: SdsSettings,
         observe_ca_latency: Callable[[float], None] = lambda seconds: None,
+        admission: Admission | None = None,
     ) -> None:
         self._ca = ca
         self._settings = settings
         self._observe_ca_latency = observe_ca_latency
+        self._admission = admission or Admission.unlimited()
         self._mint_slots = asyncio.Semaphore(settings.max_concurrent_mints)
         self._workloads: dict[ProxyKey, _Workload] = {}
+        self._per_identity: Counter[str] = Counter()
         self._root_pem = root_pem
         self.stats = SecretStats()
 
     # -- the SDS generator's view (CertificateSource) ----------------------------
 
-    def want(self, proxy: ProxyKey, ready: Ready) -> None:
-        """Keep a certificate for the proxy's proven identity; `ready(proxy)` after each mint."""
+    def want(self, proxy: ProxyKey, ready: Ready) -> bool:
+        """Keep a certificate for the proxy's proven identity; `ready(proxy)` after each mint.
+
+        False when a limit on live keys refuses it (counted and logged).
+        """
         if proxy in self._workloads:
-            return
+            return True
         if proxy.identity is None:
             raise ValueError(f"proxy {proxy} proved no identity: no certificate for it")
+        try:
+            self._check_limits(proxy.identity)
+        except LimitExceeded as error:
+            self._admission.hits.hit(error, f"proxy {proxy}")
+            return False
         workload = self._workloads[proxy] = _Workload(Identity.parse(proxy.identity), ready)
+        self._per_identity[proxy.identity] += 1
         workload.task = asyncio.create_task(
             self._maintain(proxy, workload), name=f"sds-{proxy.node_id}"
         )
+        return True
+
+    def _check_limits(self, identity: str) -> None:
+        limits = self._admission.limits
+        if len(self._workloads) >= limits.certificates:
+            raise LimitExceeded(
+                "certificates",
+                f"{limits.certificates} workload keys live already (PILOT_MAX_CERTIFICATES)",
+            )
+        if self._per_identity[identity] >= limits.certificates_per_identity:
+            raise LimitExceeded(
+                "certificates_per_identity",
+                f"{limits.certificates_per_identity} workload keys live for {identity} already"
+                " (PILOT_MAX_CERTIFICATES_PER_IDENTITY)",
+            )
 
     def release(self, proxy: ProxyKey) -> None:
         """Forget the proxy's key and certificate (stop rotating them)."""
         workload = self._workloads.pop(proxy, None)
         if workload is None:
             return
+        self._per_identity[workload.identity.uri] -= 1
+        if not self._per_identity[workload.identity.uri]:
+            del self._per_identity[workload.identity.uri]
         if workload.task is not None:
             workload.task.cancel()
         if workload.certificate is not None:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import grpc
 from envoy.config.core.v3 import base_pb2
 
+from pilot.limits import Admission, LimitExceeded
 from pilot.protocol import DeltaStream, ProtocolError, SotwStream
 from pilot.protocol.kind import StreamKind
 from pilot.protocol.messages import (
@@ -35,7 +36,7 @@ from pilot.protocol.messages import (
     WildcardRefused,
 )
 from pilot.push.pipeline import Pipeline
-from pilot.server import convert
+from pilot.server import convert, intake
 from pilot.server.registry import ConnectionRegistry
 from pilot.stats import XdsStats
 from pilot.xds import types
@@ -75,6 +76,7 @@ class StreamContext:
     auth: ProxyAuthenticator | None = None
     metrics: StreamMetrics = field(default_factory=_NoMetrics)
     served_types: frozenset[str] | None = None
+    admission: Admission = field(default_factory=Admission.unlimited)
 
     @property
     def types(self) -> frozenset[str]:
@@ -138,8 +140,13 @@ class Connection:
         A client that half-closes (as grpcurl does after its last request) keeps
         receiving pushes: in gRPC, the end of requests is not the end of the call.
         """
-        await self._authenticate(context)
-        self._context.connections.add(self)
+        try:
+            await self._context.admission.rate.admit()
+            await self._authenticate(context)
+            self._admit()
+        except LimitExceeded as error:
+            self._context.admission.hits.hit(error, f"xDS stream from {self.peer}")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
         reader = asyncio.create_task(self._read(requests))
         writer = asyncio.create_task(self._write(context))
         closing = asyncio.create_task(self._closing.wait())
@@ -159,12 +166,30 @@ class Connection:
             self._pipeline.leave(self)
             log.info("proxy %s disconnected (%s, %s)", self.proxy, self.kind.label, self.peer)
 
+    def _admit(self) -> None:
+        """Join the registry if the stream limits allow (no await: check and add at once)."""
+        limits, connections = self._context.admission.limits, self._context.connections
+        if len(connections) >= limits.streams:
+            raise LimitExceeded(
+                "streams", f"pilot serves {limits.streams} streams already (PILOT_MAX_STREAMS)"
+            )
+        if connections.on_peer(self.peer) >= limits.streams_per_connection:
+            raise LimitExceeded(
+                "streams_per_connection",
+                f"{limits.streams_per_connection} streams on this connection already"
+                " (PILOT_MAX_STREAMS_PER_CONNECTION)",
+            )
+        connections.add(self)
+
     async def _end_on_error(
         self, task: asyncio.Task[Any], context: grpc.aio.ServicerContext[Any, bytes]
     ) -> None:
         """Turn what ended a task into the stream's status."""
         error = task.exception()
-        if isinstance(error, ProtocolError):
+        if isinstance(error, LimitExceeded):
+            self._context.admission.hits.hit(error, f"proxy {self.proxy} ({self.peer})")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+        elif isinstance(error, ProtocolError):
             log.warning("proxy %s (%s): %s", self.proxy, self.peer, error)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         elif isinstance(error, PermissionDenied):
@@ -189,21 +214,27 @@ class Connection:
             log.warning("xDS stream from %s refused: %s", self.peer, error)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
 
-    async def _read(self, requests: AsyncIterator[Any]) -> None:
-        async for message in requests:
-            self._handle(message)
+    async def _read(self, requests: AsyncIterator[bytes]) -> None:
+        async for data in requests:
+            self._handle(data)
 
-    def _handle(self, message: Any) -> None:
+    def _handle(self, data: bytes) -> None:
+        limits = self._context.admission.limits
+        message = intake.decode_request(data, self.kind.delta, limits)
         if self.node is None:
+            intake.check_node(message.node, limits)
             self._identify(message.node)
         request = self._convert(message)
         if request.type_url not in self._served:
             self._unserved(request.type_url)
             return
         self.kind.check(request.type_url)
+        intake.check_names(self.stream, request, limits)
         events = self.stream.on_request(request)  # type: ignore[arg-type]
         self._note(events)
-        self._pipeline.on_events(self, events)
+        unknown = self._pipeline.on_events(self, events)
+        if unknown:
+            self._unknown_names(request.type_url, unknown)
         if self.stream.has_work:
             self._wake.set()
 
@@ -246,6 +277,19 @@ class Connection:
                     types.short_name(event.type_url),
                 )
 
+    def _unknown_names(self, type_url: str, names: list[str]) -> None:
+        """One line per stream and type, however many names (a flood is one line, not many)."""
+        shown = ", ".join(repr(name[:64]) for name in names[:3])
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        self._warn_once(
+            f"unknown {type_url}",
+            "proxy %s asked for %d %s names that pilot does not make (%s%s); ignoring them",
+            len(names),
+            types.short_name(type_url),
+            shown,
+            more,
+        )
+
     def _unserved(self, type_url: str) -> None:
         if not type_url:
             raise ProtocolError("type_url is empty")
@@ -255,11 +299,11 @@ class Connection:
             type_url,
         )
 
-    def _warn_once(self, key: str, message: str, subject: str) -> None:
+    def _warn_once(self, key: str, message: str, *args: object) -> None:
         """One warning per stream and subject, however often the client repeats itself."""
         if key not in self._warned:
             self._warned.add(key)
-            log.warning(message, self.proxy, subject)
+            log.warning(message, self.proxy, *args)
 
     async def _write(self, context: grpc.aio.ServicerContext[Any, bytes]) -> None:
         pipeline = self._pipeline

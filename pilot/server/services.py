@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
-from envoy.service.discovery.v3 import discovery_pb2
 
+from pilot.limits import LimitExceeded
 from pilot.protocol import ProtocolError, SotwStream
 from pilot.protocol.kind import StreamKind
-from pilot.server import convert
+from pilot.server import convert, intake
 from pilot.server.connection import Connection, StreamContext
 from pilot.xds import types
 from pilot.xds.flavor import Flavor
@@ -41,9 +41,9 @@ def _stream_handler(shared: StreamContext, kind: StreamKind) -> grpc.RpcMethodHa
     ) -> None:
         await Connection(shared, kind, context.peer()).serve(requests, context)
 
-    message = discovery_pb2.DeltaDiscoveryRequest if kind.delta else discovery_pb2.DiscoveryRequest
+    # Requests arrive as bytes: the stream decodes them, so garbage is its error to report.
     return grpc.stream_stream_rpc_method_handler(
-        handle, request_deserializer=message.FromString, response_serializer=_identity
+        handle, request_deserializer=_identity, response_serializer=_identity
     )
 
 
@@ -65,9 +65,16 @@ def _fetch_handler(
 ) -> grpc.RpcMethodHandler[Any, bytes]:
     """Unary Fetch*: one SotW answer for the names asked, from the current state."""
 
-    async def fetch(
-        message: discovery_pb2.DiscoveryRequest, context: grpc.aio.ServicerContext[Any, bytes]
-    ) -> bytes:
+    async def fetch(data: bytes, context: grpc.aio.ServicerContext[Any, bytes]) -> bytes:
+        admission = shared.admission
+        try:
+            await admission.rate.admit()
+            message = intake.decode_request(data, False, admission.limits)
+        except LimitExceeded as error:
+            admission.hits.hit(error, f"Fetch from {context.peer()}")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+        except ProtocolError as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         await _check_credentials(shared, context)
         request = convert.sotw_request(message, type_url)
         if request.type_url != type_url:
@@ -83,9 +90,7 @@ def _fetch_handler(
         return convert.encode_empty(type_url, view.version(type_url))
 
     return grpc.unary_unary_rpc_method_handler(
-        fetch,
-        request_deserializer=discovery_pb2.DiscoveryRequest.FromString,
-        response_serializer=_identity,
+        fetch, request_deserializer=_identity, response_serializer=_identity
     )
 
 

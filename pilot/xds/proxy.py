@@ -28,7 +28,9 @@ class ProxyKey:
     identity: str | None
 
     def __str__(self) -> str:
-        return f"{self.node_id} ({self.identity or 'no identity'})"
+        # The node id is the client's: no control characters of its own reach a log line.
+        node_id = "".join(c if c.isprintable() else repr(c)[1:-1] for c in self.node_id)
+        return f"{node_id} ({self.identity or 'no identity'})"
 
 
 class Unauthenticated(Exception):

@@ -768,10 +768,12 @@ class XdsClient:
     token: str | None = field(default=None, kw_only=True, repr=False)
 
     def __post_init__(self) -> None:
+        # Each client its own TCP connection, as each Envoy has (not one shared by all).
+        options = [("grpc.use_local_subchannel_pool", 1)]
         if self.credentials is not None:
-            self.channel = grpc.aio.secure_channel(self.target, self.credentials)
+            self.channel = grpc.aio.secure_channel(self.target, self.credentials, options)
         else:
-            self.channel = grpc.aio.insecure_channel(self.target)
+            self.channel = grpc.aio.insecure_channel(self.target, options)
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...] | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -327,7 +327,9 @@ def wildcard_warning(entry: Entry) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def running_mesh(folder: Path, *pilot_flags: str) -> AsyncIterator[Mesh]:
+async def running_mesh(
+    folder: Path, *pilot_flags: str, env: Mapping[str, str] | None = None
+) -> AsyncIterator[Mesh]:
     """The API server (barrier Services, every account's token) and pilot on it,
     with a plugged-in CA written under `folder` so that tests know the root."""
     ca = write_plugged_in(folder / "plugged-in-ca")
@@ -338,8 +340,11 @@ async def running_mesh(folder: Path, *pilot_flags: str) -> AsyncIterator[Mesh]:
         tokens = {account: sa_token(srv, account.namespace, account.name) for account in ACCOUNTS}
         kubeconfig = write_kubeconfig(folder / "kubeconfig.yaml", srv.url)
         root = ca.root.cert_pem.encode()
-        env = {"PILOT_CSDS_TRUSTED_ACCOUNTS": f"{AUDITOR.namespace}/{AUDITOR.name}"}
-        pilot = await start_pilot(folder, kubeconfig, ca.directory, root, *pilot_flags, env=env)
+        settings = {"PILOT_CSDS_TRUSTED_ACCOUNTS": f"{AUDITOR.namespace}/{AUDITOR.name}"}
+        settings |= env or {}
+        pilot = await start_pilot(
+            folder, kubeconfig, ca.directory, root, *pilot_flags, env=settings
+        )
         try:
             yield Mesh(pilot, srv, ca, tokens)
         finally:

@@ -47,8 +47,9 @@ class Certificates:
         self.minted: dict[ProxyKey, Minted] = {}
         self.serial = 0
 
-    def want(self, proxy: ProxyKey, ready: Callable[[ProxyKey], None]) -> None:
+    def want(self, proxy: ProxyKey, ready: Callable[[ProxyKey], None]) -> bool:
         self.wanted[proxy] = ready
+        return True
 
     def release(self, proxy: ProxyKey) -> None:
         self.released.append(proxy)
