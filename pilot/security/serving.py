@@ -15,12 +15,13 @@ import threading
 
 import grpc
 
-from pilot.security.ca import CertificateAuthority
+from pilot.security.ca import CaExpired, CertificateAuthority
 from pilot.security.certs import load_certificates, utcnow
 
 log = logging.getLogger("pilot.security")
 
 SERVING_TTL = datetime.timedelta(days=1)
+RETRY_SECONDS = 60.0
 
 
 def default_dns_names(cluster_domain: str, service: str = "pilot") -> list[str]:
@@ -68,10 +69,19 @@ class TlsServing:
             return renewed
 
     async def run(self) -> None:
-        """Renew at half of the remaining lifetime, forever."""
+        """Renew at half of the remaining lifetime, forever.
+
+        A CA that can no longer sign (it expired) does not end the loop: the
+        current certificate keeps serving, and renewal is tried again later.
+        """
         while True:
             await asyncio.sleep(max((self._expires - utcnow()).total_seconds() / 2, 1.0))
-            configuration = await asyncio.to_thread(self._issue)
+            try:
+                configuration = await asyncio.to_thread(self._issue)
+            except CaExpired as error:
+                log.error("cannot renew the TLS serving certificate: %s; trying again", error)
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
             with self._lock:
                 self._renewed = configuration
             log.info("renewed the TLS serving certificate for %s", ", ".join(self._dns_names))
