@@ -3,6 +3,11 @@
 `--log-level info,xds:debug,kubernetes:warning` sets the default level, then
 per-scope levels. Scopes name pilot's components (`xds`, `push`, `file`,
 `kubernetes`, `security`, `ca`, `sds`, `agent`) or any logger name.
+
+Clients decide many strings pilot logs (node ids, type URLs, names, NACK
+messages): `clipped` shows one escaped and cut short, and every message is cut
+at `MAX_MESSAGE` characters whatever it holds, so no client decides the size
+of a log line.
 """
 
 from __future__ import annotations
@@ -25,6 +30,29 @@ SCOPES: Final = {
 }
 LEVELS: Final = ("debug", "info", "warning", "error")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+MAX_MESSAGE = 4096
+CLIENT_TEXT = 200
+
+
+def clipped(text: str, limit: int = CLIENT_TEXT) -> str:
+    """A client's string for a log line: control characters escaped, at most `limit` shown."""
+    shown = text if len(text) <= limit else text[:limit]
+    escaped = "".join(c if c.isprintable() else repr(c)[1:-1] for c in shown)
+    return escaped if len(text) <= limit else f"{escaped}...(+{len(text) - limit} chars)"
+
+
+def _cut(message: str) -> str:
+    if len(message) <= MAX_MESSAGE:
+        return message
+    return f"{message[:MAX_MESSAGE]}...(+{len(message) - MAX_MESSAGE} chars)"
+
+
+class TextFormatter(logging.Formatter):
+    """Istio-like text lines, the message cut at MAX_MESSAGE characters."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = _cut(record.message)
+        return super().formatMessage(record)
 
 
 class LogSpecError(ValueError):
@@ -53,7 +81,7 @@ class JsonFormatter(logging.Formatter):
             "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(),
             "level": record.levelname.lower(),
             "scope": record.name,
-            "msg": record.getMessage(),
+            "msg": _cut(record.getMessage()),
         }
         if record.exc_info:
             entry["error"] = self.formatException(record.exc_info)
@@ -64,9 +92,7 @@ def configure(spec: str, log_format: str = "text") -> None:
     """Install one stderr handler with the chosen format and levels."""
     default, scoped = parse_levels(spec)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
-    )
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(default)

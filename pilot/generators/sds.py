@@ -109,7 +109,8 @@ class SecretGenerator:
         if name != WORKLOAD_SECRET:
             return False
         if proxy.identity is None:
-            log.error("proxy %s asked for its certificate but proved no identity", proxy)
+            # A warning, not an error: any client can send this (--xds-auth none, no metadata).
+            log.warning("proxy %s asked for its certificate but proved no identity", proxy)
         elif self._source.want(proxy, lambda minted: changed(_certificate_of(minted))):
             self._cache.set_pending(type_url, name, proxy, True)
         return True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pilot.logs import clipped
 from pilot.protocol.delta import DeltaStream
 from pilot.protocol.messages import ProtocolError
 from pilot.protocol.sotw import SotwStream
@@ -33,7 +34,9 @@ class StreamKind:
     def check(self, type_url: str) -> None:
         """Raise ProtocolError if this RPC does not carry `type_url`."""
         if self.fixed_type is not None and type_url != self.fixed_type:
-            raise ProtocolError(f"type_url {type_url} is not served on the {self.label} service")
+            raise ProtocolError(
+                f"type_url {clipped(type_url)} is not served on the {self.label} service"
+            )
 
     def new_stream(self) -> SotwStream | DeltaStream:
         """A fresh protocol machine for a stream of this kind."""

@@ -23,6 +23,7 @@ import grpc
 from envoy.config.core.v3 import base_pb2
 
 from pilot.limits import Admission, LimitExceeded
+from pilot.logs import clipped
 from pilot.protocol import DeltaStream, ProtocolError, SotwStream
 from pilot.protocol.kind import StreamKind
 from pilot.protocol.messages import (
@@ -44,6 +45,7 @@ from pilot.xds.proxy import PermissionDenied, ProxyAuthenticator, ProxyKey, Unau
 
 log = logging.getLogger("pilot.xds")
 _ids = itertools.count(1)
+MAX_WARNINGS = 16  # distinct warnings one stream may cause
 
 
 class StreamMetrics(Protocol):
@@ -144,20 +146,33 @@ class Connection:
             await self._context.admission.rate.admit()
             await self._authenticate(context)
             self._admit()
-        except LimitExceeded as error:
-            self._context.admission.hits.hit(error, f"xDS stream from {self.peer}")
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+        except LimitExceeded as refused:
+            self._context.admission.hits.hit(refused, f"xDS stream from {self.peer}")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(refused))
+        ended_by = await self._run(requests, context)
+        if ended_by is not None:
+            await self._end_with(ended_by, context)
+
+    async def _run(
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, bytes]
+    ) -> BaseException | None:
+        """Read and write until the stream ends; returns what ended it, if an error.
+
+        Reader and writer are both stopped before the stream's status is sent:
+        gRPC refuses a status while a write of ours is still in flight.
+        """
         reader = asyncio.create_task(self._read(requests))
         writer = asyncio.create_task(self._write(context))
         closing = asyncio.create_task(self._closing.wait())
+        running = {reader, writer, closing}
         try:
-            running = {reader, writer, closing}
             while True:
                 done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    await self._end_on_error(task, context)
+                    if task.exception() is not None:
+                        return task.exception()
                 if writer in done or closing in done:
-                    return  # a reader that ended cleanly (half-close) ends nothing
+                    return None  # a reader that ended cleanly (half-close) ends nothing
         finally:
             for task in (reader, writer, closing):
                 task.cancel()
@@ -181,11 +196,10 @@ class Connection:
             )
         connections.add(self)
 
-    async def _end_on_error(
-        self, task: asyncio.Task[Any], context: grpc.aio.ServicerContext[Any, bytes]
+    async def _end_with(
+        self, error: BaseException, context: grpc.aio.ServicerContext[Any, bytes]
     ) -> None:
-        """Turn what ended a task into the stream's status."""
-        error = task.exception()
+        """Turn what ended the stream into its status."""
         if isinstance(error, LimitExceeded):
             self._context.admission.hits.hit(error, f"proxy {self.proxy} ({self.peer})")
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
@@ -193,13 +207,13 @@ class Connection:
             log.warning("proxy %s (%s): %s", self.proxy, self.peer, error)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         elif isinstance(error, PermissionDenied):
-            log.warning("proxy %s (%s) refused: %s", self.proxy_id, self.peer, error)
+            log.warning("proxy %s (%s) refused: %s", self.proxy, self.peer, error)
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
         elif isinstance(error, TimeoutError):
             message = "not reading its responses: closing the stream (PILOT_XDS_SEND_TIMEOUT)"
             log.warning("proxy %s (%s) %s", self.proxy, self.peer, message)
             await context.abort(grpc.StatusCode.UNAVAILABLE, message)
-        elif error is not None:
+        else:
             raise error
 
     async def _authenticate(self, context: grpc.aio.ServicerContext[Any, bytes]) -> None:
@@ -264,8 +278,8 @@ class Connection:
                     self.proxy,
                     types.short_name(event.type_url),
                     event.rejected_version,
-                    event.nonce,
-                    event.message,
+                    clipped(event.nonce),
+                    clipped(event.message, 1000),
                 )
             elif isinstance(event, StaleNonce):
                 stats.stale_nonces[event.type_url] += 1
@@ -279,7 +293,7 @@ class Connection:
 
     def _unknown_names(self, type_url: str, names: list[str]) -> None:
         """One line per stream and type, however many names (a flood is one line, not many)."""
-        shown = ", ".join(repr(name[:64]) for name in names[:3])
+        shown = ", ".join(repr(clipped(name, 64)) for name in names[:3])
         more = f" and {len(names) - 3} more" if len(names) > 3 else ""
         self._warn_once(
             f"unknown {type_url}",
@@ -296,14 +310,19 @@ class Connection:
         self._warn_once(
             type_url,
             "proxy %s asked for %s, which pilot does not serve on this port; ignoring",
-            type_url,
+            clipped(type_url),
         )
 
     def _warn_once(self, key: str, message: str, *args: object) -> None:
-        """One warning per stream and subject, however often the client repeats itself."""
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(message, self.proxy, *args)
+        """One warning per stream and subject, however often the client repeats itself.
+
+        A stream gets at most MAX_WARNINGS subjects: a client inventing new ones
+        (type URLs, say) stops being heard, it does not fill the log.
+        """
+        if key in self._warned or len(self._warned) >= MAX_WARNINGS:
+            return
+        self._warned.add(key)
+        log.warning(message, self.proxy, *args)
 
     async def _write(self, context: grpc.aio.ServicerContext[Any, bytes]) -> None:
         pipeline = self._pipeline

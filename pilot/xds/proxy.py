@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pilot.logs import clipped
+
 AuthContext = Mapping[str, Iterable[bytes]]
 
 
@@ -28,9 +30,8 @@ class ProxyKey:
     identity: str | None
 
     def __str__(self) -> str:
-        # The node id is the client's: no control characters of its own reach a log line.
-        node_id = "".join(c if c.isprintable() else repr(c)[1:-1] for c in self.node_id)
-        return f"{node_id} ({self.identity or 'no identity'})"
+        # The node id is the client's: escaped and cut short before it reaches a log line.
+        return f"{clipped(self.node_id)} ({self.identity or 'no identity'})"
 
 
 class Unauthenticated(Exception):

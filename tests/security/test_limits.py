@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import pytest
 import pytest_asyncio
 
 from tests.protocol.client import (
+    ADS_DELTA,
     ADS_SOTW,
     CLUSTER,
     ENDPOINT,
     SECRET,
     Closed,
+    DeltaRequest,
     DeltaStream,
     DiscoveryRequest,
     XdsClient,
@@ -71,30 +73,44 @@ async def _hits(mesh: Mesh, limit: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-async def _ended(stream: DeltaStream) -> Closed:
-    """How a stream ended (the refusal may beat the request's write)."""
-    item = await stream.next_event(WAIT)
-    assert isinstance(item, Closed), f"the stream was served: {item}"
-    return item
+def _check_refusal(closed: Closed | object, variable: str) -> None:
+    assert isinstance(closed, Closed), f"served: {closed}"
+    assert closed.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (
+        f"{closed.code.name}: {closed.details}"
+    )
+    assert variable in closed.details
 
 
-async def _refused(
-    mesh: Mesh, limit: str, variable: str, stream: DeltaStream, *request: object
-) -> None:
+async def _refused_request(mesh: Mesh, limit: str, variable: str, request: DeltaRequest) -> None:
+    """A delta ADS stream sending `request` is refused for `limit`, and counted.
+
+    The blocking client (`first_reply`) reports the server's status even when the
+    refusal beats the write, which grpc.aio's client does not.
+    """
     before = await _hits(mesh, limit)
-    try:
-        await stream.request(*request)  # type: ignore[arg-type]
-    except grpc.aio.AioRpcError as error:
-        code, details = error.code(), error.details() or ""
-    except asyncio.InvalidStateError:  # refused before the write: the status is read below
-        closed = await _ended(stream)
-        code, details = closed.code, closed.details
-    else:
-        closed = await _ended(stream)
-        code, details = closed.code, closed.details
-    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, f"{code.name}: {details}"
-    assert variable in details
+    closed = await first_reply(
+        mesh.pilot.target(tls=False), ADS_DELTA, [request], token=mesh.tokens[VICTIM]
+    )
+    _check_refusal(closed, variable)
     assert await _hits(mesh, limit) == before + 1, f"pilot_limit_hits_total{{limit={limit!r}}}"
+
+
+async def _refused_stream(
+    mesh: Mesh, limit: str, variable: str, open_stream: Callable[[], DeltaStream]
+) -> None:
+    """A stream refused on admission (before any request: nothing is written), and counted."""
+    before = await _hits(mesh, limit)
+    closed = await open_stream().next_event(WAIT)
+    _check_refusal(closed, variable)
+    assert await _hits(mesh, limit) == before + 1, f"pilot_limit_hits_total{{limit={limit!r}}}"
+
+
+def _eds(node_id: str, names: list[str], metadata: dict[str, str] | None = None) -> DeltaRequest:
+    return DeltaRequest(
+        node=node(node_id, metadata or VICTIM.metadata),
+        type_url=ENDPOINT,
+        resource_names_subscribe=names,
+    )
 
 
 def _client(mesh: Mesh, account: Account = VICTIM) -> XdsClient:
@@ -108,36 +124,22 @@ async def test_too_many_names_is_refused_and_the_limit_itself_is_served(small: M
         await honest.subscribe(ENDPOINT, many)
         answered = await honest.next_response(WAIT)
         assert len(answered.removed_resources) == NAMES, "every name answered (none exist)"
-        greedy = client.delta_ads(node(small.node_id(), VICTIM.metadata))
-        await _refused(
-            small,
-            "resource_names",
-            "PILOT_MAX_RESOURCE_NAMES",
-            greedy,
-            ENDPOINT,
-            [*many, "one-more"],
-        )
+    await _refused_request(
+        small, "resource_names", "PILOT_MAX_RESOURCE_NAMES", _eds(small.node_id(), [*many, "1"])
+    )
 
 
 async def test_a_request_too_big_is_refused(small: Mesh) -> None:
-    async with _client(small) as client:
-        stream = client.delta_ads(node(small.node_id(), VICTIM.metadata))
-        huge = ["x" * 1000] * 300  # 300 KB of names, over 256 KiB
-        await _refused(small, "request_bytes", "PILOT_MAX_REQUEST_BYTES", stream, ENDPOINT, huge)
+    huge = [f"{i:04d}" + "x" * 1000 for i in range(300)]  # 300 KB of names, over 256 KiB
+    await _refused_request(
+        small, "request_bytes", "PILOT_MAX_REQUEST_BYTES", _eds(small.node_id(), huge)
+    )
 
 
 async def test_a_node_too_big_is_refused(small: Mesh) -> None:
     metadata = VICTIM.metadata | {"PADDING": "p" * 8192}
-    async with _client(small) as client:
-        stream = client.delta_ads(node(small.node_id(), metadata))
-        await _refused(
-            small,
-            "node_bytes",
-            "PILOT_MAX_NODE_BYTES",
-            stream,
-            ENDPOINT,
-            [cluster_name(BARRIER_SERVICES[0])],
-        )
+    request = _eds(small.node_id(), [cluster_name(BARRIER_SERVICES[0])], metadata)
+    await _refused_request(small, "node_bytes", "PILOT_MAX_NODE_BYTES", request)
 
 
 async def _served(stream: DeltaStream) -> None:
@@ -151,14 +153,11 @@ async def test_streams_per_connection_are_bounded_but_other_connections_are_not(
     async with _client(small) as crowded, _client(small) as other:
         for _ in range(5):
             await _served(crowded.delta_ads(node(small.node_id(), VICTIM.metadata)))
-        sixth = crowded.delta_ads(node(small.node_id(), VICTIM.metadata))
-        await _refused(
+        await _refused_stream(
             small,
             "streams_per_connection",
             "PILOT_MAX_STREAMS_PER_CONNECTION",
-            sixth,
-            ENDPOINT,
-            [cluster_name(BARRIER_SERVICES[0])],
+            lambda: crowded.delta_ads(node(small.node_id(), VICTIM.metadata)),
         )
         await _served(other.delta_ads(node(small.node_id(), VICTIM.metadata)))
 
@@ -182,14 +181,11 @@ async def test_streams_in_all_are_bounded(small: Mesh) -> None:
             for _ in range(5)
         ]
         await asyncio.gather(*(_served(s) for s in streams))
-        extra = clients[8].delta_ads(node(small.node_id(), VICTIM.metadata))
-        await _refused(
+        await _refused_stream(
             small,
             "streams",
             "PILOT_MAX_STREAMS",
-            extra,
-            ENDPOINT,
-            [cluster_name(BARRIER_SERVICES[0])],
+            lambda: clients[8].delta_ads(node(small.node_id(), VICTIM.metadata)),
         )
     finally:
         for client in clients:
