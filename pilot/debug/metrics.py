@@ -8,6 +8,7 @@ happen. Labels are bounded (xDS type, Kubernetes kind): never a proxy id. Each
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -50,6 +51,14 @@ class WatchCounts(Protocol):
     def relists(self) -> int: ...
 
 
+def running_tasks() -> int:
+    """asyncio tasks of the running event loop (0 outside one)."""
+    try:
+        return len(asyncio.all_tasks())
+    except RuntimeError:
+        return 0
+
+
 @dataclass
 class Sources:
     """Where the collector reads current values; filled in as components start."""
@@ -60,6 +69,7 @@ class Sources:
     secret_stats: Callable[[], SecretStats | None] = lambda: None
     informers: Callable[[], Iterable[WatchCounts]] = lambda: ()
     ca_stats: Callable[[], CaStats | None] = lambda: None
+    tasks: Callable[[], int] = running_tasks
 
 
 def _istio_counter(
@@ -94,6 +104,11 @@ class PilotCollector(Collector):
         )
         yield GaugeMetricFamily(
             "pilot_services", "Services in the registry.", value=self._sources.services()
+        )
+        yield GaugeMetricFamily(
+            "pilot_asyncio_tasks",
+            "asyncio tasks in pilot's event loop.",
+            value=self._sources.tasks(),
         )
         yield _by_type("pilot_xds_pushes", "xDS responses sent, by type.", dict(stats.responses))
         rejects = sum(stats.nacks.values())
