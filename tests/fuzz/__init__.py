@@ -8,5 +8,8 @@ Layout:
 - `target`: the pilot under fuzz (file or Kubernetes mode), on a `loop.LoopThread`;
 - `ready`: timing `/ready`; `properties`: what must hold after each example;
 - `fuzzer`: one example end to end; `known`: today's defects, tolerated by the
-  search and reproduced one by one in `test_known_defects`.
+  search and reproduced one by one in `test_known_defects`;
+- `cycles`: streams that connect, subscribe and go away (leak checks).
+
+`python -m bench.fuzz` runs the same examples by the ten thousand.
 """
