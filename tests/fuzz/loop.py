@@ -1,7 +1,7 @@
 """An event loop on a thread of its own, so that synchronous Hypothesis tests can drive it.
 
-Hypothesis calls a test once per example, synchronously. The pilot process, its
-log reader, the `/ready` prober and every gRPC channel live on this loop and keep
+Hypothesis calls a test once per example, synchronously. The pilot process, its log
+reader, the `/ready` prober's reader and every aio channel live on this loop and keep
 running between examples; each example is a coroutine handed over with `run`.
 """
 

@@ -1,10 +1,14 @@
-"""How long pilot's `/ready` takes to answer, sampled all the time and right after each example.
+"""How long pilot's `/ready` takes to answer, sampled all the time, from a process of its own.
 
 A probe is one plain HTTP/1.1 GET on a fresh connection, as a kubelet makes it,
-timed from connecting to the end of the reply. `ReadyProber` probes every
-`interval` seconds in the background; `window(since)` is the worst answer of the
-probes that were still waiting at or after `since`, so a probe stuck behind an
-event loop that pilot keeps busy counts for the example that kept it busy.
+timed from connecting to the end of the reply. The probes run in a child process
+(`python -m tests.fuzz.ready PORT INTERVAL`), every INTERVAL seconds and at once when
+asked (a line on its stdin), and report `start end status` lines (CLOCK_MONOTONIC,
+the same clock in every process): the fuzzer's own work cannot delay a probe.
+
+`ReadyProber.window(since)` asks for one more probe and returns the worst of the
+probes still waiting at or after `since`, so a probe stuck behind an event loop that
+pilot keeps busy counts for the example that kept it busy.
 """
 
 from __future__ import annotations
@@ -12,11 +16,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import select
+import socket
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 LIMIT = 0.100  # seconds /ready may take
 PROBE_TIMEOUT = 10.0
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -40,31 +49,43 @@ class Sample:
         return f"/ready answered {status} in {self.latency * 1e3:.1f} ms"
 
 
-async def probe(port: int, timeout: float = PROBE_TIMEOUT) -> Sample:  # noqa: ASYNC109
-    """GET /ready once on a new connection."""
+# -- the child process --------------------------------------------------------------------
+
+
+def probe(port: int, timeout: float = PROBE_TIMEOUT) -> Sample:
+    """GET /ready once on a new connection (blocking)."""
     start = time.monotonic()
     status = 0
-    with contextlib.suppress(OSError, TimeoutError, ValueError, IndexError):
-        async with asyncio.timeout(timeout):
-            status = await _get_ready(port)
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        status = _get_ready(port, timeout)
     return Sample(start, time.monotonic(), status)
 
 
-async def _get_ready(port: int) -> int:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        status_line = await reader.readline()
-        await reader.read()
-        return int(status_line.split()[1])
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
+def _get_ready(port: int, timeout: float) -> int:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        reply = b""
+        while chunk := sock.recv(4096):
+            reply += chunk
+    return int(reply.split(b" ", 2)[1])
+
+
+def serve(port: int, interval: float) -> None:
+    """Probe every `interval` seconds, or at once for each line on stdin; report each."""
+    while True:
+        asked, _, _ = select.select([sys.stdin], [], [], interval)
+        if asked and not sys.stdin.readline():
+            return  # stdin closed: the parent is done
+        sample = probe(port)
+        sys.stdout.write(f"{sample.start:.6f} {sample.end:.6f} {sample.status}\n")
+        sys.stdout.flush()
+
+
+# -- the parent ----------------------------------------------------------------------------
 
 
 class ReadyProber:
-    """Probes `/ready` every `interval` seconds until stopped; keeps the worst and the latest."""
+    """The probing child, and the samples it reported: the recent ones and the worst."""
 
     def __init__(self, port: int, interval: float = 0.01, keep: int = 2000) -> None:
         self.port = port
@@ -72,57 +93,74 @@ class ReadyProber:
         self.recent: collections.deque[Sample] = collections.deque(maxlen=keep)
         self.worst: Sample | None = None
         self.count = 0
-        self._in_flight: asyncio.Task[Sample] | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._arrived = asyncio.Event()
+        self._process: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.fuzz.ready",
+            str(self.port),
+            str(self.interval),
+            cwd=ROOT,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        self._reader = asyncio.create_task(self._read(), name="ready-prober")
+
+    async def stop(self) -> None:
+        process = self._process
+        if process is None:
+            return
+        if process.stdin is not None:
+            process.stdin.close()
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT + 5):
+                await process.wait()
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+        if self._reader is not None:
+            await self._reader
 
     def reset(self) -> None:
         """Forget the worst answer so far (a run's measure starts here)."""
         self.worst = None
         self.count = 0
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="ready-prober")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _run(self) -> None:
-        while True:
-            await self.probe_now()
-            await asyncio.sleep(self.interval)  # the sampling period, not a wait for anything
-
-    async def probe_now(self) -> Sample:
-        """One probe, recorded like the background ones."""
-        self._in_flight = asyncio.ensure_future(probe(self.port))
-        sample = await asyncio.shield(self._in_flight)
-        self._record(sample)
-        return sample
+    async def _read(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        while line := await self._process.stdout.readline():
+            start, end, status = line.split()
+            self._record(Sample(float(start), float(end), int(status)))
 
     def _record(self, sample: Sample) -> None:
-        if sample in self.recent:
-            return  # the background loop and a caller awaited the same probe
         self.count += 1
         self.recent.append(sample)
-        if self.worst is None or _worse(sample, self.worst):
+        if self.worst is None or _badness(sample) > _badness(self.worst):
             self.worst = sample
+        self._arrived.set()
 
-    async def window(self, since: float) -> Sample:
-        """After an example that started at `since`: the probe in flight is awaited, one
-        more is made, and the worst of those still waiting at or after `since` returned."""
-        if self._in_flight is not None and not self._in_flight.done():
-            self._record(await asyncio.shield(self._in_flight))
-        last = await probe(self.port)
-        self._record(last)
+    async def window(self, since: float) -> Sample | None:
+        """After an example that started at `since`: one more probe is asked for, and the
+        worst of the probes that ended at or after `since` returned (None: no probe)."""
+        asked = time.monotonic()
+        assert self._process is not None and self._process.stdin is not None
+        self._process.stdin.write(b"\n")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(PROBE_TIMEOUT + 5):
+                while not self.recent or self.recent[-1].start < asked:
+                    self._arrived.clear()
+                    await self._arrived.wait()
         overlapping = [s for s in self.recent if s.end >= since]
-        return max(overlapping, key=_badness)
+        return max(overlapping, key=_badness, default=None)
 
 
 def _badness(sample: Sample) -> tuple[bool, float]:
     return (sample.status != 200, sample.latency)
 
 
-def _worse(a: Sample, b: Sample) -> bool:
-    return _badness(a) > _badness(b)
+if __name__ == "__main__":
+    serve(int(sys.argv[1]), float(sys.argv[2]))

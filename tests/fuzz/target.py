@@ -8,11 +8,11 @@ Two modes, each started by `tests.security.pilot_process`:
   the tokens of ns-b/victim and ns-a/attacker), `--xds-auth kubernetes`, so every call
   carries a service-account token checked by TokenReview.
 
-A `Target` lives on a `LoopThread`: the process, its log reader, the `/ready` prober,
-and one *resident* proxy, an ADS stream held open throughout so that CSDS always has
-a proxy to match node matchers against. Its node id ends in a run of `a`s, the kind of
-subject a backtracking regex chokes on. Examples use a blocking gRPC channel from
-the test's thread (see `exchange`).
+A `Target` lives on a `LoopThread`: the process, its log reader, the `/ready` prober
+(a process of its own), and one *resident* proxy, an ADS stream held open throughout
+so that CSDS always has a proxy to match node matchers against. Its node id ends in a
+run of `a`s, the kind of subject a backtracking regex chokes on. Examples use a
+blocking gRPC channel from the test's thread (see `exchange`).
 
 Between examples `settle` waits until only the resident is connected, and
 `sync_logs` opens a stream with a fresh node id and waits for pilot to log its
@@ -143,7 +143,7 @@ class Target:
 
     async def _open(self) -> None:
         self.prober = ReadyProber(self.pilot.http_port)
-        self.prober.start()
+        await self.prober.start()
         self.channel = grpc.insecure_channel(self.grpc_target, options=_CHANNEL_OPTIONS)
         self._sync_channel = grpc.aio.insecure_channel(self.grpc_target)
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT))
