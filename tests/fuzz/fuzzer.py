@@ -39,17 +39,23 @@ class Observation:
 
     @property
     def explained(self) -> list[tuple[Violation, known.Defect]]:
-        found = [(v, known.explained_by(v, self.violations)) for v in self.violations]
+        found = [(v, known.explained_by(v, self)) for v in self.violations]
         return [(v, d) for v, d in found if d is not None]
 
     @property
     def unexplained(self) -> list[Violation]:
-        return [v for v in self.violations if known.explained_by(v, self.violations) is None]
+        return [v for v in self.violations if known.explained_by(v, self) is None]
 
-    def report(self) -> str:
+    def report(self, shown: int = 6) -> str:
+        """The call, its outcome, and each violation with the defect that explains it
+        (the first `shown` of them, and how many more)."""
         lines = [f"call: {self.call!r}", f"outcome: {self.outcome}"]
-        lines += [f"violation: {v}" for v in self.violations]
-        lines += [f"  explained by known defect {d.key}" for _, d in self.explained]
+        for violation in self.violations[:shown]:
+            defect = known.explained_by(violation, self)
+            lines.append(f"violation: {violation}")
+            lines.append(f"  {'explained by known defect ' + defect.key if defect else 'NEW'}")
+        if len(self.violations) > shown:
+            lines.append(f"... and {len(self.violations) - shown} more violations")
         if not self.synced:
             lines.append("(pilot did not log a test stream's connection in time)")
         return "\n".join(lines)

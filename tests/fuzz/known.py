@@ -1,8 +1,9 @@
 """Defects pilot has today, each found by the fuzzer and reproduced by one test.
 
 Every `Defect` names what it `explains`: the violations it causes, matched narrowly
-on status details and log text (a violation may be judged with the others of the same
-example: a stream left hanging is explained by the log line that says why). Defects
+on status details and log text (a violation is judged with the rest of its example:
+a stream left hanging is explained by the log line that says why, a stall by the
+thousands of lines logged meanwhile). Defects
 that would stall pilot for long also name the inputs the tests' random search must
 `avoid`. `test_known_defects` reproduces each defect deterministically under
 `xfail(strict=True)`: once it is fixed its test passes, the strict xfail fails the
@@ -12,26 +13,43 @@ tolerating or avoiding it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 import pytest
 
 from tests.fuzz.calls import Call
-from tests.fuzz.properties import LOGGED, LONG_LOG, STATUS, UNANSWERED, Violation
+from tests.fuzz.properties import LOGGED, LONG_LOG, SLOW_READY, STATUS, UNANSWERED, Violation
 from tests.fuzz.strategies import CATASTROPHIC, HUGE_PATTERN, safe_regexes
+from tests.security.pilot_process import Entry
 
 NAMES_PER_CALL = 20_000  # more names than this in one call stall pilot's loop
+SECRET_WARNING = "asked for secret"
 
-Explains = Callable[[Violation, Sequence[Violation]], bool]
+
+class Seen(Protocol):
+    """What a defect may look at to explain a violation: the whole example."""
+
+    @property
+    def call(self) -> Call: ...
+
+    @property
+    def entries(self) -> list[Entry]: ...
+
+    @property
+    def violations(self) -> list[Violation]: ...
+
+
+Explains = Callable[[Violation, Seen], bool]
 
 
 def _never(_call: Call) -> bool:
     return False
 
 
-def _nothing(_violation: Violation, _others: Sequence[Violation]) -> bool:
+def _nothing(_violation: Violation, _seen: Seen) -> bool:
     return False
 
 
@@ -53,7 +71,7 @@ def _unexpected(exception: str, method: str = "") -> Explains:
     """An exception escaping a handler of a method under `method` (a path prefix):
     UNKNOWN, and gRPC's log lines and raw tracebacks about it."""
 
-    def explains(violation: Violation, _others: Sequence[Violation]) -> bool:
+    def explains(violation: Violation, _seen: Seen) -> bool:
         if not violation.method.startswith(f"/{method}"):
             return False
         if violation.kind == STATUS:
@@ -68,24 +86,32 @@ def _unexpected(exception: str, method: str = "") -> Explains:
 _STUCK_STATUS = "GRPC_CALL_ERROR_TOO_MANY_OPERATIONS"
 
 
-def _status_not_sent(violation: Violation, others: Sequence[Violation]) -> bool:
+def _status_not_sent(violation: Violation, seen: Seen) -> bool:
     """gRPC's error for a status sent while a write is in flight, and the hanging call."""
     if violation.kind == LOGGED:
         return _STUCK_STATUS in violation.text
     return violation.kind == UNANSWERED and any(
-        o.kind == LOGGED and _STUCK_STATUS in o.text for o in others
+        o.kind == LOGGED and _STUCK_STATUS in o.text for o in seen.violations
     )
 
 
 def _logged(text: str) -> Explains:
-    def explains(violation: Violation, _others: Sequence[Violation]) -> bool:
+    def explains(violation: Violation, _seen: Seen) -> bool:
         return violation.kind == LOGGED and text in violation.text
 
     return explains
 
 
-def _long_log(violation: Violation, _others: Sequence[Violation]) -> bool:
+def _long_log(violation: Violation, _seen: Seen) -> bool:
     return violation.kind == LONG_LOG
+
+
+def _secret_warnings(violation: Violation, seen: Seen) -> bool:
+    """A stall while pilot wrote a thousand secret warnings, or a megabyte of them."""
+    if violation.kind != SLOW_READY:
+        return False
+    warned = [e for e in seen.entries if SECRET_WARNING in e["msg"]]
+    return len(warned) >= 1000 or sum(int(e.get("size", 0)) for e in warned) >= 1 << 20
 
 
 def _slow_regex(call: Call) -> bool:
@@ -150,6 +176,13 @@ _DEFECTS = (
         _long_log,
     ),
     Defect(
+        "secret-warning-per-name",
+        "each secret name a stream asks for other than default and ROOTCA is logged as"
+        " a warning of its own: one request naming 10,000 of them writes 10,000 lines"
+        " and keeps /ready waiting for a quarter of a second",
+        _secret_warnings,
+    ),
+    Defect(
         "sds-no-identity-error-log",
         "with --xds-auth none, a proxy without NAMESPACE/SERVICE_ACCOUNT metadata asking"
         " for `default` makes pilot log at ERROR (a client can flood the error log)",
@@ -159,8 +192,8 @@ _DEFECTS = (
 KNOWN = {defect.key: defect for defect in _DEFECTS}
 
 
-def explained_by(violation: Violation, others: Sequence[Violation] = ()) -> Defect | None:
-    return next((d for d in _DEFECTS if d.explains(violation, others)), None)
+def explained_by(violation: Violation, seen: Seen) -> Defect | None:
+    return next((d for d in _DEFECTS if d.explains(violation, seen)), None)
 
 
 def avoided_by(call: Call) -> Defect | None:

@@ -133,10 +133,11 @@ def metadata_dicts(claims: dict[str, str] | None = None) -> st.SearchStrategy[di
     return st.one_of(st.just(dict(claims or {})), identities, hostile)
 
 
-def _struct(values: dict[str, Any]) -> pb_struct.Struct:
-    struct = pb_struct.Struct()
-    struct.update(values)
-    return struct
+def struct(values: dict[str, Any]) -> pb_struct.Struct:
+    """A protobuf Struct holding `values` (JSON-like)."""
+    result = pb_struct.Struct()
+    result.update(values)
+    return result
 
 
 node_ids = st.one_of(
@@ -159,7 +160,7 @@ def nodes(claims: dict[str, str] | None = None) -> st.SearchStrategy[base_pb2.No
         lambda node_id, cluster, metadata, zone, agent: base_pb2.Node(
             id=node_id,
             cluster=cluster,
-            metadata=_struct(metadata),
+            metadata=struct(metadata),
             locality=base_pb2.Locality(zone=zone),
             user_agent_name=agent,
         ),
@@ -316,7 +317,7 @@ def _node(claims: dict[str, str] | None) -> base_pb2.Node:
     return base_pb2.Node(
         id="sidecar~10.1.1.1~fuzz.default~default.svc.cluster.local",
         cluster="fuzz",
-        metadata=_struct(dict(claims or {})),
+        metadata=struct(dict(claims or {})),
     )
 
 
@@ -488,7 +489,7 @@ def ca_call() -> st.SearchStrategy[Call]:
 
     def build(pem: str, seconds: int, metadata: dict[str, Any], who: Any) -> Call:
         request = ca_pb2.IstioCertificateRequest(
-            csr=pem, validity_duration=seconds, metadata=_struct(metadata)
+            csr=pem, validity_duration=seconds, metadata=struct(metadata)
         )
         return Call(methods.CA_CREATE, (request,), who)
 
