@@ -134,9 +134,10 @@ def _many_names(call: Call) -> bool:
 _DEFECTS = (
     Defect(
         "stream-status-not-sent",
-        "when a stream is ended (INVALID_ARGUMENT, or an exception) while a response is"
-        " still being written, gRPC refuses the status (TOO_MANY_OPERATIONS): pilot logs"
-        " an ERROR and the client never learns the stream ended; it hangs",
+        "when a stream is ended (INVALID_ARGUMENT, an exception, or PILOT_XDS_SEND_TIMEOUT"
+        " for a client that stopped reading) while a response is still being written,"
+        " gRPC refuses the status (TOO_MANY_OPERATIONS): pilot logs an ERROR and the"
+        " client never learns the stream ended; it hangs",
         _status_not_sent,
     ),
     Defect(
