@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.fuzz import methods, strategies
+from tests.fuzz.calls import Call
 from tests.fuzz.conftest import fuzz_settings
 from tests.fuzz.fuzzer import Fuzzer
 from tests.fuzz.methods import Method
@@ -25,8 +26,8 @@ def test_csds_matchers_break_nothing(
 
 @fuzz_settings(30)
 @given(call=strategies.ca_call())
-def test_csrs_break_nothing(kube_fuzzer: Fuzzer, call: object) -> None:
-    kube_fuzzer.check(call)  # type: ignore[arg-type]
+def test_csrs_break_nothing(kube_fuzzer: Fuzzer, call: Call) -> None:
+    kube_fuzzer.check(call)
 
 
 @pytest.mark.parametrize("method", OTHERS, ids=str)
