@@ -8,6 +8,7 @@ happen. Labels are bounded (xDS type, Kubernetes kind): never a proxy id. Each
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -50,6 +51,14 @@ class WatchCounts(Protocol):
     def relists(self) -> int: ...
 
 
+def running_tasks() -> int:
+    """asyncio tasks of the running event loop (0 outside one)."""
+    try:
+        return len(asyncio.all_tasks())
+    except RuntimeError:
+        return 0
+
+
 @dataclass
 class Sources:
     """Where the collector reads current values; filled in as components start."""
@@ -61,6 +70,7 @@ class Sources:
     informers: Callable[[], Iterable[WatchCounts]] = lambda: ()
     ca_stats: Callable[[], CaStats | None] = lambda: None
     limit_hits: Callable[[], Mapping[str, int]] = lambda: {}
+    tasks: Callable[[], int] = running_tasks
 
 
 def _istio_counter(
@@ -106,6 +116,11 @@ class PilotCollector(Collector):
         )
         yield GaugeMetricFamily(
             "pilot_services", "Services in the registry.", value=self._sources.services()
+        )
+        yield GaugeMetricFamily(
+            "pilot_asyncio_tasks",
+            "asyncio tasks in pilot's event loop.",
+            value=self._sources.tasks(),
         )
         yield _by_type("pilot_xds_pushes", "xDS responses sent, by type.", dict(stats.responses))
         rejects = sum(stats.nacks.values())

@@ -1,4 +1,8 @@
-"""Smoke test of `python -m bench.eds_push`: a tiny run end to end prints a sane table."""
+"""Smoke tests of the benchmarks: tiny runs end to end print sane figures.
+
+`python -m bench.eds_push` prints a table of finite positive figures; `python -m bench.fuzz`
+prints a PASS or FAIL for each of its targets and exits 0 exactly when all pass.
+"""
 
 from __future__ import annotations
 
@@ -31,3 +35,26 @@ def test_bench_prints_finite_positive_table() -> None:
         pilot, floor, ratio = _row(done.stdout, label)
         for value in (pilot, floor, ratio):
             assert math.isfinite(value) and value > 0, f"{label}: {pilot} {floor} {ratio}"
+
+
+FUZZ_TARGETS = ("crashes", "UNKNOWN statuses", "RSS growth", "asyncio tasks", "worst /ready")
+
+
+def test_bench_fuzz_prints_a_verdict_per_target() -> None:
+    command = [sys.executable, "-m", "bench.fuzz", "--examples", "60", "--cycles", "40"]
+    command += ["--warmup", "10"]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=110, check=False
+    )
+    assert done.returncode in (0, 1), done.stderr[-3000:]  # 1: some target failed
+    assert "fuzz examples: 60 " in done.stdout, done.stdout
+    assert "connect/subscribe/disconnect cycles: 40 " in done.stdout, done.stdout
+    verdicts = {}
+    for line in done.stdout.splitlines():
+        for target in FUZZ_TARGETS:
+            if line.startswith(target) and (" PASS " in line or " FAIL " in line):
+                verdicts[target] = "PASS" if " PASS " in line else "FAIL"
+    assert set(verdicts) == set(FUZZ_TARGETS), done.stdout
+    assert verdicts["crashes"] == "PASS", done.stdout
+    assert (done.returncode == 0) == all(v == "PASS" for v in verdicts.values()), done.stdout
+    assert "pilot exited 0 on SIGTERM" in done.stdout, done.stdout

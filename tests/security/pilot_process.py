@@ -1,8 +1,9 @@
-"""`pilot discovery` as users run it: a subprocess on the Kubernetes registry, read from outside.
+"""`pilot discovery` as users run it: a subprocess on a registry, read from outside.
 
 `start_pilot` runs `python -m pilot discovery --kubeconfig ...` against a test API server
-(which also answers TokenReviews), with a plugged-in CA written by the test (so that the
-test knows the root), ephemeral loopback ports (read back from pilot's "serving" log
+(which also answers TokenReviews); `start_file_pilot` runs it on a registry file
+(`--config`, `--xds-auth none`). Both use a plugged-in CA written by the test (so that
+the test knows the root), ephemeral loopback ports (read back from pilot's "serving" log
 line) and JSON logs on stderr, every line of which is kept: `wait_logged` waits for one
 with a deadline. The HTTP port's JSON (`/debug/...`) is read with `get_json`.
 `stop` sends SIGTERM and fails if pilot does not exit 0 in time.
@@ -29,7 +30,10 @@ import pytest
 
 from tests.protocol.client import XdsClient, tls_credentials
 
-Entry = dict[str, str]  # one log line: level, scope, msg (or raw text)
+# One log line: level, scope, msg (or raw text), error (a traceback), size (of the whole line).
+Entry = dict[str, str]
+KEPT = 64 * 1024  # characters of msg and error kept; pilot's lines may be as long as a request
+_READ_LIMIT = 1 << 26
 
 STARTUP_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
@@ -44,8 +48,10 @@ def _entry(line: str) -> Entry:
     except ValueError:
         parsed = None
     if not isinstance(parsed, dict):
-        return {"level": "", "scope": "", "msg": line}
-    return {k: str(parsed.get(k, "")) for k in ("level", "scope", "msg")}
+        parsed = {"msg": line}
+    entry = {k: str(parsed.get(k, ""))[:KEPT] for k in ("level", "scope", "msg", "error")}
+    entry["size"] = str(len(line))
+    return entry
 
 
 @dataclass
@@ -61,6 +67,14 @@ class PilotProcess:
     _logged: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     _ended: bool = field(default=False, repr=False)  # stderr closed: pilot exited
     _reader: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.process.returncode is None and not self._ended
 
     # -- ports ---------------------------------------------------------------
 
@@ -134,7 +148,15 @@ class PilotProcess:
         return "its last log lines:\n  " + "\n  ".join(shown)
 
     async def _read(self, stream: asyncio.StreamReader) -> None:
-        while line := await stream.readline():
+        """Keep every line; one too long even for the reader is skipped, not fatal (a pipe
+        nobody reads would block pilot on its next log line)."""
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:  # longer than _READ_LIMIT: the reader dropped it
+                line = b'{"level": "", "msg": "<a line too long to read>"}\n'
+            if not line:
+                break
             self.log.append(_entry(line.decode(errors="replace").rstrip("\n")))
             self._logged.set()
         self._ended = True
@@ -181,6 +203,21 @@ async def start_pilot(
     env: Mapping[str, str] | None = None,
 ) -> PilotProcess:
     """`pilot discovery` on the cluster `kubeconfig` names, serving once it logs so."""
+    return await launch(folder, ["--kubeconfig", str(kubeconfig)], ca_cert_dir, root_pem, *extra)
+
+
+async def start_file_pilot(
+    folder: Path, config: Path, ca_cert_dir: Path, root_pem: bytes, *extra: str
+) -> PilotProcess:
+    """`pilot discovery --config FILE --xds-auth none`, serving once it logs so."""
+    source = ["--config", str(config), "--xds-auth", "none"]
+    return await launch(folder, source, ca_cert_dir, root_pem, *extra)
+
+
+async def launch(
+    folder: Path, source: list[str], ca_cert_dir: Path, root_pem: bytes, *extra: str
+) -> PilotProcess:
+    """`pilot discovery` with the registry flags `source`, serving once it logs so."""
     home = folder / "home"
     home.mkdir(parents=True, exist_ok=True)
     command = [
@@ -188,8 +225,7 @@ async def start_pilot(
         "-m",
         "pilot",
         "discovery",
-        "--kubeconfig",
-        str(kubeconfig),
+        *source,
         "--grpc-addr",
         "127.0.0.1:0",
         "--grpc-tls-addr",
@@ -213,6 +249,7 @@ async def start_pilot(
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
+        limit=_READ_LIMIT,
     )
     assert process.stderr is not None
     pilot = PilotProcess(process, root_pem)
