@@ -24,11 +24,12 @@ from envoy.service.endpoint.v3 import eds_pb2  # noqa: F401
 from envoy.service.secret.v3 import sds_pb2  # noqa: F401
 from grpc import aio
 from grpc_health.v1 import _async as health_aio
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection
 
 from pilot.server.connection import StreamContext
 from pilot.server.services import xds_handlers, xds_service_names
+from pilot.server.standard_services import health_handler, reflection_handler
 
 # A second pilot must not silently share the port (grpc enables SO_REUSEPORT by default).
 _SERVER_OPTIONS = [
@@ -86,7 +87,6 @@ class _Port:
         self.health = health_aio.HealthServicer()
         self.server.add_generic_rpc_handlers(tuple(xds_handlers(listener.streams)))
         self.server.add_generic_rpc_handlers(tuple(s.handler for s in listener.extra))
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.xds_names = xds_service_names(listener.streams)
         names = (
             *self.xds_names,
@@ -94,7 +94,9 @@ class _Port:
             health.SERVICE_NAME,
             reflection.SERVICE_NAME,
         )
-        reflection.enable_server_reflection(names, self.server)
+        self.server.add_generic_rpc_handlers(
+            (health_handler(self.health), reflection_handler(names))
+        )
         self.port = _bind(self.server, listener.address, listener.credentials)
 
     async def set_serving(self, serving: bool) -> None:

@@ -70,7 +70,8 @@ def _node(target: Target, node_id: str) -> object:
 async def cycle(target: Target, index: int) -> None:
     """One connect, subscribe, read, disconnect."""
     token = target.tokens.get(Credentials.DEFAULT)
-    async with XdsClient(target.grpc_target, token=token) as client:
+    credentials = target.channel_credentials()
+    async with XdsClient(target.grpc_target, credentials=credentials, token=token) as client:
         await KINDS[index % len(KINDS)](client, target, f"fuzz-cycle-{next(_ids)}")
 
 

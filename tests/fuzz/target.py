@@ -6,7 +6,8 @@ Two modes, each started by `tests.security.pilot_process`:
   from node metadata);
 - `kube`: the test API server (`tests.security.peers.running_mesh`: three Services and
   the tokens of ns-b/victim and ns-a/attacker), `--xds-auth kubernetes`, so every call
-  carries a service-account token checked by TokenReview.
+  carries a service-account token checked by TokenReview; calls go to the TLS port,
+  where pilot serves tokens and keys in Kubernetes mode.
 
 A `Target` lives on a `LoopThread`: the process, its log reader, the `/ready` prober
 (a process of its own), and one *resident* proxy, an ADS stream held open throughout
@@ -70,7 +71,11 @@ class Target:
 
     @property
     def grpc_target(self) -> str:
-        return self.pilot.target(tls=False)
+        return self.pilot.target(tls=self.kube)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials | None:
+        """TLS trusting pilot's root in Kubernetes mode; None (plaintext) in file mode."""
+        return grpc.ssl_channel_credentials(self.pilot.root_pem) if self.kube else None
 
     @property
     def kube(self) -> bool:
@@ -144,11 +149,18 @@ class Target:
     async def _open(self) -> None:
         self.prober = ReadyProber(self.pilot.http_port)
         await self.prober.start()
-        self.channel = grpc.insecure_channel(self.grpc_target, options=_CHANNEL_OPTIONS)
-        self._sync_channel = grpc.aio.insecure_channel(self.grpc_target)
+        credentials = self.channel_credentials()
+        if credentials is None:
+            self.channel = grpc.insecure_channel(self.grpc_target, options=_CHANNEL_OPTIONS)
+            self._sync_channel = grpc.aio.insecure_channel(self.grpc_target)
+        else:
+            self.channel = grpc.secure_channel(self.grpc_target, credentials, _CHANNEL_OPTIONS)
+            self._sync_channel = grpc.aio.secure_channel(self.grpc_target, credentials)
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT))
         self._stack.push_async_callback(self._http.close)
-        client = XdsClient(self.grpc_target, token=self.tokens.get(Credentials.DEFAULT))
+        client = XdsClient(
+            self.grpc_target, credentials=credentials, token=self.tokens.get(Credentials.DEFAULT)
+        )
         self._stack.push_async_callback(client.aclose)
         resident = client.ads(node(RESIDENT_ID, None if self.kube else RESIDENT_METADATA))
         await resident.subscribe(CLUSTER)

@@ -203,19 +203,30 @@ async def start_pilot(
     env: Mapping[str, str] | None = None,
 ) -> PilotProcess:
     """`pilot discovery` on the cluster `kubeconfig` names, serving once it logs so."""
-    return await launch(folder, ["--kubeconfig", str(kubeconfig)], ca_cert_dir, root_pem, *extra)
+    source = ["--kubeconfig", str(kubeconfig)]
+    return await launch(folder, source, ca_cert_dir, root_pem, *extra, env=env)
 
 
 async def start_file_pilot(
-    folder: Path, config: Path, ca_cert_dir: Path, root_pem: bytes, *extra: str
+    folder: Path,
+    config: Path,
+    ca_cert_dir: Path,
+    root_pem: bytes,
+    *extra: str,
+    env: Mapping[str, str] | None = None,
 ) -> PilotProcess:
     """`pilot discovery --config FILE --xds-auth none`, serving once it logs so."""
     source = ["--config", str(config), "--xds-auth", "none"]
-    return await launch(folder, source, ca_cert_dir, root_pem, *extra)
+    return await launch(folder, source, ca_cert_dir, root_pem, *extra, env=env)
 
 
 async def launch(
-    folder: Path, source: list[str], ca_cert_dir: Path, root_pem: bytes, *extra: str
+    folder: Path,
+    source: list[str],
+    ca_cert_dir: Path,
+    root_pem: bytes,
+    *extra: str,
+    env: Mapping[str, str] | None = None,
 ) -> PilotProcess:
     """`pilot discovery` with the registry flags `source`, serving once it logs so."""
     home = folder / "home"
