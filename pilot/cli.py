@@ -68,7 +68,7 @@ limits (refusals are RESOURCE_EXHAUSTED, counted in pilot_limit_hits_total{limit
   PILOT_MAX_RESOURCE_NAMES   names one stream subscribes to, per type (default 10000)
   PILOT_MAX_STREAMS          xDS streams in all (default 20000)
   PILOT_MAX_STREAMS_PER_CONNECTION  streams on one HTTP/2 connection (default 1000)
-  PILOT_MAX_REQUEST_BYTES    one request message (default 4194304)
+  PILOT_MAX_REQUEST_BYTES    one request message (default 1048576)
   PILOT_MAX_NODE_BYTES       a stream's node, with its metadata (default 65536)
   PILOT_MAX_REQUESTS_PER_SECOND  new streams and calls per second (default 1000, 0: off)
   PILOT_MAX_CERTIFICATES_PER_IDENTITY  live workload keys of one identity (default 1000)

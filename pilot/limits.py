@@ -36,7 +36,7 @@ class Limits:
     resource_names: int = 10_000  # names one stream subscribes to, per type
     streams: int = 20_000  # xDS streams in all
     streams_per_connection: int = 1_000  # xDS streams on one HTTP/2 connection
-    request_bytes: int = 4 * 1024 * 1024  # one request message
+    request_bytes: int = 1024 * 1024  # one request message (10,000 names of 100 bytes)
     node_bytes: int = 64 * 1024  # a stream's node (id, metadata, ...), kept while it lives
     requests_per_second: float = 1000.0  # new streams and calls per second (0: no limit)
     certificates_per_identity: int = 1_000  # live workload keys of one identity

@@ -238,12 +238,13 @@ class Connection:
         if self.node is None:
             intake.check_node(message.node, limits)
             self._identify(message.node)
-        request = self._convert(message)
-        if request.type_url not in self._served:
-            self._unserved(request.type_url)
+        type_url = message.type_url or self.kind.fixed_type or ""
+        if type_url not in self._served:
+            self._unserved(type_url)
             return
-        self.kind.check(request.type_url)
-        intake.check_names(self.stream, request, limits)
+        self.kind.check(type_url)
+        intake.check_names(self.stream, message, type_url, limits)
+        request = self._convert(message)
         events = self.stream.on_request(request)  # type: ignore[arg-type]
         self._note(events)
         unknown = self._pipeline.on_events(self, events)

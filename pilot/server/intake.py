@@ -16,7 +16,6 @@ from envoy.service.discovery.v3 import discovery_pb2
 from pilot.decoding import BadRequest, decode
 from pilot.limits import LimitExceeded, Limits
 from pilot.protocol import ProtocolError
-from pilot.protocol.messages import DeltaRequest, SotwRequest
 from pilot.protocol.stream import StreamCore
 from pilot.xds import types
 
@@ -46,19 +45,21 @@ def check_node(node: Any, limits: Limits) -> None:
         )
 
 
-def check_names(stream: StreamCore, request: SotwRequest | DeltaRequest, limits: Limits) -> None:
-    """After this request the stream would not subscribe to more names than the limit."""
-    if isinstance(request, SotwRequest):
-        count = len(set(request.resource_names))
+def check_names(stream: StreamCore, message: Any, type_url: str, limits: Limits) -> None:
+    """After this request the stream would not subscribe to more names than the limit.
+
+    Counted on the message as it came (before any name is copied or interned), so
+    that a request naming a million names costs pilot no more than its decoding.
+    """
+    if isinstance(message, discovery_pb2.DeltaDiscoveryRequest):
+        state = stream.state(type_url)
+        held = len(state.subscription.names) if state is not None else 0
+        count = held + len(message.resource_names_subscribe)
     else:
-        state = stream.state(request.type_url)
-        held = state.subscription.names if state is not None else set()
-        count = len(held) + len(request.subscribe)
-        if count > limits.resource_names:
-            count = len(held | set(request.subscribe))
+        count = len(message.resource_names)
     if count > limits.resource_names:
         raise LimitExceeded(
             "resource_names",
-            f"subscribing to {count} {types.short_name(request.type_url)} names, more than"
+            f"subscribing to {count} {types.short_name(type_url)} names, more than"
             f" {limits.resource_names} (PILOT_MAX_RESOURCE_NAMES)",
         )

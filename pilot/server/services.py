@@ -76,12 +76,12 @@ def _fetch_handler(
         except ProtocolError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         await _check_credentials(shared, context)
-        request = convert.sotw_request(message, type_url)
         try:
-            intake.check_names(SotwStream(), request, admission.limits)
+            intake.check_names(SotwStream(), message, type_url, admission.limits)
         except LimitExceeded as error:
             admission.hits.hit(error, f"Fetch from {context.peer()}")
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+        request = convert.sotw_request(message, type_url)
         if request.type_url != type_url:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"this service serves {type_url}")
         stream = SotwStream()

@@ -59,8 +59,8 @@ def test_undecodable_requests_are_refused_cleanly(file_fuzzer: Fuzzer) -> None:
 def test_stream_refused_while_responses_are_pending_gets_its_status(
     file_fuzzer: Fuzzer,
 ) -> None:
-    """Delta EDS: three subscriptions of 3 MiB of names each, within the limits (pilot
-    answers each in removed_resources, 3 MiB responses the client does not read yet).
+    """Delta EDS: three subscriptions of 1 MB of names each, within the limits (pilot
+    answers each in removed_resources, 1 MB responses the client does not read yet).
     Once pilot has written the first, the others are stuck behind flow control; then
     ask for a Secret, which the EDS service refuses. The client must get
     INVALID_ARGUMENT, not a stream left hanging."""
@@ -69,7 +69,7 @@ def test_stream_refused_while_responses_are_pending_gets_its_status(
     done = threading.Event()
 
     def big(batch: int) -> bytes:
-        names = [f"{batch}-{i:04d}" + "x" * 1020 for i in range(3072)]
+        names = [f"{batch}-{i:04d}" + "x" * 1020 for i in range(1000)]
         request = discovery_pb2.DeltaDiscoveryRequest(
             node=base_pb2.Node(id="fuzz-writer"),
             type_url=ENDPOINT,

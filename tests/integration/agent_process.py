@@ -21,12 +21,10 @@ and stderr.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import shlex
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -37,6 +35,7 @@ from pathlib import Path
 import pytest
 
 from pilot.agent import DEFAULT_ROOT_CERT, DEFAULT_SOCKET
+from tests.support.stderr_log import StderrLog, terminate
 
 REPO = Path(__file__).resolve().parents[2]
 PILOT = Path(sys.executable).parent / "pilot"  # the console script `pip install` made
@@ -122,10 +121,11 @@ class AgentProcess:
 
     process: asyncio.subprocess.Process
     folder: AgentFolder
-    lines: list[str] = field(default_factory=list, repr=False)
-    _logged: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
-    _ended: bool = field(default=False, repr=False)
-    _reader: asyncio.Task[None] | None = field(default=None, repr=False)
+    stderr: StderrLog[str] = field(repr=False)
+
+    @property
+    def lines(self) -> list[str]:
+        return self.stderr.lines
 
     def count(self, text: str) -> int:
         return sum(text in line for line in self.lines)
@@ -138,13 +138,10 @@ class AgentProcess:
         deadline = loop.time() + within
         while not predicate(self.lines):
             remaining = deadline - loop.time()
-            if remaining <= 0 or self._ended:
-                when = "before it exited" if self._ended else f"within {within:g}s"
+            if remaining <= 0 or self.stderr.ended:
+                when = "before it exited" if self.stderr.ended else f"within {within:g}s"
                 pytest.fail(f"pilot agent did not log {what} {when}; {self.tail()}")
-            self._logged.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await self._logged.wait()
+            await self.stderr.next_line(remaining)
 
     async def wait_count(self, text: str, count: int, within: float = 10.0) -> None:
         await self.wait_logged(
@@ -156,30 +153,9 @@ class AgentProcess:
     def tail(self, count: int = 8) -> str:
         return "its last log lines:\n  " + "\n  ".join(self.lines[-count:])
 
-    async def _read(self, stream: asyncio.StreamReader) -> None:
-        while line := await stream.readline():
-            self.lines.append(line.decode(errors="replace").rstrip("\n"))
-            self._logged.set()
-        self._ended = True
-        self._logged.set()
-
-    async def _terminate(self) -> bool:
-        if self.process.returncode is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            async with asyncio.timeout(STOP_TIMEOUT):
-                await self.process.wait()
-                if self._reader is not None:
-                    await self._reader
-        except TimeoutError:
-            self.process.kill()
-            await self.process.wait()
-            return False
-        return True
-
     async def stop(self) -> None:
         """SIGTERM; the agent must exit 0 and take its socket with it."""
-        if not await self._terminate():
+        if not await terminate(self.process, self.stderr, STOP_TIMEOUT):
             pytest.fail(f"pilot agent ignored SIGTERM for {STOP_TIMEOUT:g}s; {self.tail()}")
         assert self.process.returncode == 0, f"pilot agent exited {self.process.returncode}"
         assert not self.folder.socket.exists(), "the agent left its socket behind"
@@ -211,9 +187,7 @@ async def start_agent(
 ) -> AgentProcess:
     """The README's command in `folder`, dialing `address`; returns once it serves SDS."""
     process = await _spawn(folder, address, env or {})
-    assert process.stderr is not None
-    agent = AgentProcess(process, folder)
-    agent._reader = asyncio.create_task(agent._read(process.stderr), name="agent-stderr")
+    agent = AgentProcess(process, folder, StderrLog(process, str, "agent-stderr"))
     try:
         await agent.wait_logged(
             lambda lines: any(SERVING in line for line in lines),
@@ -221,7 +195,7 @@ async def start_agent(
             STARTUP_TIMEOUT,
         )
     except BaseException:
-        await agent._terminate()
+        await terminate(process, agent.stderr, STOP_TIMEOUT)
         raise
     return agent
 

@@ -815,6 +815,17 @@ class XdsClient:
             stub.DeltaAggregatedResources(metadata=self.metadata), "delta-ads", send_node or node()
         )
 
+    async def delta_ads_status(self, deadline: float = 10.0) -> tuple[grpc.StatusCode, str]:
+        """Open a DeltaAggregatedResources stream, send nothing, and return the status it
+        ends with (a stream refused at once, say for its credentials). Nothing is
+        written because a Python client whose write races the refusal loses the status
+        ("Internal error from Core"); Envoy's client does not."""
+        stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(self.channel)
+        call = stub.DeltaAggregatedResources(metadata=self.metadata, timeout=deadline)
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await call.read()
+        return await call.code(), await call.details()
+
     def cds(self, send_node: base_pb2.Node | None = None) -> SotwStream:
         """ClusterDiscoveryService.StreamClusters."""
         stub = cds_pb2_grpc.ClusterDiscoveryServiceStub(self.channel)

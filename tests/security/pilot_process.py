@@ -14,11 +14,9 @@ Nothing is written outside the test's folder: HOME and the CA state live there t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
-import signal
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +27,7 @@ import aiohttp
 import pytest
 
 from tests.protocol.client import XdsClient, tls_credentials
+from tests.support.stderr_log import StderrLog, terminate
 
 # One log line: level, scope, msg (or raw text), error (a traceback), size (of the whole line).
 Entry = dict[str, str]
@@ -60,13 +59,14 @@ class PilotProcess:
 
     process: asyncio.subprocess.Process
     root_pem: bytes = field(repr=False)
-    log: list[Entry] = field(default_factory=list, repr=False)
+    stderr: StderrLog[Entry] = field(repr=False)
     grpc_port: int = 0
     tls_port: int = 0
     http_port: int = 0
-    _logged: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
-    _ended: bool = field(default=False, repr=False)  # stderr closed: pilot exited
-    _reader: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def log(self) -> list[Entry]:
+        return self.stderr.lines
 
     @property
     def pid(self) -> int:
@@ -74,7 +74,7 @@ class PilotProcess:
 
     @property
     def alive(self) -> bool:
-        return self.process.returncode is None and not self._ended
+        return self.process.returncode is None and not self.stderr.ended
 
     # -- ports ---------------------------------------------------------------
 
@@ -121,12 +121,9 @@ class PilotProcess:
         deadline = loop.time() + within
         while not (found := self.logged(predicate, since)):
             remaining = deadline - loop.time()
-            if remaining <= 0 or self._ended:
+            if remaining <= 0 or self.stderr.ended:
                 return []
-            self._logged.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await self._logged.wait()
+            await self.stderr.next_line(remaining)
         return found
 
     async def wait_logged(
@@ -147,41 +144,9 @@ class PilotProcess:
         shown = [f"{e['level']} {e['scope']}: {e['msg']}".strip() for e in self.log[-lines:]]
         return "its last log lines:\n  " + "\n  ".join(shown)
 
-    async def _read(self, stream: asyncio.StreamReader) -> None:
-        """Keep every line; one too long even for the reader is skipped, not fatal (a pipe
-        nobody reads would block pilot on its next log line)."""
-        while True:
-            try:
-                line = await stream.readline()
-            except ValueError:  # longer than _READ_LIMIT: the reader dropped it
-                line = b'{"level": "", "msg": "<a line too long to read>"}\n'
-            if not line:
-                break
-            self.log.append(_entry(line.decode(errors="replace").rstrip("\n")))
-            self._logged.set()
-        self._ended = True
-        self._logged.set()
-
-    # -- lifecycle -------------------------------------------------------------
-
-    async def _terminate(self) -> bool:
-        """SIGTERM, then wait; True if pilot exited in time (else it is killed)."""
-        if self.process.returncode is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            async with asyncio.timeout(STOP_TIMEOUT):
-                await self.process.wait()
-                if self._reader is not None:
-                    await self._reader
-        except TimeoutError:
-            self.process.kill()
-            await self.process.wait()
-            return False
-        return True
-
     async def stop(self) -> None:
         """SIGTERM; pilot must drain and exit 0."""
-        if not await self._terminate():
+        if not await terminate(self.process, self.stderr, STOP_TIMEOUT):
             pytest.fail(f"pilot ignored SIGTERM for {STOP_TIMEOUT:g}s; {self.tail()}")
         code = self.process.returncode
         assert code == 0, f"pilot exited {code} on SIGTERM; {self.tail()}"
@@ -262,9 +227,7 @@ async def launch(
         stderr=asyncio.subprocess.PIPE,
         limit=_READ_LIMIT,
     )
-    assert process.stderr is not None
-    pilot = PilotProcess(process, root_pem)
-    pilot._reader = asyncio.create_task(pilot._read(process.stderr), name="pilot-stderr")
+    pilot = PilotProcess(process, root_pem, StderrLog(process, _entry, "pilot-stderr"))
     try:
         (serving,) = await pilot.wait_logged(
             lambda e: SERVING.search(e["msg"]) is not None,
@@ -272,7 +235,7 @@ async def launch(
             within=STARTUP_TIMEOUT,
         )
     except BaseException:
-        await pilot._terminate()
+        await terminate(process, pilot.stderr, STOP_TIMEOUT)
         raise
     match = SERVING.search(serving["msg"])
     assert match is not None
