@@ -27,6 +27,7 @@ from pilot.generators.builder import BuildSettings
 from pilot.limits import LimitSettingError, limits_from_env
 from pilot.logs import SCOPES, LogSpecError
 from pilot.logs import configure as configure_logging
+from pilot.memory import map_large_buffers
 from pilot.security.ca import CaSettings, CaSetupError, default_state_dir
 from pilot.security.certs import KeyType
 from pilot.security.settings import SecuritySettings, SecuritySettingsError, security_from_env
@@ -361,6 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             asyncio.run(_run_agent(agent))
         else:
+            map_large_buffers()
             asyncio.run(_run_discovery(_settings(args)))
     except (
         LogSpecError,

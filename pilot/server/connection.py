@@ -106,6 +106,7 @@ class Connection:
         self._wake = asyncio.Event()
         self._closing = asyncio.Event()
         self._warned: set[str] = set()
+        self._write_in_flight: asyncio.Future[None] | None = None
 
     @property
     def proxy_id(self) -> str:
@@ -150,8 +151,10 @@ class Connection:
             self._context.admission.hits.hit(refused, f"xDS stream from {self.peer}")
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(refused))
         ended_by = await self._run(requests, context)
-        if ended_by is not None:
-            await self._end_with(ended_by, context)
+        ending = self._ending(ended_by) if ended_by is not None else None
+        await self._landed()
+        if ending is not None:
+            await context.abort(*ending)
 
     async def _run(
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, bytes]
@@ -196,25 +199,34 @@ class Connection:
             )
         connections.add(self)
 
-    async def _end_with(
-        self, error: BaseException, context: grpc.aio.ServicerContext[Any, bytes]
-    ) -> None:
-        """Turn what ended the stream into its status."""
+    def _ending(self, error: BaseException) -> tuple[grpc.StatusCode, str]:
+        """What ended the stream, logged, as its status (an unexpected error is raised)."""
         if isinstance(error, LimitExceeded):
             self._context.admission.hits.hit(error, f"proxy {self.proxy} ({self.peer})")
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
-        elif isinstance(error, ProtocolError):
+            return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
+        if isinstance(error, ProtocolError):
             log.warning("proxy %s (%s): %s", self.proxy, self.peer, error)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        elif isinstance(error, PermissionDenied):
+            return grpc.StatusCode.INVALID_ARGUMENT, str(error)
+        if isinstance(error, PermissionDenied):
             log.warning("proxy %s (%s) refused: %s", self.proxy, self.peer, error)
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
-        elif isinstance(error, TimeoutError):
+            return grpc.StatusCode.PERMISSION_DENIED, str(error)
+        if isinstance(error, TimeoutError):
             message = "not reading its responses: closing the stream (PILOT_XDS_SEND_TIMEOUT)"
             log.warning("proxy %s (%s) %s", self.proxy, self.peer, message)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, message)
-        else:
-            raise error
+            return grpc.StatusCode.UNAVAILABLE, message
+        raise error
+
+    async def _landed(self) -> None:
+        """Wait for a response gRPC is still sending before the stream's status.
+
+        gRPC refuses a status while a write is in flight (TOO_MANY_OPERATIONS, and
+        the client never learns why its stream ended). The write lands once the
+        client reads, or fails once it goes away; either way pilot has already let
+        go of everything the stream held, and waits holding only this call.
+        """
+        write = self._write_in_flight
+        if write is not None and not write.done():
+            await asyncio.wait([write])
 
     async def _authenticate(self, context: grpc.aio.ServicerContext[Any, bytes]) -> None:
         """Check the stream's credentials; aborts UNAUTHENTICATED if refused."""
@@ -347,6 +359,17 @@ class Connection:
     ) -> None:
         started = time.monotonic()
         data = convert.encode(response)
-        await context.write(data)
+        # Shielded: a write given up on (stream ended, send timeout) stays in gRPC
+        # until it lands or the client goes away, and the status must wait for it.
+        write = asyncio.ensure_future(context.write(data))
+        write.add_done_callback(_retrieve)
+        self._write_in_flight = write
+        await asyncio.shield(write)
         self._context.stats.responses[response.type_url] += 1
         self._context.metrics.written(response.type_url, len(data), time.monotonic() - started)
+
+
+def _retrieve(write: asyncio.Future[None]) -> None:
+    """Mark a write's failure as seen: a client gone mid-write is no error of pilot's."""
+    if not write.cancelled():
+        write.exception()

@@ -8,8 +8,7 @@ that would stall pilot for long also name the inputs the tests' random search mu
 `avoid`. A defect gets a deterministic reproducer in `test_known_defects` under
 `xfail(strict=True)`: once it is fixed its test passes, the strict xfail fails the
 suite, and whoever fixed it deletes the entry here (so that the search stops
-tolerating or avoiding it). The one entry left is a limit of gRPC with no fix in
-pilot, so it has no xfail: see its summary and docs/security.md.
+tolerating or avoiding it). None is known today.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from typing import Protocol
 import pytest
 
 from tests.fuzz.calls import Call
-from tests.fuzz.properties import LOGGED, UNANSWERED, Violation
+from tests.fuzz.properties import Violation
 from tests.security.pilot_process import Entry
 
 SECRET_WARNING = "that pilot does not make"  # the one summary line per stream
@@ -65,28 +64,7 @@ class Defect:
         return pytest.mark.xfail(strict=True, reason=reason)
 
 
-_STUCK_STATUS = "GRPC_CALL_ERROR_TOO_MANY_OPERATIONS"
-
-
-def _status_not_sent(violation: Violation, seen: Seen) -> bool:
-    """gRPC's error for a status sent while a write is in flight, and the hanging call."""
-    if violation.kind == LOGGED:
-        return _STUCK_STATUS in violation.text
-    return violation.kind == UNANSWERED and any(
-        o.kind == LOGGED and _STUCK_STATUS in o.text for o in seen.violations
-    )
-
-
-_DEFECTS = (
-    Defect(
-        "stream-status-not-sent",
-        "a limit of gRPC rather than a defect pilot can fix: a stream ended (a protocol"
-        " error, or PILOT_XDS_SEND_TIMEOUT) while a response is stuck behind a client"
-        " that reads nothing cannot be sent its status (gRPC: TOO_MANY_OPERATIONS), so"
-        " that client never learns why; pilot has stopped the stream and let go of it",
-        _status_not_sent,
-    ),
-)
+_DEFECTS: tuple[Defect, ...] = ()
 KNOWN = {defect.key: defect for defect in _DEFECTS}
 
 

@@ -136,7 +136,7 @@ class PilotProcess:
         """The matching lines logged after `since`, once there is one (or fail)."""
         found = await self.until_logged(predicate, since, within)
         if not found:
-            when = "before it exited" if self._ended else f"within {within:g}s"
+            when = "before it exited" if self.stderr.ended else f"within {within:g}s"
             pytest.fail(f"pilot did not log {what} {when}; {self.tail()}")
         return found
 
