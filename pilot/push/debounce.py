@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from pilot.push.request import NO_PUSH, PushRequest
+from pilot.push.request import PendingPush, PushRequest
 from pilot.push.settings import DebounceSettings
 from pilot.registry.index import IndexChange
 
@@ -35,10 +35,10 @@ class Debouncer:
     ) -> None:
         self._settings = settings
         self._clock = clock
-        self._window = NO_PUSH  # debounced: waits for quiet
+        self._window = PendingPush()  # debounced: waits for quiet
         self._opened = 0.0
         self._last = 0.0
-        self._now = NO_PUSH  # flushed at once
+        self._now = PendingPush()  # flushed at once
         self._now_since = 0.0
         self._arrived = asyncio.Event()
 
@@ -54,7 +54,7 @@ class Debouncer:
         if registry:
             if not self._window:
                 self._opened = now
-            self._window = self._window.merge(PushRequest(registry=registry))
+            self._window.add(PushRequest(registry=registry))
             self._last = now
         self._arrived.set()
 
@@ -84,7 +84,7 @@ class Debouncer:
     def _add_now(self, request: PushRequest, now: float) -> None:
         if not self._now:
             self._now_since = now
-        self._now = self._now.merge(request)
+        self._now.add(request)
 
     def _deadline(self) -> float:
         return min(self._last + self._settings.after, self._opened + self._settings.max_delay)
@@ -110,11 +110,9 @@ class Debouncer:
         return request, since
 
     def _take_now(self) -> tuple[PushRequest, float]:
-        request, since = self._now, self._now_since if self._now else float("inf")
-        self._now = NO_PUSH
-        return request, since
+        since = self._now_since if self._now else float("inf")
+        return self._now.take(), since
 
     def _take_window(self) -> tuple[PushRequest, float]:
-        window, opened = self._window, self._opened if self._window else float("inf")
-        self._window = NO_PUSH
-        return window, opened
+        opened = self._opened if self._window else float("inf")
+        return self._window.take(), opened

@@ -1,10 +1,9 @@
-"""The file registry: Kubernetes-shaped YAML, reloaded when the file changes.
+"""The file registry: Kubernetes objects in a file, reloaded when the file changes.
 
-Reads Service, EndpointSlice and Endpoints documents, multi-document or
-`kind: List` (what `kubectl get svc,endpointslices -A -o yaml` prints). Each
-good version of the file replaces the registry's state (only the difference is
-pushed); a broken version is reported with the file and what is wrong, and
-the last good state keeps being served.
+What the file may say is `file_format`'s; parsing a large one happens off the
+event loop (`parse_worker`). Each good version of the file replaces the
+registry's state (only the difference is pushed); a broken version is reported
+with the file and what is wrong, and the last good state keeps being served.
 """
 
 from __future__ import annotations
@@ -13,92 +12,16 @@ import asyncio
 import hashlib
 import logging
 import os
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+import time
 from pathlib import Path
-from typing import Any
 
-import yaml
-
-from pilot.registry.kubernetes_objects import (
-    SUPPORTED_KINDS,
-    ObjectError,
-    object_label,
-    parse_endpoint_slice,
-    parse_endpoints,
-    parse_service,
-)
-from pilot.registry.model import EndpointSet, Service
 from pilot.registry.updater import RegistryUpdater
+from pilot.sources.file_format import RegistryFileError, RegistryState, parse_registry
+from pilot.sources.parse_worker import parse_off_loop
+
+__all__ = ["FileRegistry", "RegistryFileError", "RegistryState", "parse_registry"]
 
 log = logging.getLogger("pilot.sources.file")
-
-# libyaml parses a large registry an order of magnitude faster than pure Python.
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class RegistryFileError(ValueError):
-    """The registry file cannot be used; the message names the file and the problem."""
-
-
-@dataclass(frozen=True, slots=True)
-class RegistryState:
-    """Everything one version of the file says."""
-
-    services: tuple[Service, ...]
-    endpoint_sets: tuple[EndpointSet, ...]
-
-
-def _documents(text: str, origin: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    try:
-        loaded = list(yaml.load_all(text, Loader=_Loader))
-    except yaml.YAMLError as error:
-        raise RegistryFileError(f"{origin}: not valid YAML: {error}") from error
-    for number, document in enumerate(loaded, start=1):
-        if document is None:
-            continue
-        if not isinstance(document, Mapping):
-            raise RegistryFileError(f"{origin}: document {number} is not a mapping")
-        if document.get("kind") == "List" or str(document.get("kind", "")).endswith("List"):
-            items = document.get("items") or []
-            if not isinstance(items, list):
-                raise RegistryFileError(f"{origin}: document {number}: items must be a list")
-            for index, item in enumerate(items):
-                yield f"{origin}: document {number} item {index}", item
-        else:
-            yield f"{origin}: document {number}", document
-
-
-def _kind_of(where: str, obj: Any) -> str:
-    if not isinstance(obj, Mapping):
-        raise RegistryFileError(f"{where}: not a mapping")
-    kind = obj.get("kind")
-    if not isinstance(kind, str) or not kind:
-        raise RegistryFileError(f"{where}: has no kind (is it a Kubernetes object?)")
-    return kind
-
-
-def parse_registry(text: str, origin: str) -> RegistryState:
-    """Parse a whole file; raises RegistryFileError naming the first bad object."""
-    services: list[Service] = []
-    endpoint_sets: list[EndpointSet] = []
-    for where, obj in _documents(text, origin):
-        kind = _kind_of(where, obj)
-        if kind not in SUPPORTED_KINDS:
-            log.debug("%s: skipping %s", where, object_label(obj))
-            continue
-        try:
-            if kind == "Service":
-                services.append(parse_service(obj))
-            elif kind == "EndpointSlice":
-                parsed = parse_endpoint_slice(obj)
-                if parsed is not None:
-                    endpoint_sets.append(parsed)
-            else:
-                endpoint_sets.append(parse_endpoints(obj))
-        except ObjectError as error:
-            raise RegistryFileError(f"{where}: {error}") from error
-    return RegistryState(tuple(services), tuple(endpoint_sets))
 
 
 class FileRegistry:
@@ -127,7 +50,7 @@ class FileRegistry:
     async def start(self) -> None:
         """Read the file once and keep polling it."""
         self._changed_on_disk()
-        self.load()
+        await self.load()
         self._task = asyncio.create_task(self._poll(), name="file-registry")
 
     async def wait_synced(self) -> None:
@@ -138,14 +61,14 @@ class FileRegistry:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    def load(self) -> None:
+    async def load(self) -> None:
         """Read the file now and apply it if it is new and good."""
+        started = time.monotonic()
         try:
-            data = self.path.read_bytes()
+            data, digest = await asyncio.to_thread(_read, self.path)
         except OSError as error:
             self._reject(f"{self.path}: cannot read: {error.strerror or error}")
             return
-        digest = hashlib.sha256(data).digest()
         if digest == self._digest:
             return  # already applied, or already reported as broken
         if not data.strip() and not self._empty_seen:
@@ -155,17 +78,18 @@ class FileRegistry:
         self._empty_seen = False
         self._digest = digest
         try:
-            state = parse_registry(data.decode("utf-8", errors="replace"), str(self.path))
+            state = await parse_off_loop(data, str(self.path))
         except RegistryFileError as error:
             self._reject(str(error))
             return
         self.last_error = None
         self._updater.replace_all(state.services, state.endpoint_sets)
         log.info(
-            "loaded %s: %d services, %d endpoint sets",
+            "loaded %s: %d services, %d endpoint sets in %.2f s",
             self.path,
             len(state.services),
             len(state.endpoint_sets),
+            time.monotonic() - started,
         )
         self._synced.set()
 
@@ -190,4 +114,10 @@ class FileRegistry:
         while True:
             await asyncio.sleep(self._poll_interval)
             if self._changed_on_disk() or self._empty_seen:
-                self.load()
+                await self.load()
+
+
+def _read(path: Path) -> tuple[bytes, bytes]:
+    """The file's bytes and their digest (in a thread: both release the GIL)."""
+    data = path.read_bytes()
+    return data, hashlib.sha256(data).digest()

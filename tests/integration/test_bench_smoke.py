@@ -1,7 +1,8 @@
 """Smoke tests of the benchmarks: tiny runs end to end print sane figures.
 
 `python -m bench.eds_push` prints a table of finite positive figures; `python -m bench.fuzz`
-prints a PASS or FAIL for each of its targets and exits 0 exactly when all pass.
+prints a PASS or FAIL for each of its targets and exits 0 exactly when all pass;
+`python -m bench.registry_file` loads and reloads a file in each format.
 """
 
 from __future__ import annotations
@@ -58,3 +59,18 @@ def test_bench_fuzz_prints_a_verdict_per_target() -> None:
     assert verdicts["crashes"] == "PASS", done.stdout
     assert (done.returncode == 0) == all(v == "PASS" for v in verdicts.values()), done.stdout
     assert "pilot exited 0 on SIGTERM" in done.stdout, done.stdout
+
+
+def test_bench_registry_file_loads_and_reloads_both_formats() -> None:
+    command = [sys.executable, "-m", "bench.registry_file", "--services", "300"]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=110, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| `-o ")]
+    assert [row.split("|")[1].strip() for row in rows] == ["`-o json`", "`-o yaml`"], done.stdout
+    for row in rows:
+        cells = [cell.strip() for cell in row.split("|")[2:-1]]
+        assert cells[1] == "300", row  # services pilot said it loaded
+        seconds = [float(cell.removesuffix(" s")) for cell in cells[2:5]]
+        assert all(math.isfinite(value) and value > 0 for value in seconds), row

@@ -80,8 +80,8 @@ class FileReads:
         self.count = 0
         self._read = asyncio.Event()
 
-        def counted_load() -> Any:
-            result = original()
+        async def counted_load() -> Any:
+            result = await original()
             self.count += 1
             self._read.set()
             return result

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
+import yaml
 
 from pilot.durations import parse_duration
 from pilot.push.settings import DebounceSettings
@@ -82,3 +84,32 @@ def test_debounce_settings_from_environment() -> None:
     assert debounce_from_env({}) == DebounceSettings()
     with pytest.raises(SettingsError, match="PILOT_DEBOUNCE_AFTER"):
         debounce_from_env({"PILOT_DEBOUNCE_AFTER": "soon"})
+
+
+def test_kubectl_json_reads_as_the_same_registry_as_its_yaml() -> None:
+    """`-o json` is parsed as JSON (and means what the YAML means)."""
+    document = yaml.safe_load(KUBECTL_LIST.split("---", maxsplit=1)[0])
+    as_json = parse_registry(json.dumps(document, indent=4), "mesh.json")
+    as_yaml = parse_registry(KUBECTL_LIST.split("---", maxsplit=1)[0], "mesh.yaml")
+    assert as_json == as_yaml and as_json.services
+
+
+def test_yaml_in_flow_style_is_still_yaml() -> None:
+    """A file that starts like JSON but is not JSON is read as YAML."""
+    state = parse_registry(
+        "{kind: Service, metadata: {name: web, namespace: shop}, spec: {ports: [{port: 80}]}}",
+        "mesh.yaml",
+    )
+    assert [str(s.key) for s in state.services] == ["shop/web"]
+
+
+def test_a_json_list_of_objects_is_one_document_each() -> None:
+    text = json.dumps(
+        [
+            {"kind": "Service", "metadata": {"name": "a", "namespace": "x"}, "spec": {}},
+            {"kind": "Deployment", "metadata": {"name": "a", "namespace": "x"}},
+            {"kind": "Service"},
+        ]
+    )
+    with pytest.raises(RegistryFileError, match=re.escape("mesh.json: document 3")):
+        parse_registry(text, "mesh.json")

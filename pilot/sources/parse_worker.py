@@ -1,0 +1,131 @@
+"""Parsing a registry file without stalling the event loop.
+
+libyaml composes a whole document in one C call that holds the GIL (12 s for
+10,000 services as `kubectl -o yaml` prints them), and `json.loads` is one call
+too, so a thread would stall every stream as surely as the loop itself. A file
+larger than `INLINE_BYTES` is parsed by a child process (`python -m
+pilot.sources.parse_worker ORIGIN`, the file on its stdin) that writes the
+result back as pickles of a few hundred objects each; pilot unpickles them one
+at a time, yielding to the loop in between. The child also takes the memory a
+huge file costs to parse, and gives it back when it exits.
+
+A small file (the bundled example) is parsed in place: starting an interpreter
+would cost more than parsing it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import pickle
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pilot.sources.file_format import RegistryFileError, RegistryState, parse_registry
+
+INLINE_BYTES = 32 * 1024  # parsed on the loop below this: a few ms at most
+CHUNK = 500  # objects per pickle: each unpickles in a few ms
+FEED_BYTES = 1 << 20
+_OK, _FAILED = "ok", "failed"
+
+
+async def parse_off_loop(data: bytes, origin: str) -> RegistryState:
+    """The file's registry state; RegistryFileError if it is broken."""
+    if len(data) < INLINE_BYTES:
+        return parse_registry(data.decode("utf-8", errors="replace"), origin)
+    output = await _run_worker(data, origin)
+    try:
+        return await _unpickled(output)
+    except (EOFError, pickle.UnpicklingError) as error:
+        raise RegistryFileError(f"{origin}: the parser process answered badly: {error}") from error
+
+
+async def _run_worker(data: bytes, origin: str) -> bytes:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        __name__,
+        origin,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    try:
+        _, output, errors = await asyncio.gather(
+            _feed(process, data), process.stdout.read(), process.stderr.read()
+        )
+        await process.wait()
+    except BaseException:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        raise
+    if process.returncode != 0:
+        tail = errors.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise RegistryFileError(
+            f"{origin}: the parser process failed (exit {process.returncode}): {tail[0]}"
+        )
+    return output
+
+
+async def _feed(process: asyncio.subprocess.Process, data: bytes) -> None:
+    """The file to the worker a slice at a time: handing asyncio 40 MB at once costs a
+    copy of all of it on the loop."""
+    stdin = process.stdin
+    assert stdin is not None
+    view = memoryview(data)
+    try:
+        for start in range(0, len(view), FEED_BYTES):
+            stdin.write(view[start : start + FEED_BYTES])
+            await stdin.drain()
+        stdin.close()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the worker died: its exit status says so
+
+
+async def _unpickled(output: bytes) -> RegistryState:
+    """Read the worker's answer, one chunk per turn of the loop."""
+    reader = io.BytesIO(output)  # one pickle after another, each with its own memo
+    status, detail = pickle.load(reader)
+    if status == _FAILED:
+        raise RegistryFileError(str(detail))
+    service_chunks, set_chunks = detail
+    services = await _load_chunks(reader, service_chunks)
+    endpoint_sets = await _load_chunks(reader, set_chunks)
+    return RegistryState(tuple(services), tuple(endpoint_sets))
+
+
+async def _load_chunks(reader: io.BytesIO, count: int) -> list[Any]:
+    objects: list[Any] = []
+    for _ in range(count):
+        objects.extend(pickle.load(reader))
+        await asyncio.sleep(0)  # let streams and probes run between chunks
+    return objects
+
+
+def _chunks(objects: Sequence[Any]) -> list[Sequence[Any]]:
+    return [objects[i : i + CHUNK] for i in range(0, len(objects), CHUNK)]
+
+
+def main(argv: list[str]) -> int:
+    """The child: the file on stdin, pickles on stdout."""
+    origin = argv[0] if argv else "registry file"
+    data = sys.stdin.buffer.read()
+    out = sys.stdout.buffer
+    try:
+        state = parse_registry(data.decode("utf-8", errors="replace"), origin)
+    except RegistryFileError as error:
+        pickle.dump((_FAILED, str(error)), out)
+        return 0
+    services, endpoint_sets = _chunks(state.services), _chunks(state.endpoint_sets)
+    pickle.dump((_OK, (len(services), len(endpoint_sets))), out)
+    for chunk in (*services, *endpoint_sets):
+        pickle.dump(chunk, out, protocol=pickle.HIGHEST_PROTOCOL)
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
