@@ -13,6 +13,7 @@ from typing import Protocol
 
 import grpc
 
+from pilot import event_loop
 from pilot.agent import (
     DEFAULT_DISCOVERY_ADDRESS,
     DEFAULT_ROOT_CERT,
@@ -23,6 +24,7 @@ from pilot.agent import (
 )
 from pilot.debug import proxy_status_table
 from pilot.durations import parse_duration
+from pilot.event_loop import EventLoopError
 from pilot.generators.builder import BuildSettings
 from pilot.limits import LimitSettingError, limits_from_env
 from pilot.logs import SCOPES, LogSpecError
@@ -55,6 +57,7 @@ environment:
   PILOT_ENABLE_EDS_DEBOUNCE  debounce endpoint-only changes too (default true)
   PILOT_PUSH_THROTTLE        responses built and written at once (default 100)
   PILOT_XDS_SEND_TIMEOUT     close a stream whose Envoy stops reading (default 10s, 0: never)
+  PILOT_EVENT_LOOP           asyncio or uvloop (pip install 'pilot[uvloop]') (default asyncio)
   CA_ADDR                    the CA that signs workload certificates (default: pilot's own)
   CA_ROOT_CERT               with CA_ADDR: the root its chains must lead to (required)
   CA_INSECURE                with CA_ADDR: plaintext instead of TLS verified with CA_ROOT_CERT
@@ -360,12 +363,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             agent = agent_settings(
                 args.sds_socket, args.discovery_address, args.trust_domain, KeyType(args.key_type)
             )
-            asyncio.run(_run_agent(agent))
+            event_loop.run(_run_agent(agent))
         else:
             map_large_buffers()
-            asyncio.run(_run_discovery(_settings(args)))
+            event_loop.run(_run_discovery(_settings(args)))
     except (
         LogSpecError,
+        EventLoopError,
         LimitSettingError,
         SettingsError,
         SecuritySettingsError,

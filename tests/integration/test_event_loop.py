@@ -1,0 +1,53 @@
+"""`PILOT_EVENT_LOOP=uvloop`: pilot serves and pushes on uvloop as on asyncio's loop;
+a loop pilot does not know is a one-line error at start."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from tests.integration.ca_support import write_plugged_in
+from tests.protocol.client import CLUSTER, XdsClient, node
+from tests.security.pilot_process import start_file_pilot
+from tests.support.mesh import cluster_name, simple_mesh, write_mesh
+
+
+async def test_pilot_on_uvloop_serves_and_pushes(tmp_path: Path) -> None:
+    config = tmp_path / "mesh.yaml"
+    write_mesh(config, simple_mesh({"a": ["127.0.0.1"]}))
+    ca = write_plugged_in(tmp_path / "ca")
+    root = ca.root.cert_pem.encode()
+    env = {"PILOT_EVENT_LOOP": "uvloop"}
+    pilot = await start_file_pilot(tmp_path, config, ca.directory, root, env=env)
+    try:
+        async with XdsClient(pilot.target(tls=False)) as client:
+            stream = client.delta_ads(node("uvloop-proxy"))
+            await stream.subscribe(CLUSTER, ["*"])
+            await stream.ack_until(CLUSTER, [cluster_name("a")])
+            write_mesh(config, simple_mesh({"a": ["127.0.0.1"], "b": ["127.0.0.2"]}))
+            await stream.ack_until(CLUSTER, [cluster_name("b")])  # delta: only what changed
+    finally:
+        await pilot.stop()
+    assert not [e for e in pilot.log if e["level"] == "error"]
+
+
+async def test_an_unknown_event_loop_is_a_one_line_error(tmp_path: Path) -> None:
+    config = tmp_path / "mesh.yaml"
+    write_mesh(config, simple_mesh({"a": ["127.0.0.1"]}))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "pilot",
+        "discovery",
+        "--config",
+        str(config),
+        env={**os.environ, "PILOT_EVENT_LOOP": "trio"},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 2
+    assert "PILOT_EVENT_LOOP=trio: choose one of asyncio, uvloop" in err.decode()
+    assert "Traceback" not in err.decode()
