@@ -20,6 +20,11 @@ Reports go to stdout as JSON lines, timestamps from `time.monotonic()`
   streams received since the sync (a check that each change costs one each);
 - `{"event": "error", "message": M}` when a stream fails (then exit status 1).
 
+With `--retries N` a failed stream is opened again after Envoy's backoff (full
+jitter, 500 ms doubling to 30 s), up to N times, subscribing afresh as a
+restarted Envoy does; the "synced" event then counts `retried` streams and
+`retries` in all.
+
 The process runs until its standard input closes or it gets SIGTERM.
 """
 
@@ -28,12 +33,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import collections
 import contextlib
+import functools
 import gc
 import json
+import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +87,10 @@ class Recorder:
     arrivals: dict[tuple[str, str], Arrival] = field(default_factory=dict)
     captured: list[bytes] = field(default_factory=list)
 
+    retried: set[str] = field(default_factory=set)
+    retries: int = 0
+    failures: collections.Counter[str] = field(default_factory=collections.Counter)
+
     def stream_synced(self) -> None:
         self.synced_streams += 1
         if self.synced_streams == self.streams:
@@ -86,7 +99,13 @@ class Recorder:
                 self.captured.clear()
             self.live = True
             gc.freeze()  # the sync's objects stay; later collections skip them
-            emit("synced", t=time.monotonic())
+            emit(
+                "synced",
+                t=time.monotonic(),
+                retried=len(self.retried),
+                retries=self.retries,
+                failures=dict(self.failures),
+            )
 
     def assignment(self, name: str, version: str, t: float, raw: bytes, capturing: bool) -> None:
         """One stream received one assignment version (recorded once all streams synced)."""
@@ -115,28 +134,57 @@ class Recorder:
             )
 
 
+class StreamEnded(RuntimeError):
+    """The server ended the stream without an error status."""
+
+
 class Stream:
-    """One simulated Envoy: a DeltaAggregatedResources stream."""
+    """One simulated Envoy: a DeltaAggregatedResources stream, opened again if it fails."""
 
     def __init__(
-        self, node_id: str, call: Any, recorder: Recorder, capturing: bool = False
+        self,
+        node_id: str,
+        open_call: Callable[[], Any],
+        recorder: Recorder,
+        capturing: bool = False,
+        retries: int = 0,
     ) -> None:
         self.node_id = node_id
-        self.call = call
+        self.open_call = open_call
         self.recorder = recorder
         self.capturing = capturing
+        self.retries = retries
+        self.call: Any = None
         self.subscribed: set[str] = set()
         self.missing: set[str] = set()
         self.has_clusters = False
         self.synced = False
 
     async def run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                await self._serve()
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError, StreamEnded) as error:
+                self.recorder.failures[_failure(error)] += 1
+                failures += 1
+                if failures > self.retries:
+                    raise
+                self.recorder.retried.add(self.node_id)
+                self.recorder.retries += 1
+                await asyncio.sleep(_backoff(failures))
+
+    async def _serve(self) -> None:
+        self.call = self.open_call()
+        self.subscribed.clear()
+        self.missing.clear()
+        self.has_clusters = False
         await self.call.write(wire.subscribe(wire.CLUSTER, ["*"], self.node_id))
         while True:
             raw = await self.call.read()
             t = time.monotonic()
             if not isinstance(raw, bytes):  # grpc.aio.EOF
-                raise RuntimeError(f"{self.node_id}: the server ended the stream")
+                raise StreamEnded(f"{self.node_id}: the server ended the stream")
             response = wire.DeltaResponse.FromString(raw)
             self.recorder.responses += self.synced
             if self.capturing and not self.synced:
@@ -172,6 +220,18 @@ class Stream:
             self.recorder.stream_synced()
 
 
+def _failure(error: BaseException) -> str:
+    """A failed stream, as a short kind: the status and the start of its details."""
+    if isinstance(error, grpc.aio.AioRpcError):
+        return f"{error.code().name}: {(error.details() or '')[:40]}"
+    return type(error).__name__
+
+
+def _backoff(failures: int) -> float:
+    """Envoy's xDS retry delay: full jitter over 500 ms doubling per failure, at most 30 s."""
+    return random.uniform(0, min(30.0, 0.5 * 2 ** (failures - 1)))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.clients", description=__doc__)
     parser.add_argument("--target", required=True, help="HOST:PORT of the xDS server")
@@ -179,6 +239,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--channels", type=int, default=8)
     parser.add_argument("--first-id", type=int, default=0, help="node ids start here")
     parser.add_argument("--capture", type=Path, help="record stream 0's responses here")
+    parser.add_argument("--retries", type=int, default=0, help="per stream, with backoff (0)")
     return parser.parse_args(argv)
 
 
@@ -211,9 +272,10 @@ async def run(args: argparse.Namespace) -> int:
     streams = [
         Stream(
             f"bench-{args.first_id + i}",
-            methods[i % len(methods)](None),
+            functools.partial(methods[i % len(methods)], None),
             recorder,
             capturing=i == 0 and args.capture is not None,
+            retries=args.retries,
         )
         for i in range(args.streams)
     ]

@@ -18,6 +18,11 @@ One run, every process on 127.0.0.1 with ephemeral ports:
 
 For both servers: CPU per change is user+system CPU over the K changes / K;
 memory per client is (RSS with N clients synced - RSS before any client) / N.
+A reconnect storm is the initial sync with `--channels` as large as the streams
+per process (each client on its own connection) and `--retries` (a failed
+stream is opened again after Envoy's backoff): the report counts the streams
+retried and why they failed, pilot's `/ready` latency during its sync (probed
+every 10 ms), and the tracebacks and ERROR lines in pilot's log.
 Between changes the bench waits until the server and clients are idle.
 """
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
 import shutil
 import signal
@@ -56,6 +62,24 @@ class Machine:
         return max(0.0, self.busy - self.ours)
 
 
+def _pilot_log_summary(log: Path) -> str:
+    """How many tracebacks, ERROR and WARNING lines pilot logged over the run."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return "pilot's log: not found"
+    tracebacks = sum(line.startswith("Traceback") for line in lines)
+    errors = sum(" ERROR " in line for line in lines)
+    warnings = collections.Counter(
+        line.split(" WARNING ", 1)[1][:70] for line in lines if " WARNING " in line
+    )
+    common = "; ".join(f"{n} x {text!r}" for text, n in warnings.most_common(3))
+    return (
+        f"pilot's log: {tracebacks} tracebacks, {errors} lines at ERROR, "
+        f"{sum(warnings.values())} at WARNING{': ' + common if common else ''}"
+    )
+
+
 def render(config: Config, measured: Measured, machine: Machine, workdir: str) -> str:
     """The report: setup, table, what the latency means, context lines."""
     fleet, ours, base = config.fleet, measured.pilot, measured.floor
@@ -81,6 +105,7 @@ def render(config: Config, measured: Measured, machine: Machine, workdir: str) -
             f" ms, p99 {percentile(from_apply, 99) * 1e3:.2f} ms",
             details("pilot", ours.result),
             details("floor", base.result),
+            _pilot_log_summary(Path(workdir) / "pilot.log"),
             f"run time {machine.wall:.1f}s on {cores} CPUs; other processes used "
             f"{machine.others:.1f} CPU-s meanwhile ({machine.others / machine.wall / cores:.0%} "
             "of the machine)",
@@ -107,6 +132,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser.add_argument("--endpoints", type=int, default=3, help="per service (%(default)s)")
     parser.add_argument("--client-procs", type=int, default=1, help="client processes (1)")
     parser.add_argument("--channels", type=int, default=8, help="per client process (8)")
+    parser.add_argument(
+        "--retries", type=int, default=0, help="per failed stream, with Envoy's backoff (0)"
+    )
     parser.add_argument("--seed", type=int, default=1, help="for the changes (1)")
     parser.add_argument("--timeout", type=float, default=300.0, help="per wait, seconds (300)")
     parser.add_argument(
@@ -126,7 +154,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         clients=args.clients,
         changes=args.changes,
         endpoints=args.endpoints,
-        fleet=FleetSpec(args.clients, args.client_procs, args.channels),
+        fleet=FleetSpec(args.clients, args.client_procs, args.channels, args.retries),
         seed=args.seed,
         timeout=args.timeout,
         pilot_env={**DEFAULT_PILOT_ENV, **dict(args.pilot_env)},

@@ -28,6 +28,7 @@ class FleetSpec:
     streams: int
     processes: int = 1
     channels: int = 8
+    retries: int = 0  # per stream, with Envoy's backoff
 
     def shares(self) -> list[int]:
         """Streams per process, as even as possible."""
@@ -40,6 +41,9 @@ class _Member:
     child: Child
     synced: asyncio.Future[float]
     updates: asyncio.Queue[Report] = field(default_factory=asyncio.Queue)
+    retried: int = 0  # streams that failed and were opened again before the sync
+    retries: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # kind -> count
 
 
 class Fleet:
@@ -62,6 +66,7 @@ class Fleet:
         for i, share in enumerate(spec.shares()):
             argv = [PYTHON, "-m", "bench.clients", "--target", target, "--streams", str(share)]
             argv += ["--channels", str(spec.channels), "--first-id", str(first)]
+            argv += ["--retries", str(spec.retries)]
             if i == 0 and capture is not None:
                 argv += ["--capture", str(capture)]
             log = workdir / f"clients-{tag}-{i}.log"
@@ -77,6 +82,8 @@ class Fleet:
         while line := await stdout.readline():
             report: Report = json.loads(line)
             if report["event"] == "synced":
+                member.retried, member.retries = report["retried"], report["retries"]
+                member.failures = report["failures"]
                 member.synced.set_result(float(report["t"]))
             elif report["event"] == "update":
                 member.updates.put_nowait(report)
@@ -108,6 +115,15 @@ class Fleet:
         """When the last process had all its streams synced."""
         times = await self._guard(asyncio.gather(*(m.synced for m in self.members)))
         return max(times)
+
+    def retried(self) -> tuple[int, int, dict[str, int]]:
+        """Streams opened again before the sync, retries in all, and why they failed."""
+        failures: dict[str, int] = {}
+        for member in self.members:
+            for kind, count in member.failures.items():
+                failures[kind] = failures.get(kind, 0) + count
+        retried = sum(m.retried for m in self.members)
+        return retried, sum(m.retries for m in self.members), failures
 
     async def update_for(self, cluster: str) -> list[Report]:
         """Each process's report that all its streams got a new version of cluster."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,10 @@ class PhaseResult:
     client_cpu_per_change: float
     response_bytes: list[int]
     responses_per_client: float  # per change: 1.0 when each change costs one response each
+    retried_streams: int = 0  # failed and opened again before the sync
+    retries: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # why streams failed -> count
+    ready_latencies: list[float] = field(default_factory=list)  # /ready during the sync
 
     @property
     def memory_per_client(self) -> float:
@@ -63,11 +67,29 @@ def table(pilot: PhaseResult, floor: PhaseResult) -> str:
     return "\n".join(lines)
 
 
+def _lag(latencies: list[float]) -> str:
+    if not latencies:
+        return ""
+    return (
+        f", /ready during it p99 {percentile(latencies, 99) * 1e3:.0f} ms,"
+        f" worst {max(latencies) * 1e3:.0f} ms ({len(latencies)} probes)"
+    )
+
+
+def _failures(failures: dict[str, int]) -> str:
+    if not failures:
+        return ""
+    top = sorted(failures.items(), key=lambda item: -item[1])[:3]
+    return ": " + ", ".join(f"{count} x {kind!r}" for kind, count in top)
+
+
 def details(name: str, result: PhaseResult) -> str:
     """One line of context for a phase: sync time, response size, client CPU, RSS."""
     size = sum(result.response_bytes) / max(1, len(result.response_bytes))
     return (
-        f"{name}: initial sync of all clients {result.sync_seconds:.1f}s; "
+        f"{name}: initial sync of all clients {result.sync_seconds:.1f}s"
+        f" ({result.retried_streams} streams retried, {result.retries} retries"
+        f"{_failures(result.failures)}){_lag(result.ready_latencies)}; "
         f"assignment response {size:.0f} B, {result.responses_per_client:.2f} per client "
         "per change; "
         f"client CPU per change {result.client_cpu_per_change * 1e3:.1f} ms; "

@@ -40,6 +40,7 @@ from bench.procs import (
 )
 from bench.report import PhaseResult
 from bench.workload import Change, Workload
+from tests.fuzz.ready import ReadyProber
 
 # Reached the server at (time.monotonic()), for change K.
 Trigger = Callable[[int, Change], Awaitable[float]]
@@ -67,6 +68,10 @@ class Synced:
     rss_before: int
     rss_synced: int
     seconds: float
+    retried_streams: int
+    retries: int
+    failures: dict[str, int]
+    ready_latencies: list[float]  # /ready answers during the sync (empty: not probed)
 
 
 @dataclass
@@ -127,8 +132,8 @@ class Run:
             url = await read_line_starting(child, "kubeapi listening on")
         return url, kubeconfig
 
-    async def start_pilot(self, kubeconfig: Path) -> tuple[Child, str]:
-        """Pilot on the Kubernetes registry, once /ready; returns it and its xDS address.
+    async def start_pilot(self, kubeconfig: Path) -> tuple[Child, str, int]:
+        """Pilot on the Kubernetes registry, once /ready: it, its xDS address, its HTTP port.
 
         Pilot runs from the run's directory, not the repository root, so that a
         PYTHONPATH in its environment can choose which pilot runs.
@@ -142,7 +147,9 @@ class Run:
             raise RuntimeError(f"pilot refused its flags:\n{self.children[-1].log_tail()}")
         return started
 
-    async def _start_pilot(self, kubeconfig: Path, extra: list[str]) -> tuple[Child, str] | None:
+    async def _start_pilot(
+        self, kubeconfig: Path, extra: list[str]
+    ) -> tuple[Child, str, int] | None:
         """None if pilot exits refusing the extra flags."""
         grpc_addr, http_port = f"127.0.0.1:{free_port()}", free_port()
         self.pilot_flags = ["--log-level", self.config.pilot_log_level, *extra]
@@ -152,7 +159,7 @@ class Run:
         child = await self._spawn("pilot", argv, env=self.config.pilot_env, cwd=self.workdir)
         async with self.within("pilot's /ready"):
             if await _wait_ready(child, f"http://127.0.0.1:{http_port}/ready"):
-                return child, grpc_addr
+                return child, grpc_addr, http_port
         await child.stop()
         if extra and pilot_cli.UNRECOGNIZED in child.log.read_text(errors="replace"):
             return None
@@ -204,21 +211,35 @@ class Run:
         trigger: Trigger,
         changes: Sequence[Change],
         capture: Path | None = None,
+        ready_port: int | None = None,
     ) -> PhaseRun:
-        """Connect N clients to the server, sync, then time each change."""
+        """Connect N clients to the server, sync, then time each change.
+
+        With `ready_port`, the server's /ready is probed every 10 ms during the sync:
+        its answers are the event loop's lag while every client connects at once.
+        """
         await wait_idle([server.pid])
         rss_before = rss_bytes(server.pid)
         fleet = Fleet()
-        started = time.monotonic()
+        prober = ReadyProber(ready_port) if ready_port is not None else None
         try:
+            if prober is not None:
+                await prober.start()
+            started = time.monotonic()
             await fleet.start(target, self.config.fleet, self.workdir, tag, capture)
             async with self.within(f"{tag}: the clients' initial sync"):
                 synced = await fleet.wait_synced() - started
+            lag = _lag(prober, started)
+            if prober is not None:
+                await prober.stop()  # the changes are measured without probes
+                prober = None
             await wait_idle([server.pid, *fleet.pids])
-            sync = Synced(rss_before, rss_bytes(server.pid), synced)
+            sync = Synced(rss_before, rss_bytes(server.pid), synced, *fleet.retried(), lag)
             return await self._changes(fleet, server, trigger, changes, sync)
         finally:
             await fleet.stop()
+            if prober is not None:
+                await prober.stop()
 
     async def _changes(
         self,
@@ -253,8 +274,19 @@ class Run:
             client_cpu_per_change=clients_cpu / count,
             response_bytes=[int(r["bytes"]) for r in reports],
             responses_per_client=responses / count / self.config.clients,
+            retried_streams=sync.retried_streams,
+            retries=sync.retries,
+            failures=sync.failures,
+            ready_latencies=sync.ready_latencies,
         )
         return PhaseRun(result, last, reports)
+
+
+def _lag(prober: ReadyProber | None, since: float) -> list[float]:
+    """The probes' latencies since `since` (a probe with no answer counts as 10 s)."""
+    if prober is None:
+        return []
+    return [s.latency if s.status else 10.0 for s in prober.recent if s.start >= since]
 
 
 async def _wait_ready(child: Child, url: str) -> bool:
@@ -311,11 +343,17 @@ async def measure(config: Config, workdir: Path) -> Measured:
         watch = SliceWatch(api)
         await watch.start()
         run.stack.push_async_callback(watch.stop)
-        pilot, pilot_target = await run.start_pilot(kubeconfig)
+        pilot, pilot_target, http_port = await run.start_pilot(kubeconfig)
         trigger = ApiTrigger(api, watch)
         initial = workdir / "initial.bin"
         ours = await run.phase(
-            "pilot", pilot, pilot_target, trigger=trigger, changes=changes, capture=initial
+            "pilot",
+            pilot,
+            pilot_target,
+            trigger=trigger,
+            changes=changes,
+            capture=initial,
+            ready_port=http_port,
         )
         await pilot.stop()
         replay = workdir / "changes.bin"

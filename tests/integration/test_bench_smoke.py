@@ -25,13 +25,15 @@ def _row(output: str, label: str) -> list[float]:
 
 def test_bench_prints_finite_positive_table() -> None:
     command = [sys.executable, "-m", "bench.eds_push", "--services", "20", "--clients", "5"]
-    command += ["--changes", "5", "--timeout", "60"]
+    command += ["--changes", "5", "--timeout", "60", "--retries", "3", "--channels", "5"]
     done = subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, timeout=110, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "S=20 services" in done.stdout and "N=5 delta ADS clients" in done.stdout
     assert "K=5 endpoint changes" in done.stdout
+    assert "streams retried" in done.stdout and "/ready during it" in done.stdout, done.stdout
+    assert "pilot's log: 0 tracebacks, 0 lines at ERROR" in done.stdout, done.stdout
     for label in ROWS:
         pilot, floor, ratio = _row(done.stdout, label)
         for value in (pilot, floor, ratio):
