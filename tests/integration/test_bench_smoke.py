@@ -2,7 +2,8 @@
 
 `python -m bench.eds_push` prints a table of finite positive figures; `python -m bench.fuzz`
 prints a PASS or FAIL for each of its targets and exits 0 exactly when all pass;
-`python -m bench.registry_file` loads and reloads a file in each format.
+`python -m bench.registry_file` loads and reloads a file in each format;
+`python -m bench.certificates` gets N proxies their certificates.
 """
 
 from __future__ import annotations
@@ -76,3 +77,16 @@ def test_bench_registry_file_loads_and_reloads_both_formats() -> None:
         assert cells[1] == "300", row  # services pilot said it loaded
         seconds = [float(cell.removesuffix(" s")) for cell in cells[2:5]]
         assert all(math.isfinite(value) and value > 0 for value in seconds), row
+
+
+def test_bench_certificates_prints_its_figures() -> None:
+    command = [sys.executable, "-m", "bench.certificates", "--proxies", "20", "--mints", "5"]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=110, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "20 proxies asking for `default` at once" in done.stdout, done.stdout
+    for label in ("certificates per second", "pilot CPU per certificate", "ratio"):
+        (line,) = [line for line in done.stdout.splitlines() if line.startswith(label)]
+        value = float(line[len(label) :].split()[0])
+        assert math.isfinite(value) and value > 0, line
