@@ -44,7 +44,7 @@ SECRET = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
 PROXIES_PER_CONNECTION = 50  # Envoys each have their own: many connections, as in a mesh
 _OPTIONS = [("grpc.use_local_subchannel_pool", 1)]  # one TCP connection per channel
 WAIT = 300.0
-RETRIES = 5
+RETRIES = 10  # Envoy never gives up; a run that loses a stream 10 times fails
 
 
 @dataclass(frozen=True)
