@@ -146,6 +146,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
         help="pilot's environment, over PILOT_ENABLE_EDS_DEBOUNCE=false (repeatable)",
     )
     parser.add_argument("--pilot-log-level", default="info", help="(info)")
+    parser.add_argument(
+        "--idle", type=float, default=0.0, help="seconds of quiet CPU measured after the sync (0)"
+    )
     args = parser.parse_args(argv)
     if min(args.services, args.clients, args.changes, args.endpoints, args.client_procs) < 1:
         parser.error("counts must be positive")
@@ -159,6 +162,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         timeout=args.timeout,
         pilot_env={**DEFAULT_PILOT_ENV, **dict(args.pilot_env)},
         pilot_log_level=args.pilot_log_level,
+        idle_seconds=args.idle,
     )
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True)
+@dataclass
 class PhaseResult:
     """The figures of one server (pilot or the floor) over one phase."""
 
@@ -24,6 +24,7 @@ class PhaseResult:
     retries: int = 0
     failures: dict[str, int] = field(default_factory=dict)  # why streams failed -> count
     ready_latencies: list[float] = field(default_factory=list)  # /ready during the sync
+    idle_cpu_share: float | None = None  # of one core, all clients synced and quiet
 
     @property
     def memory_per_client(self) -> float:
@@ -95,4 +96,9 @@ def details(name: str, result: PhaseResult) -> str:
         f"client CPU per change {result.client_cpu_per_change * 1e3:.1f} ms; "
         f"server RSS {result.rss_before / 2**20:.1f} MiB before clients, "
         f"{result.rss_synced / 2**20:.1f} MiB synced"
+        + (
+            f"; idle with every client connected: {result.idle_cpu_share:.2%} of a core"
+            if result.idle_cpu_share is not None
+            else ""
+        )
     )

@@ -59,6 +59,7 @@ class Config:
     timeout: float = 300.0
     pilot_env: dict[str, str] = field(default_factory=dict)
     pilot_log_level: str = "info"
+    idle_seconds: float = 0.0  # after the sync: the server's CPU over this quiet window
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,10 @@ class Run:
                 prober = None
             await wait_idle([server.pid, *fleet.pids])
             sync = Synced(rss_before, rss_bytes(server.pid), synced, *fleet.retried(), lag)
-            return await self._changes(fleet, server, trigger, changes, sync)
+            idle = await _idle_share(server.pid, self.config.idle_seconds)
+            run = await self._changes(fleet, server, trigger, changes, sync)
+            run.result.idle_cpu_share = idle
+            return run
         finally:
             await fleet.stop()
             if prober is not None:
@@ -280,6 +284,15 @@ class Run:
             ready_latencies=sync.ready_latencies,
         )
         return PhaseRun(result, last, reports)
+
+
+async def _idle_share(pid: int, seconds: float) -> float | None:
+    """The share of one core `pid` used over `seconds` with every client synced and quiet."""
+    if seconds <= 0:
+        return None
+    before, started = cpu_seconds(pid), time.monotonic()
+    await asyncio.sleep(seconds)  # the window measured: nothing happens in it by design
+    return (cpu_seconds(pid) - before) / (time.monotonic() - started)
 
 
 def _lag(prober: ReadyProber | None, since: float) -> list[float]:
