@@ -76,20 +76,21 @@ def _status(state: TypeState, name: str, view: ProxyView) -> ResourceStatus:
     if sent is None:
         version = resource.version if resource else ""
         return ResourceStatus(state.type_url, name, version, Sync.NOT_SENT, resource)
-    if sent.nonce_seq <= state.acked_seq:
-        return ResourceStatus(state.type_url, name, sent.version, Sync.SYNCED, resource)
+    seq = state.sent_seq(name)
+    if seq <= state.acked_seq:
+        return ResourceStatus(state.type_url, name, sent, Sync.SYNCED, resource)
     nack = state.nack
-    if nack is not None and int(nack.nonce) >= sent.nonce_seq:
+    if nack is not None and int(nack.nonce) >= seq:
         return ResourceStatus(
             state.type_url,
             name,
-            sent.version,
+            sent,
             Sync.ERROR,
             resource,
             nack.message,
             nack.rejected_version,
         )
-    return ResourceStatus(state.type_url, name, sent.version, Sync.STALE, resource)
+    return ResourceStatus(state.type_url, name, sent, Sync.STALE, resource)
 
 
 def _connection_resources(cache: ResourceCache, connection: Connection) -> Iterable[ResourceStatus]:

@@ -30,7 +30,7 @@ from pilot.protocol.messages import (
     SubscriptionChanged,
     WildcardRefused,
 )
-from pilot.protocol.stream import Sent, StreamCore, TypeState
+from pilot.protocol.stream import StreamCore, TypeState
 from pilot.protocol.subscription import WILDCARD, SubscriptionDiff
 from pilot.xds import types
 from pilot.xds.resource import Resource
@@ -107,7 +107,7 @@ class DeltaStream(StreamCore):
             wanted = state.subscription.wants(name)
             held = state.sent.get(name)
             if resource is not None and wanted:
-                if name in state.must_send or held is None or held.version != resource.version:
+                if name in state.must_send or held != resource.version:
                     updated.append(resource)
             elif wanted and view.pending(state.type_url, name):
                 state.must_send.add(name)  # answered once made, kept out of clear_work
@@ -128,7 +128,8 @@ class DeltaStream(StreamCore):
         nonce = self._next_nonce(state)
         state.sent_version = view.version(state.type_url)
         for resource in updated:
-            state.sent[resource.name] = Sent(resource.version, state.nonce_seq)
+            state.sent[resource.name] = resource.version
+        state.record_sent(tuple(r.name for r in updated))
         return DeltaResponse(state.type_url, state.sent_version, nonce, updated, removed)
 
 
@@ -149,7 +150,7 @@ class _Change:
 def _seed(state: TypeState, initial_versions: Mapping[str, str]) -> frozenset[str]:
     """What the client says it already holds after a reconnect."""
     for name, version in initial_versions.items():
-        state.sent[name] = Sent(version, 0)
+        state.sent[name] = version
     state.pending |= initial_versions.keys()
     return frozenset(initial_versions)
 
@@ -160,7 +161,7 @@ def _apply_unsubscribe(state: TypeState, unsubscribe: Iterable[str]) -> None:
         if name == WILDCARD or name not in state.sent:
             continue  # never held: nothing to forget
         if state.subscription.wants(name):
-            state.sent[name] = Sent("", 0)
+            state.sent[name] = ""
             state.pending.add(name)
         else:
             del state.sent[name]

@@ -22,7 +22,7 @@ from pilot.protocol.messages import (
     SubscriptionChanged,
     WildcardRefused,
 )
-from pilot.protocol.stream import Sent, StreamCore, TypeState
+from pilot.protocol.stream import StreamCore, TypeState
 from pilot.protocol.subscription import SubscriptionDiff
 from pilot.xds import types
 from pilot.xds.resource import Resource
@@ -67,11 +67,11 @@ class SotwStream(StreamCore):
     def _full_response(self, state: TypeState, view: ResourceView) -> SotwResponse | None:
         resources = tuple(_existing(view, state.type_url, sorted(state.wanted_now(view))))
         current = {r.name: r.version for r in resources}
-        held = {name: sent.version for name, sent in state.sent.items()}
-        if current == held and not state.answer_required:
+        if current == state.sent and not state.answer_required:
             return None
         response = self._respond(state, view, resources)
-        state.sent = {r.name: Sent(r.version, state.nonce_seq) for r in resources}
+        state.sent = current
+        state.record_sent(tuple(current))
         return response
 
     def _named_response(self, state: TypeState, view: ResourceView) -> SotwResponse | None:
@@ -81,14 +81,14 @@ class SotwStream(StreamCore):
             if resource is None or not state.subscription.wants(name):
                 state.sent.pop(name, None)
                 continue
-            held = state.sent.get(name)
-            if name in state.must_send or held is None or held.version != resource.version:
+            if name in state.must_send or state.sent.get(name) != resource.version:
                 chosen.append(resource)
         if not chosen:
             return None
         response = self._respond(state, view, tuple(chosen))
         for resource in chosen:
-            state.sent[resource.name] = Sent(resource.version, state.nonce_seq)
+            state.sent[resource.name] = resource.version
+        state.record_sent(tuple(r.name for r in chosen))
         return response
 
     def _respond(

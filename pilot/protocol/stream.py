@@ -15,13 +15,7 @@ from pilot.protocol.messages import Acked, Nacked, ResourceView, StaleNonce, Str
 from pilot.protocol.subscription import Subscription, SubscriptionDiff
 from pilot.xds import types
 
-
-@dataclass(slots=True)
-class Sent:
-    """What the client holds of one resource, as far as this stream knows."""
-
-    version: str
-    nonce_seq: int  # 0: claimed by the client on reconnect, never sent on this stream
+MAX_UNACKED = 32  # responses remembered apart while a client ACKs none of them
 
 
 @dataclass(slots=True)
@@ -34,7 +28,11 @@ class TypeState:
     pending_all: bool = False
     must_send: set[str] = field(default_factory=set)
     answer_required: bool = False
-    sent: dict[str, Sent] = field(default_factory=dict)
+    # What the client holds, as far as this stream knows: name -> version. Which
+    # response carried each name is kept only until the client ACKs (`unacked`):
+    # one entry per name, not an object, since 1,000 clients x 1,000 names add up.
+    sent: dict[str, str] = field(default_factory=dict)
+    unacked: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
     nonce: str = ""
     nonce_seq: int = 0
     sent_version: str = ""
@@ -45,6 +43,25 @@ class TypeState:
     @property
     def has_work(self) -> bool:
         return bool(self.pending or self.pending_all or self.must_send or self.answer_required)
+
+    def record_sent(self, names: tuple[str, ...]) -> None:
+        """The names of the response just sent (under `nonce_seq`), until it is ACKed.
+
+        A client that never ACKs cannot grow this: past MAX_UNACKED responses the
+        two oldest merge under the newer sequence (a name may then look unACKed
+        for a response longer than it is, never ACKed when it is not).
+        """
+        self.unacked.append((self.nonce_seq, names))
+        if len(self.unacked) > MAX_UNACKED:
+            (_, older), (seq, newer) = self.unacked[:2]
+            self.unacked[:2] = [(seq, older + newer)]
+
+    def sent_seq(self, name: str) -> int:
+        """The sequence of the last unACKed response that carried `name` (0: none)."""
+        for seq, names in reversed(self.unacked):
+            if name in names:
+                return seq
+        return 0
 
     def clear_work(self) -> None:
         self.pending.clear()
@@ -169,6 +186,7 @@ class StreamCore:
         state.nack = None
         state.acked_seq = state.nonce_seq
         state.acked_version = version
+        state.unacked.clear()  # the latest response is ACKed: so is every one before it
         return [Acked(state.type_url, nonce, version)]
 
     @staticmethod

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pilot.protocol import Acked, DeltaRequest, DeltaStream, Nacked, StaleNonce
+from pilot.protocol.stream import MAX_UNACKED
 from pilot.xds import types
 from tests.unit.views import FakeView, view_with
 
@@ -288,3 +289,24 @@ def test_removals_wait_for_every_addition_of_the_push() -> None:
     responses = stream.take_responses(view)
     kinds = [(r.type_url, _names(r), r.removed) for r in responses]
     assert kinds == [(CDS, ["c"], ()), (EDS, ["c"], ("b",)), (CDS, [], ("b",))]
+
+
+def test_a_client_that_never_acks_is_remembered_in_bounded_space() -> None:
+    """What CSDS needs (which unACKed response carried a name) stays bounded however
+    many responses a client leaves unACKed, and is forgotten once it ACKs."""
+    view = view_with("a", "b")
+    stream = DeltaStream()
+    stream.on_request(DeltaRequest(EDS, subscribe=("a", "b")))
+    (first,) = stream.take_responses(view)
+    for version in range(3 * MAX_UNACKED):
+        view.put(EDS, "a", f"a v{version}")
+        stream.on_change(EDS, ["a"])
+        (last,) = stream.take_responses(view)
+    state = stream.state(EDS)
+    assert state is not None
+    assert len(state.unacked) <= MAX_UNACKED
+    assert state.sent_seq("a") == int(last.nonce)  # the latest response carried it
+    assert int(first.nonce) <= state.sent_seq("b") < int(last.nonce)  # never claimed ACKed
+    events = stream.on_request(DeltaRequest(EDS, response_nonce=last.nonce))
+    assert isinstance(events[0], Acked)
+    assert state.sent_seq("a") == state.sent_seq("b") == 0 and not state.unacked
