@@ -106,7 +106,10 @@ class Connection:
         self._wake = asyncio.Event()
         self._closing = asyncio.Event()
         self._warned: set[str] = set()
-        self._write_in_flight: asyncio.Future[None] | None = None
+        self._timed_out = asyncio.Event()  # a write took longer than the send timeout
+        self._writing = False  # a write is in gRPC's hands right now
+        self._ended = False
+        self._writer: asyncio.Task[None] | None = None
 
     @property
     def proxy_id(self) -> str:
@@ -161,25 +164,31 @@ class Connection:
     ) -> BaseException | None:
         """Read and write until the stream ends; returns what ended it, if an error.
 
-        Reader and writer are both stopped before the stream's status is sent:
-        gRPC refuses a status while a write of ours is still in flight.
+        Everything stops here but a write gRPC already has: cancelling it would
+        not take it back from gRPC, so it is let land (`_landed`) before the status.
         """
         reader = asyncio.create_task(self._read(requests))
-        writer = asyncio.create_task(self._write(context))
+        writer = self._writer = asyncio.create_task(self._write(context))
+        writer.add_done_callback(_retrieve)
         closing = asyncio.create_task(self._closing.wait())
-        running = {reader, writer, closing}
+        timed_out = asyncio.create_task(self._timed_out.wait())
+        running = {reader, writer, closing, timed_out}
         try:
             while True:
                 done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     if task.exception() is not None:
                         return task.exception()
+                if timed_out in done:
+                    return TimeoutError()
                 if writer in done or closing in done:
                     return None  # a reader that ended cleanly (half-close) ends nothing
         finally:
-            for task in (reader, writer, closing):
+            self._ended = True
+            stopped = [reader, closing, timed_out] + ([] if self._writing else [writer])
+            for task in stopped:
                 task.cancel()
-            await asyncio.gather(reader, writer, closing, return_exceptions=True)
+            await asyncio.gather(*stopped, return_exceptions=True)
             self._context.connections.discard(self)
             self._pipeline.leave(self)
             log.info("proxy %s disconnected (%s, %s)", self.proxy, self.kind.label, self.peer)
@@ -224,9 +233,9 @@ class Connection:
         client reads, or fails once it goes away; either way pilot has already let
         go of everything the stream held, and waits holding only this call.
         """
-        write = self._write_in_flight
-        if write is not None and not write.done():
-            await asyncio.wait([write])
+        writer = self._writer
+        if writer is not None and not writer.done():
+            await asyncio.wait([writer])
 
     async def _authenticate(self, context: grpc.aio.ServicerContext[Any, bytes]) -> None:
         """Check the stream's credentials; aborts UNAUTHENTICATED if refused."""
@@ -339,7 +348,6 @@ class Connection:
 
     async def _write(self, context: grpc.aio.ServicerContext[Any, bytes]) -> None:
         pipeline = self._pipeline
-        timeout = pipeline.settings.send_timeout or None
         await pipeline.ready.wait()
         while True:
             await self._wake.wait()
@@ -347,8 +355,9 @@ class Connection:
                 self._wake.clear()
                 since, self.pending_since = self.pending_since, None
                 for response in self.stream.take_responses(pipeline.view(self)):
-                    async with asyncio.timeout(timeout):
-                        await self._send(context, response)
+                    await self._send(context, response)
+                    if self._ended:
+                        return  # the write that was in flight has landed: nothing more
                 if since is not None:
                     self._context.metrics.converged(time.monotonic() - since)
 
@@ -359,17 +368,24 @@ class Connection:
     ) -> None:
         started = time.monotonic()
         data = convert.encode(response)
-        # Shielded: a write given up on (stream ended, send timeout) stays in gRPC
-        # until it lands or the client goes away, and the status must wait for it.
-        write = asyncio.ensure_future(context.write(data))
-        write.add_done_callback(_retrieve)
-        self._write_in_flight = write
-        await asyncio.shield(write)
+        timeout = self._pipeline.settings.send_timeout
+        # A timer rather than a cancellation: a cancelled write stays in gRPC anyway.
+        timer = (
+            asyncio.get_running_loop().call_later(timeout, self._timed_out.set) if timeout else None
+        )
+        self._writing = True
+        try:
+            await context.write(data)
+        finally:
+            self._writing = False
+            if timer is not None:
+                timer.cancel()
         self._context.stats.responses[response.type_url] += 1
         self._context.metrics.written(response.type_url, len(data), time.monotonic() - started)
 
 
-def _retrieve(write: asyncio.Future[None]) -> None:
-    """Mark a write's failure as seen: a client gone mid-write is no error of pilot's."""
-    if not write.cancelled():
-        write.exception()
+def _retrieve(writer: asyncio.Task[None]) -> None:
+    """Mark the writer's failure as seen: it is the stream's outcome (`_run`), or, for a
+    write let land after the stream ended, a client gone mid-write: no error of pilot's."""
+    if not writer.cancelled():
+        writer.exception()
