@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from pilot.debug import views
+from pilot.debug import tasks, views
 from pilot.debug.metrics import CONTENT_TYPE, Metrics
 from pilot.debug.proxy_status import LiveProxies
 from pilot.registry.index import EndpointIndex
@@ -84,7 +84,11 @@ def debug_routes(state: DebugState) -> list[web.RouteDef]:
         except views.Ambiguous as ambiguous:
             return _json({"error": str(ambiguous)}, status=409)
 
+    async def task_dump(_request: web.Request) -> web.Response:
+        return _json(tasks.tasks())
+
     return [
+        web.get("/debug/tasks", task_dump),
         web.get("/debug/syncz", syncz),
         web.get("/debug/connections", connections),
         web.get("/debug/edsz", edsz),

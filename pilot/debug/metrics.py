@@ -216,6 +216,7 @@ class Metrics:
             buckets=_BYTES,
             registry=self.registry,
         )
+        self._per_type: dict[str, tuple[Histogram, Histogram]] = {}
         self.ca_latency = Histogram(
             "pilot_sds_ca_request_duration_seconds",
             "Time for the CA to sign a workload CSR.",
@@ -232,9 +233,17 @@ class Metrics:
         self.debounce.observe(seconds)
 
     def written(self, type_url: str, size: int, seconds: float) -> None:
+        push_time, config_size = self._per_type.get(type_url) or self._labelled(type_url)
+        push_time.observe(seconds)
+        config_size.observe(size)
+
+    def _labelled(self, type_url: str) -> tuple[Histogram, Histogram]:
+        """A type's histograms, looked up once: `labels()` costs more than `observe()`,
+        and every response written reports here."""
         short = types.short_name(type_url)
-        self.push_time.labels(short).observe(seconds)
-        self.config_size.labels(short).observe(size)
+        pair = (self.push_time.labels(short), self.config_size.labels(short))
+        self._per_type[type_url] = pair
+        return pair
 
     def converged(self, seconds: float) -> None:
         self.convergence.observe(seconds)

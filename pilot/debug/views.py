@@ -65,6 +65,7 @@ def connections(proxies: LiveProxies) -> list[Json]:
             subscriptions[types.short_name(type_url)] = {"wildcard": wildcard, "names": len(names)}
         found.append(
             {
+                "id": connection.id,  # its tasks in /debug/tasks are named stream-ID-...
                 "proxy": connection.proxy_id,
                 "stream": connection.kind.label,
                 "peer": connection.peer,

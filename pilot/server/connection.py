@@ -167,11 +167,12 @@ class Connection:
         Everything stops here but a write gRPC already has: cancelling it would
         not take it back from gRPC, so it is let land (`_landed`) before the status.
         """
-        reader = asyncio.create_task(self._read(requests))
-        writer = self._writer = asyncio.create_task(self._write(context))
+        named = f"stream-{self.id}"  # as /debug/connections and /debug/tasks show it
+        reader = asyncio.create_task(self._read(requests), name=f"{named}-reader")
+        writer = self._writer = asyncio.create_task(self._write(context), name=f"{named}-writer")
         writer.add_done_callback(_retrieve)
-        closing = asyncio.create_task(self._closing.wait())
-        timed_out = asyncio.create_task(self._timed_out.wait())
+        closing = asyncio.create_task(self._closing.wait(), name=f"{named}-closing")
+        timed_out = asyncio.create_task(self._timed_out.wait(), name=f"{named}-timed-out")
         running = {reader, writer, closing, timed_out}
         try:
             while True:

@@ -106,6 +106,20 @@ async def test_debug_endpoints(tmp_path: Path) -> None:
         assert (await _get(pilot, "/debug/config_dump"))[0] == 400
         assert (await _get(pilot, "/debug/config_dump?proxyID=ghost"))[0] == 404
 
+        # Where each of p1's stream tasks waits, by the stream id /debug/connections gives.
+        dump = json.loads((await _get(pilot, "/debug/tasks"))[1])
+        assert dump["count"] == len(dump["tasks"]) > 0
+        mine = {
+            t["name"]: t
+            for t in dump["tasks"]
+            if t["name"].startswith(f"stream-{connection['id']}-")
+        }
+        assert mine[f"stream-{connection['id']}-reader"]["stack"][0].startswith(
+            "pilot/server/connection.py:"
+        )
+        assert mine[f"stream-{connection['id']}-writer"]["waits_in"].startswith("asyncio/locks.py")
+        assert "PRIVATE KEY" not in json.dumps(dump)
+
 
 async def test_debug_endpoints_refuse_callers_off_loopback() -> None:
     async def handler(_request: Any) -> aiohttp.web.Response:
