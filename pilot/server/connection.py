@@ -189,10 +189,13 @@ class Connection:
             stopped = [reader, closing, timed_out] + ([] if self._writing else [writer])
             for task in stopped:
                 task.cancel()
-            await asyncio.gather(*stopped, return_exceptions=True)
+            # Let go before awaiting anything: a second cancellation (the client going
+            # away while the stream ends) would cut the await short, and the stream
+            # would stay registered, and subscribed, forever.
             self._context.connections.discard(self)
             self._pipeline.leave(self)
             log.info("proxy %s disconnected (%s, %s)", self.proxy, self.kind.label, self.peer)
+            await asyncio.gather(*stopped, return_exceptions=True)
 
     def _admit(self) -> None:
         """Join the registry if the stream limits allow (no await: check and add at once)."""
