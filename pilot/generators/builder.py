@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pilot.generators.cds import build_cluster, served_ports
-from pilot.generators.eds import build_load_assignment
+from pilot.generators.eds import encode_load_assignment
 from pilot.generators.naming import outbound_cluster_name
 from pilot.push.request import Changes, PushRequest
 from pilot.registry.index import EndpointIndex, IndexChange
@@ -101,8 +101,8 @@ class ResourceBuilder:
         if service is not None:
             endpoint_sets = self._index.endpoint_sets(key)
             for name, i in names.items():
-                assignment = build_load_assignment(name, service.ports[i], endpoint_sets)
-                built.append(Resource.from_message(types.ENDPOINT, name, assignment))
+                assignment = encode_load_assignment(name, service.ports[i], endpoint_sets)
+                built.append(Resource.from_payload(types.ENDPOINT, name, assignment))
         self._stats.serializations[types.ENDPOINT] += len(built)
         return self._cache.update(types.ENDPOINT, built, stale)
 

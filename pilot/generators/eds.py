@@ -5,16 +5,25 @@ resolved targetPort under the Service port's name). Ready endpoints are
 HEALTHY, serving-but-terminating ones DRAINING, others are left out. The same
 address:port from several slices appears once, with its best health. Output is
 sorted, so equal content serializes to equal bytes.
+
+The assignment is encoded by hand from each endpoint's encoded `LbEndpoint`,
+kept in a bounded cache: one endpoint of 5,000 changing re-encodes one, not
+5,000 messages. The bytes are exactly protobuf's deterministic serialization
+(a test holds them to it), so versions do not depend on which encoder ran.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
-from envoy.config.core.v3 import base_pb2, health_check_pb2
+from envoy.config.core.v3 import health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 
 from pilot.registry.model import EndpointSet, Health, ServicePort
+from pilot.xds.resource import length_delimited
+
+ENCODED_ENDPOINTS = 1 << 16  # LbEndpoints kept encoded (~150 bytes each)
 
 _HEALTH_STATUS = {
     Health.HEALTHY: health_check_pb2.HEALTHY,
@@ -55,18 +64,31 @@ def _lb_endpoint(address: str, port: int, health: Health) -> endpoint_components
     return lb_endpoint
 
 
+@functools.lru_cache(maxsize=ENCODED_ENDPOINTS)
+def _encoded_lb_endpoint(address: str, port: int, health: Health) -> bytes:
+    """One `lb_endpoints` entry (field 2 of LocalityLbEndpoints), encoded."""
+    lb_endpoint = _lb_endpoint(address, port, health).SerializeToString(deterministic=True)
+    return length_delimited(2, lb_endpoint)
+
+
+def encode_load_assignment(
+    cluster_name: str, port: ServicePort, endpoint_sets: Iterable[EndpointSet]
+) -> bytes:
+    """The assignment for one Service port, serialized; empty (not absent) with no endpoints."""
+    by_zone: dict[str, list[bytes]] = {}
+    for (address, number), (health, zone) in sorted(collect_hosts(port, endpoint_sets).items()):
+        by_zone.setdefault(zone, []).append(_encoded_lb_endpoint(address, number, health))
+    parts = [length_delimited(1, cluster_name.encode())] if cluster_name else []
+    for zone in sorted(by_zone):
+        locality = length_delimited(1, length_delimited(2, zone.encode()) if zone else b"")
+        parts.append(length_delimited(2, locality + b"".join(by_zone[zone])))
+    return b"".join(parts)
+
+
 def build_load_assignment(
     cluster_name: str, port: ServicePort, endpoint_sets: Iterable[EndpointSet]
 ) -> endpoint_pb2.ClusterLoadAssignment:
-    """The assignment for one Service port; empty (not absent) when it has no endpoints."""
-    by_zone: dict[str, list[endpoint_components_pb2.LbEndpoint]] = {}
-    for (address, number), (health, zone) in sorted(collect_hosts(port, endpoint_sets).items()):
-        by_zone.setdefault(zone, []).append(_lb_endpoint(address, number, health))
-    assignment = endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster_name)
-    for zone in sorted(by_zone):
-        assignment.endpoints.append(
-            endpoint_components_pb2.LocalityLbEndpoints(
-                locality=base_pb2.Locality(zone=zone), lb_endpoints=by_zone[zone]
-            )
-        )
-    return assignment
+    """The same assignment as a message (for reading it: debug views, tests)."""
+    return endpoint_pb2.ClusterLoadAssignment.FromString(
+        encode_load_assignment(cluster_name, port, endpoint_sets)
+    )

@@ -6,17 +6,29 @@ import re
 from typing import Any
 
 import pytest
-from envoy.config.core.v3 import config_source_pb2, health_check_pb2
+from envoy.config.core.v3 import base_pb2, config_source_pb2, health_check_pb2
+from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pilot.generators.cds import build_cluster
-from pilot.generators.eds import build_load_assignment
+from pilot.generators.eds import build_load_assignment, collect_hosts, encode_load_assignment
 from pilot.registry.kubernetes_objects import (
     ObjectError,
     parse_endpoint_slice,
     parse_endpoints,
     parse_service,
 )
-from pilot.registry.model import ServicePort
+from pilot.registry.model import (
+    Endpoint,
+    EndpointGroup,
+    EndpointPort,
+    EndpointSet,
+    EndpointSetKey,
+    Health,
+    ServiceKey,
+    ServicePort,
+)
 from pilot.xds.flavor import Flavor
 from tests.support.mesh import Ep, endpoint_slice, service
 
@@ -174,3 +186,57 @@ def test_grpc_ports_get_http2_upstreams() -> None:
             "c", ServicePort("http", 80), Flavor.ADS, "x"
         ).typed_extension_protocol_options
     )
+
+
+def _protobuf_assignment(name: str, hosts: dict[Any, Any]) -> bytes:
+    """The assignment as protobuf itself serializes it: the oracle for the hand encoder."""
+    by_zone: dict[str, list[endpoint_components_pb2.LbEndpoint]] = {}
+    statuses = {
+        Health.HEALTHY: health_check_pb2.HEALTHY,
+        Health.DRAINING: health_check_pb2.DRAINING,
+    }
+    for (address, number), (health, zone) in sorted(hosts.items()):
+        lb = endpoint_components_pb2.LbEndpoint(health_status=statuses[health])
+        lb.endpoint.address.socket_address.address = address
+        lb.endpoint.address.socket_address.port_value = number
+        by_zone.setdefault(zone, []).append(lb)
+    message = endpoint_pb2.ClusterLoadAssignment(cluster_name=name)
+    for zone in sorted(by_zone):
+        message.endpoints.append(
+            endpoint_components_pb2.LocalityLbEndpoints(
+                locality=base_pb2.Locality(zone=zone), lb_endpoints=by_zone[zone]
+            )
+        )
+    return bytes(message.SerializeToString(deterministic=True))
+
+
+_ENDPOINTS = st.lists(
+    st.builds(
+        Endpoint,
+        addresses=st.tuples(st.sampled_from(["10.0.0.1", "10.0.0.2", "fd00::1", "192.168.7.250"])),
+        ready=st.booleans(),
+        serving=st.booleans(),
+        terminating=st.booleans(),
+        zone=st.sampled_from(["", "a", "zone-b", "é"]),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    endpoints=_ENDPOINTS,
+    number=st.integers(min_value=0, max_value=65535),
+    name=st.sampled_from(["", "outbound|80||web.shop.svc.cluster.local"]),
+)
+def test_hand_encoded_assignments_are_protobufs_own_bytes(
+    endpoints: list[Endpoint], number: int, name: str
+) -> None:
+    """Versions are content hashes: the hand encoder must give protobuf's exact bytes."""
+    group = EndpointGroup((EndpointPort("http", number),), tuple(endpoints))
+    endpoint_set = EndpointSet(
+        EndpointSetKey("EndpointSlice", "shop", "web-1"), ServiceKey("shop", "web"), (group,)
+    )
+    port = ServicePort("http", 80)
+    hosts = collect_hosts(port, [endpoint_set])
+    assert encode_load_assignment(name, port, [endpoint_set]) == _protobuf_assignment(name, hosts)
