@@ -71,16 +71,28 @@ class CachedReviewer:
         pending = self._in_flight.get(key)
         if pending is not None:
             self.cached += 1
-            return await asyncio.shield(pending)
+            try:
+                return await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not pending.cancelled() or (task is not None and task.cancelling()):
+                    raise  # this caller was cancelled
+                # The caller that asked the API server went away: its cancellation is
+                # not this caller's, who asks again.
+                return await self._ask(key, token, audiences)
         future: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
         self._in_flight[key] = future
         try:
             answer = await self._review(token, audiences)
-            future.set_result(answer)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
         except BaseException as error:
             future.set_exception(error)
             future.exception()  # retrieved here: no "never retrieved" warning if nobody waits
             raise
+        else:
+            future.set_result(answer)
         finally:
             del self._in_flight[key]
         self._remember(key, answer)
