@@ -173,7 +173,7 @@ async def measure(proxies: int, mints: int, workdir: Path) -> Figures:
                 *(_certificate(stubs[i % count], i, retried) for i in range(proxies))
             )
         seconds, cpu = time.monotonic() - started, cpu_seconds(pilot.pid) - cpu_before
-        ready = [s.latency if s.status else 10.0 for s in prober.recent if s.start >= started]
+        ready = prober.latencies_since(started)
         for call in calls:
             call.cancel()  # type: ignore[attr-defined]
     finally:

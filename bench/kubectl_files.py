@@ -9,6 +9,8 @@ YAML, ~39 MB of indented JSON).
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -93,3 +95,11 @@ def render(document: dict[str, Any], output: str) -> str:
     if output == "json":
         return json.dumps(document, indent=4) + "\n"
     return str(yaml.dump(document, Dumper=_Dumper, default_flow_style=False))
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Rewrite the file whole, as `kubectl ... > file` does, but atomically: a reader
+    sees one version or the other, never half of one."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(text)
+    os.replace(partial, path)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import sys
 import tempfile
@@ -28,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.kubectl_files import kubectl_list, pod_ip, render
+from bench.kubectl_files import kubectl_list, pod_ip, render, write_whole
 from bench.pilot_cli import newer_flags
 from bench.procs import PYTHON, Child, free_port, spawn, wait_idle
 from tests.fuzz.ready import ReadyProber
@@ -80,18 +79,11 @@ def _message(line: str) -> str:
         return ""
 
 
-def _write(path: Path, text: str) -> None:
-    """Rewrite the file whole, as a redirect does, but atomically (one version or the other)."""
-    partial = path.with_suffix(".partial")
-    partial.write_text(text)
-    os.replace(partial, path)
-
-
 async def measure(output: str, services: int, endpoints: int, workdir: Path) -> Figures:
     document = kubectl_list(services, endpoints)
     path = workdir / f"mesh.{output}"
     text = render(document, output)
-    _write(path, text)
+    write_whole(path, text)
     http_port = free_port()
     log = PilotLog(workdir / f"pilot-{output}.log")
     argv = [PYTHON, "-m", "pilot", "discovery", "--config", str(path), "--log-format", "json"]
@@ -106,7 +98,7 @@ async def measure(output: str, services: int, endpoints: int, workdir: Path) -> 
         changed = text.replace(pod_ip(services // 2, 0), pod_ip(services + 1, 0), 1)
         prober.reset()
         written = time.monotonic()
-        _write(path, changed)
+        write_whole(path, changed)
         applied, reload = await log.next_loaded(child)
         await prober.window(written)
         worst = prober.worst

@@ -230,7 +230,7 @@ class Run:
             await fleet.start(target, self.config.fleet, self.workdir, tag, capture)
             async with self.within(f"{tag}: the clients' initial sync"):
                 synced = await fleet.wait_synced() - started
-            lag = _lag(prober, started)
+            lag = prober.latencies_since(started) if prober is not None else []
             if prober is not None:
                 await prober.stop()  # the changes are measured without probes
                 prober = None
@@ -293,13 +293,6 @@ async def _idle_share(pid: int, seconds: float) -> float | None:
     before, started = cpu_seconds(pid), time.monotonic()
     await asyncio.sleep(seconds)  # the window measured: nothing happens in it by design
     return (cpu_seconds(pid) - before) / (time.monotonic() - started)
-
-
-def _lag(prober: ReadyProber | None, since: float) -> list[float]:
-    """The probes' latencies since `since` (a probe with no answer counts as 10 s)."""
-    if prober is None:
-        return []
-    return [s.latency if s.status else 10.0 for s in prober.recent if s.start >= since]
 
 
 async def _wait_ready(child: Child, url: str) -> bool:

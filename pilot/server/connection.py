@@ -104,9 +104,9 @@ class Connection:
         self._credential: str | None = None
         self._served = context.types
         self._wake = asyncio.Event()
-        self._closing = asyncio.Event()
+        self._closing = asyncio.Event()  # pilot ends the stream: shutdown, or the send timeout
         self._warned: set[str] = set()
-        self._timed_out = asyncio.Event()  # a write took longer than the send timeout
+        self._send_timed_out = False  # why `_closing` was set, when it was the send timeout
         self._writing = False  # a write is in gRPC's hands right now
         self._ended = False
         self._writer: asyncio.Task[None] | None = None
@@ -172,21 +172,20 @@ class Connection:
         writer = self._writer = asyncio.create_task(self._write(context), name=f"{named}-writer")
         writer.add_done_callback(_retrieve)
         closing = asyncio.create_task(self._closing.wait(), name=f"{named}-closing")
-        timed_out = asyncio.create_task(self._timed_out.wait(), name=f"{named}-timed-out")
-        running = {reader, writer, closing, timed_out}
+        running = {reader, writer, closing}
         try:
             while True:
                 done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     if task.exception() is not None:
                         return task.exception()
-                if timed_out in done:
+                if closing in done and self._send_timed_out:
                     return TimeoutError()
                 if writer in done or closing in done:
                     return None  # a reader that ended cleanly (half-close) ends nothing
         finally:
             self._ended = True
-            stopped = [reader, closing, timed_out] + ([] if self._writing else [writer])
+            stopped = [reader, closing] + ([] if self._writing else [writer])
             for task in stopped:
                 task.cancel()
             # Let go before awaiting anything: a second cancellation (the client going
@@ -365,6 +364,11 @@ class Connection:
                 if since is not None:
                     self._context.metrics.converged(time.monotonic() - since)
 
+    def _time_out(self) -> None:
+        """A write outlived the send timeout: end the stream (`_run` says why)."""
+        self._send_timed_out = True
+        self._closing.set()
+
     async def _send(
         self,
         context: grpc.aio.ServicerContext[Any, bytes],
@@ -374,9 +378,7 @@ class Connection:
         data = convert.encode(response)
         timeout = self._pipeline.settings.send_timeout
         # A timer rather than a cancellation: a cancelled write stays in gRPC anyway.
-        timer = (
-            asyncio.get_running_loop().call_later(timeout, self._timed_out.set) if timeout else None
-        )
+        timer = asyncio.get_running_loop().call_later(timeout, self._time_out) if timeout else None
         self._writing = True
         try:
             await context.write(data)

@@ -143,6 +143,11 @@ class ReadyProber:
             self.worst = sample
         self._arrived.set()
 
+    def latencies_since(self, since: float) -> list[float]:
+        """The latencies of the probes that started at or after `since` (time.monotonic);
+        a probe /ready did not answer counts as PROBE_TIMEOUT."""
+        return [s.latency if s.status else PROBE_TIMEOUT for s in self.recent if s.start >= since]
+
     async def window(self, since: float) -> Sample | None:
         """After an example that started at `since`: one more probe is asked for, and the
         worst of the probes that ended at or after `since` returned (None: no probe)."""

@@ -39,10 +39,10 @@ from tests.fuzz.calls import Credentials, Header
 from tests.fuzz.exchange import Metadata
 from tests.fuzz.loop import LoopThread
 from tests.fuzz.ready import ReadyProber
-from tests.integration.ca_support import sa_token, write_plugged_in
+from tests.integration.ca_support import sa_token
 from tests.protocol.client import CLUSTER, XdsClient, node, sotw_names
 from tests.security.peers import ATTACKER, VICTIM, running_mesh
-from tests.security.pilot_process import PilotProcess, start_file_pilot
+from tests.security.pilot_process import PilotProcess, start_file_pilot_with_ca
 
 ROOT = Path(__file__).resolve().parents[2]
 MESH = ROOT / "examples" / "mesh.yaml"
@@ -178,9 +178,7 @@ class Target:
 async def _file_target(loop: LoopThread, folder: Path) -> Target:
     config = folder / "mesh.yaml"
     shutil.copy(MESH, config)
-    ca = write_plugged_in(folder / "plugged-in-ca")
-    root = ca.root.cert_pem.encode()
-    pilot = await start_file_pilot(folder, config, ca.directory, root)
+    pilot = await start_file_pilot_with_ca(folder, config)
     async with XdsClient(pilot.target(tls=False)) as client:
         clusters = tuple(sotw_names(await client.fetch_clusters()))
     target = Target("file", loop, pilot, clusters, {})

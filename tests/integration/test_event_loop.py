@@ -8,19 +8,15 @@ import os
 import sys
 from pathlib import Path
 
-from tests.integration.ca_support import write_plugged_in
 from tests.protocol.client import CLUSTER, XdsClient, node
-from tests.security.pilot_process import start_file_pilot
+from tests.security.pilot_process import start_file_pilot_with_ca
 from tests.support.mesh import cluster_name, simple_mesh, write_mesh
 
 
 async def test_pilot_on_uvloop_serves_and_pushes(tmp_path: Path) -> None:
     config = tmp_path / "mesh.yaml"
     write_mesh(config, simple_mesh({"a": ["127.0.0.1"]}))
-    ca = write_plugged_in(tmp_path / "ca")
-    root = ca.root.cert_pem.encode()
-    env = {"PILOT_EVENT_LOOP": "uvloop"}
-    pilot = await start_file_pilot(tmp_path, config, ca.directory, root, env=env)
+    pilot = await start_file_pilot_with_ca(tmp_path, config, env={"PILOT_EVENT_LOOP": "uvloop"})
     try:
         async with XdsClient(pilot.target(tls=False)) as client:
             stream = client.delta_ads(node("uvloop-proxy"))

@@ -5,25 +5,17 @@ keeps the last good version when the file breaks."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 from pathlib import Path
 
 import pytest
 
-from bench.kubectl_files import kubectl_list, render
+from bench.kubectl_files import kubectl_list, render, write_whole
 from pilot.sources.parse_worker import INLINE_BYTES
-from tests.integration.ca_support import write_plugged_in
 from tests.protocol.client import XdsClient, sotw_names
-from tests.security.pilot_process import PilotProcess, start_file_pilot
+from tests.security.pilot_process import PilotProcess, start_file_pilot_with_ca
 
 LOADED = re.compile(r"^loaded .*: (\d+) services")
-
-
-def _write(path: Path, text: str) -> None:
-    partial = path.with_suffix(".partial")
-    partial.write_text(text)
-    os.replace(partial, path)
 
 
 async def _clusters(pilot: PilotProcess) -> set[str]:
@@ -55,21 +47,20 @@ async def test_a_large_json_registry_is_served_edited_and_kept_when_broken(
     path = tmp_path / "mesh.json"
     text = render(kubectl_list(300), "json")
     assert len(text) > INLINE_BYTES, "the file must be large enough for the worker"
-    _write(path, text)
-    ca = write_plugged_in(tmp_path / "ca")
-    pilot = await start_file_pilot(tmp_path, path, ca.directory, ca.root.cert_pem.encode())
+    write_whole(path, text)
+    pilot = await start_file_pilot_with_ca(tmp_path, path)
     try:
         first = await _clusters(pilot)
         assert "outbound|80||svc-299.ns-49.svc.cluster.local" in first
         assert len([c for c in first if c.startswith("outbound|80||svc-")]) == 300
 
         mark = pilot.mark()
-        _write(path, render(kubectl_list(301), "json"))
+        write_whole(path, render(kubectl_list(301), "json"))
         await _loaded(pilot, 301, mark)
         await _until_served(pilot, "outbound|80||svc-300.ns-0.svc.cluster.local")
 
         mark = pilot.mark()
-        _write(path, text.replace('"kind": "Service"', '"kind": ', 1))
+        write_whole(path, text.replace('"kind": "Service"', '"kind": ', 1))
         await pilot.wait_logged(
             lambda e: "keeping the last good registry" in e["msg"] and "mesh.json" in e["msg"],
             "that it refused the broken file",
@@ -84,9 +75,8 @@ async def test_a_large_json_registry_is_served_edited_and_kept_when_broken(
 @pytest.mark.parametrize("output", ["yaml"])
 async def test_a_large_yaml_registry_is_served(tmp_path: Path, output: str) -> None:
     path = tmp_path / f"mesh.{output}"
-    _write(path, render(kubectl_list(200), output))
-    ca = write_plugged_in(tmp_path / "ca")
-    pilot = await start_file_pilot(tmp_path, path, ca.directory, ca.root.cert_pem.encode())
+    write_whole(path, render(kubectl_list(200), output))
+    pilot = await start_file_pilot_with_ca(tmp_path, path)
     try:
         assert "outbound|80||svc-199.ns-49.svc.cluster.local" in await _clusters(pilot)
     finally:

@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.integration.ca_support import write_plugged_in
 from tests.protocol.client import XdsClient, tls_credentials
 from tests.support.stderr_log import StderrLog, terminate
 
@@ -183,6 +184,16 @@ async def start_file_pilot(
     """`pilot discovery --config FILE --xds-auth none`, serving once it logs so."""
     source = ["--config", str(config), "--xds-auth", "none"]
     return await launch(folder, source, ca_cert_dir, root_pem, *extra, env=env)
+
+
+async def start_file_pilot_with_ca(
+    folder: Path, config: Path, *extra: str, env: Mapping[str, str] | None = None
+) -> PilotProcess:
+    """`start_file_pilot` with a plugged-in CA of its own, written under `folder`."""
+    ca = write_plugged_in(folder / "plugged-in-ca")
+    return await start_file_pilot(
+        folder, config, ca.directory, ca.root.cert_pem.encode(), *extra, env=env
+    )
 
 
 async def launch(

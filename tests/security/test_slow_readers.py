@@ -21,9 +21,8 @@ import pytest
 import pytest_asyncio
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
-from tests.integration.ca_support import write_plugged_in
 from tests.protocol.client import ENDPOINT, node
-from tests.security.pilot_process import PilotProcess, start_file_pilot
+from tests.security.pilot_process import PilotProcess, start_file_pilot_with_ca
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -37,11 +36,7 @@ async def pilot(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Pilot
     folder = tmp_path_factory.mktemp("slow-readers")
     config = folder / "mesh.yaml"
     shutil.copy(MESH, config)
-    ca = write_plugged_in(folder / "plugged-in-ca")
-    env = {"PILOT_XDS_SEND_TIMEOUT": "1s"}
-    process = await start_file_pilot(
-        folder, config, ca.directory, ca.root.cert_pem.encode(), env=env
-    )
+    process = await start_file_pilot_with_ca(folder, config, env={"PILOT_XDS_SEND_TIMEOUT": "1s"})
     try:
         yield process
     finally:
