@@ -3,7 +3,8 @@
 `python -m bench.eds_push` prints a table of finite positive figures; `python -m bench.fuzz`
 prints a PASS or FAIL for each of its targets and exits 0 exactly when all pass;
 `python -m bench.registry_file` loads and reloads a file in each format;
-`python -m bench.certificates` gets N proxies their certificates.
+`python -m bench.certificates` gets N proxies their certificates;
+`python -m bench.sweep` writes its Markdown table and PNG plot.
 """
 
 from __future__ import annotations
@@ -90,3 +91,27 @@ def test_bench_certificates_prints_its_figures() -> None:
         (line,) = [line for line in done.stdout.splitlines() if line.startswith(label)]
         value = float(line[len(label) :].split()[0])
         assert math.isfinite(value) and value > 0, line
+
+
+def test_bench_sweep_writes_its_table_and_plot(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    command = [sys.executable, "-m", "bench.sweep", "--clients", "3,6", "--services", "8,16"]
+    command += ["--at-services", "8", "--at-clients", "3", "--changes", "3"]
+    command += ["--timeout", "60", "--out", str(out)]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=115, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in (out / "sweep.md").read_text().splitlines() if line.startswith("| ")]
+    sizes = [tuple(cell.strip() for cell in row.split("|")[1:4]) for row in rows[1:]]
+    assert sizes == [
+        ("clients", "8", "3"),
+        ("clients", "8", "6"),
+        ("services", "8", "3"),
+        ("services", "16", "3"),
+    ], rows
+    for row in rows[1:]:
+        for cell in row.split("|")[4:-1]:
+            pilot, floor = (float(v) for v in cell.split("(")[0].split(" / "))
+            assert math.isfinite(floor) and floor > 0 and math.isfinite(pilot), row
+    assert (out / "sweep.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
