@@ -39,6 +39,7 @@ from pilot.debug.proxy_status import LiveProxies
 from pilot.generators.builder import ResourceBuilder
 from pilot.generators.sds import SecretGenerator
 from pilot.limits import Admission
+from pilot.push.history import PushHistory
 from pilot.push.pipeline import Pipeline
 from pilot.push.updater import IndexUpdater
 from pilot.registry.index import EndpointIndex
@@ -85,12 +86,13 @@ class Discovery:
         self.connections: ConnectionRegistry[Connection] = ConnectionRegistry()
         self.admission = Admission.of(settings.limits)
         self.proxies = LiveProxies(self.connections, self.cache)
+        self.pushes = PushHistory()  # the pipeline records, the /debug page reads
         self.metrics = Metrics(self._metric_sources())
         self.http = HttpServer(
             settings.http_addr,
             self.is_ready,
             self.metrics,
-            DebugState(self.proxies, self.index),
+            DebugState(self.proxies, self.index, self.pushes),
             settings.debug_addr,
         )
         self.api_client: client.ApiClient | None = None
@@ -155,6 +157,7 @@ class Discovery:
             debounce=self.settings.debounce,
             push=self.settings.push,
             metrics=self.metrics,
+            history=self.pushes,
         )
 
     def _source(self, pipeline: Pipeline) -> RegistrySource:

@@ -1,7 +1,10 @@
-"""The HTTP port (`--http-addr`): `/ready`, `/metrics`, and the JSON debug endpoints.
+"""The HTTP port (`--http-addr`): `/ready`, `/metrics`, the debug page and JSON endpoints.
 
 Debug endpoints answer only callers on loopback, unless `--debug-addr` gives
-them a listener of their own (which then answers whoever can reach it).
+them a listener of their own (which then answers whoever can reach it, and
+serves `/ready` and `/metrics` too, as Envoy's admin port does, so that every
+link of the page works there). `/debug/` is the HTML page (`page.py`); `/`
+leads to it, as an Envoy admin port or Istio's ControlZ opens on their page.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from typing import Any
 
 from aiohttp import web
 
-from pilot.debug import tasks, views
+from pilot.debug import page, tasks, views
 from pilot.debug.metrics import CONTENT_TYPE, Metrics
 from pilot.debug.proxy_status import LiveProxies
+from pilot.push.history import PushHistory
 from pilot.registry.index import EndpointIndex
 from pilot.settings import split_host_port
 
@@ -29,6 +33,7 @@ class DebugState:
 
     proxies: LiveProxies
     index: EndpointIndex
+    pushes: PushHistory
 
 
 def _is_loopback(remote: str | None) -> bool:
@@ -40,7 +45,8 @@ def _is_loopback(remote: str | None) -> bool:
 
 @web.middleware
 async def _loopback_only(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.path.startswith("/debug/") and not _is_loopback(request.remote):
+    debug = request.path == "/debug" or request.path.startswith("/debug/")
+    if debug and not _is_loopback(request.remote):
         return web.json_response(
             {"error": "debug endpoints answer on loopback only (see --debug-addr)"}, status=403
         )
@@ -87,7 +93,22 @@ def debug_routes(state: DebugState) -> list[web.RouteDef]:
     async def task_dump(_request: web.Request) -> web.Response:
         return _json(tasks.tasks())
 
+    async def pushz(_request: web.Request) -> web.Response:
+        return _json(views.pushz(state.pushes))
+
+    async def html_page(request: web.Request) -> web.Response:
+        refresh = request.query.get("refresh") != "0"
+        body = page.render(state.proxies, state.index, state.pushes, refresh)
+        return web.Response(text=body, content_type="text/html", charset="utf-8")
+
+    async def to_page(_request: web.Request) -> web.Response:
+        raise web.HTTPFound("/debug/")
+
     return [
+        web.get("/", to_page),
+        web.get("/debug", html_page),
+        web.get("/debug/", html_page),
+        web.get("/debug/pushz", pushz),
         web.get("/debug/tasks", task_dump),
         web.get("/debug/syncz", syncz),
         web.get("/debug/connections", connections),
@@ -112,18 +133,20 @@ class HttpServer:
         self._is_ready = is_ready
         self._metrics = metrics
         main = web.Application(middlewares=[] if debug_address else [_loopback_only])
-        main.router.add_get("/ready", self._ready)
-        main.router.add_get("/metrics", self._metrics_page)
+        main.add_routes(self._probe_routes())
         self._runners = [web.AppRunner(main, access_log=None)]
         self._addresses = [(self.host, self.port)]
         if debug_address is None:
             main.add_routes(debug_routes(debug))
         else:
             separate = web.Application()
-            separate.add_routes(debug_routes(debug))
+            separate.add_routes([*debug_routes(debug), *self._probe_routes()])
             self._runners.append(web.AppRunner(separate, access_log=None))
             self._addresses.append(split_host_port(debug_address))
         self.debug_port = 0
+
+    def _probe_routes(self) -> list[web.RouteDef]:
+        return [web.get("/ready", self._ready), web.get("/metrics", self._metrics_page)]
 
     async def _ready(self, _request: web.Request) -> web.Response:
         if self._is_ready():

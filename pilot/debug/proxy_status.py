@@ -58,6 +58,7 @@ class ProxyStatus:
     node: base_pb2.Node | None
     streams: tuple[str, ...]
     resources: tuple[ResourceStatus, ...]
+    connection_ids: tuple[int, ...] = ()  # as in /debug/connections, one per stream
 
     def by_type(self, type_url: str) -> list[ResourceStatus]:
         return [r for r in self.resources if r.type_url == type_url]
@@ -113,19 +114,30 @@ class LiveProxies:
     connections: Iterable[Connection]
     cache: ResourceCache
 
-    def statuses(self) -> list[ProxyStatus]:
-        """Every connected proxy, sorted by node id, then identity."""
-        return proxy_statuses(self.connections, self.cache)
+    def statuses(self, limit: int | None = None) -> list[ProxyStatus]:
+        """Every connected proxy (the first `limit`), sorted by node id, then identity."""
+        return proxy_statuses(self.connections, self.cache, limit)
+
+    def count(self) -> int:
+        """How many proxies are connected (identified streams, grouped by proxy)."""
+        return len(_by_proxy(self.connections))
 
 
-def proxy_statuses(connections: Iterable[Connection], cache: ResourceCache) -> list[ProxyStatus]:
-    """Every connected proxy, sorted by node id, then identity."""
+def _by_proxy(connections: Iterable[Connection]) -> dict[ProxyKey, list[Connection]]:
     grouped: dict[ProxyKey, list[Connection]] = {}
     for connection in connections:
         if connection.node is not None:
             grouped.setdefault(connection.proxy, []).append(connection)
+    return grouped
+
+
+def proxy_statuses(
+    connections: Iterable[Connection], cache: ResourceCache, limit: int | None = None
+) -> list[ProxyStatus]:
+    """Every connected proxy (the first `limit`), sorted by node id, then identity."""
+    grouped = _by_proxy(connections)
     statuses = []
-    for proxy in sorted(grouped, key=_sort_key):
+    for proxy in sorted(grouped, key=_sort_key)[:limit]:
         streams = sorted(grouped[proxy], key=lambda c: c.id)
         resources = [r for c in streams for r in _connection_resources(cache, c)]
         statuses.append(
@@ -134,6 +146,7 @@ def proxy_statuses(connections: Iterable[Connection], cache: ResourceCache) -> l
                 streams[0].node,
                 tuple(c.kind.label for c in streams),
                 tuple(resources),
+                tuple(c.id for c in streams),
             )
         )
     return statuses

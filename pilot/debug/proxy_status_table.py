@@ -7,7 +7,7 @@ so the identity is a column of its own.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +18,6 @@ from pilot.debug.csds import CSDS_SERVICE
 from pilot.xds import types
 
 COLUMNS = (("CDS", types.CLUSTER), ("EDS", types.ENDPOINT), ("SDS", types.SECRET))
-_STATUS_NAMES = {csds_pb2.SYNCED: "SYNCED", csds_pb2.STALE: "STALE", csds_pb2.ERROR: "ERROR"}
 
 
 @dataclass(frozen=True)
@@ -75,18 +74,25 @@ def hint(code: grpc.StatusCode) -> str:
 
 def summarize(configs: Iterable[csds_pb2.ClientConfig.GenericXdsConfig]) -> str:
     """One cell: the worst state of a proxy's resources of one type, and how many."""
-    counts = Counter(config.config_status for config in configs)
+    return summarize_counts(
+        Counter(csds_pb2.ConfigStatus.Name(config.config_status) for config in configs)
+    )
+
+
+def summarize_counts(counts: Mapping[str, int]) -> str:
+    """One cell from how many resources are in each state (keyed SYNCED, STALE, ...)."""
     total = sum(counts.values())
     if not total:
         return "-"
-    for status in (csds_pb2.ERROR, csds_pb2.STALE):
-        if counts[status]:
-            return f"{_STATUS_NAMES[status]} ({counts[status]}/{total})"
-    if counts[csds_pb2.SYNCED] == 0:
+    for status in ("ERROR", "STALE"):
+        if counts.get(status):
+            return f"{status} ({counts[status]}/{total})"
+    synced = counts.get("SYNCED", 0)
+    if synced == 0:
         return f"NOT SENT ({total})"
-    not_sent = counts[csds_pb2.NOT_SENT]
+    not_sent = counts.get("NOT_SENT", 0)
     suffix = f", {not_sent} not sent" if not_sent else ""
-    return f"SYNCED ({counts[csds_pb2.SYNCED]}{suffix})"
+    return f"SYNCED ({synced}{suffix})"
 
 
 def rows(response: csds_pb2.ClientStatusResponse) -> list[list[str]]:

@@ -1,4 +1,5 @@
-"""The JSON behind pilot's /debug endpoints: sync state, connections, EDS, registry, config.
+"""The JSON behind pilot's /debug endpoints: sync state, connections, EDS, registry, config,
+pushes.
 
 Everything here reads pilot's live state and returns plain JSON-ready values.
 Secrets are redacted as in CSDS: no private key is ever part of a debug answer.
@@ -7,6 +8,7 @@ Secrets are redacted as in CSDS: no private key is ever part of a debug answer.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import time
 from collections import Counter
 from typing import Any
@@ -15,6 +17,7 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf import json_format
 
 from pilot.debug.proxy_status import LiveProxies, ProxyStatus, packed
+from pilot.push.history import PushHistory, PushRecord
 from pilot.registry.index import EndpointIndex
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
@@ -115,6 +118,28 @@ def registryz(index: EndpointIndex) -> Json:
 
 def _groups(groups: Any) -> list[Json]:
     return [dataclasses.asdict(group) for group in groups]
+
+
+def registry_size(index: EndpointIndex) -> Json:
+    """How big the registry is: services, and the endpoint sets and endpoints feeding them."""
+    sets = [s for key in index.services for s in index.endpoint_sets(key)]
+    endpoints = sum(len(group.endpoints) for s in sets for group in s.groups)
+    return {"services": len(index.services), "endpoint_sets": len(sets), "endpoints": endpoints}
+
+
+def pushz(history: PushHistory) -> list[Json]:
+    """The last pushes, newest first: what changed, to how many streams, how long it took."""
+    return [_push(record) for record in history.newest_first()]
+
+
+def _push(record: PushRecord) -> Json:
+    return dataclasses.asdict(record) | {"at": timestamp(record.at)}
+
+
+def timestamp(seconds: float) -> str:
+    """A wall-clock time as ISO 8601 in UTC, to the millisecond."""
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def config_dump(proxies: LiveProxies, proxy_id: str, identity: str | None = None) -> Json:

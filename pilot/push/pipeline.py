@@ -8,6 +8,7 @@ builds what changed, once, into the cache and reports the names that really
 changed (`Changes`). Fan-out then marks those names on exactly the streams
 that watch them (`SubscriberIndex`): shared names on their subscribers, a
 proxy's own names on that proxy's streams only, and wakes their writers.
+Each flush leaves one record in `history` (the last 100, `PushHistory`).
 
 Streams tell the pipeline what they subscribe to (`join`, `on_events`,
 `leave`). For types whose resources belong to one proxy (`OWNED_TYPES`), the
@@ -32,6 +33,7 @@ from pilot.protocol.messages import StreamEvent, SubscriptionChanged
 from pilot.protocol.node import streams_to_wake
 from pilot.protocol.stream import StreamCore
 from pilot.push.debounce import Debouncer
+from pilot.push.history import PushHistory, PushRecord
 from pilot.push.request import Changes, PushRequest
 from pilot.push.settings import DebounceSettings, PushSettings
 from pilot.push.subscribers import SubscriberIndex
@@ -111,6 +113,7 @@ class Pipeline:
         debounce: DebounceSettings | None = None,
         push: PushSettings | None = None,
         metrics: PipelineMetrics | None = None,
+        history: PushHistory | None = None,
     ) -> None:
         self.cache = cache
         self.settings = push or PushSettings()
@@ -121,6 +124,8 @@ class Pipeline:
         self.ready = asyncio.Event()
         self._stats = stats
         self._metrics = metrics or _NoMetrics()
+        # One record per flush, for the operator (the /debug page): bounded, cheap.
+        self.history = history if history is not None else PushHistory()
         self._generators = tuple(generators)
         self._owners = {
             type_url: generator
@@ -150,16 +155,36 @@ class Pipeline:
     # -- build and fan-out -------------------------------------------------------
 
     def _flush(self, request: PushRequest, started: float) -> None:
-        self._metrics.debounced(time.monotonic() - started)
+        flushed = time.monotonic()
+        self._metrics.debounced(flushed - started)
         changes = Changes()
         for generator in self._generators:
             changes.add(generator.build(request))
+        built = time.monotonic()
+        woken = self._fan_out(changes, started) if changes else 0
+        self._record(request, changes, woken, (started, flushed, built, time.monotonic()))
+
+    def _record(
+        self, request: PushRequest, changes: Changes, woken: int, times: tuple[float, ...]
+    ) -> None:
+        """Log the push and keep its record; `times`: started, flushed, built, fanned out."""
+        started, flushed, built, done = times
+        counts = {types.short_name(t): len(n) for t, n in changes.shared.items()}
         if changes:
-            woken = self._fan_out(changes, started)
-            counts = {types.short_name(t): len(n) for t, n in changes.shared.items()}
             log.debug(
                 "push %s and %d proxies' own to %d streams", counts, len(changes.owned), woken
             )
+        record = PushRecord.of(
+            request,
+            at=time.time(),
+            resources=counts,
+            owned=len(changes.owned),
+            streams=woken,
+            debounce_seconds=flushed - started,
+            build_seconds=built - flushed,
+            fan_out_seconds=done - built,
+        )
+        self.history.record(record)
 
     def _fan_out(self, changes: Changes, started: float) -> int:
         """Mark changed names on the streams that watch them; returns streams woken."""

@@ -121,7 +121,8 @@ async def test_debug_endpoints(tmp_path: Path) -> None:
         assert "PRIVATE KEY" not in json.dumps(dump)
 
 
-async def test_debug_endpoints_refuse_callers_off_loopback() -> None:
+@pytest.mark.parametrize("path", ["/debug/syncz", "/debug", "/debug/"])
+async def test_debug_endpoints_refuse_callers_off_loopback(path: str) -> None:
     async def handler(_request: Any) -> aiohttp.web.Response:
         return aiohttp.web.Response(text="debug")
 
@@ -131,7 +132,7 @@ async def test_debug_endpoints_refuse_callers_off_loopback() -> None:
         (("::1", 1, 0, 0), 200),
     ):
         transport = _FakeTransport(peer)
-        request = make_mocked_request("GET", "/debug/syncz", transport=transport)
+        request = make_mocked_request("GET", path, transport=transport)
         response = await _loopback_only(request, handler)
         assert response.status == expected, peer
 
@@ -175,3 +176,17 @@ async def test_debug_addr_moves_debug_endpoints_to_their_own_port(tmp_path: Path
     )
     out, _ = await process.communicate()
     assert "--debug-addr" in out.decode() and "--log-format" in out.decode()
+
+
+async def test_the_debug_listener_opens_on_the_page_and_serves_what_it_links(
+    tmp_path: Path,
+) -> None:
+    """With --debug-addr, `/` there leads to the page (as on Envoy's admin port), and
+    /ready and /metrics answer there too, so that every link of the page works."""
+    async with running_pilot(tmp_path, simple_mesh(MESH), debug_addr="127.0.0.1:0") as pilot:
+        port = pilot.discovery.http.debug_port
+        paths = ("/", "/debug", "/debug/", "/debug/pushz", "/ready", "/metrics")
+        statuses = {path: (await _get(pilot, path, port))[0] for path in paths}
+        _, root = await _get(pilot, "/", port)
+    assert statuses == dict.fromkeys(paths, 200)
+    assert '<table id="proxies">' in root, "the root is the debug page"

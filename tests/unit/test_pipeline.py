@@ -1,4 +1,5 @@
-"""The push pipeline with secrets: one proxy's certificate reaches that proxy only.
+"""The push pipeline with secrets: one proxy's certificate reaches that proxy only;
+and each push leaves a record in the bounded history the /debug page shows.
 
 A proxy is a node id *and* the identity its streams proved. Streams here are
 plain protocol machines (no gRPC), the certificate source a stand-in that
@@ -17,7 +18,11 @@ from pilot.generators.sds import SecretGenerator
 from pilot.protocol import DeltaStream, SotwStream
 from pilot.protocol.kind import StreamKind
 from pilot.protocol.messages import DeltaRequest, SotwRequest
+from pilot.push.history import SAMPLED, PushHistory, PushRecord, Sample
 from pilot.push.pipeline import Pipeline
+from pilot.push.request import PushRequest
+from pilot.registry.index import IndexChange
+from pilot.registry.model import ServiceKey
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
@@ -191,3 +196,45 @@ async def test_the_root_is_shared_by_every_proxy_and_mints_nothing() -> None:
         p.sotw(attacker, "ROOTCA")
         assert set(p.held(victim)) == set(p.held(attacker)) == {"ROOTCA"}
         assert p.certificates.wanted == {}, "the root needs no certificate"
+
+
+async def test_each_push_leaves_a_record_of_what_it_changed_and_whom_it_reached() -> None:
+    async with plane() as p:
+        victim, attacker = p.connect(VICTIM), p.connect(ATTACKER)
+        p.sotw(victim, "default")
+        p.sotw(attacker, "default")
+        before = len(p.pipeline.history)
+        p.certificates.mint(VICTIM)
+        await wait_until(lambda: len(p.pipeline.history) > before, 5, "the push's record")
+        [push] = list(p.pipeline.history)[before:]
+    assert push.certificates == Sample(1, (f"{NODE} ({VICTIM.identity})",))
+    assert (push.full.total, push.endpoints.total) == (0, 0)
+    assert push.owned == 1 and push.resources == {}, "the secret is the victim's own"
+    assert push.streams == 1, "only the victim's stream was woken"
+    assert push.seconds >= 0 and push.debounce_seconds >= 0
+
+
+def test_the_push_history_keeps_the_last_hundred_each_of_bounded_size() -> None:
+    many = frozenset(ServiceKey("ns", f"svc-{i:04}") for i in range(5000))
+    history = PushHistory()
+    for i in range(150):
+        request = PushRequest(IndexChange(endpoints=many if i == 149 else frozenset()))
+        history.record(_record(request, at=float(i)))
+    assert len(history) == 100
+    newest = history.newest_first()
+    assert [r.at for r in (newest[0], newest[-1])] == [149.0, 50.0], "oldest fell off first"
+    assert newest[0].endpoints.total == 5000
+    assert len(newest[0].endpoints.names) == SAMPLED, "a record keeps a few names, not all"
+
+
+def _record(request: PushRequest, at: float) -> PushRecord:
+    return PushRecord.of(
+        request,
+        at=at,
+        resources={},
+        owned=0,
+        streams=0,
+        debounce_seconds=0.0,
+        build_seconds=0.0,
+        fan_out_seconds=0.0,
+    )
