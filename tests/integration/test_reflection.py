@@ -117,9 +117,10 @@ async def listed(pilot: PilotProcess, service: str) -> set[str]:
 
 
 async def file_of(
-    pilot: PilotProcess, service: str, symbol: str
+    pilot: PilotProcess, service: str, symbol: str, declaring: str | None = None
 ) -> descriptor_pb2.FileDescriptorProto:
-    """The file that declares `symbol`, as reflection `service` describes it."""
+    """The file reflection `service` answers for `symbol` with, the one that declares
+    `declaring` (a service or message; default `symbol` itself)."""
     request_class, _ = MESSAGES[service]
     [answer] = await reflect(pilot, service, [request_class(file_containing_symbol=symbol)])
     assert answer.WhichOneof("message_response") == "file_descriptor_response", answer
@@ -127,12 +128,12 @@ async def file_of(
         descriptor_pb2.FileDescriptorProto.FromString(data)
         for data in answer.file_descriptor_response.file_descriptor_proto
     ]
-    package, _, name = symbol.rpartition(".")
+    package, _, name = (declaring or symbol).rpartition(".")
     for file in files:
         declared = {s.name for s in file.service} | {m.name for m in file.message_type}
         if file.package == package and name in declared:
             return file
-    raise AssertionError(f"{service}: no file declares {symbol}: {[f.name for f in files]}")
+    raise AssertionError(f"{service}: no file declares {declaring}: {[f.name for f in files]}")
 
 
 def method_of(
@@ -176,7 +177,7 @@ async def test_either_version_lists_the_same_services(pilot: PilotProcess, servi
 
 @pytest.mark.parametrize("service", [V1, V1ALPHA])
 async def test_either_version_describes_a_method(pilot: PilotProcess, service: str) -> None:
-    file = await file_of(pilot, service, ADS)
+    file = await file_of(pilot, service, f"{ADS}.DeltaAggregatedResources", declaring=ADS)
     delta = method_of(file, "AggregatedDiscoveryService", "DeltaAggregatedResources")
     assert delta.input_type == ".envoy.service.discovery.v3.DeltaDiscoveryRequest"
     assert delta.output_type == ".envoy.service.discovery.v3.DeltaDiscoveryResponse"
