@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 import grpc
+from envoy.service.status.v3 import csds_pb2
 
 from pilot import event_loop
 from pilot.agent import (
@@ -22,7 +23,7 @@ from pilot.agent import (
     AgentSettings,
     agent_settings,
 )
-from pilot.debug import proxy_status_table
+from pilot.debug import proxy_config, proxy_status_table, tables
 from pilot.durations import parse_duration
 from pilot.event_loop import EventLoopError
 from pilot.generators.builder import BuildSettings
@@ -178,18 +179,56 @@ def _parser() -> argparse.ArgumentParser:
         help="what each connected Envoy holds (from CSDS)",
         description="One row per connected proxy: CDS, EDS and SDS state (like istioctl).",
     )
-    status.add_argument("--addr", default="localhost:15010", help="pilot's gRPC address")
-    status.add_argument(
+    _csds_flags(status)
+    _proxy_config_parser(commands)
+    return parser
+
+
+def _csds_flags(parser: argparse.ArgumentParser) -> None:
+    """How `proxy-status` and `proxy-config` reach pilot's CSDS, and what they print."""
+    parser.add_argument("--addr", default="localhost:15010", help="pilot's gRPC address")
+    parser.add_argument(
         "--root-cert",
         type=Path,
         help="talk TLS, verifying pilot with this PEM root (pilot's TLS port, e.g. :15012)",
     )
-    status.add_argument(
+    parser.add_argument(
         "--token-file",
         type=Path,
         help="present this service-account token (a Kubernetes-mode pilot wants one, over TLS)",
     )
-    return parser
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=tables.FORMATS,
+        default="table",
+        help="table (default), or json or yaml: a list of objects keyed by the columns",
+    )
+
+
+_PROXY_CONFIG_KINDS = (
+    ("clusters", ("cluster", "c"), "a row per cluster: name, type, state, version"),
+    ("endpoints", ("endpoint", "ep"), "a row per endpoint: address, health, cluster, locality"),
+    ("secrets", ("secret", "s"), "a row per certificate: SPIFFE SAN, serial, validity"),
+)
+
+
+def _proxy_config_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    config = commands.add_parser(
+        "proxy-config",
+        help="one proxy's clusters, endpoints or secrets (from CSDS)",
+        description="What pilot sent one proxy, and its state (like istioctl proxy-config).",
+    )
+    kinds = config.add_subparsers(dest="kind_given", required=True, metavar="KIND")
+    for kind, aliases, summary in _PROXY_CONFIG_KINDS:
+        parser = kinds.add_parser(kind, aliases=aliases, help=summary, description=summary)
+        parser.set_defaults(kind=kind)
+        parser.add_argument("node_id", metavar="NODE_ID", help="the proxy's node id")
+        parser.add_argument(
+            "--identity",
+            help="its SPIFFE URI, when several identities use the node id (see proxy-status)",
+        )
+        _csds_flags(parser)
 
 
 def _agent_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -333,22 +372,44 @@ async def _run_discovery(settings: Settings) -> None:
     await _run_until_signalled(Discovery(settings))
 
 
-def _proxy_status(args: argparse.Namespace) -> int:
+def _client_status(
+    args: argparse.Namespace, request: csds_pb2.ClientStatusRequest | None = None
+) -> csds_pb2.ClientStatusResponse | None:
+    """CSDS from --addr as the access flags say; None once the error is printed."""
     address = args.addr
     try:
         access = proxy_status_table.Access.from_files(args.root_cert, args.token_file)
-        response = proxy_status_table.fetch(address, access)
+        return proxy_status_table.fetch(address, access, request=request)
     except OSError as error:
         print(f"pilot: error: {error}", file=sys.stderr)
-        return 2
     except grpc.RpcError as error:
         hint = proxy_status_table.hint(error.code())
         print(
             f"pilot: error: {address}: {error.code().name}: {error.details()}{hint}",
             file=sys.stderr,
         )
+    return None
+
+
+def _proxy_status(args: argparse.Namespace) -> int:
+    response = _client_status(args)
+    if response is None:
         return 2
-    print(proxy_status_table.render(proxy_status_table.rows(response)))
+    print(tables.formatted(proxy_status_table.status_table(response), args.output))
+    return 0
+
+
+def _proxy_config(args: argparse.Namespace) -> int:
+    """Exit 1 when no such proxy is connected (or readable), 2 when pilot cannot be asked."""
+    response = _client_status(args, proxy_config.request_for(args.node_id))
+    if response is None:
+        return 2
+    try:
+        config = proxy_config.select(response, args.node_id, args.identity)
+    except LookupError as error:
+        print(f"pilot: error: {args.addr}: {error}", file=sys.stderr)
+        return 1
+    print(tables.formatted(proxy_config.TABLES[args.kind](config), args.output))
     return 0
 
 
@@ -357,6 +418,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "proxy-status":
         return _proxy_status(args)
+    if args.command == "proxy-config":
+        return _proxy_config(args)
     try:
         configure_logging(args.log_level, args.log_format)
         if args.command == "agent":

@@ -170,7 +170,7 @@ def _state(status: ProxyStatus, type_url: str) -> str:
     """The proxy-status cell for one type, coloured by its worst state."""
     counts = Counter(str(resource.status) for resource in status.by_type(type_url))
     worst = next((s for s in ("ERROR", "STALE", "SYNCED", "NOT_SENT") if counts.get(s)), "none")
-    return _td(summarize_counts(counts), worst)
+    return _td(summarize_counts(counts) or "-", worst)
 
 
 # -- registry, pushes, endpoints ---------------------------------------------------------

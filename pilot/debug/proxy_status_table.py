@@ -1,7 +1,9 @@
 """`pilot proxy-status`: one row per proxy, from CSDS, like `istioctl proxy-status`.
 
-A proxy is a node id and the identity its streams proved (CSDS `client_scope`),
-so the identity is a column of its own.
+Also how the command line reaches pilot's CSDS (`Access`, `fetch`, and the
+`hint` after a refusal), which `pilot proxy-config` shares. A proxy is a node
+id and the identity its streams proved (CSDS `client_scope`), so the identity
+is a column of its own.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import grpc
 from envoy.service.status.v3 import csds_pb2
 
 from pilot.debug.csds import CSDS_SERVICE
+from pilot.debug.tables import Cell, Table
 from pilot.xds import types
 
 COLUMNS = (("CDS", types.CLUSTER), ("EDS", types.ENDPOINT), ("SDS", types.SECRET))
@@ -45,10 +48,15 @@ class Access:
 
 
 def fetch(
-    address: str, access: Access | None = None, timeout: float = 10.0
+    address: str,
+    access: Access | None = None,
+    timeout: float = 10.0,
+    request: csds_pb2.ClientStatusRequest | None = None,
 ) -> csds_pb2.ClientStatusResponse:
-    """FetchClientStatus from pilot, without resource contents."""
+    """FetchClientStatus from pilot: `request`, or every proxy without resource contents."""
     access = access or Access()
+    if request is None:
+        request = csds_pb2.ClientStatusRequest(exclude_resource_contents=True)
     with access.channel(address) as channel:
         call = channel.unary_unary(
             f"/{CSDS_SERVICE}/FetchClientStatus",
@@ -56,9 +64,7 @@ def fetch(
             response_deserializer=csds_pb2.ClientStatusResponse.FromString,
         )
         response: csds_pb2.ClientStatusResponse = call(
-            csds_pb2.ClientStatusRequest(exclude_resource_contents=True),
-            timeout=timeout,
-            metadata=access.metadata,
+            request, timeout=timeout, metadata=access.metadata
         )
         return response
 
@@ -72,18 +78,18 @@ def hint(code: grpc.StatusCode) -> str:
     return ""
 
 
-def summarize(configs: Iterable[csds_pb2.ClientConfig.GenericXdsConfig]) -> str:
-    """One cell: the worst state of a proxy's resources of one type, and how many."""
+def summarize(configs: Iterable[csds_pb2.ClientConfig.GenericXdsConfig]) -> str | None:
+    """One cell: the worst state of a proxy's resources of one type, and how many (None: none)."""
     return summarize_counts(
         Counter(csds_pb2.ConfigStatus.Name(config.config_status) for config in configs)
     )
 
 
-def summarize_counts(counts: Mapping[str, int]) -> str:
+def summarize_counts(counts: Mapping[str, int]) -> str | None:
     """One cell from how many resources are in each state (keyed SYNCED, STALE, ...)."""
     total = sum(counts.values())
     if not total:
-        return "-"
+        return None
     for status in ("ERROR", "STALE"):
         if counts.get(status):
             return f"{status} ({counts[status]}/{total})"
@@ -95,20 +101,13 @@ def summarize_counts(counts: Mapping[str, int]) -> str:
     return f"SYNCED ({synced}{suffix})"
 
 
-def rows(response: csds_pb2.ClientStatusResponse) -> list[list[str]]:
+def status_table(response: csds_pb2.ClientStatusResponse) -> Table:
     """NAME (node id), IDENTITY (what its streams proved), then a state per type."""
-    table = [["NAME", "IDENTITY", *(name for name, _ in COLUMNS)]]
+    records = []
     for config in sorted(response.config, key=lambda c: (c.node.id, c.client_scope)):
-        cells = [config.node.id, config.client_scope or "-"]
-        for _, type_url in COLUMNS:
-            cells.append(summarize(c for c in config.generic_xds_configs if c.type_url == type_url))
-        table.append(cells)
-    return table
-
-
-def render(table: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in table
-    )
+        record: dict[str, Cell] = {"name": config.node.id, "identity": config.client_scope or None}
+        for name, type_url in COLUMNS:
+            configs = (c for c in config.generic_xds_configs if c.type_url == type_url)
+            record[name.lower()] = summarize(configs)
+        records.append(record)
+    return Table.of(("NAME", "IDENTITY", *(name for name, _ in COLUMNS)), records)

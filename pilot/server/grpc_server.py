@@ -1,9 +1,9 @@
 """The grpc.aio servers: one per listening address, each with what that port serves.
 
 A `Listener` says what one address serves: the xDS services for its stream
-context (which types, which authentication), gRPC health, server reflection,
-and any other services the composition root hands it (CSDS, the CA), each as
-an `ExtraService` so the shell knows nothing of what they do. Every listener
+context (which types, which authentication), gRPC health, server reflection
+(v1alpha and v1), and any other services the composition root hands it (CSDS,
+the CA), each as an `ExtraService` so the shell knows nothing of what they do. Every listener
 is its own grpc.aio server, so reflection and the registered services are
 exactly what that port serves.
 """
@@ -25,11 +25,14 @@ from envoy.service.secret.v3 import sds_pb2  # noqa: F401
 from grpc import aio
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2
-from grpc_reflection.v1alpha import reflection
 
 from pilot.server.connection import StreamContext
 from pilot.server.services import xds_handlers, xds_service_names
-from pilot.server.standard_services import health_handler, reflection_handler
+from pilot.server.standard_services import (
+    REFLECTION_SERVICES,
+    health_handler,
+    reflection_handlers,
+)
 
 # A second pilot must not silently share the port (grpc enables SO_REUSEPORT by default).
 _SERVER_OPTIONS = [
@@ -92,10 +95,10 @@ class _Port:
             *self.xds_names,
             *(service.name for service in listener.extra),
             health.SERVICE_NAME,
-            reflection.SERVICE_NAME,
+            *REFLECTION_SERVICES,
         )
         self.server.add_generic_rpc_handlers(
-            (health_handler(self.health), reflection_handler(names))
+            (health_handler(self.health), *reflection_handlers(names))
         )
         self.port = _bind(self.server, listener.address, listener.credentials)
 

@@ -1,0 +1,225 @@
+"""`pilot proxy-config clusters|endpoints|secrets NODE_ID`: one proxy's resources, from CSDS.
+
+Like `istioctl proxy-config`. The proxy is asked of pilot's CSDS by its exact
+node id (`request_for`), with resource contents, and CSDS answers as it does
+`pilot proxy-status`: for the proxies this caller may read, and none other.
+A proxy is a node id and the identity its streams proved, so two identities
+behind one node id are two proxies: `select` wants `--identity` then.
+
+Each table has a row per resource (per endpoint for endpoints, per
+certificate for secrets) and says what CSDS says of it: its version and its
+state (SYNCED, STALE, NOT_SENT, ERROR), and what its contents hold where CSDS
+sent them. Secrets come from CSDS with their private keys already redacted
+(`proxy_status.packed`); `secrets` reads only the certificates, and only
+public facts of them (SANs, serial, validity) reach a row.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+from cryptography import x509
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import base_pb2, health_check_pb2
+from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
+from envoy.service.status.v3 import csds_pb2
+from google.protobuf import message
+
+from pilot.debug.tables import Cell, Table
+from pilot.security.certs import uri_sans
+from pilot.xds import types
+
+M = TypeVar("M", bound=message.Message)
+
+
+class ProxyNotFound(LookupError):
+    """No proxy with that node id (and identity) that this caller may read."""
+
+
+class AmbiguousProxy(LookupError):
+    """Several identities use the node id; the message names them."""
+
+
+def request_for(node_id: str) -> csds_pb2.ClientStatusRequest:
+    """CSDS for this node id exactly, with resource contents (the rows read them)."""
+    request = csds_pb2.ClientStatusRequest()
+    request.node_matchers.add().node_id.exact = node_id
+    return request
+
+
+def select(
+    response: csds_pb2.ClientStatusResponse, node_id: str, identity: str | None = None
+) -> csds_pb2.ClientConfig:
+    """The one proxy with this node id (and identity, if given).
+
+    Raises ProxyNotFound, or AmbiguousProxy when several identities use the node
+    id and `identity` does not pick one.
+    """
+    found = [
+        config
+        for config in response.config
+        if config.node.id == node_id and identity in (None, config.client_scope)
+    ]
+    if not found:
+        which = f"node id {node_id!r}" + (f" and identity {identity!r}" if identity else "")
+        raise ProxyNotFound(
+            f"no proxy with {which} is connected to pilot (among those this caller may read;"
+            " `pilot proxy-status` lists them)"
+        )
+    if len(found) > 1:
+        identities = ", ".join(sorted(config.client_scope or "(none)" for config in found))
+        raise AmbiguousProxy(
+            f"{len(found)} proxies use node id {node_id!r}, with identities {identities}:"
+            " pick one with --identity"
+        )
+    return found[0]
+
+
+def _held(
+    config: csds_pb2.ClientConfig, type_url: str
+) -> list[csds_pb2.ClientConfig.GenericXdsConfig]:
+    return sorted(
+        (c for c in config.generic_xds_configs if c.type_url == type_url), key=lambda c: c.name
+    )
+
+
+def _contents(generic: csds_pb2.ClientConfig.GenericXdsConfig, message_class: type[M]) -> M | None:
+    """The resource as CSDS sent it; None when it sent none (NOT_SENT, or excluded)."""
+    if not generic.HasField("xds_config"):
+        return None
+    resource = message_class()
+    return resource if generic.xds_config.Unpack(resource) else None
+
+
+def _status(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> str:
+    return str(csds_pb2.ConfigStatus.Name(generic.config_status))
+
+
+# --- clusters --------------------------------------------------------------------------
+
+
+def _discovery_type(cluster: cluster_pb2.Cluster | None) -> str | None:
+    if cluster is None:
+        return None
+    if cluster.WhichOneof("cluster_discovery_type") == "cluster_type":
+        return str(cluster.cluster_type.name)
+    return str(cluster_pb2.Cluster.DiscoveryType.Name(cluster.type))
+
+
+def clusters(config: csds_pb2.ClientConfig) -> Table:
+    """A row per cluster: its name, how its endpoints are found, its state and version."""
+    records = [
+        {
+            "name": generic.name,
+            "type": _discovery_type(_contents(generic, cluster_pb2.Cluster)),
+            "status": _status(generic),
+            "version": generic.version_info,
+        }
+        for generic in _held(config, types.CLUSTER)
+    ]
+    return Table.of(("NAME", "TYPE", "STATUS", "VERSION"), records)
+
+
+# --- endpoints -------------------------------------------------------------------------
+
+
+def _locality(locality: base_pb2.Locality) -> str | None:
+    """Istio's `region/zone/subzone`, without the empty parts at its end."""
+    parts = [locality.region, locality.zone, locality.sub_zone]
+    while parts and not parts[-1]:
+        parts.pop()
+    return "/".join(parts) or None
+
+
+def _address(lb_endpoint: endpoint_components_pb2.LbEndpoint) -> str:
+    socket = lb_endpoint.endpoint.address.socket_address
+    host = f"[{socket.address}]" if ":" in socket.address else socket.address
+    return f"{host}:{socket.port_value}"
+
+
+def _endpoint_records(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> Iterator[dict[str, Cell]]:
+    assignment = _contents(generic, endpoint_pb2.ClusterLoadAssignment)
+    if assignment is None:
+        return
+    for locality in assignment.endpoints:
+        for lb_endpoint in locality.lb_endpoints:
+            yield {
+                "endpoint": _address(lb_endpoint),
+                "status": health_check_pb2.HealthStatus.Name(lb_endpoint.health_status),
+                "cluster": assignment.cluster_name or generic.name,
+                "locality": _locality(locality.locality),
+            }
+
+
+def endpoints(config: csds_pb2.ClientConfig) -> Table:
+    """A row per endpoint of every cluster: address:port, health, cluster, locality."""
+    records = [
+        record for generic in _held(config, types.ENDPOINT) for record in _endpoint_records(generic)
+    ]
+    return Table.of(("ENDPOINT", "STATUS", "CLUSTER", "LOCALITY"), records)
+
+
+# --- secrets ---------------------------------------------------------------------------
+
+
+def _pem_certificates(data: base_pb2.DataSource) -> list[x509.Certificate]:
+    pem = data.inline_bytes or data.inline_string.encode()
+    try:
+        return x509.load_pem_x509_certificates(pem) if pem else []
+    except ValueError:
+        return []
+
+
+def _certificates(secret: secret_pb2.Secret | None) -> tuple[str | None, list[x509.Certificate]]:
+    """The secret's kind as istioctl names it, and its certificates (a chain: the leaf)."""
+    if secret is None:
+        return None, []
+    if secret.HasField("tls_certificate"):
+        chain = _pem_certificates(secret.tls_certificate.certificate_chain)
+        return "Cert Chain", chain[:1]
+    if secret.HasField("validation_context"):
+        return "CA", _pem_certificates(secret.validation_context.trusted_ca)
+    return secret.WhichOneof("type"), []
+
+
+def _time(moment: datetime.datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _certificate_cells(certificate: x509.Certificate, now: datetime.datetime) -> dict[str, Cell]:
+    not_before, not_after = certificate.not_valid_before_utc, certificate.not_valid_after_utc
+    return {
+        "san": ",".join(uri_sans(certificate)) or None,
+        "valid_cert": not_before <= now <= not_after,
+        "serial_number": format(certificate.serial_number, "x"),
+        "not_after": _time(not_after),
+        "not_before": _time(not_before),
+    }
+
+
+def secrets(config: csds_pb2.ClientConfig, now: datetime.datetime | None = None) -> Table:
+    """A row per certificate of every secret: its SPIFFE SANs, serial and validity."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    records: list[dict[str, Cell]] = []
+    for generic in _held(config, types.SECRET):
+        kind, certificates = _certificates(_contents(generic, secret_pb2.Secret))
+        row: dict[str, Cell] = {
+            "resource_name": generic.name,
+            "type": kind,
+            "status": _status(generic),
+        }
+        records.extend(row | _certificate_cells(c, now) for c in certificates)
+        if not certificates:
+            records.append(row)
+    headers = ("RESOURCE NAME", "TYPE", "STATUS", "SAN", "VALID CERT", "SERIAL NUMBER")
+    return Table.of((*headers, "NOT AFTER", "NOT BEFORE"), records)
+
+
+TABLES: dict[str, Callable[[csds_pb2.ClientConfig], Table]] = {
+    "clusters": clusters,
+    "endpoints": endpoints,
+    "secrets": secrets,
+}
