@@ -48,6 +48,8 @@ class DeltaStream(StreamCore):
         events = self._note_reply(
             state, request.response_nonce, state.sent_version, request.error_message
         )
+        if not first and not request.subscribe and not request.unsubscribe:
+            return events  # a bare ACK or NACK, most requests: the subscription stands
         claimed = _seed(state, request.initial_resource_versions) if first else frozenset()
         diff = state.subscription.update(request.subscribe, request.unsubscribe)
         _apply_unsubscribe(state, request.unsubscribe)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Collection, Mapping
+from types import MappingProxyType
 
 from envoy.service.discovery.v3 import discovery_pb2
 
@@ -20,9 +21,17 @@ def _error_message(
     return detail.message or f"rejected with code {detail.code}"
 
 
-def _interned(names: Iterable[str]) -> tuple[str, ...]:
+def _interned(names: Collection[str]) -> tuple[str, ...]:
     """Thousands of streams name the same resources: let them share one string each."""
-    return tuple(sys.intern(name) for name in names)
+    return tuple(map(sys.intern, names)) if names else ()
+
+
+_NO_VERSIONS: Mapping[str, str] = MappingProxyType({})
+
+
+def _versions(initial: Mapping[str, str]) -> Mapping[str, str]:
+    """A reconnecting client's versions; an ACK has none, and shares one empty mapping."""
+    return dict(initial) if initial else _NO_VERSIONS
 
 
 def sotw_request(message: discovery_pb2.DiscoveryRequest, default_type: str) -> SotwRequest:
@@ -42,7 +51,7 @@ def delta_request(message: discovery_pb2.DeltaDiscoveryRequest, default_type: st
         type_url=message.type_url or default_type,
         subscribe=_interned(message.resource_names_subscribe),
         unsubscribe=_interned(message.resource_names_unsubscribe),
-        initial_resource_versions=dict(message.initial_resource_versions),
+        initial_resource_versions=_versions(message.initial_resource_versions),
         response_nonce=message.response_nonce,
         error_message=_error_message(message),
     )

@@ -11,6 +11,7 @@ whole wire path shares one encoder.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -23,7 +24,12 @@ class Message(Protocol):
     def SerializeToString(self, *, deterministic: bool = ...) -> bytes: ...
 
 
+_ONE_BYTE = tuple(bytes([value]) for value in range(0x80))
+
+
 def _varint(value: int) -> bytes:
+    if value < 0x80:
+        return _ONE_BYTE[value]  # tags and most lengths: no loop, no allocation
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -42,6 +48,12 @@ def length_delimited(field_number: int, payload: bytes) -> bytes:
 
 def _string_field(field_number: int, text: str) -> bytes:
     return length_delimited(field_number, text.encode()) if text else b""
+
+
+@functools.lru_cache(maxsize=1024)
+def _shared_field(field_number: int, text: str) -> bytes:
+    """A string field every stream writes alike (type URL, version): encoded once."""
+    return _string_field(field_number, text)
 
 
 def content_version(payload: bytes) -> str:
@@ -87,9 +99,9 @@ def encode_sotw_response(
     type_url: str, version_info: str, nonce: str, resources: Iterable[Resource]
 ) -> bytes:
     """Wire bytes of an `envoy.service.discovery.v3.DiscoveryResponse`."""
-    parts = [_string_field(1, version_info)]
+    parts = [_shared_field(1, version_info)]
     parts.extend(r.sotw_field for r in resources)
-    parts.append(_string_field(4, type_url))
+    parts.append(_shared_field(4, type_url))
     parts.append(_string_field(5, nonce))
     return b"".join(parts)
 
@@ -102,9 +114,9 @@ def encode_delta_response(
     removed: Iterable[str],
 ) -> bytes:
     """Wire bytes of an `envoy.service.discovery.v3.DeltaDiscoveryResponse`."""
-    parts = [_string_field(1, system_version_info)]
+    parts = [_shared_field(1, system_version_info)]
     parts.extend(r.delta_field for r in resources)
-    parts.append(_string_field(4, type_url))
+    parts.append(_shared_field(4, type_url))
     parts.append(_string_field(5, nonce))
     parts.extend(length_delimited(6, name.encode()) for name in removed)
     return b"".join(parts)
