@@ -1,0 +1,524 @@
+"""Every command README.md and deploy/README.md print, run as printed.
+
+The commands are read from the ```sh blocks of both files (a line ending in
+`\\` continues on the next). Each one is either run here by bash, exactly as
+printed, from a copy of the checkout (as a user's clone), against real
+processes on the addresses the README prints (pilot on 15010/15012/15014,
+Envoy's admin on 15000); or run exactly as printed by another test
+(`ELSEWHERE`, which checks that test still holds the command); or named in
+`NOT_HERE` with the reason it cannot run on this machine. A command in neither
+fails the test, so a new README command is run or explained.
+
+Only placeholders a reader must fill in are filled in: `NODE_ID` becomes the
+example Envoy's node id. The Kubernetes commands reach the test API server
+(loaded with examples/mesh.yaml) through `~/.kube/config` or `$KUBECONFIG`,
+as they would reach a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+READMES = (ROOT / "README.md", ROOT / "deploy" / "README.md")
+PORTS = (15000, 15010, 15012, 15014)  # Envoy's admin, pilot's gRPC, TLS gRPC and HTTP
+DEADLINE = 60.0  # a bound on waiting for a condition, never a way to wait for one
+COMMAND_TIMEOUT = 60.0
+NODE_ID = "sidecar~127.0.0.1~example.default~default.svc.cluster.local"  # envoy-ads-delta.yaml
+MESH_CLUSTERS = {
+    "outbound|80||frontend.default.svc.cluster.local",
+    "outbound|9080||reviews.default.svc.cluster.local",
+    "outbound|9090||reviews.default.svc.cluster.local",
+    "outbound|8000||cart.shop.svc.cluster.local",
+    "outbound|443||payments.shop.svc.cluster.local",
+}
+FRONTEND_ENDPOINTS = {"127.0.0.1:18080", "127.0.0.2:18080"}
+DEADLINE_EXCEEDED = 64 + 4  # grpcurl exits with 64 + the gRPC status code
+
+QUICK_START = "pip install . && pilot discovery --config examples/mesh.yaml"
+ENVOY = "envoy -c examples/envoy-ads-delta.yaml --disable-hot-restart"
+CLUSTERS_JSON = "curl -s 'localhost:15000/clusters?format=json'"
+PROXY_STATUS = "pilot proxy-status --addr localhost:15010"
+PROXY_CONFIG = (
+    "pilot proxy-config clusters  NODE_ID --addr localhost:15010",
+    "pilot proxy-config endpoints NODE_ID --addr localhost:15010",
+    "pilot proxy-config secrets   NODE_ID --addr localhost:15010 -o yaml",
+)
+GRPCURL_LIST = "grpcurl -plaintext localhost:15010 list"
+GRPCURL_DESCRIBE = (
+    "grpcurl -plaintext localhost:15010 describe"
+    " envoy.service.discovery.v3.AggregatedDiscoveryService",
+    "grpcurl -plaintext localhost:15010 describe envoy.service.discovery.v3.DeltaDiscoveryRequest",
+)
+GRPCURL_HEALTH = "grpcurl -plaintext localhost:15010 grpc.health.v1.Health/Check"
+GRPCURL_FETCH = (
+    "grpcurl -plaintext localhost:15010"
+    " envoy.service.cluster.v3.ClusterDiscoveryService/FetchClusters"
+)
+GRPCURL_DELTA = (
+    'grpcurl -plaintext -max-time 5 -d \'{"node": {"id": "me"},\n'
+    '  "type_url": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",\n'
+    '  "resource_names_subscribe": ["outbound|80||frontend.default.svc.cluster.local"]}\' \\\n'
+    "  localhost:15010 envoy.service.discovery.v3.AggregatedDiscoveryService/"
+    "DeltaAggregatedResources"
+)
+GRPCURL_CSDS = (
+    "grpcurl -plaintext -d '{\"exclude_resource_contents\": true}' \\\n"
+    "  localhost:15010 envoy.service.status.v3.ClientStatusDiscoveryService/FetchClientStatus"
+)
+PROBES = "curl localhost:15014/ready; curl -s localhost:15014/metrics | head"
+KUBECONFIG_HOME = "pilot discovery --kubeconfig ~/.kube/config                 # all namespaces"
+NAMESPACES = "pilot discovery --namespaces shop,web                         # only these"
+LEGACY = "pilot discovery --endpoints-api endpoints                     # legacy v1 Endpoints"
+KUBECTL_JSON = "kubectl get svc,endpointslices -A -o json > mesh.json   # or -o yaml > mesh.yaml"
+
+RUN_HERE = {
+    QUICK_START,
+    ENVOY,
+    CLUSTERS_JSON,
+    PROXY_STATUS,
+    *PROXY_CONFIG,
+    GRPCURL_LIST,
+    *GRPCURL_DESCRIBE,
+    GRPCURL_HEALTH,
+    GRPCURL_FETCH,
+    GRPCURL_DELTA,
+    GRPCURL_CSDS,
+    PROBES,
+    KUBECONFIG_HOME,
+    NAMESPACES,
+    LEGACY,
+    KUBECTL_JSON,
+}
+
+# Run exactly as printed by another test: command -> (test file, what it must contain).
+ELSEWHERE = {
+    "python -m bench.fuzz --examples 60 --cycles 40 --warmup 10    # a quick look"
+    " (as CI's smoke test)": (
+        "tests/integration/test_bench_smoke.py",
+        '"bench.fuzz", "--examples", "60", "--cycles", "40"',
+    ),
+}
+
+_SUITE = "the test suite cannot run itself; .ci/run runs exactly this from a clean checkout"
+_BENCH = (
+    "a full-size benchmark takes minutes on these machines (docs/performance.md has its"
+    " figures); tests/integration/test_bench_smoke.py runs each bench with tiny sizes"
+)
+_NO_CLUSTER = "needs a real Kubernetes cluster; tests/integration/test_deploy.py validates deploy/"
+_IN_POD = (
+    "reaches the example app's sidecar through a port-forward into a cluster;"
+    " tests/integration/test_sds_mtls.py runs Envoys with that sidecar's set-up"
+)
+NOT_HERE = {
+    "pip install -e '.[test]' && python -m pytest": _SUITE,
+    "POD_NAMESPACE=shop SERVICE_ACCOUNT=cart CA_TOKEN_FILE=./var/run/secrets/tokens/istio-token"
+    " \\\n  pilot agent --discovery-address pilot.pilot-system.svc:15012": (
+        "pilot.pilot-system.svc resolves only inside a cluster; tests/integration/test_agent.py"
+        " runs this command with only the address changed"
+    ),
+    "python -m bench.eds_push --services 1000 --clients 1000 --changes 200": _BENCH,
+    "python -m bench.eds_push --services 100 --clients 3000 --changes 5 \\\n"
+    "    --client-procs 3 --channels 1000 --retries 10      # a reconnect storm": _BENCH,
+    "python -m bench.certificates --proxies 1000              # 1,000 certificates at once": _BENCH,
+    "python -m bench.registry_file --services 10000           # a 10,000-service file,"
+    " JSON and YAML": _BENCH,
+    "python -m bench.fuzz                                          # 20,000 examples,"
+    " 10,000 cycles": _BENCH,
+    "docker build -t registry.example/pilot:0.1.0 .": (
+        "no container runtime daemon on these machines; hadolint lints the Dockerfile (.ci/run)"
+    ),
+    "docker push registry.example/pilot:0.1.0": "registry.example is an example registry",
+    "cd deploy && kustomize edit set image pilot=registry.example/pilot:0.1.0 && cd ..": (
+        "edits deploy/kustomization.yaml for an example registry"
+    ),
+    "kubectl apply -k deploy/": _NO_CLUSTER,
+    "kubectl -n pilot-system rollout status deployment/pilot": _NO_CLUSTER,
+    "kubectl apply -k deploy/example-app/": _NO_CLUSTER,
+    "kubectl -n example rollout status deployment/echo": _NO_CLUSTER,
+    "kubectl -n example port-forward deployment/echo 15001 15000": _NO_CLUSTER,
+    'curl localhost:15001/                          # "hello from echo", over mTLS': _IN_POD,
+    "curl -s localhost:15000/clusters | grep echo   # the mesh, from pilot": _IN_POD,
+    "curl -s localhost:15000/certs                  # spiffe://cluster.local/ns/example/sa/echo": (
+        _IN_POD
+    ),
+    "kubectl -n pilot-system port-forward deployment/pilot 15014": (
+        "needs a cluster; the probes it forwards to are run here against a local pilot"
+    ),
+    "kubectl -n pilot-system create secret generic cacerts \\\n"
+    "  --from-file=ca-cert.pem --from-file=ca-key.pem \\\n"
+    "  --from-file=root-cert.pem --from-file=cert-chain.pem": _NO_CLUSTER,
+}
+
+T = TypeVar("T")
+
+
+def readme_commands() -> list[str]:
+    """Every command of the ```sh blocks, continuation lines kept (with their `\\`)."""
+    commands: list[str] = []
+    for readme in READMES:
+        for block in re.findall(r"^```sh\n(.*?)^```", readme.read_text(), re.S | re.M):
+            current: list[str] = []
+            for line in block.splitlines():
+                if not line.strip() and not current:
+                    continue
+                current.append(line)
+                if _complete("\n".join(current)):
+                    commands.append("\n".join(current).strip())
+                    current = []
+    return commands
+
+
+def _complete(text: str) -> bool:
+    """Whether bash would run `text` as it stands: no trailing `\\`, no open quote."""
+    if text.rstrip().endswith("\\"):
+        return False
+    try:
+        shlex.split(text, comments=True)
+    except ValueError:  # No closing quotation: the command goes on on the next line
+        return False
+    return True
+
+
+def test_every_readme_command_is_run_or_explained() -> None:
+    commands = readme_commands()
+    accounted = RUN_HERE | ELSEWHERE.keys() | NOT_HERE.keys()
+    unaccounted = [c for c in commands if c not in accounted]
+    assert not unaccounted, f"README commands neither run nor explained: {unaccounted}"
+    stale = accounted - set(commands)
+    assert not stale, f"commands the README no longer prints: {sorted(stale)}"
+    for test_file, holds in ELSEWHERE.values():
+        assert holds in (ROOT / test_file).read_text(), f"{test_file} no longer runs {holds}"
+
+
+# --------------------------------------------------------------------- running
+
+
+@dataclass
+class Shell:
+    """Runs commands as printed with bash, in a copy of the checkout, with a given PATH."""
+
+    cwd: Path
+    env: dict[str, str]
+
+    def run(self, command: str, expect: int = 0) -> str:
+        """Run to its end; returns stdout (the exit status must be `expect`)."""
+        return self.run_with(command, self.env, expect)
+
+    def run_with(self, command: str, env: dict[str, str], expect: int = 0) -> str:
+        done = subprocess.run(
+            ["bash", "-c", command],
+            cwd=self.cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT,
+            check=False,
+        )
+        assert done.returncode == expect, (
+            f"`{command}` exited {done.returncode}, not {expect}\n"
+            f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
+        )
+        return done.stdout
+
+    def start(self, command: str, log: Path, env: dict[str, str] | None = None) -> Background:
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                ["bash", "-c", command],
+                cwd=self.cwd,
+                env=env or self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: bash and what it started
+            )
+        return Background(command, process, log)
+
+
+@dataclass
+class Background:
+    """A long-running command (a server); stopped with its whole process group."""
+
+    command: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def check_running(self) -> None:
+        if self.process.poll() is not None:
+            raise AssertionError(
+                f"`{self.command}` exited {self.process.returncode}:\n{self.log_tail()}"
+            )
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+def eventually(what: str, probe: Callable[[], T | None], *servers: Background) -> T:
+    """Call probe until it returns something (not None) within DEADLINE; servers must live."""
+    deadline = time.monotonic() + DEADLINE
+    last: object = None
+    while time.monotonic() < deadline:
+        for server in servers:
+            server.check_running()
+        try:
+            value = probe()
+        except (OSError, AssertionError, ValueError) as error:
+            value, last = None, error
+        if value is not None:
+            return value
+        time.sleep(0.1)  # polling a condition, with the deadline above
+    logs = "\n".join(f"--- {s.command}\n{s.log_tail()}" for s in servers)
+    raise AssertionError(f"{what}: not within {DEADLINE:g}s (last: {last!r})\n{logs}")
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def _ready() -> bool | None:
+    return True if _get("http://127.0.0.1:15014/ready")[0] == 200 else None
+
+
+def _ports_free() -> None:
+    for port in PORTS:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                pytest.fail(f"port {port}, which the README's commands use, is taken on this host")
+
+
+def _checkout_copy(target: Path) -> Path:
+    """The tracked files of this checkout, as a user's clone would have them."""
+    files = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    for name in filter(None, files):
+        source = ROOT / name.decode()
+        if source.is_file():
+            (target / name.decode()).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name.decode())
+    return target
+
+
+def _venv_over_ours(venv: Path) -> Path:
+    """A new virtual environment that sees this one's packages (pilot's dependencies), so
+    `pip install .` installs pilot itself, from the copy, and nothing else."""
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    ours = Path(sys.executable).parent.parent
+    site = next((ours / "lib").glob("python3*/site-packages"))
+    theirs = next((venv / "lib").glob("python3*/site-packages"))
+    # Appended after the new venv's own site-packages: its pilot wins over ours.
+    (theirs / "zz_parent.pth").write_text(f"import site; site.addsitedir({str(site)!r})\n")
+    return venv / "bin"
+
+
+@pytest.fixture(scope="module")
+def shell(tmp_path_factory: pytest.TempPathFactory) -> Shell:
+    base = tmp_path_factory.mktemp("readme")
+    clone = _checkout_copy(base / "clone")
+    bin_dir = _venv_over_ours(base / "venv")
+    path = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]])
+    env = {**os.environ, "PATH": path, "HOME": str(base / "home")}
+    env.pop("KUBECONFIG", None)
+    env.pop("VIRTUAL_ENV", None)
+    (base / "home").mkdir()
+    return Shell(clone, env)
+
+
+@pytest.fixture(scope="class")
+def servers(shell: Shell) -> Iterator[tuple[Background, Background]]:
+    """The Quick start as printed, then Envoy: for the tests of one class."""
+    _ports_free()
+    pilot = shell.start(QUICK_START, shell.cwd / "quick-start.log")
+    envoy: Background | None = None
+    try:
+        eventually("pilot's /ready after the Quick start", _ready, pilot)
+        envoy = shell.start(ENVOY, shell.cwd / "envoy.log")
+        yield pilot, envoy
+    finally:
+        if envoy is not None:
+            envoy.stop()
+        pilot.stop()
+
+
+class TestQuickStart:
+    """The Quick start as printed (pip install, pilot on the example mesh, Envoy), then
+    every command that reads from them, on the README's addresses."""
+
+    def test_pilot_is_installed_from_the_clone(self, shell: Shell, servers: object) -> None:
+        # From /, not the clone: there `import pilot` would find the clone's sources.
+        installed = shell.run("cd / && python -c 'import pilot; print(pilot.__file__)'")
+        assert installed.startswith(str(shell.cwd.parent / "venv")), installed
+
+    def test_envoy_gets_the_example_mesh(
+        self, shell: Shell, servers: tuple[Background, Background]
+    ) -> None:
+        def clusters() -> set[str] | None:
+            dump = json.loads(shell.run(CLUSTERS_JSON))
+            names = {c["name"] for c in dump.get("cluster_statuses", [])}
+            return names if names >= MESH_CLUSTERS else None
+
+        assert eventually("Envoy's /clusters", clusters, *servers) >= MESH_CLUSTERS
+
+    def test_proxy_status_and_proxy_config(
+        self, shell: Shell, servers: tuple[Background, Background]
+    ) -> None:
+        def synced() -> str | None:
+            table = shell.run(PROXY_STATUS)
+            row = next((line for line in table.splitlines() if line.startswith(NODE_ID)), "")
+            return table if row.count("SYNCED") >= 2 else None
+
+        eventually("the Envoy SYNCED in proxy-status", synced, *servers)
+        clusters, endpoints, secrets = (
+            shell.run(command.replace("NODE_ID", NODE_ID)) for command in PROXY_CONFIG
+        )
+        assert set(re.findall(r"outbound\|\S+", clusters)) >= MESH_CLUSTERS, clusters
+        found = set(re.findall(r"\d+\.\d+\.\d+\.\d+:\d+", endpoints))
+        assert found >= FRONTEND_ENDPOINTS, endpoints
+        # The example Envoy asks for no secrets: an empty list, and never key material.
+        assert yaml.safe_load(secrets) in ([], None), secrets
+        assert "PRIVATE KEY" not in clusters + endpoints + secrets
+
+    def test_grpcurl_commands(self, shell: Shell, servers: tuple[Background, Background]) -> None:
+        services = shell.run(GRPCURL_LIST).split()
+        assert "envoy.service.discovery.v3.AggregatedDiscoveryService" in services, services
+        assert "grpc.reflection.v1.ServerReflection" in services, services
+        assert "rpc DeltaAggregatedResources" in shell.run(GRPCURL_DESCRIBE[0])
+        assert "resource_names_subscribe" in shell.run(GRPCURL_DESCRIBE[1])
+        assert json.loads(shell.run(GRPCURL_HEALTH)) == {"status": "SERVING"}
+        fetched = json.loads(shell.run(GRPCURL_FETCH))
+        assert {r["name"] for r in fetched["resources"]} == MESH_CLUSTERS, fetched
+        streamed = shell.run(GRPCURL_DELTA, expect=DEADLINE_EXCEEDED)  # -max-time ends it
+        assert _addresses(streamed) >= FRONTEND_ENDPOINTS, streamed
+        status = json.loads(shell.run(GRPCURL_CSDS))
+        assert NODE_ID in {c["node"]["id"] for c in status["config"]}, status
+
+    def test_probe_commands(self, shell: Shell, servers: tuple[Background, Background]) -> None:
+        out = shell.run(PROBES)
+        assert out.startswith("ready\n"), out
+        assert "# HELP" in out, out
+
+
+def _addresses(text: str) -> set[str]:
+    pairs = re.findall(r'"address":\s*"([\d.]+)",\s*"port_?[vV]alue":\s*(\d+)', text)
+    return {f"{host}:{port}" for host, port in pairs}
+
+
+# ------------------------------------------------------------------ Kubernetes
+
+
+def _registry() -> dict[str, set[str]] | None:
+    """What pilot holds (/debug/registryz): "namespace/name" -> its endpoint addresses."""
+    status, body = _get("http://127.0.0.1:15014/debug/registryz")
+    if status != 200:
+        return None
+    return {
+        f"{service['namespace']}/{service['name']}": {
+            address
+            for endpoint_set in service["endpoint_sets"]
+            for group in endpoint_set["groups"]
+            for endpoint in group["endpoints"]
+            for address in endpoint["addresses"]
+        }
+        for service in json.loads(body)["services"]
+    }
+
+
+def _mesh_services(namespaces: set[str] | None = None) -> set[str]:
+    """The Services of examples/mesh.yaml (in these namespaces), as "namespace/name"."""
+    items = yaml.safe_load((ROOT / "examples" / "mesh.yaml").read_text())["items"]
+    return {
+        f"{item['metadata']['namespace']}/{item['metadata']['name']}"
+        for item in items
+        if item["kind"] == "Service"
+        and (namespaces is None or item["metadata"]["namespace"] in namespaces)
+    }
+
+
+@pytest.fixture(scope="class")
+def cluster(shell: Shell) -> Iterator[Path]:
+    """The test API server, loaded with the example mesh; yields its kubeconfig."""
+    kubeconfig = shell.cwd.parent / "kubeconfig"
+    argv = f"python -m tests.kubeapi --port 0 --kubeconfig {kubeconfig} --load examples/mesh.yaml"
+    server = shell.start(argv, shell.cwd.parent / "kubeapi.log")
+    try:
+        eventually("the test API server", lambda: kubeconfig.exists() or None, server)
+        home_config = Path(shell.env["HOME"]) / ".kube" / "config"
+        home_config.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(kubeconfig, home_config)
+        yield kubeconfig
+    finally:
+        server.stop()
+
+
+class TestKubernetes:
+    """The Kubernetes commands, each finding the test API server as it would a cluster."""
+
+    def _serve(self, shell: Shell, command: str, env: dict[str, str]) -> dict[str, set[str]]:
+        """Run `command` (a pilot) until ready; what it held then."""
+        _ports_free()
+        pilot = shell.start(command, shell.cwd / "kube-pilot.log", env=env)
+        try:
+            eventually(f"/ready of `{command}`", _ready, pilot)
+            return eventually("the registry", _registry, pilot)
+        finally:
+            pilot.stop()
+
+    def test_kubeconfig_in_home(self, shell: Shell, cluster: Path) -> None:
+        held = self._serve(shell, KUBECONFIG_HOME, shell.env)  # no $KUBECONFIG: ~/.kube/config
+        assert set(held) == _mesh_services()
+        assert held["default/frontend"] == {"127.0.0.1", "127.0.0.2"}  # from its EndpointSlice
+
+    def test_namespaces(self, shell: Shell, cluster: Path) -> None:
+        held = self._serve(shell, NAMESPACES, {**shell.env, "KUBECONFIG": str(cluster)})
+        assert set(held) == _mesh_services({"shop", "web"})
+
+    def test_legacy_endpoints_api(self, shell: Shell, cluster: Path) -> None:
+        held = self._serve(shell, LEGACY, {**shell.env, "KUBECONFIG": str(cluster)})
+        assert set(held) == _mesh_services()
+        assert held["default/frontend"] == set()  # it has an EndpointSlice only
+        assert "127.0.0.1" in held["shop/payments"]  # from its legacy Endpoints
+
+    def test_kubectl_prints_a_file_pilot_loads(self, shell: Shell, cluster: Path) -> None:
+        env = {**shell.env, "KUBECONFIG": str(cluster)}
+        mesh = shell.cwd / "mesh.json"
+        mesh.unlink(missing_ok=True)
+        shell.run_with(KUBECTL_JSON, env)
+        listed = json.loads(mesh.read_text())
+        assert {item["kind"] for item in listed["items"]} == {"Service", "EndpointSlice"}
+        held = self._serve(shell, "pilot discovery --config mesh.json", shell.env)
+        assert set(held) == _mesh_services()
+        assert held["default/frontend"] == {"127.0.0.1", "127.0.0.2"}
