@@ -7,5 +7,6 @@ Modules: `eds_push` (command line, report), `run` (processes and phases),
 `workload` (mesh and changes), `procs` (child processes, /proc, CPU clocks),
 `report` (figures and table), `pilot_cli` (pilot's flags), `wire` (xDS bits);
 `fuzz` (command line, phases) and `fuzz_tally` (counts, targets, report), which
-run tests/fuzz's examples and cycles.
+run tests/fuzz's examples and cycles; `codecs` (protobuf, pilot's hand encoder and
+envoy-data-plane on one ClusterLoadAssignment).
 """

@@ -4,7 +4,8 @@
 prints a PASS or FAIL for each of its targets and exits 0 exactly when all pass;
 `python -m bench.registry_file` loads and reloads a file in each format;
 `python -m bench.certificates` gets N proxies their certificates;
-`python -m bench.sweep` writes its Markdown table and PNG plot.
+`python -m bench.sweep` writes its Markdown table and PNG plot;
+`python -m bench.codecs` times every codec on one assignment, all writing the same bytes.
 """
 
 from __future__ import annotations
@@ -115,3 +116,32 @@ def test_bench_sweep_writes_its_table_and_plot(tmp_path: Path) -> None:
             pilot, floor = (float(v) for v in cell.split("(")[0].split(" / "))
             assert math.isfinite(floor) and floor > 0 and math.isfinite(pilot), row
     assert (out / "sweep.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+CODECS = (
+    "protobuf (upb)",
+    "pilot's hand encoder, first push",
+    "pilot's hand encoder, 1 endpoint moved",
+    "envoy-data-plane (betterproto2)",
+)
+
+
+def test_bench_codecs_times_every_codec_on_the_same_bytes() -> None:
+    command = [sys.executable, "-m", "bench.codecs", "--endpoints", "40", "--repetitions", "3"]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=110, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout
+    assert "ClusterLoadAssignment of 40 endpoints" in done.stdout, done.stdout
+    rows = {}
+    for line in done.stdout.splitlines():
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        if cells and cells[0] in CODECS:
+            rows[cells[0]] = cells[1:]
+    assert list(rows) == list(CODECS), done.stdout
+    for codec, (serialize, _, parse, _, parse_read, _, same) in rows.items():
+        timings = [serialize] if "hand encoder" in codec else [serialize, parse, parse_read]
+        for cell in timings:
+            value = float(cell.removesuffix(" ms"))
+            assert math.isfinite(value) and value > 0, f"{codec}: {cell}"
+        assert same == "yes", f"{codec} wrote other bytes than protobuf"
