@@ -104,18 +104,21 @@ class DeltaStream(StreamCore):
     def _change(self, state: TypeState, view: ResourceView) -> _Change | None:
         updated: list[Resource] = []
         removed: list[str] = []
+        # Locals, not attribute lookups: a first response walks every name of a type.
+        lookup, sent, must_send = view.lookup(state.type_url), state.sent, state.must_send
+        wildcard, named = state.subscription.wildcard, state.subscription.names
         for name in state.candidates(view):
-            resource = view.get(state.type_url, name)
-            wanted = state.subscription.wants(name)
-            held = state.sent.get(name)
+            resource = lookup(name)
+            wanted = wildcard or name in named
+            held = sent.get(name)
             if resource is not None and wanted:
-                if name in state.must_send or held != resource.version:
+                if held != resource.version or name in must_send:
                     updated.append(resource)
             elif wanted and view.pending(state.type_url, name):
-                state.must_send.add(name)  # answered once made, kept out of clear_work
-            elif held is not None or (wanted and name in state.must_send):
+                must_send.add(name)  # answered once made, kept out of clear_work
+            elif held is not None or (wanted and name in must_send):
                 removed.append(name)
-                state.sent.pop(name, None)
+                sent.pop(name, None)
         if not updated and not removed and not state.answer_required:
             return None
         return _Change(state, tuple(updated), tuple(removed), state.answer_required)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -17,6 +17,10 @@ class ResourceView(Protocol):
     """What a stream may read of the current resources (one consistent state)."""
 
     def get(self, type_url: str, name: str) -> Resource | None: ...
+
+    def lookup(self, type_url: str) -> Callable[[str], Resource | None]:
+        """`get` for one type, fetched once: a full response looks up thousands of names."""
+        ...
 
     def names(self, type_url: str) -> Collection[str]: ...
 

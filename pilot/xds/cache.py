@@ -14,13 +14,15 @@ Streams read the cache through a `ProxyView`. The cache never touches gRPC.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+import functools
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from pilot.xds import types
 from pilot.xds.proxy import ProxyKey
 from pilot.xds.resource import Resource
 
 SHARED = ""
+_EMPTY: Mapping[str, Resource] = {}
 
 TableKey = tuple[str, str, ProxyKey | None]
 
@@ -68,6 +70,10 @@ class ResourceCache:
         table = self._tables.get((type_url, flavor, owner))
         return table.get(name) if table is not None else None
 
+    def shared_table(self, type_url: str, flavor: str = SHARED) -> Mapping[str, Resource]:
+        """Every shared resource of a type in a flavor, by name (read-only for callers)."""
+        return self._tables.get((type_url, flavor, None), _EMPTY)
+
     def names(self, type_url: str, *, flavor: str = SHARED) -> Collection[str]:
         """The shared names of a type."""
         return self._tables.get((type_url, flavor, None), {}).keys()
@@ -113,6 +119,13 @@ class ProxyView:
             if own is not None:
                 return own
         return self._cache.get(type_url, name, flavor=self._shared_flavor(type_url))
+
+    def lookup(self, type_url: str) -> Callable[[str], Resource | None]:
+        """`get` for one type: straight from the shared table, unless the type has owners."""
+        if type_url in types.OWNED_TYPES and self._owner is not None:
+            return functools.partial(self.get, type_url)
+        flavor = self._shared_flavor(type_url)
+        return self._cache.shared_table(type_url, flavor).get
 
     def names(self, type_url: str) -> Collection[str]:
         """The shared names of a type (what a wildcard subscription holds)."""

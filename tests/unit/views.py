@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import functools
+from collections.abc import Callable, Collection
 
 from pilot.xds import types
 from pilot.xds.resource import Resource
@@ -28,6 +29,9 @@ class FakeView:
 
     def get(self, type_url: str, name: str) -> Resource | None:
         return self.tables.get(type_url, {}).get(name)
+
+    def lookup(self, type_url: str) -> Callable[[str], Resource | None]:
+        return functools.partial(self.get, type_url)
 
     def names(self, type_url: str) -> Collection[str]:
         return self.tables.get(type_url, {}).keys()
