@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,8 @@ from pilot.registry.index import EndpointIndex
 from pilot.settings import split_host_port
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+log = logging.getLogger("pilot")
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,9 @@ class HttpServer:
             ports.append(_bound_port(site, port))
         self.port = ports[0]
         self.debug_port = ports[-1]
+        if len(self._runners) > 1:
+            # The bound port, for an operator (or a test) who asked for port 0.
+            log.info("debug endpoints on %s:%d", self._addresses[-1][0], self.debug_port)
 
     async def stop(self) -> None:
         for runner in self._runners:

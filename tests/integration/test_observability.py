@@ -6,16 +6,13 @@ import asyncio
 import json
 import logging
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import grpc
 import pytest
-from aiohttp.test_utils import make_mocked_request
 
-from pilot.debug.http import _loopback_only
 from pilot.logs import JsonFormatter, LogSpecError, parse_levels
 from pilot.xds import types
 from tests.harness.envoy_process import wait_until
@@ -121,33 +118,6 @@ async def test_debug_endpoints(tmp_path: Path) -> None:
         assert "PRIVATE KEY" not in json.dumps(dump)
 
 
-@pytest.mark.parametrize("path", ["/debug/syncz", "/debug", "/debug/"])
-async def test_debug_endpoints_refuse_callers_off_loopback(path: str) -> None:
-    async def handler(_request: Any) -> aiohttp.web.Response:
-        return aiohttp.web.Response(text="debug")
-
-    for peer, expected in (
-        (("192.0.2.7", 40000), 403),
-        (("127.0.0.1", 40000), 200),
-        (("::1", 1, 0, 0), 200),
-    ):
-        transport = _FakeTransport(peer)
-        request = make_mocked_request("GET", path, transport=transport)
-        response = await _loopback_only(request, handler)
-        assert response.status == expected, peer
-
-
-class _FakeTransport:
-    def __init__(self, peer: tuple[Any, ...]) -> None:
-        self._peer = peer
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._peer if name == "peername" else default
-
-    def is_closing(self) -> bool:
-        return False
-
-
 def test_log_levels_per_component() -> None:
     assert parse_levels("info,xds:debug,kubernetes:warning") == (
         "INFO",
@@ -168,14 +138,6 @@ def test_json_logs_are_one_object_per_line() -> None:
         and entry["scope"] == "pilot.xds"
         and entry["msg"] == "proxy p1 rejected"
     )
-
-
-async def test_debug_addr_moves_debug_endpoints_to_their_own_port(tmp_path: Path) -> None:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pilot", "discovery", "--help", stdout=asyncio.subprocess.PIPE
-    )
-    out, _ = await process.communicate()
-    assert "--debug-addr" in out.decode() and "--log-format" in out.decode()
 
 
 async def test_the_debug_listener_opens_on_the_page_and_serves_what_it_links(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +24,13 @@ from pilot.security.certs import (
     uri_sans,
 )
 from pilot.security.identity import Identity
-from tests.harness.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
+from tests.harness.envoy_process import EXAMPLES_DIR, EnvoyProcess, load_example_bootstrap
 from tests.integration.envoy_view import wait_for_view
 from tests.integration.test_csds import Proxy
 from tests.integration.test_envoy_ads import expected
-from tests.support.mesh import simple_mesh
+from tests.protocol.client import CLUSTER, Closed, DeltaStream, XdsClient, node
+from tests.security.pilot_process import STOP_TIMEOUT, start_file_pilot_with_ca
+from tests.support.mesh import cluster_name, simple_mesh
 from tests.support.pilot import running_pilot
 
 MESH = {"alpha": ["127.0.0.1"]}
@@ -176,20 +177,70 @@ async def test_old_connections_are_closed(tmp_path: Path) -> None:
         assert "max connection age" in str(ended.value.details())
 
 
-async def test_drain_ends_every_stream_within_the_drain_duration(tmp_path: Path) -> None:
-    async with running_pilot(tmp_path, simple_mesh(MESH), drain_duration=2.0) as pilot:
-        channel = grpc.aio.insecure_channel(pilot.grpc_target)
-        proxies = [Proxy(channel, f"p{i}") for i in range(10)]
-        for proxy in proxies:
-            await proxy.subscribe("type.googleapis.com/envoy.config.cluster.v3.Cluster", ["*"])
-        stop = asyncio.create_task(pilot.discovery.stop())
-        await wait_until(
-            lambda: not len(pilot.discovery.connections), 3, "every stream to have ended"
-        )
-        await asyncio.wait_for(stop, 5)
-        codes = [await p.call.code() for p in proxies]
-        assert all(code is not None for code in codes)
-        with socket.socket() as probe:
-            port = pilot.grpc_port
-            assert probe.connect_ex(("127.0.0.1", port)) != 0, "the port is closed after stop"
-        await channel.close()
+async def _closed_at(stream: DeltaStream, within: float) -> float:
+    """When (loop time) pilot ended `stream`, which has nothing more to receive."""
+    event = await stream.next_event(within)
+    assert isinstance(event, Closed), f"{stream.label}: a response instead of the end"
+    return asyncio.get_running_loop().time()
+
+
+async def _drained_streams(clients: list[XdsClient]) -> list[DeltaStream]:
+    """One delta ADS stream per client, each with the clusters it asked for."""
+    streams = []
+    for number, client in enumerate(clients):
+        stream = client.delta_ads(node(f"drained-{number}"))
+        await stream.subscribe(CLUSTER, ["*"])
+        await stream.ack_until(CLUSTER, [cluster_name("frontend")])
+        streams.append(stream)
+    return streams
+
+
+async def _next_health(watch: Any, within: float) -> Any:
+    """The next status a grpc.health.v1 Watch reports, within `within` seconds."""
+    try:
+        return (await asyncio.wait_for(watch.read(), within)).status
+    except (TimeoutError, grpc.aio.AioRpcError) as error:
+        pytest.fail(f"health reported no change within {within:g}s: {error!r}")
+
+
+async def test_sigterm_drains_streams_gradually_then_exits_zero(tmp_path: Path) -> None:
+    drain = 3.0
+    pilot = await start_file_pilot_with_ca(
+        tmp_path, EXAMPLES_DIR / "mesh.yaml", "--drain-duration", f"{drain:g}s"
+    )
+    clients = [XdsClient(pilot.target(tls=False)) for _ in range(4)]
+    loop = asyncio.get_running_loop()
+    stopping: asyncio.Task[None] | None = None
+    try:
+        streams = await _drained_streams(clients)
+        request = health_pb2.HealthCheckRequest()
+        health = health_pb2_grpc.HealthStub(clients[0].channel).Watch(request)
+        assert await _next_health(health, 10) == health_pb2.HealthCheckResponse.SERVING
+        ends = [asyncio.create_task(_closed_at(s, drain + STOP_TIMEOUT)) for s in streams]
+        signalled = loop.time()
+        stopping = asyncio.create_task(pilot.stop())  # SIGTERM; fails unless pilot exits 0
+        assert await _next_health(health, drain) == health_pb2.HealthCheckResponse.NOT_SERVING
+        not_serving = loop.time() - signalled
+        health.cancel()  # a watch would hold pilot's gRPC server for the whole drain
+        await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+        async with XdsClient(pilot.target(tls=False)) as late:
+            refused, _ = await late.delta_ads_status(deadline=drain + STOP_TIMEOUT)
+        refused_at = loop.time() - signalled
+        closed = sorted([await end - signalled for end in ends])
+        await stopping
+    finally:
+        for client in clients:
+            await client.aclose()
+        if stopping is not None and not stopping.done():
+            stopping.cancel()
+        if pilot.alive:
+            pilot.process.kill()
+            await pilot.process.wait()
+    shown = f"streams closed {[round(t, 2) for t in closed]}s after SIGTERM"
+    # pilot closes them spread over the first half of the drain (4 streams: 3/8 of it
+    # from first to last), so that their Envoys do not all reconnect at once.
+    assert closed[-1] - closed[0] > drain / 4, f"not spread over the drain: {shown}"
+    assert closed[-1] < drain, f"not all within --drain-duration {drain:g}s: {shown}"
+    assert not_serving < closed[-1], f"NOT_SERVING only after {not_serving:.2f}s; {shown}"
+    assert refused == grpc.StatusCode.UNAVAILABLE, f"a new stream during the drain: {refused}"
+    assert refused_at < closed[-1], f"a new stream ended only after {refused_at:.2f}s; {shown}"

@@ -4,8 +4,10 @@
 (which also answers TokenReviews); `start_file_pilot` runs it on a registry file
 (`--config`, `--xds-auth none`). Both use a plugged-in CA written by the test (so that
 the test knows the root), ephemeral loopback ports (read back from pilot's "serving" log
-line) and JSON logs on stderr, every line of which is kept: `wait_logged` waits for one
-with a deadline. The HTTP port's JSON (`/debug/...`) is read with `get_json`.
+line, and the `--debug-addr` port, when given, from its "debug endpoints on" line) and
+JSON logs on stderr, every line of which is kept: `wait_logged` waits for one with a
+deadline. The HTTP port's JSON (`/debug/...`) is read with `get_json`; `http_get` GETs
+any URL, from a chosen local address if need be.
 `stop` sends SIGTERM and fails if pilot does not exit 0 in time.
 
 Nothing is written outside the test's folder: HOME and the CA state live there too.
@@ -38,6 +40,7 @@ _READ_LIMIT = 1 << 26
 STARTUP_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
 SERVING = re.compile(r"\(port (\d+), TLS port (\d+)\), HTTP on (.+):(\d+)")
+DEBUG_SERVING = re.compile(r"^debug endpoints on (.+):(\d+)$")
 # Settings pilot reads from the environment: the test's pilot gets none from the shell.
 _INHERITED_PREFIXES = ("PILOT_", "CA_", "SECRET_", "KUBECONFIG", "POD_", "SERVICE_ACCOUNT")
 
@@ -64,6 +67,7 @@ class PilotProcess:
     grpc_port: int = 0
     tls_port: int = 0
     http_port: int = 0
+    debug_port: int = 0  # with --debug-addr
 
     @property
     def log(self) -> list[Entry]:
@@ -94,16 +98,9 @@ class PilotProcess:
         assert status == 200, f"GET {path}: HTTP {status}: {body}"
         return body
 
-    async def get(self, path: str) -> tuple[int, Any]:
-        """GET from the HTTP port: the status and the body (JSON when it is JSON)."""
-        url = f"http://127.0.0.1:{self.http_port}{path}"
-        timeout = aiohttp.ClientTimeout(total=10)
-        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as reply:
-            text = await reply.text()
-            try:
-                return reply.status, json.loads(text)
-            except ValueError:
-                return reply.status, text
+    async def get(self, path: str, port: int | None = None) -> tuple[int, Any]:
+        """GET from 127.0.0.1 on the HTTP port (or `port`): the status and the body."""
+        return await http_get(f"http://127.0.0.1:{port or self.http_port}{path}")
 
     # -- logs ----------------------------------------------------------------
 
@@ -151,6 +148,22 @@ class PilotProcess:
             pytest.fail(f"pilot ignored SIGTERM for {STOP_TIMEOUT:g}s; {self.tail()}")
         code = self.process.returncode
         assert code == 0, f"pilot exited {code} on SIGTERM; {self.tail()}"
+
+
+async def http_get(url: str, source: str | None = None) -> tuple[int, Any]:
+    """GET `url`, from the local address `source` if given (else the system's choice):
+    the status and the body (JSON when it is JSON)."""
+    timeout = aiohttp.ClientTimeout(total=10)
+    connector = aiohttp.TCPConnector(local_addr=(source, 0) if source else None)
+    async with (
+        aiohttp.ClientSession(timeout=timeout, connector=connector) as session,
+        session.get(url) as reply,
+    ):
+        text = await reply.text()
+        try:
+            return reply.status, json.loads(text)
+        except ValueError:
+            return reply.status, text
 
 
 def _environment(home: Path, settings: Mapping[str, str]) -> dict[str, str]:
@@ -251,4 +264,7 @@ async def launch(
     match = SERVING.search(serving["msg"])
     assert match is not None
     pilot.grpc_port, pilot.tls_port, pilot.http_port = (int(match[i]) for i in (1, 2, 4))
+    # The debug listener starts with the HTTP port, before pilot says it is serving.
+    debug = [found for e in pilot.log if (found := DEBUG_SERVING.search(e["msg"]))]
+    pilot.debug_port = int(debug[-1][2]) if debug else 0
     return pilot
