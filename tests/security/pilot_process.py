@@ -3,9 +3,12 @@
 `start_pilot` runs `python -m pilot discovery --kubeconfig ...` against a test API server
 (which also answers TokenReviews); `start_file_pilot` runs it on a registry file
 (`--config`, `--xds-auth none`). Both use a plugged-in CA written by the test (so that
-the test knows the root), ephemeral loopback ports (read back from pilot's "serving" log
-line) and JSON logs on stderr, every line of which is kept: `wait_logged` waits for one
-with a deadline. The HTTP port's JSON (`/debug/...`) is read with `get_json`.
+the test knows the root), ephemeral loopback ports and JSON logs on stderr.
+`start_command` runs any `pilot discovery` command line as given (say, the README's,
+with its addresses changed to `127.0.0.1:0`). Whatever the command, pilot binds the
+ports it is given, 0 included, and the ports it bound are read back from its "serving"
+log line (text or JSON); every line it logs is kept: `wait_logged` waits for one with a
+deadline. The HTTP port's JSON (`/debug/...`) is read with `get_json`.
 `stop` sends SIGTERM and fails if pilot does not exit 0 in time.
 
 Nothing is written outside the test's folder: HOME and the CA state live there too.
@@ -59,8 +62,8 @@ class PilotProcess:
     """A running `pilot discovery` subprocess, its ports, and every line it logged."""
 
     process: asyncio.subprocess.Process
-    root_pem: bytes = field(repr=False)
     stderr: StderrLog[Entry] = field(repr=False)
+    root_pem: bytes = field(default=b"", repr=False)  # the CA root, when the test wrote it
     grpc_port: int = 0
     tls_port: int = 0
     http_port: int = 0
@@ -153,11 +156,17 @@ class PilotProcess:
         assert code == 0, f"pilot exited {code} on SIGTERM; {self.tail()}"
 
 
-def _environment(home: Path, settings: Mapping[str, str]) -> dict[str, str]:
-    """The test's environment without pilot's own knobs, then `settings` (the test's)."""
+def pilot_environment(folder: Path, settings: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The test's environment without pilot's own knobs, then `settings` (the test's).
+
+    HOME is `folder`/home, so that nothing pilot keeps by default (its CA state) lands
+    outside the test's folder.
+    """
+    home = folder / "home"
+    home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(_INHERITED_PREFIXES)}
     env["HOME"] = str(home)
-    return env | dict(settings)
+    return env | dict(settings or {})
 
 
 async def start_pilot(
@@ -205,8 +214,6 @@ async def launch(
     env: Mapping[str, str] | None = None,
 ) -> PilotProcess:
     """`pilot discovery` with the registry flags `source`, serving once it logs so."""
-    home = folder / "home"
-    home.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable,
         "-m",
@@ -229,16 +236,33 @@ async def launch(
         "json",
         *extra,
     ]
+    return await start_command(
+        folder, command, env=pilot_environment(folder, env), root_pem=root_pem
+    )
+
+
+async def start_command(
+    cwd: Path,
+    command: list[str],
+    *,
+    env: Mapping[str, str],
+    root_pem: bytes = b"",
+) -> PilotProcess:
+    """Run a `pilot discovery` command line from `cwd`; once it logs that it serves, its ports.
+
+    `env` is the whole environment (`pilot_environment` makes one). Fails, and stops
+    pilot, if it does not say it serves within STARTUP_TIMEOUT.
+    """
     process = await asyncio.create_subprocess_exec(
         *command,
-        cwd=folder,
-        env=_environment(home, env or {}),
+        cwd=cwd,
+        env=dict(env),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
         limit=_READ_LIMIT,
     )
-    pilot = PilotProcess(process, root_pem, StderrLog(process, _entry, "pilot-stderr"))
+    pilot = PilotProcess(process, StderrLog(process, _entry, "pilot-stderr"), root_pem)
     try:
         (serving,) = await pilot.wait_logged(
             lambda e: SERVING.search(e["msg"]) is not None,
