@@ -16,9 +16,6 @@ pilot runs in process (tests.support.pilot): the tests read its root and ports.
 
 from __future__ import annotations
 
-import asyncio
-import socket
-import ssl
 import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -45,6 +42,7 @@ from tests.integration.agent_process import (
 )
 from tests.integration.envoy_tls_view import ca_certs, listener_port
 from tests.integration.sds_secrets import ROOT, WORKLOAD, root_in, workload_in, workloads_received
+from tests.integration.tls_probe import served_certificate
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
 from tests.protocol.client import SECRET, SotwStream, XdsClient, node
 from tests.support.mesh import simple_mesh
@@ -158,19 +156,6 @@ def _bootstrap(sds_socket: Path) -> dict[str, Any]:
     }
 
 
-def _served_certificate(port: int, root_pem: str) -> x509.Certificate:
-    """Connect with TLS, verifying the chain against pilot's root (no hostname: SPIFFE)."""
-    context = ssl.create_default_context(cadata=root_pem)
-    context.check_hostname = False
-    with (
-        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
-        context.wrap_socket(raw) as tls,
-    ):
-        der = tls.getpeercert(binary_form=True)
-    assert der is not None
-    return x509.load_der_x509_certificate(der)
-
-
 def _uris(certificate: x509.Certificate) -> list[str]:
     san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     return san.get_values_for_type(x509.UniformResourceIdentifier)
@@ -271,7 +256,7 @@ async def test_envoy_gets_its_certificate_from_the_agent(tmp_path: Path) -> None
                 until=lambda certs: IDENTITY.uri in str(certs),
             )
             port = await listener_port(envoy, "inbound")
-            served = await asyncio.to_thread(_served_certificate, port, mesh.root_pem)
+            served = await served_certificate(port, mesh.root_pem)
             assert _uris(served) == [IDENTITY.uri]
             pilot_root = x509.load_pem_x509_certificate(mesh.root_pem.encode())
             assert {c.serial for c in await ca_certs(envoy)} == {pilot_root.serial_number}

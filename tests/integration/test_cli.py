@@ -1,4 +1,5 @@
-"""The `pilot` command as a user runs it: help, clear errors, clean shutdown."""
+"""The `pilot` command as a user runs it: help, clear errors, clean shutdown, the names
+in its TLS port's certificate."""
 
 from __future__ import annotations
 
@@ -11,9 +12,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
+import pytest
+from cryptography import x509
 from envoy.service.discovery.v3 import discovery_pb2
 
-from tests.security.pilot_process import pilot_environment, start_command
+from tests.integration.tls_probe import served_certificate
+from tests.security.pilot_process import (
+    pilot_environment,
+    start_command,
+    start_file_pilot_with_ca,
+)
 from tests.support.mesh import simple_mesh, write_mesh
 
 ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
@@ -106,3 +114,40 @@ async def test_sigterm_ends_streams_and_exits_zero(tmp_path: Path) -> None:
         assert await asyncio.wait_for(pilot.process.wait(), 10) == 0
     finally:
         await pilot.stop()
+
+
+def _dns_names(certificate: x509.Certificate) -> list[str]:
+    san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return san.get_values_for_type(x509.DNSName)
+
+
+TLS_NAMES = {
+    # --tls-dns-names: exactly the names given.
+    ("--tls-dns-names", "xds.mesh.example,pilot.example.org"): [
+        "xds.mesh.example",
+        "pilot.example.org",
+    ],
+    # Without it: the Service's names (namespace `default`: no POD_NAMESPACE), in
+    # --cluster-domain, and localhost.
+    ("--cluster-domain", "example.org"): [
+        "pilot",
+        "pilot.default",
+        "pilot.default.svc",
+        "pilot.default.svc.example.org",
+        "localhost",
+    ],
+}
+
+
+@pytest.mark.parametrize("flags", list(TLS_NAMES), ids=lambda flags: flags[0])
+async def test_the_tls_port_certificate_carries_the_names_asked_for(
+    tmp_path: Path, flags: tuple[str, str]
+) -> None:
+    config = tmp_path / "mesh.yaml"
+    write_mesh(config, simple_mesh({"a": ["127.0.0.1"]}))
+    pilot = await start_file_pilot_with_ca(tmp_path, config, *flags)
+    try:
+        served = await served_certificate(pilot.tls_port, pilot.root_pem.decode())
+    finally:
+        await pilot.stop()
+    assert _dns_names(served) == TLS_NAMES[flags]

@@ -33,7 +33,8 @@ from tests.integration.ca_support import write_plugged_in
 from tests.protocol.client import XdsClient, tls_credentials
 from tests.support.stderr_log import StderrLog, terminate
 
-# One log line: level, scope, msg (or raw text), error (a traceback), size (of the whole line).
+# One log line: time, level, scope, msg (or raw text), error (a traceback), size (of the
+# whole line), format ("json" for a line that is one JSON object, else "text").
 Entry = dict[str, str]
 KEPT = 64 * 1024  # characters of msg and error kept; pilot's lines may be as long as a request
 _READ_LIMIT = 1 << 26
@@ -50,10 +51,13 @@ def _entry(line: str) -> Entry:
         parsed = json.loads(line)
     except ValueError:
         parsed = None
+    line_format = "json" if isinstance(parsed, dict) else "text"
     if not isinstance(parsed, dict):
         parsed = {"msg": line}
-    entry = {k: str(parsed.get(k, ""))[:KEPT] for k in ("level", "scope", "msg", "error")}
+    fields = ("time", "level", "scope", "msg", "error")
+    entry = {k: str(parsed.get(k, ""))[:KEPT] for k in fields}
     entry["size"] = str(len(line))
+    entry["format"] = line_format
     return entry
 
 
