@@ -35,8 +35,8 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import struct_pb2
 
-from bench.pilot_cli import newer_flags
-from bench.procs import PYTHON, cpu_seconds, free_port, spawn, wait_idle
+from bench.pilot_cli import SERVING, newer_flags, serving_ports
+from bench.procs import PYTHON, Child, cpu_seconds, log_match, spawn, wait_idle
 from bench.report import percentile
 from tests.fuzz.ready import ReadyProber
 
@@ -148,14 +148,25 @@ async def _ask(stub: ads_pb2_grpc.AggregatedDiscoveryServiceStub, index: int) ->
             return call
 
 
-async def measure(proxies: int, mints: int, workdir: Path) -> Figures:
+async def _start_pilot(workdir: Path) -> tuple[Child, int, int]:
+    """pilot on an empty registry file, on ports it picks: it, its gRPC and HTTP ports."""
     config = workdir / "empty.yaml"
     config.write_text("")
-    grpc_port, http_port = free_port(), free_port()
     argv = [PYTHON, "-m", "pilot", "discovery", "--config", str(config)]
-    argv += ["--grpc-addr", f"127.0.0.1:{grpc_port}", "--http-addr", f"127.0.0.1:{http_port}"]
+    argv += ["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]
     argv += newer_flags(workdir)
     pilot = await spawn("pilot", argv, workdir / "pilot.log")
+    try:
+        async with asyncio.timeout(60):
+            serving = await log_match(pilot, SERVING)
+    except BaseException:
+        await pilot.stop()
+        raise
+    return pilot, *serving_ports(serving)
+
+
+async def measure(proxies: int, mints: int, workdir: Path) -> Figures:
+    pilot, grpc_port, http_port = await _start_pilot(workdir)
     prober = ReadyProber(http_port)
     count = max(1, proxies // PROXIES_PER_CONNECTION)
     channels = [

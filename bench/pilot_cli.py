@@ -6,6 +6,11 @@ be another copy, through PYTHONPATH). Newer pilots want `--xds-auth none`
 `--grpc-tls-addr ''` (the default 0.0.0.0:15012 may be taken); an
 older pilot refuses them as unrecognized, and is started again without.
 `pilot discovery --help` names each PILOT_* knob with its default.
+
+pilot binds the ports it is given, 0 included, and says which it bound in the line
+it logs once serving (`serving_ports` reads them), so the bench never picks a
+port for it that something else may take first. That line is logged at info by
+the logger `pilot`, which `log_level` keeps at info whatever level is asked for.
 """
 
 from __future__ import annotations
@@ -16,11 +21,48 @@ from pathlib import Path
 
 _KNOB = re.compile(r"^\s+(PILOT_[A-Z_]+)\s.*\(default ([^),]+)")
 UNRECOGNIZED = "unrecognized arguments"
+# "pilot discovery serving xDS on ADDR (port P, TLS port T), HTTP on HOST:PORT"; older
+# pilots, without a TLS port, leave that part out.
+SERVING = re.compile(r"serving xDS on \S+ \(port (\d+)(?:, TLS port \d+)?\), HTTP on \S+:(\d+)")
+# The loggers below `pilot` (its components, named in `--log-level`'s help, and limits):
+# they keep the level asked for when `pilot` itself is kept at info.
+_COMPONENT_LOGGERS = (
+    "pilot.xds",
+    "pilot.push",
+    "pilot.sources",
+    "pilot.security",
+    "pilot.agent",
+    "pilot.limits",
+)
 
 
 def newer_flags(workdir: Path) -> list[str]:
     """Unauthenticated xDS, a CA state directory of the run's own, no fixed TLS port."""
     return ["--xds-auth", "none", "--ca-state-dir", str(workdir / "ca"), "--grpc-tls-addr", ""]
+
+
+def serving_ports(serving: re.Match[str]) -> tuple[int, int]:
+    """The xDS (plaintext gRPC) and HTTP ports of a `SERVING` line."""
+    return int(serving[1]), int(serving[2])
+
+
+def log_level(spec: str) -> str:
+    """`--log-level spec`, but with pilot's "serving" line (logger `pilot`, info) kept.
+
+    Above info, `pilot` is set to info and its components to the default level of
+    `spec`; the scopes `spec` names keep their own levels (they come last).
+    """
+    default, scoped = "info", []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        scope, _, level = part.rpartition(":")
+        if scope in ("", "default"):
+            default = level
+        else:
+            scoped.append(part)
+    if default.lower() in ("debug", "info"):
+        return spec
+    components = [f"{name}:{default}" for name in _COMPONENT_LOGGERS]
+    return ",".join([default, "pilot:info", *components, *scoped])
 
 
 def knobs(usage: str, env: Mapping[str, str]) -> dict[str, str]:

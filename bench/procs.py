@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import re
 import signal
-import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -114,12 +114,20 @@ async def read_line_starting(child: Child, prefix: str) -> str:
             return text[len(prefix) :].strip()
 
 
-def free_port() -> int:
-    """A loopback TCP port free right now (the child binds it a moment later)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+async def log_match(child: Child, pattern: re.Pattern[str]) -> re.Match[str]:
+    """The first match of `pattern` in `child`'s log, once the child has written it.
+
+    The child writes its log file itself, so the file is polled (the caller bounds
+    the wait); RuntimeError if the child exits without writing it.
+    """
+    while True:
+        running = child.running  # read first: a line written just before exiting is still seen
+        match = pattern.search(child.log.read_text(errors="replace"))
+        if match is not None:
+            return match
+        if not running:
+            raise RuntimeError(f"{child.name} exited before logging {pattern.pattern!r}")
+        await asyncio.sleep(0.01)
 
 
 def cpu_seconds(pid: int) -> float:

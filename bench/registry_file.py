@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.kubectl_files import kubectl_list, pod_ip, render, write_whole
-from bench.pilot_cli import newer_flags
-from bench.procs import PYTHON, Child, free_port, spawn, wait_idle
+from bench.pilot_cli import SERVING, newer_flags, serving_ports
+from bench.procs import PYTHON, Child, log_match, spawn, wait_idle
 from tests.fuzz.ready import ReadyProber
 
 LOADED = re.compile(r"^loaded .*: (\d+) services, (\d+) endpoint sets in ([0-9.]+) s$")
@@ -84,15 +84,17 @@ async def measure(output: str, services: int, endpoints: int, workdir: Path) -> 
     path = workdir / f"mesh.{output}"
     text = render(document, output)
     write_whole(path, text)
-    http_port = free_port()
     log = PilotLog(workdir / f"pilot-{output}.log")
     argv = [PYTHON, "-m", "pilot", "discovery", "--config", str(path), "--log-format", "json"]
-    argv += ["--grpc-addr", "127.0.0.1:0", "--http-addr", f"127.0.0.1:{http_port}"]
+    argv += ["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]
     argv += newer_flags(workdir / output)
     child = await spawn(f"pilot-{output}", argv, log.path)
-    prober = ReadyProber(http_port)
+    prober: ReadyProber | None = None
     try:
         _, first = await log.next_loaded(child)
+        async with asyncio.timeout(WAIT):  # pilot says it serves right after the first load
+            _, http_port = serving_ports(await log_match(child, SERVING))
+        prober = ReadyProber(http_port)
         await prober.start()
         await wait_idle([child.pid], window=0.2, limit=60)  # the start-up push is over
         changed = text.replace(pod_ip(services // 2, 0), pod_ip(services + 1, 0), 1)
@@ -112,7 +114,8 @@ async def measure(output: str, services: int, endpoints: int, workdir: Path) -> 
             worst.latency if worst is not None else float("nan"),
         )
     finally:
-        await prober.stop()
+        if prober is not None:
+            await prober.stop()
         await child.stop()
 
 

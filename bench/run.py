@@ -32,7 +32,7 @@ from bench.procs import (
     ROOT,
     Child,
     cpu_seconds,
-    free_port,
+    log_match,
     read_line_starting,
     rss_bytes,
     spawn,
@@ -152,15 +152,18 @@ class Run:
         self, kubeconfig: Path, extra: list[str]
     ) -> tuple[Child, str, int] | None:
         """None if pilot exits refusing the extra flags."""
-        grpc_addr, http_port = f"127.0.0.1:{free_port()}", free_port()
-        self.pilot_flags = ["--log-level", self.config.pilot_log_level, *extra]
+        self.pilot_flags = ["--log-level", pilot_cli.log_level(self.config.pilot_log_level)]
+        self.pilot_flags += extra
         argv = [PYTHON, "-m", "pilot", "discovery", "--kubeconfig", str(kubeconfig)]
-        argv += ["--grpc-addr", grpc_addr, "--http-addr", f"127.0.0.1:{http_port}"]
+        argv += ["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]
         argv += self.pilot_flags
         child = await self._spawn("pilot", argv, env=self.config.pilot_env, cwd=self.workdir)
         async with self.within("pilot's /ready"):
-            if await _wait_ready(child, f"http://127.0.0.1:{http_port}/ready"):
-                return child, grpc_addr, http_port
+            with contextlib.suppress(RuntimeError):  # it exited: see below why
+                serving = await log_match(child, pilot_cli.SERVING)
+                grpc_port, http_port = pilot_cli.serving_ports(serving)
+                if await _wait_ready(child, f"http://127.0.0.1:{http_port}/ready"):
+                    return child, f"127.0.0.1:{grpc_port}", http_port
         await child.stop()
         if extra and pilot_cli.UNRECOGNIZED in child.log.read_text(errors="replace"):
             return None

@@ -77,11 +77,10 @@ def _status(state: TypeState, name: str, view: ProxyView) -> ResourceStatus:
     if sent is None:
         version = resource.version if resource else ""
         return ResourceStatus(state.type_url, name, version, Sync.NOT_SENT, resource)
-    seq = state.sent_seq(name)
-    if seq <= state.acked_seq:
-        return ResourceStatus(state.type_url, name, sent, Sync.SYNCED, resource)
-    nack = state.nack
-    if nack is not None and int(nack.nonce) >= seq:
+    if state.sent_seq(name):  # carried by a response the client has not answered yet
+        return ResourceStatus(state.type_url, name, sent, Sync.STALE, resource)
+    nack = state.rejected.get(name)
+    if nack is not None:
         return ResourceStatus(
             state.type_url,
             name,
@@ -91,7 +90,7 @@ def _status(state: TypeState, name: str, view: ProxyView) -> ResourceStatus:
             nack.message,
             nack.rejected_version,
         )
-    return ResourceStatus(state.type_url, name, sent, Sync.STALE, resource)
+    return ResourceStatus(state.type_url, name, sent, Sync.SYNCED, resource)
 
 
 def _connection_resources(cache: ResourceCache, connection: Connection) -> Iterable[ResourceStatus]:

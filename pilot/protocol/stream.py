@@ -29,10 +29,13 @@ class TypeState:
     must_send: set[str] = field(default_factory=set)
     answer_required: bool = False
     # What the client holds, as far as this stream knows: name -> version. Which
-    # response carried each name is kept only until the client ACKs (`unacked`):
+    # response carried each name is kept only until the client answers (`unacked`):
     # one entry per name, not an object, since 1,000 clients x 1,000 names add up.
     sent: dict[str, str] = field(default_factory=dict)
     unacked: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
+    # Names whose last sent version the client rejected, with that NACK. Only a later
+    # response carrying the name, ACKed, clears one: an ACK of other names does not.
+    rejected: dict[str, Nacked] = field(default_factory=dict)
     nonce: str = ""
     nonce_seq: int = 0
     sent_version: str = ""
@@ -45,7 +48,7 @@ class TypeState:
         return bool(self.pending or self.pending_all or self.must_send or self.answer_required)
 
     def record_sent(self, names: tuple[str, ...]) -> None:
-        """The names of the response just sent (under `nonce_seq`), until it is ACKed.
+        """The names of the response just sent (under `nonce_seq`), until it is answered.
 
         A client that never ACKs cannot grow this: past MAX_UNACKED responses the
         two oldest merge under the newer sequence (a name may then look unACKed
@@ -56,8 +59,26 @@ class TypeState:
             (_, older), (seq, newer) = self.unacked[:2]
             self.unacked[:2] = [(seq, older + newer)]
 
+    def settle(self, nack: Nacked | None) -> None:
+        """The client answered the latest response: accepted (`nack` None) or rejected.
+
+        Every name still unanswered shares that fate. Rejections of names the stream
+        no longer holds are dropped, so `rejected` stays within `sent`.
+        """
+        if nack is None and not self.rejected:  # the usual ACK: nothing to clear
+            self.unacked.clear()
+            return
+        answered = {name for _, names in self.unacked for name in names}
+        self.unacked.clear()
+        for name in answered:
+            if nack is None:
+                self.rejected.pop(name, None)
+            else:
+                self.rejected[name] = nack
+        self.rejected = {n: r for n, r in self.rejected.items() if n in self.sent}
+
     def sent_seq(self, name: str) -> int:
-        """The sequence of the last unACKed response that carried `name` (0: none)."""
+        """The sequence of the last unanswered response that carried `name` (0: none)."""
         for seq, names in reversed(self.unacked):
             if name in names:
                 return seq
@@ -182,11 +203,12 @@ class StreamCore:
             return [StaleNonce(state.type_url, nonce)]
         if error_message is not None:
             state.nack = Nacked(state.type_url, nonce, state.sent_version, error_message)
+            state.settle(state.nack)
             return [state.nack]
         state.nack = None
         state.acked_seq = state.nonce_seq
         state.acked_version = version
-        state.unacked.clear()  # the latest response is ACKed: so is every one before it
+        state.settle(None)  # the latest response is ACKed: so is every one before it
         return [Acked(state.type_url, nonce, version)]
 
     @staticmethod

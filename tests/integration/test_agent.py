@@ -16,9 +16,6 @@ pilot runs in process (tests.support.pilot): the tests read its root and ports.
 
 from __future__ import annotations
 
-import asyncio
-import socket
-import ssl
 import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -43,8 +40,9 @@ from tests.integration.agent_process import (
     run_to_exit,
     running_agent,
 )
-from tests.integration.envoy_tls_view import ca_certs
+from tests.integration.envoy_tls_view import ca_certs, listener_port
 from tests.integration.sds_secrets import ROOT, WORKLOAD, root_in, workload_in, workloads_received
+from tests.integration.tls_probe import served_certificate
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
 from tests.protocol.client import SECRET, SotwStream, XdsClient, node
 from tests.support.mesh import simple_mesh
@@ -53,13 +51,6 @@ from tests.support.pilot import RunningPilot, running_pilot
 COMMAND = readme_command()
 IDENTITY = Identity("cluster.local", COMMAND.env["POD_NAMESPACE"], COMMAND.env["SERVICE_ACCOUNT"])
 NODE_ID = "sidecar~127.0.0.1~cart.shop~shop.svc.cluster.local"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _typed(message: str, **config: Any) -> dict[str, Any]:
@@ -80,8 +71,11 @@ def _sds(name: str) -> dict[str, Any]:
     }
 
 
-def _bootstrap(sds_socket: Path, listener_port: int) -> dict[str, Any]:
-    """A TLS listener whose certificate and root come from the agent's socket (Istio's shape)."""
+def _bootstrap(sds_socket: Path) -> dict[str, Any]:
+    """A TLS listener whose certificate and root come from the agent's socket (Istio's shape).
+
+    The listener binds a port of its own choosing (0); `listener_port` reads it back.
+    """
     tls = {
         "name": "envoy.transport_sockets.tls",
         "typed_config": _typed(
@@ -131,9 +125,7 @@ def _bootstrap(sds_socket: Path, listener_port: int) -> dict[str, Any]:
             "listeners": [
                 {
                     "name": "inbound",
-                    "address": {
-                        "socket_address": {"address": "127.0.0.1", "port_value": listener_port}
-                    },
+                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
                     "filter_chains": [{"filters": [direct], "transport_socket": tls}],
                 }
             ],
@@ -162,19 +154,6 @@ def _bootstrap(sds_socket: Path, listener_port: int) -> dict[str, Any]:
             ],
         },
     }
-
-
-def _served_certificate(port: int, root_pem: str) -> x509.Certificate:
-    """Connect with TLS, verifying the chain against pilot's root (no hostname: SPIFFE)."""
-    context = ssl.create_default_context(cadata=root_pem)
-    context.check_hostname = False
-    with (
-        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
-        context.wrap_socket(raw) as tls,
-    ):
-        der = tls.getpeercert(binary_form=True)
-    assert der is not None
-    return x509.load_der_x509_certificate(der)
 
 
 def _uris(certificate: x509.Certificate) -> list[str]:
@@ -260,12 +239,9 @@ async def _root_and_no_workload(agent: AgentProcess, sds: SotwStream) -> str:
 async def test_envoy_gets_its_certificate_from_the_agent(tmp_path: Path) -> None:
     async with _mesh(tmp_path) as mesh, agent_folder() as folder:
         mesh.prepare(folder)
-        port = _free_port()
         async with (
             running_agent(folder, mesh.tls_address) as agent,
-            EnvoyProcess(
-                _bootstrap(folder.socket, port), tmp_path / "envoy", "agent-envoy"
-            ) as envoy,
+            EnvoyProcess(_bootstrap(folder.socket), tmp_path / "envoy", "agent-envoy") as envoy,
         ):
             # Under umask 000: the socket is the agent's user's alone, in a private directory.
             assert _mode(folder.socket) == "0o600"
@@ -279,7 +255,8 @@ async def test_envoy_gets_its_certificate_from_the_agent(tmp_path: Path) -> None
                 "Envoy to hold the agent's certificate",
                 until=lambda certs: IDENTITY.uri in str(certs),
             )
-            served = await asyncio.to_thread(_served_certificate, port, mesh.root_pem)
+            port = await listener_port(envoy, "inbound")
+            served = await served_certificate(port, mesh.root_pem)
             assert _uris(served) == [IDENTITY.uri]
             pilot_root = x509.load_pem_x509_certificate(mesh.root_pem.encode())
             assert {c.serial for c in await ca_certs(envoy)} == {pilot_root.serial_number}

@@ -1,4 +1,5 @@
-"""The `pilot` command as a user runs it: help, clear errors, clean shutdown."""
+"""The `pilot` command as a user runs it: help, clear errors, clean shutdown, the names
+in its TLS port's certificate."""
 
 from __future__ import annotations
 
@@ -6,24 +7,34 @@ import asyncio
 import signal
 import socket
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-import aiohttp
 import grpc
+import pytest
+from cryptography import x509
 from envoy.service.discovery.v3 import discovery_pb2
 
-from tests.harness.envoy_process import wait_until
+from tests.integration.tls_probe import served_certificate
+from tests.security.pilot_process import (
+    pilot_environment,
+    start_command,
+    start_file_pilot_with_ca,
+)
 from tests.support.mesh import simple_mesh, write_mesh
 
 ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 
 
-def _free_port() -> int:
+@contextmanager
+def _closed_port() -> Iterator[int]:
+    """A loopback port that refuses connections: bound here, never listened on, while in use."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
-        return port
+        yield port
 
 
 async def _pilot(*args: str) -> asyncio.subprocess.Process:
@@ -58,16 +69,16 @@ async def test_help_documents_every_flag() -> None:
 
 async def test_unreachable_cluster_is_a_one_line_error(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kubeconfig"
-    port = _free_port()
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        f"clusters: [{{name: k, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
-        "users: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
-    )
-    process = await _pilot(
-        "discovery", "--kubeconfig", str(kubeconfig), "--http-addr", "127.0.0.1:0"
-    )
-    _, err = await asyncio.wait_for(process.communicate(), 30)
+    with _closed_port() as port:
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+            f"clusters: [{{name: k, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+            "users: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
+        )
+        process = await _pilot(
+            "discovery", "--kubeconfig", str(kubeconfig), "--http-addr", "127.0.0.1:0"
+        )
+        _, err = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode == 2
     assert f"cannot reach the Kubernetes API server at http://127.0.0.1:{port}" in err.decode()
     assert "Traceback" not in err.decode()
@@ -76,31 +87,15 @@ async def test_unreachable_cluster_is_a_one_line_error(tmp_path: Path) -> None:
 async def test_sigterm_ends_streams_and_exits_zero(tmp_path: Path) -> None:
     config = tmp_path / "mesh.yaml"
     write_mesh(config, simple_mesh({"a": ["127.0.0.1"]}))
-    grpc_port, http_port = _free_port(), _free_port()
-    process = await _pilot(
-        "discovery",
-        "--config",
-        str(config),
-        "--grpc-addr",
-        f"127.0.0.1:{grpc_port}",
-        "--grpc-tls-addr",
-        "",
-        "--drain-duration",
-        "1s",
-        "--ca-state-dir",
-        str(tmp_path / "ca"),
-        "--http-addr",
-        f"127.0.0.1:{http_port}",
-    )
+    command = [sys.executable, "-m", "pilot", "discovery", "--config", str(config)]
+    command += ["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]
+    command += ["--grpc-tls-addr", "", "--drain-duration", "1s"]
+    command += ["--ca-state-dir", str(tmp_path / "ca")]
+    pilot = await start_command(tmp_path, command, env=pilot_environment(tmp_path))
     try:
-        async with aiohttp.ClientSession() as session:
-
-            async def ready() -> int:
-                async with session.get(f"http://127.0.0.1:{http_port}/ready") as response:
-                    return response.status
-
-            await wait_until(ready, 20, "pilot /ready", until=lambda s: s == 200)
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        status, _ = await pilot.get("/ready")
+        assert status == 200
+        async with grpc.aio.insecure_channel(pilot.target(tls=False)) as channel:
             call = channel.stream_stream(
                 ADS,
                 request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
@@ -109,15 +104,50 @@ async def test_sigterm_ends_streams_and_exits_zero(tmp_path: Path) -> None:
             await call.write(discovery_pb2.DiscoveryRequest(type_url=CDS, node={"id": "n"}))
             first = await call.read()
             assert len(first.resources) == 1
-            process.send_signal(signal.SIGTERM)
+            pilot.process.send_signal(signal.SIGTERM)
             try:
                 ended = await asyncio.wait_for(call.read(), 5)
             except grpc.aio.AioRpcError as error:  # closed by the drain, or cancelled by stop
                 assert error.code() == grpc.StatusCode.UNAVAILABLE
             else:
                 assert ended is grpc.aio.EOF
-        assert await asyncio.wait_for(process.wait(), 10) == 0
+        assert await asyncio.wait_for(pilot.process.wait(), 10) == 0
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await pilot.stop()
+
+
+def _dns_names(certificate: x509.Certificate) -> list[str]:
+    san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return san.get_values_for_type(x509.DNSName)
+
+
+TLS_NAMES = {
+    # --tls-dns-names: exactly the names given.
+    ("--tls-dns-names", "xds.mesh.example,pilot.example.org"): [
+        "xds.mesh.example",
+        "pilot.example.org",
+    ],
+    # Without it: the Service's names (namespace `default`: no POD_NAMESPACE), in
+    # --cluster-domain, and localhost.
+    ("--cluster-domain", "example.org"): [
+        "pilot",
+        "pilot.default",
+        "pilot.default.svc",
+        "pilot.default.svc.example.org",
+        "localhost",
+    ],
+}
+
+
+@pytest.mark.parametrize("flags", list(TLS_NAMES), ids=lambda flags: flags[0])
+async def test_the_tls_port_certificate_carries_the_names_asked_for(
+    tmp_path: Path, flags: tuple[str, str]
+) -> None:
+    config = tmp_path / "mesh.yaml"
+    write_mesh(config, simple_mesh({"a": ["127.0.0.1"]}))
+    pilot = await start_file_pilot_with_ca(tmp_path, config, *flags)
+    try:
+        served = await served_certificate(pilot.tls_port, pilot.root_pem.decode())
+    finally:
+        await pilot.stop()
+    assert _dns_names(served) == TLS_NAMES[flags]

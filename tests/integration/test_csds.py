@@ -1,8 +1,15 @@
-"""CSDS and `pilot proxy-status`: what each proxy holds, as an operator asks for it."""
+"""CSDS and `pilot proxy-status`: what each proxy holds, as an operator asks for it.
+
+Most tests drive a delta ADS stream by hand (`Proxy`) against an in-process pilot.
+The last one is an operator's whole view of a real rejection: a real Envoy refuses
+an assignment a real `pilot discovery` sends, and the README's grpcurl CSDS command,
+`pilot proxy-status` and /metrics each say so, while Envoy keeps being served.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,10 +23,15 @@ from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.status.v3 import csds_pb2
 from google.protobuf import struct_pb2
 from google.rpc import status_pb2
+from prometheus_client.parser import text_string_to_metric_families
 
 from pilot.xds import types
-from tests.harness.envoy_process import wait_until
-from tests.support.mesh import cluster_name, simple_mesh
+from tests.harness.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
+from tests.integration import test_grpcurl as grpcurl
+from tests.integration.envoy_view import dynamic_clusters, wait_for_view
+from tests.integration.test_envoy_ads import expected
+from tests.security.pilot_process import PilotProcess, start_file_pilot_with_ca
+from tests.support.mesh import cluster_name, simple_mesh, write_mesh
 from tests.support.pilot import RunningPilot, running_pilot
 
 CSDS = "/envoy.service.status.v3.ClientStatusDiscoveryService"
@@ -66,6 +78,25 @@ class Proxy:
         if error:
             request.error_detail.CopyFrom(status_pb2.Status(code=3, message=error))
         await self.call.write(request)
+
+
+async def _proxy_status(target: str) -> list[dict[str, str]]:
+    """`pilot proxy-status --addr TARGET`: each row as {column: cell}."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "pilot",
+        "proxy-status",
+        "--addr",
+        target,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 0, err.decode()
+    # Cells are padded and joined by two spaces; a cell holds single spaces at most.
+    header, *rows = (re.split(r"\s{2,}", line.strip()) for line in out.decode().splitlines())
+    return [dict(zip(header, row, strict=True)) for row in rows]
 
 
 async def _fetch(
@@ -190,19 +221,127 @@ async def test_proxy_status_command_prints_one_row_per_proxy(tmp_path: Path) -> 
             return eds == [csds_pb2.SYNCED] * 2
 
         await wait_until(eds_synced, 10, "pilot to have taken the EDS ACK")
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "pilot",
-            "proxy-status",
-            "--addr",
-            pilot.grpc_target,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        out, _ = await asyncio.wait_for(process.communicate(), 30)
-        assert process.returncode == 0
-        header, row = out.decode().strip().splitlines()
-        assert header.split() == ["NAME", "IDENTITY", "CDS", "EDS", "SDS"]
+        (row,) = await _proxy_status(pilot.grpc_target)
         identity = "spiffe://cluster.local/ns/shop/sa/sidecar-1"  # its metadata (--xds-auth none)
-        assert row.split()[:2] == ["sidecar-1", identity]
-        assert "ERROR (2/2)" in row and "SYNCED (2)" in row and row.endswith("-")
+        assert row == {
+            "NAME": "sidecar-1",
+            "IDENTITY": identity,
+            "CDS": "ERROR (2/2)",
+            "EDS": "SYNCED (2)",
+            "SDS": "-",
+        }
+
+
+# --- a real Envoy rejects what pilot sends ------------------------------------------
+
+ENVOY_NODE = "sidecar~127.0.0.1~nacking.default~default.svc.cluster.local"
+ENVOY_IDENTITY = "spiffe://cluster.local/ns/default/sa/default"  # the example's metadata
+# An endpoint address that is a host name, not an IP: pilot passes endpoint addresses
+# through as the registry gives them (it checks none), and an EDS cluster's Envoy
+# refuses the assignment ("malformed IP address").
+NOT_AN_IP = "db.internal"
+REJECTED = f"malformed IP address: {NOT_AN_IP}"
+
+
+def _metrics(text: str) -> dict[str, float]:
+    """Every sample on /metrics by name (labels left out: the reject counters have none)."""
+    families = text_string_to_metric_families(text)
+    return {sample.name: sample.value for family in families for sample in family.samples}
+
+
+async def _csds(pilot: PilotProcess) -> dict[tuple[str, str], dict[str, object]]:
+    """The README's grpcurl CSDS command: ENVOY_NODE's resources by (type URL, name)."""
+    result = await grpcurl.run(grpcurl.readme_commands()[grpcurl.CSDS], pilot)
+    result.assert_ok()
+    [answer] = result.messages()
+    [config] = [c for c in answer.get("config", []) if c["node"]["id"] == ENVOY_NODE]
+    assert config["client_scope"] == ENVOY_IDENTITY, str(result)
+    return {(r["type_url"], r["name"]): r for r in config["generic_xds_configs"]}
+
+
+def _in_state(resource: dict[str, object], status: str, error: str | None) -> bool:
+    """`resource` has this config_status, and an error_state saying `error` (None: none)."""
+    state = resource.get("error_state")
+    details = str(state.get("details", "")) if isinstance(state, dict) else None
+    said = details is None if error is None else details is not None and error in details
+    return resource["config_status"] == status and said
+
+
+async def _until_csds(
+    pilot: PilotProcess,
+    what: str,
+    states: dict[str, tuple[str, str | None]],
+    not_at: tuple[str, str] = ("", ""),
+) -> dict[tuple[str, str], dict[str, object]]:
+    """Wait until each named assignment is in its (config_status, error or None), and the
+    assignment `not_at` names (name, version) is at another version."""
+    name, version = not_at
+
+    def holds(held: dict[tuple[str, str], dict[str, object]]) -> bool:
+        moved = not name or held[(types.ENDPOINT, name)]["version_info"] != version
+        return moved and all(_in_state(held[(types.ENDPOINT, n)], *s) for n, s in states.items())
+
+    return await wait_until(lambda: _csds(pilot), 15, what, until=holds)
+
+
+async def test_a_real_envoys_rejection_shows_in_csds_proxy_status_and_metrics(
+    tmp_path: Path,
+) -> None:
+    alpha, beta = cluster_name("alpha"), cluster_name("beta")
+    mesh = {"alpha": ["127.0.0.1"], "beta": ["127.0.0.2"]}
+    config = tmp_path / "mesh.yaml"
+    write_mesh(config, simple_mesh(mesh))
+    pilot = await start_file_pilot_with_ca(tmp_path, config)
+    bootstrap = load_example_bootstrap("envoy-ads-delta.yaml", pilot.grpc_port, ENVOY_NODE)
+    try:
+        async with EnvoyProcess(bootstrap, tmp_path / "envoy", "nacking") as envoy:
+            await wait_for_view(envoy, expected(mesh), "both services")
+            held = expected(mesh)
+
+            # pilot takes the host name and sends it; Envoy refuses beta's assignment.
+            write_mesh(config, simple_mesh({**mesh, "beta": [NOT_AN_IP]}))
+            await envoy.wait_for_stat(f"cluster.{beta}.update_rejected", 1)
+            rejected = {beta: ("ERROR", REJECTED), alpha: ("SYNCED", None)}
+            resources = await _until_csds(pilot, "beta's assignment NACKed in CSDS", rejected)
+            nacked = resources[(types.ENDPOINT, beta)]
+            assert nacked["client_status"] == "NACKED"
+            assert REJECTED in str(nacked["error_state"])
+            clusters = {
+                n: r["config_status"] for (t, n), r in resources.items() if t == types.CLUSTER
+            }
+            assert clusters == {alpha: "SYNCED", beta: "SYNCED"}
+            (row,) = await _proxy_status(pilot.target(tls=False))
+            assert (row["NAME"], row["IDENTITY"]) == (ENVOY_NODE, ENVOY_IDENTITY)
+            assert (row["CDS"], row["EDS"]) == ("SYNCED (2)", "ERROR (1/2)"), row
+            metrics = _metrics((await pilot.get("/metrics"))[1])
+            assert metrics["pilot_xds_eds_reject"] == 1
+            assert metrics["pilot_total_xds_rejects"] == 1
+            assert metrics["pilot_xds_cds_reject"] == 0
+            logged = pilot.logged(lambda e: "rejected eds" in e["msg"] and REJECTED in e["msg"])
+            assert len(logged) == 1, pilot.tail()
+            # Envoy keeps what it had: both clusters, beta with its last good endpoint.
+            assert await dynamic_clusters(envoy) == held
+
+            # Other resources keep being served, and beta stays rejected meanwhile.
+            before = str(resources[(types.ENDPOINT, alpha)]["version_info"])
+            mesh["alpha"].append("127.0.0.5")
+            write_mesh(config, simple_mesh({**mesh, "beta": [NOT_AN_IP]}))
+            held[alpha] = expected(mesh)[alpha]
+            await wait_for_view(envoy, held, "alpha's new endpoint, beta as it was")
+            what = "alpha's update ACKed, beta still NACKed"
+            await _until_csds(pilot, what, rejected, not_at=(alpha, before))
+            (row,) = await _proxy_status(pilot.target(tls=False))
+            assert row["EDS"] == "ERROR (1/2)", row
+            metrics = _metrics((await pilot.get("/metrics"))[1])
+            assert metrics["pilot_xds_eds_reject"] == 1
+
+            # A good assignment for beta ends the rejection.
+            mesh["beta"] = ["127.0.0.6"]
+            write_mesh(config, simple_mesh(mesh))
+            await wait_for_view(envoy, expected(mesh), "beta's fixed endpoint")
+            synced = {beta: ("SYNCED", None), alpha: ("SYNCED", None)}
+            await _until_csds(pilot, "beta SYNCED again", synced)
+            (row,) = await _proxy_status(pilot.target(tls=False))
+            assert (row["CDS"], row["EDS"]) == ("SYNCED (2)", "SYNCED (2)"), row
+    finally:
+        await pilot.stop()

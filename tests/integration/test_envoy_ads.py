@@ -1,4 +1,8 @@
-"""A real Envoy on an ADS bootstrap (SotW and delta) follows every edit of the registry file."""
+"""A real Envoy on an ADS bootstrap (SotW and delta) follows every edit of the registry file.
+
+The last test runs `pilot discovery` itself, with `--cluster-domain`: the clusters Envoy
+gets are named in that domain.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +10,26 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.envoy_process import EnvoyProcess, load_example_bootstrap
 from tests.integration.conftest import StartEnvoy
 from tests.integration.envoy_view import (
     ClusterView,
     assert_nothing_rejected_or_warming,
     wait_for_view,
 )
-from tests.support.mesh import Ep, cluster_name, endpoint_slice, service, simple_mesh
+from tests.security.pilot_process import start_file_pilot_with_ca
+from tests.support.mesh import Ep, cluster_name, endpoint_slice, service, simple_mesh, write_mesh
 from tests.support.pilot import running_pilot
 
 ADS_EXAMPLES = ["envoy-ads-sotw.yaml", "envoy-ads-delta.yaml"]
 PORT = 8080
 
 
-def expected(mesh: dict[str, list[str]]) -> ClusterView:
-    return {cluster_name(svc): {(ip, PORT): "HEALTHY" for ip in ips} for svc, ips in mesh.items()}
+def expected(mesh: dict[str, list[str]], domain: str = "cluster.local") -> ClusterView:
+    return {
+        cluster_name(svc, domain=domain): {(ip, PORT): "HEALTHY" for ip in ips}
+        for svc, ips in mesh.items()
+    }
 
 
 @pytest.mark.parametrize("example", ADS_EXAMPLES)
@@ -115,3 +124,20 @@ async def test_broken_file_keeps_the_last_good_state(
         pilot.write(simple_mesh(mesh))
         await wait_for_view(envoy, expected(mesh), "recovery after the file is fixed")
         await assert_nothing_rejected_or_warming(envoy)
+
+
+async def test_cluster_domain_names_the_clusters_envoy_gets(tmp_path: Path) -> None:
+    """`pilot discovery --cluster-domain example.org`: Envoy's clusters are named like
+    `outbound|80||alpha.default.svc.example.org`, each with its endpoints."""
+    mesh = {"alpha": ["127.0.1.1"], "beta": ["127.0.2.1", "127.0.2.2"]}
+    config = tmp_path / "mesh.yaml"
+    write_mesh(config, simple_mesh(mesh))
+    pilot = await start_file_pilot_with_ca(tmp_path, config, "--cluster-domain", "example.org")
+    try:
+        bootstrap = load_example_bootstrap("envoy-ads-delta.yaml", pilot.grpc_port, "node-org")
+        async with EnvoyProcess(bootstrap, tmp_path / "envoy", "node-org") as envoy:
+            assert "outbound|80||alpha.default.svc.example.org" in expected(mesh, "example.org")
+            await wait_for_view(envoy, expected(mesh, "example.org"), "clusters in example.org")
+            await assert_nothing_rejected_or_warming(envoy)
+    finally:
+        await pilot.stop()

@@ -1,10 +1,12 @@
 """The README's "Debugging with grpcurl" commands, run as printed with the real grpcurl.
 
-Each `grpcurl` command of the section's ```sh blocks runs against a pilot fed the
-example mesh (`pilot discovery --config examples/mesh.yaml`), with only the
-address `localhost:15010` replaced by the test pilot's. Removing one of the
-commands these tests know from the README fails them, and so does any command
-that stops working.
+Each `grpcurl` command of the section's ```sh blocks runs against the pilot of the
+README's Quick start: its command (`pilot discovery --config examples/mesh.yaml`), read
+from the README and run as printed by the installed `pilot` script from the repository
+root, with only its addresses changed to ports it picks itself (`127.0.0.1:0`, read back
+from its log). The address `localhost:15010` in each grpcurl command is replaced by that
+pilot's plaintext port. Removing one of the commands these tests know from the README
+fails them, and so does any command that stops working.
 """
 
 from __future__ import annotations
@@ -21,16 +23,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.support.pilot import RunningPilot, running_pilot
+from tests.security.pilot_process import PilotProcess, pilot_environment, start_command
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-MESH = ROOT / "examples" / "mesh.yaml"
+QUICK_START = "## Quick start"
 SECTION = "## Debugging with grpcurl"
 README_ADDRESS = "localhost:15010"
 GRPCURL = Path(sys.executable).parent / "grpcurl"
+PILOT = Path(sys.executable).parent / "pilot"  # the console script `pip install` made
+# The Quick start's pilot listens on 15010, 15012 and 15014 of every interface; the
+# tests' pilot on ports of loopback it picks itself.
+EPHEMERAL = ("--grpc-addr", "127.0.0.1:0", "--grpc-tls-addr", "127.0.0.1:0")
+EPHEMERAL += ("--http-addr", "127.0.0.1:0")
 DEADLINE_EXCEEDED = 64 + 4  # grpcurl exits with 64 + the gRPC status code
 TIMEOUT = 30.0  # a bound on a hung grpcurl, never a way to wait for something
 
@@ -71,11 +77,15 @@ REQUIRED = (LIST, DESCRIBE_ADS, DESCRIBE_REQUEST, HEALTH, FETCH_CLUSTERS, DELTA,
 # --- the README section ----------------------------------------------------
 
 
-def _section(text: str) -> str:
-    start = text.find(f"\n{SECTION}\n")
-    assert start >= 0, f"README.md has no {SECTION!r} section"
-    end = text.find("\n## ", start + len(SECTION) + 2)
+def _section(text: str, title: str = SECTION) -> str:
+    start = text.find(f"\n{title}\n")
+    assert start >= 0, f"README.md has no {title!r} section"
+    end = text.find("\n## ", start + len(title) + 2)
     return text[start : end if end >= 0 else len(text)]
+
+
+def _blocks(section: str) -> list[str]:
+    return re.findall(r"^```(?:sh|bash|shell)\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)
 
 
 def _split_commands(block: str) -> list[str]:
@@ -120,10 +130,8 @@ class Command:
 
 
 def readme_commands() -> dict[str, Command]:
-    section = _section(README.read_text())
-    blocks = re.findall(r"^```(?:sh|bash|shell)\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)
     commands: dict[str, Command] = {}
-    for block in blocks:
+    for block in _blocks(_section(README.read_text())):
         for text in _split_commands(block):
             argv = shlex.split(text.replace("\\\n", ""))
             assert argv[0] == "grpcurl", f"README {SECTION!r}: not a grpcurl command:\n{text}"
@@ -140,6 +148,18 @@ def readme_commands() -> dict[str, Command]:
         f"{len(REQUIRED)}; none of them is `grpcurl ... {README_ADDRESS} X` for X in {missing}"
     )
     return commands
+
+
+def quick_start_command() -> list[str]:
+    """The Quick start's `pilot discovery ...` (what follows `pip install . &&`), as words."""
+    for block in _blocks(_section(README.read_text(), QUICK_START)):
+        for text in _split_commands(block):
+            words = shlex.split(text.replace("\\\n", ""))
+            if "&&" in words:  # `pip install . && pilot discovery ...`
+                words = words[words.index("&&") + 1 :]
+            if words[:2] == ["pilot", "discovery"]:
+                return words
+    raise AssertionError(f"README {QUICK_START!r} shows no `pilot discovery` command")
 
 
 # --- running grpcurl -----------------------------------------------------------
@@ -223,9 +243,9 @@ class Stream:
         return Result(self.command, returncode, self.output.decode(), stderr.decode())
 
 
-async def start(command: Command, pilot: RunningPilot) -> Stream:
+async def start(command: Command, pilot: PilotProcess) -> Stream:
     process = await asyncio.create_subprocess_exec(
-        *command.argv_for(pilot.grpc_target),
+        *command.argv_for(pilot.target(tls=False)),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -233,17 +253,27 @@ async def start(command: Command, pilot: RunningPilot) -> Stream:
     return Stream(command, process)
 
 
-async def run(command: Command, pilot: RunningPilot) -> Result:
+async def run(command: Command, pilot: PilotProcess) -> Result:
     return await (await start(command, pilot)).result()
 
 
 @asynccontextmanager
-async def example_pilot(tmp_path: Path) -> AsyncIterator[RunningPilot]:
-    """What `pilot discovery --config examples/mesh.yaml` serves, on an ephemeral port."""
+async def quick_start_pilot(tmp_path: Path) -> AsyncIterator[PilotProcess]:
+    """The Quick start's pilot, its command run as printed but for its addresses.
+
+    It runs from the repository root (the command's `examples/mesh.yaml` is relative),
+    with HOME in `tmp_path` (where it keeps its CA by default), and must exit 0 on SIGTERM.
+    """
     _grpcurl()
-    objects = yaml.safe_load(MESH.read_text())["items"]
-    async with running_pilot(tmp_path, objects) as pilot:
+    command = quick_start_command()
+    assert not set(command) & set(EPHEMERAL), f"the Quick start sets an address: {command}"
+    assert PILOT.is_file(), f"no `pilot` script next to {sys.executable}: pip install -e ."
+    argv = [str(PILOT), *command[1:], *EPHEMERAL]
+    pilot = await start_command(ROOT, argv, env=pilot_environment(tmp_path))
+    try:
         yield pilot
+    finally:
+        await pilot.stop()
 
 
 # --- the answers -------------------------------------------------------------------
@@ -322,7 +352,7 @@ def test_readme_section_has_the_commands() -> None:
 async def test_readme_commands_answer(tmp_path: Path) -> None:
     """list, describe, health, FetchClusters (and any new one-shot command) as printed."""
     commands = [c for kind, c in readme_commands().items() if kind not in CONCURRENT]
-    async with example_pilot(tmp_path) as pilot:
+    async with quick_start_pilot(tmp_path) as pilot:
         results = await asyncio.gather(*(run(command, pilot) for command in commands))
     for result in results:
         CHECKS.get(result.command.kind, check_other)(result)
@@ -333,7 +363,7 @@ async def test_readme_delta_subscription_and_csds(tmp_path: Path) -> None:
     commands = readme_commands()
     delta, csds = commands[DELTA], commands[CSDS]
     node_id = delta.data()["node"]["id"]
-    async with example_pilot(tmp_path) as pilot:
+    async with quick_start_pilot(tmp_path) as pilot:
         subscription = await start(delta, pilot)
         first = await subscription.first_message()
         status = await run(csds, pilot)

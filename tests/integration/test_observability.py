@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 import re
@@ -17,7 +18,9 @@ from pilot.logs import JsonFormatter, LogSpecError, parse_levels
 from pilot.xds import types
 from tests.harness.envoy_process import wait_until
 from tests.integration.test_csds import Proxy
-from tests.support.mesh import cluster_name, simple_mesh
+from tests.protocol.client import XdsClient, node
+from tests.security.pilot_process import start_file_pilot_with_ca
+from tests.support.mesh import cluster_name, simple_mesh, write_mesh
 from tests.support.pilot import RunningPilot, running_pilot
 
 MESH = {"alpha": ["127.0.0.1"], "beta": ["127.0.0.2"]}
@@ -152,3 +155,39 @@ async def test_the_debug_listener_opens_on_the_page_and_serves_what_it_links(
         _, root = await _get(pilot, "/", port)
     assert statuses == dict.fromkeys(paths, 200)
     assert '<table id="proxies">' in root, "the root is the debug page"
+
+
+# A text line: "2026-01-02 03:04:05,678 INFO pilot.xds: proxy ... connected ...".
+TEXT_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ pilot[.\w]*: \S")
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+async def test_log_format_flag_shapes_every_line_pilot_writes(
+    tmp_path: Path, log_format: str
+) -> None:
+    """`pilot discovery --log-format json`: from start to exit, every line on stderr is
+    one JSON object with time, level, scope and msg; `text` (the default): none is."""
+    config = tmp_path / "mesh.yaml"
+    write_mesh(config, simple_mesh(MESH))
+    pilot = await start_file_pilot_with_ca(tmp_path, config, "--log-format", log_format)
+    try:
+        async with XdsClient(pilot.target(tls=False)) as client:
+            stream = client.delta_ads(node("p1"))
+            await stream.subscribe(types.CLUSTER, ["*"])
+            await stream.ack_until(types.CLUSTER, [cluster_name("alpha")])
+    finally:
+        await pilot.stop()
+    # Lines from start-up (serving), from a stream (connected, disconnected), and exit.
+    assert any("pilot discovery serving xDS" in e["msg"] for e in pilot.log)
+    assert any("proxy p1" in e["msg"] and "disconnected" in e["msg"] for e in pilot.log)
+    assert any("shutting down" in e["msg"] for e in pilot.log)
+    if log_format == "json":
+        assert {e["format"] for e in pilot.log} == {"json"}, pilot.tail(len(pilot.log))
+        for entry in pilot.log:
+            assert datetime.datetime.fromisoformat(entry["time"]), entry
+            assert entry["level"] in ("info", "warning") and entry["scope"].startswith("pilot")
+        serving = [e for e in pilot.log if "pilot discovery serving xDS" in e["msg"]]
+        assert [(e["level"], e["scope"]) for e in serving] == [("info", "pilot")]
+    else:
+        assert {e["format"] for e in pilot.log} == {"text"}, pilot.tail(len(pilot.log))
+        assert all(TEXT_LINE.match(e["msg"]) for e in pilot.log), pilot.tail(len(pilot.log))

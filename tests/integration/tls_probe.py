@@ -2,7 +2,9 @@
 
 Owns `tls_get` (connect trusting a root, optionally present a client
 certificate, GET /probe, report the status line or why there was none, and the
-peer's identity) and `probe_credentials` (a client certificate signed by a CA).
+peer's identity), `served_certificate` (the certificate a TLS port serves,
+verified against a root) and `probe_credentials` (a client certificate signed by
+a CA).
 """
 
 from __future__ import annotations
@@ -77,6 +79,25 @@ async def tls_get(
         uri_sans(certificate),
         certificate.serial_number,
     )
+
+
+async def served_certificate(port: int, root_pem: str) -> x509.Certificate:
+    """The certificate 127.0.0.1:port serves, its chain verified against `root_pem`.
+
+    Names are not checked here (SPIFFE certificates carry only a URI SAN; a test
+    reads the names itself).
+    """
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=root_pem)
+    context.check_hostname = False
+    async with asyncio.timeout(5):
+        _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+    try:
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    finally:
+        writer.close()
+        with contextlib.suppress(ssl.SSLError, ConnectionError):
+            await writer.wait_closed()
+    return x509.load_der_x509_certificate(der)
 
 
 def probe_credentials(ca: CertificateAuthority, identity: Identity) -> tuple[bytes, bytes]:

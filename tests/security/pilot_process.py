@@ -3,9 +3,12 @@
 `start_pilot` runs `python -m pilot discovery --kubeconfig ...` against a test API server
 (which also answers TokenReviews); `start_file_pilot` runs it on a registry file
 (`--config`, `--xds-auth none`). Both use a plugged-in CA written by the test (so that
-the test knows the root), ephemeral loopback ports (read back from pilot's "serving" log
-line, and the `--debug-addr` port, when given, from its "debug endpoints on" line) and
-JSON logs on stderr, every line of which is kept: `wait_logged` waits for one with a
+the test knows the root), ephemeral loopback ports and JSON logs on stderr.
+`start_command` runs any `pilot discovery` command line as given (say, the README's,
+with its addresses changed to `127.0.0.1:0`). Whatever the command, pilot binds the
+ports it is given, 0 included, and the ports it bound are read back from its "serving"
+log line (text or JSON), and the `--debug-addr` port, when given, from its "debug
+endpoints on" line; every line it logs is kept: `wait_logged` waits for one with a
 deadline. The HTTP port's JSON (`/debug/...`) is read with `get_json`; `http_get` GETs
 any URL, from a chosen local address if need be.
 `stop` sends SIGTERM and fails if pilot does not exit 0 in time.
@@ -32,7 +35,8 @@ from tests.integration.ca_support import write_plugged_in
 from tests.protocol.client import XdsClient, tls_credentials
 from tests.support.stderr_log import StderrLog, terminate
 
-# One log line: level, scope, msg (or raw text), error (a traceback), size (of the whole line).
+# One log line: time, level, scope, msg (or raw text), error (a traceback), size (of the
+# whole line), format ("json" for a line that is one JSON object, else "text").
 Entry = dict[str, str]
 KEPT = 64 * 1024  # characters of msg and error kept; pilot's lines may be as long as a request
 _READ_LIMIT = 1 << 26
@@ -50,10 +54,13 @@ def _entry(line: str) -> Entry:
         parsed = json.loads(line)
     except ValueError:
         parsed = None
+    line_format = "json" if isinstance(parsed, dict) else "text"
     if not isinstance(parsed, dict):
         parsed = {"msg": line}
-    entry = {k: str(parsed.get(k, ""))[:KEPT] for k in ("level", "scope", "msg", "error")}
+    fields = ("time", "level", "scope", "msg", "error")
+    entry = {k: str(parsed.get(k, ""))[:KEPT] for k in fields}
     entry["size"] = str(len(line))
+    entry["format"] = line_format
     return entry
 
 
@@ -62,8 +69,8 @@ class PilotProcess:
     """A running `pilot discovery` subprocess, its ports, and every line it logged."""
 
     process: asyncio.subprocess.Process
-    root_pem: bytes = field(repr=False)
     stderr: StderrLog[Entry] = field(repr=False)
+    root_pem: bytes = field(default=b"", repr=False)  # the CA root, when the test wrote it
     grpc_port: int = 0
     tls_port: int = 0
     http_port: int = 0
@@ -166,11 +173,17 @@ async def http_get(url: str, source: str | None = None) -> tuple[int, Any]:
             return reply.status, text
 
 
-def _environment(home: Path, settings: Mapping[str, str]) -> dict[str, str]:
-    """The test's environment without pilot's own knobs, then `settings` (the test's)."""
+def pilot_environment(folder: Path, settings: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The test's environment without pilot's own knobs, then `settings` (the test's).
+
+    HOME is `folder`/home, so that nothing pilot keeps by default (its CA state) lands
+    outside the test's folder.
+    """
+    home = folder / "home"
+    home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(_INHERITED_PREFIXES)}
     env["HOME"] = str(home)
-    return env | dict(settings)
+    return env | dict(settings or {})
 
 
 async def start_pilot(
@@ -218,8 +231,6 @@ async def launch(
     env: Mapping[str, str] | None = None,
 ) -> PilotProcess:
     """`pilot discovery` with the registry flags `source`, serving once it logs so."""
-    home = folder / "home"
-    home.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable,
         "-m",
@@ -242,16 +253,33 @@ async def launch(
         "json",
         *extra,
     ]
+    return await start_command(
+        folder, command, env=pilot_environment(folder, env), root_pem=root_pem
+    )
+
+
+async def start_command(
+    cwd: Path,
+    command: list[str],
+    *,
+    env: Mapping[str, str],
+    root_pem: bytes = b"",
+) -> PilotProcess:
+    """Run a `pilot discovery` command line from `cwd`; once it logs that it serves, its ports.
+
+    `env` is the whole environment (`pilot_environment` makes one). Fails, and stops
+    pilot, if it does not say it serves within STARTUP_TIMEOUT.
+    """
     process = await asyncio.create_subprocess_exec(
         *command,
-        cwd=folder,
-        env=_environment(home, env or {}),
+        cwd=cwd,
+        env=dict(env),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
         limit=_READ_LIMIT,
     )
-    pilot = PilotProcess(process, root_pem, StderrLog(process, _entry, "pilot-stderr"))
+    pilot = PilotProcess(process, StderrLog(process, _entry, "pilot-stderr"), root_pem)
     try:
         (serving,) = await pilot.wait_logged(
             lambda e: SERVING.search(e["msg"]) is not None,

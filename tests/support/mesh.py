@@ -83,8 +83,11 @@ def write_mesh(path: Path, objects: Iterable[dict[str, Any]]) -> None:
     tmp.replace(path)
 
 
-def cluster_name(svc: str, port: int = 80, namespace: str = "default") -> str:
-    return f"outbound|{port}||{svc}.{namespace}.svc.cluster.local"
+def cluster_name(
+    svc: str, port: int = 80, namespace: str = "default", domain: str = "cluster.local"
+) -> str:
+    """Istio's name for a Service port's cluster; `domain` is pilot's --cluster-domain."""
+    return f"outbound|{port}||{svc}.{namespace}.svc.{domain}"
 
 
 def simple_mesh(

@@ -310,3 +310,50 @@ def test_a_client_that_never_acks_is_remembered_in_bounded_space() -> None:
     events = stream.on_request(DeltaRequest(EDS, response_nonce=last.nonce))
     assert isinstance(events[0], Acked)
     assert state.sent_seq("a") == state.sent_seq("b") == 0 and not state.unacked
+
+
+def _push(stream: DeltaStream, view: FakeView, name: str, content: str) -> object:
+    """A new version of `name`, and the one response that carries it."""
+    view.put(EDS, name, content)
+    stream.on_change(EDS, [name])
+    (response,) = stream.take_responses(view)
+    assert _names(response) == [name]
+    return response
+
+
+def _answer(stream: DeltaStream, response: object, error: str | None = None) -> None:
+    nonce = response.nonce  # type: ignore[attr-defined]
+    stream.on_request(DeltaRequest(EDS, response_nonce=nonce, error_message=error))
+
+
+def test_a_rejected_name_stays_rejected_until_a_response_carrying_it_is_acked() -> None:
+    """Delta sends only what changed: an ACK of other names says nothing of a NACKed
+    one, which the client still holds at its older version (CSDS shows it ERROR)."""
+    view = view_with("a", "b")
+    stream = DeltaStream()
+    stream.on_request(DeltaRequest(EDS, subscribe=("a", "b")))
+    (first,) = stream.take_responses(view)
+    _answer(stream, first)
+    state = stream.state(EDS)
+    assert state is not None and state.rejected == {}
+    _answer(stream, _push(stream, view, "b", "b v2"), error="malformed b")
+    nack = state.nack
+    assert nack is not None and nack.message == "malformed b"
+    assert state.rejected == {"b": nack}
+    _answer(stream, _push(stream, view, "a", "a v2"))
+    assert state.rejected == {"b": nack}, "an ACK of `a` cleared b's rejection"
+    _answer(stream, _push(stream, view, "b", "b v3"))
+    assert state.rejected == {}
+
+
+def test_a_rejection_is_forgotten_with_the_name() -> None:
+    view = view_with("a", "b")
+    stream = DeltaStream()
+    stream.on_request(DeltaRequest(EDS, subscribe=("a", "b")))
+    (first,) = stream.take_responses(view)
+    _answer(stream, first, error="both bad")
+    state = stream.state(EDS)
+    assert state is not None and set(state.rejected) == {"a", "b"}
+    stream.on_request(DeltaRequest(EDS, unsubscribe=("b",)))
+    _answer(stream, _push(stream, view, "a", "a v2"))
+    assert state.rejected == {}, "kept the rejection of a name no longer held"

@@ -227,3 +227,28 @@ def test_sotw_client_converges_to_server_state(operations: list[tuple[object, ..
     for name, resource in view.tables.get(EDS, {}).items():
         if client.wants(name):
             assert client.held.get(name) == resource.version, name
+
+
+def test_a_rejected_assignment_stays_rejected_past_an_ack_of_other_names() -> None:
+    """SotW EDS responses carry only what changed, as delta ones do: an ACK of `a`
+    says nothing of `b`, which the client rejected and still holds at its older version."""
+    view = view_with("a", "b")
+    stream = SotwStream()
+
+    def push(name: str, content: str, error: str | None = None) -> None:
+        view.put(EDS, name, content)
+        stream.on_change(EDS, [name])
+        (response,) = stream.take_responses(view)
+        assert [r.name for r in response.resources] == [name]
+        stream.on_request(SotwRequest(EDS, ("a", "b"), "", response.nonce, error))
+
+    stream.on_request(SotwRequest(EDS, ("a", "b")))
+    (first,) = stream.take_responses(view)
+    stream.on_request(SotwRequest(EDS, ("a", "b"), first.version_info, first.nonce))
+    push("b", "b v2", error="malformed b")
+    state = stream.state(EDS)
+    assert state is not None and set(state.rejected) == {"b"}
+    push("a", "a v2")
+    assert set(state.rejected) == {"b"}, "an ACK of `a` cleared b's rejection"
+    push("b", "b v3")
+    assert state.rejected == {}
