@@ -9,6 +9,7 @@ and always resolves against the latest resources: latest state wins.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from pilot.protocol.messages import Acked, Nacked, ResourceView, StaleNonce, StreamEvent
@@ -122,7 +123,7 @@ class StreamCore:
     def type_urls(self) -> list[str]:
         return list(self._types)
 
-    def subscriptions(self) -> list[tuple[str, set[str]]]:
+    def subscriptions(self) -> list[tuple[str, AbstractSet[str]]]:
         """Per type, the names subscribed to by name (wildcards aside)."""
         return [(type_url, state.subscription.names) for type_url, state in self._types.items()]
 

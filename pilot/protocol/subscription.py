@@ -8,14 +8,61 @@ Rules (xDS protocol, "How the client specifies what resources to return"):
   wildcard; `*` in subscribe turns wildcard on, `*` in unsubscribe turns it off.
 - A type subscribed to by name only (`wildcard_allowed=False`: secrets) never
   becomes wildcard: the attempt is reported (`wildcard_refused`) and ignored.
+
+The names are a `SharedNames`: immutable, and one object for every stream that
+subscribes to the same names by the same steps. Envoys of one mesh mostly
+subscribe to the same clusters' endpoints, and 1,000 streams x 1,000 names held
+apart cost ~32 MiB.
 """
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 WILDCARD = "*"
+MAX_REMEMBERED = 64  # changes remembered per set: beyond, new ones are made afresh
+
+_Step = tuple[frozenset[str], frozenset[str]]  # (added, removed)
+
+
+class SharedNames(frozenset[str]):
+    """A set of names held once however many streams subscribe to exactly it.
+
+    `changed` answers a set with names added and removed; the same change from the
+    same set answers the same object, so streams that subscribe alike share it. Each
+    set remembers (weakly) the sets its changes made, while they are in use.
+    """
+
+    __slots__ = ("_made",)
+
+    def __init__(self, names: Iterable[str] = ()) -> None:
+        super().__init__()
+        self._made: dict[_Step, weakref.ref[SharedNames]] = {}
+
+    def changed(self, added: frozenset[str], removed: frozenset[str]) -> SharedNames:
+        """This set with `added` and without `removed`: O(len) once per distinct change."""
+        step = (added, removed)
+        made = self._made.get(step)
+        found = made() if made is not None else None
+        if found is None:
+            found = SharedNames((self | added) - removed)
+            if len(self._made) >= MAX_REMEMBERED:
+                self._made.clear()  # a client inventing changes cannot grow this
+            forget = functools.partial(_forget, self._made, step)
+            self._made[step] = weakref.ref(found, forget)
+        return found
+
+
+def _forget(made: dict[_Step, weakref.ref[SharedNames]], step: _Step, ref: object) -> None:
+    """A set no stream holds any more: forget the change that made it."""
+    if made.get(step) is ref:
+        del made[step]
+
+
+NO_NAMES = SharedNames()
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +83,7 @@ class SubscriptionDiff:
 class Subscription:
     """The mutable subscription of one stream to one type."""
 
-    names: set[str] = field(default_factory=set)
+    names: SharedNames = NO_NAMES
     wildcard: bool = False
     legacy_wildcard: bool = False
     seen_request: bool = False
@@ -61,7 +108,8 @@ class Subscription:
         refused = self._refuse_wildcard()
         added = frozenset(requested - self.names)
         removed = frozenset(self.names - requested)
-        self.names = requested
+        if added or removed:
+            self.names = self.names.changed(added, removed)
         return SubscriptionDiff(added, removed, was_wildcard != self.wildcard, refused)
 
     def update(self, subscribe: Iterable[str], unsubscribe: Iterable[str]) -> SubscriptionDiff:
@@ -82,8 +130,8 @@ class Subscription:
         refused = self._refuse_wildcard()
         added = frozenset(sub - self.names)
         removed = frozenset((unsub - sub) & self.names)
-        self.names |= sub
-        self.names -= removed
+        if added or removed:
+            self.names = self.names.changed(added, removed)
         return SubscriptionDiff(added, removed, was_wildcard != self.wildcard, refused)
 
     def _refuse_wildcard(self) -> bool:

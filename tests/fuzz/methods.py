@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
 from pilot._gen.istio.v1.auth import ca_pb2
+from pilot.server import reflection_v1
 from tests.protocol.client import (
     ADS_SERVICE,
     CDS_SERVICE,
@@ -78,6 +79,7 @@ _CSDS = (csds_pb2.ClientStatusRequest, csds_pb2.ClientStatusResponse)
 _CA = (ca_pb2.IstioCertificateRequest, ca_pb2.IstioCertificateResponse)
 _HEALTH = (health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse)
 _REFLECTION = (reflection_pb2.ServerReflectionRequest, reflection_pb2.ServerReflectionResponse)
+_REFLECTION_V1 = (reflection_v1.ServerReflectionRequest, reflection_v1.ServerReflectionResponse)
 _ALL = (CLUSTER, ENDPOINT, SECRET)
 
 
@@ -105,6 +107,10 @@ CA_CREATE = Method(CA_SERVICE, "CreateCertificate", Shape.UNARY, *_CA)
 HEALTH_CHECK = Method(HEALTH_SERVICE, "Check", Shape.UNARY, *_HEALTH)
 HEALTH_WATCH = Method(HEALTH_SERVICE, "Watch", Shape.SERVER_STREAM, *_HEALTH)
 REFLECTION = Method(REFLECTION_SERVICE, "ServerReflectionInfo", Shape.BIDI, *_REFLECTION)
+REFLECTION_V1 = Method(
+    reflection_v1.SERVICE_NAME, "ServerReflectionInfo", Shape.BIDI, *_REFLECTION_V1
+)
+REFLECTIONS = (REFLECTION, REFLECTION_V1)
 
 XDS_SERVICE_NAMES = (ADS_SERVICE, CDS_SERVICE, EDS_SERVICE, SDS_SERVICE)
 XDS_STREAMS = (ADS_SOTW, ADS_DELTA, CDS_SOTW, CDS_DELTA, EDS_SOTW, EDS_DELTA, SDS_SOTW, SDS_DELTA)
@@ -117,5 +123,5 @@ ALL = (
     CA_CREATE,
     HEALTH_CHECK,
     HEALTH_WATCH,
-    REFLECTION,
+    *REFLECTIONS,
 )

@@ -521,7 +521,8 @@ def _reflection_request(kind: str, text: str, number: int, host: str) -> Any:
     return request
 
 
-def reflection_call() -> st.SearchStrategy[Call]:
+def reflection_call(method: Method = methods.REFLECTION) -> st.SearchStrategy[Call]:
+    """v1 and v1alpha requests are the same bytes: one strategy serves both methods."""
     kinds = st.sampled_from(
         [
             "file_by_filename",
@@ -548,7 +549,7 @@ def reflection_call() -> st.SearchStrategy[Call]:
     )
     requests = st.builds(_reflection_request, kinds, text, int32, short_text)
     return st.builds(
-        lambda found, who: Call(methods.REFLECTION, tuple(found), who),
+        lambda found, who: Call(method, tuple(found), who),
         st.lists(requests, min_size=1, max_size=5),
         credentials(),
     )
@@ -560,7 +561,7 @@ def _seed(method: Method) -> bytes:
     if method.xds_types:
         request.type_url = method.xds_types[0]
         request.node.id = "sidecar~10.1.1.1~fuzz.default~default.svc.cluster.local"
-    elif method is methods.REFLECTION:
+    elif method in methods.REFLECTIONS:
         request.list_services = ""
     return bytes(request.SerializeToString())
 
@@ -609,4 +610,4 @@ def hostile_call(
         return ca_call()
     if method in (methods.HEALTH_CHECK, methods.HEALTH_WATCH):
         return health_call(method)
-    return reflection_call()
+    return reflection_call(method)

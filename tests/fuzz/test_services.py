@@ -12,7 +12,7 @@ from tests.fuzz.conftest import fuzz_settings
 from tests.fuzz.fuzzer import Fuzzer
 from tests.fuzz.methods import Method
 
-OTHERS = (methods.HEALTH_CHECK, methods.HEALTH_WATCH, methods.REFLECTION)
+OTHERS = (methods.HEALTH_CHECK, methods.HEALTH_WATCH, *methods.REFLECTIONS)
 
 
 @pytest.mark.parametrize("method", [methods.CSDS_FETCH, methods.CSDS_STREAM], ids=str)
