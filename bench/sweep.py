@@ -141,7 +141,7 @@ def plot(points: Sequence[Point], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
-    from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: PLC0415
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: PLC0415
 
     plain = FuncFormatter(lambda value, _pos: f"{value:,.4g}")
 
@@ -159,8 +159,9 @@ def plot(points: Sequence[Point], path: Path) -> None:
             ax.set_yscale("log")
             ax.set_xticks(xs, [f"{x:,}" for x in xs])
             ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
             ax.yaxis.set_major_formatter(plain)
-            ax.yaxis.set_minor_formatter(plain)
+            ax.yaxis.set_minor_formatter(NullFormatter())
             ax.set_xlabel(_axis_label(axis, on_axis))
             ax.set_title(f"{label} ({unit})")
             ax.grid(True, which="both", alpha=0.3)
