@@ -9,8 +9,6 @@ an assignment a real `pilot discovery` sends, and the README's grpcurl CSDS comm
 from __future__ import annotations
 
 import asyncio
-import re
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -31,6 +29,7 @@ from tests.integration import test_grpcurl as grpcurl
 from tests.integration.envoy_view import dynamic_clusters, wait_for_view
 from tests.integration.test_envoy_ads import expected
 from tests.security.pilot_process import PilotProcess, start_file_pilot_with_ca
+from tests.support.cli import run_pilot
 from tests.support.mesh import cluster_name, simple_mesh, write_mesh
 from tests.support.pilot import RunningPilot, running_pilot
 
@@ -82,20 +81,7 @@ class Proxy:
 
 async def _proxy_status(target: str) -> list[dict[str, str]]:
     """`pilot proxy-status --addr TARGET`: each row as {column: cell}."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "pilot",
-        "proxy-status",
-        "--addr",
-        target,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 30)
-    assert process.returncode == 0, err.decode()
-    # Cells are padded and joined by two spaces; a cell holds single spaces at most.
-    header, *rows = (re.split(r"\s{2,}", line.strip()) for line in out.decode().splitlines())
+    header, rows = (await run_pilot("proxy-status", "--addr", target)).table()
     return [dict(zip(header, row, strict=True)) for row in rows]
 
 

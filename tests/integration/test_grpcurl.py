@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests.security.pilot_process import PilotProcess, pilot_environment, start_command
+from tests.support.served import ADS, SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -40,7 +41,6 @@ EPHEMERAL += ("--http-addr", "127.0.0.1:0")
 DEADLINE_EXCEEDED = 64 + 4  # grpcurl exits with 64 + the gRPC status code
 TIMEOUT = 30.0  # a bound on a hung grpcurl, never a way to wait for something
 
-ADS = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 CLA = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 FRONTEND = "outbound|80||frontend.default.svc.cluster.local"
@@ -51,16 +51,6 @@ CLUSTERS = {
     "outbound|9090||reviews.default.svc.cluster.local",
     "outbound|8000||cart.shop.svc.cluster.local",
     "outbound|443||payments.shop.svc.cluster.local",
-}
-SERVICES = {
-    "grpc.reflection.v1alpha.ServerReflection",
-    "grpc.health.v1.Health",
-    ADS,
-    "envoy.service.cluster.v3.ClusterDiscoveryService",
-    "envoy.service.endpoint.v3.EndpointDiscoveryService",
-    "envoy.service.secret.v3.SecretDiscoveryService",
-    "envoy.service.status.v3.ClientStatusDiscoveryService",
-    "istio.v1.auth.IstioCertificateService",
 }
 
 # What follows the address in each command the README must keep.

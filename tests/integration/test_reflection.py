@@ -28,6 +28,9 @@ from grpc_reflection.v1alpha import reflection_pb2
 
 from pilot.server import reflection_v1
 from tests.security.pilot_process import PilotProcess, start_file_pilot_with_ca
+from tests.support.served import ADS, SERVICES
+from tests.support.served import REFLECTION_V1 as V1
+from tests.support.served import REFLECTION_V1ALPHA as V1ALPHA
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -36,20 +39,6 @@ MESH = ROOT / "examples" / "mesh.yaml"
 GRPCURL = Path(sys.executable).parent / "grpcurl"
 TIMEOUT = 30.0  # a bound on a hung call, never a way to wait for something
 
-V1 = "grpc.reflection.v1.ServerReflection"
-V1ALPHA = "grpc.reflection.v1alpha.ServerReflection"
-ADS = "envoy.service.discovery.v3.AggregatedDiscoveryService"
-SERVICES = {
-    V1,
-    V1ALPHA,
-    "grpc.health.v1.Health",
-    ADS,
-    "envoy.service.cluster.v3.ClusterDiscoveryService",
-    "envoy.service.endpoint.v3.EndpointDiscoveryService",
-    "envoy.service.secret.v3.SecretDiscoveryService",
-    "envoy.service.status.v3.ClientStatusDiscoveryService",
-    "istio.v1.auth.IstioCertificateService",
-}
 # The published grpc.reflection.v1 messages: field name -> number.
 V1_FIELDS = {
     "ServerReflectionRequest": {

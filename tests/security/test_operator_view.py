@@ -11,8 +11,6 @@ private key appears in any of them.
 
 from __future__ import annotations
 
-import asyncio
-import sys
 import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -25,7 +23,6 @@ from tests.security.peers import (
     ATTACKER,
     OPERATOR,
     VICTIM,
-    WAIT,
     WORKLOAD,
     Mesh,
     Peer,
@@ -37,6 +34,7 @@ from tests.security.peers import (
     victim,
     wait_streams,
 )
+from tests.support.cli import run_pilot
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -84,23 +82,12 @@ async def test_proxy_status_shows_both_rows_with_their_identities(
 ) -> None:
     token = tmp_path / "token"
     token.write_text(mesh.tokens[OPERATOR])
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "pilot",
-        "proxy-status",
-        "--addr",
-        mesh.pilot.target(tls=False),
-        "--token-file",
-        str(token),
-        stdout=asyncio.subprocess.PIPE,
-    )
-    out, _ = await asyncio.wait_for(process.communicate(), WAIT)
-    assert process.returncode == 0
-    header, *lines = out.decode().splitlines()
-    assert header.split()[:2] == ["NAME", "IDENTITY"]
-    mine = sorted(line.split()[1] for line in lines if line.split()[0] == two.node_id)
-    assert mine == BOTH, f"proxy-status rows for {two.node_id}: {lines}"
+    target = mesh.pilot.target(tls=False)
+    status = await run_pilot("proxy-status", "--addr", target, "--token-file", str(token))
+    header, rows = status.table()
+    assert header[:2] == ["NAME", "IDENTITY"]
+    mine = sorted(row[1] for row in rows if row[0] == two.node_id)
+    assert mine == BOTH, f"proxy-status rows for {two.node_id}: {rows}"
 
 
 @pytest.mark.parametrize("page", ["/debug/syncz", "/debug/connections"])
