@@ -81,7 +81,7 @@ class Discovery:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.stats = XdsStats()
-        self.index = EndpointIndex()
+        self.index = EndpointIndex(primary=settings.cluster_id)
         self.cache = ResourceCache()
         self.connections: ConnectionRegistry[Connection] = ConnectionRegistry()
         self.admission = Admission.of(settings.limits)
@@ -163,10 +163,19 @@ class Discovery:
     def _source(self, pipeline: Pipeline) -> RegistrySource:
         updater = IndexUpdater(self.index, pipeline.submit, self.stats)
         if self.settings.config is not None:
-            return FileRegistry(self.settings.config, updater, self.settings.file_poll_interval)
+            return FileRegistry(
+                self.settings.config,
+                updater,
+                self.settings.file_poll_interval,
+                self.settings.cluster_id,
+            )
         assert self.api_client is not None
         return KubernetesRegistry(
-            self.settings.kubernetes, updater, self.api_client, self._api_server
+            self.settings.kubernetes,
+            updater,
+            self.api_client,
+            self._api_server,
+            self.settings.cluster_id,
         )
 
     def _tls(self, security: Security) -> TlsServing | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from pilot.limits import LimitSettingError, limits_from_env
 from pilot.logs import SCOPES, LogSpecError
 from pilot.logs import configure as configure_logging
 from pilot.memory import map_large_buffers
+from pilot.registry.model import DEFAULT_CLUSTER_ID
 from pilot.security.ca import CaSettings, CaSetupError, default_state_dir
 from pilot.security.certs import KeyType
 from pilot.security.settings import SecuritySettings, SecuritySettingsError, security_from_env
@@ -167,6 +169,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     _security_flags(discovery)
     discovery.add_argument("--cluster-domain", default="cluster.local")
+    discovery.add_argument(
+        "--cluster-id",
+        type=_cluster_id,
+        default=DEFAULT_CLUSTER_ID,
+        help="this cluster's id: endpoints carry it, and remote clusters' services merge"
+        " with its own (default %(default)s, as Istio)",
+    )
     discovery.add_argument(
         "--xds-cluster-name",
         default="xds-grpc",
@@ -315,6 +324,15 @@ def _security(args: argparse.Namespace) -> SecuritySettings:
     return security_from_env(ca, KeyType(args.key_type), xds_auth, (args.token_audience,))
 
 
+def _cluster_id(text: str) -> str:
+    """A cluster id as Istio takes one: letters, digits, '-', '_' and '.'."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a cluster id is 1-63 letters, digits, '.', '_' or '-'"
+        )
+    return text
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     for address in (args.grpc_addr, args.http_addr):
         split_host_port(address)
@@ -331,6 +349,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         drain_duration=args.drain_duration,
         max_connection_age=args.max_connection_age,
         config=args.config,
+        cluster_id=args.cluster_id,
         build=BuildSettings(args.cluster_domain, args.xds_cluster_name),
         debounce=debounce_from_env(),
         push=push_from_env(),

@@ -11,6 +11,7 @@ from pilot.durations import parse_duration
 from pilot.generators.builder import BuildSettings
 from pilot.limits import Limits
 from pilot.push.settings import DebounceSettings, PushSettings
+from pilot.registry.model import DEFAULT_CLUSTER_ID
 from pilot.security.settings import SecuritySettings
 from pilot.sources.kubernetes.config import KubernetesSettings
 
@@ -27,6 +28,7 @@ class Settings:
     http_addr: str = "0.0.0.0:15014"
     debug_addr: str | None = None
     config: Path | None = None
+    cluster_id: str = DEFAULT_CLUSTER_ID  # the local cluster (--cluster-id)
     build: BuildSettings = field(default_factory=BuildSettings)
     debounce: DebounceSettings = field(default_factory=DebounceSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)

@@ -4,7 +4,9 @@ Endpoints are matched to the Service port by port name (the slice lists the
 resolved targetPort under the Service port's name). Ready endpoints are
 HEALTHY, serving-but-terminating ones DRAINING, others are left out. The same
 address:port from several slices appears once, with its best health. Output is
-sorted, so equal content serializes to equal bytes.
+sorted, so equal content serializes to equal bytes. Each endpoint carries the
+id of the cluster it came from in its metadata (`istio` / `cluster_id`), so
+Envoy's access logs (`%UPSTREAM_METADATA(istio:cluster_id)%`) tell them apart.
 
 The assignment is encoded by hand from each endpoint's encoded `LbEndpoint`,
 kept in a bounded cache: one endpoint of 5,000 changing re-encodes one, not
@@ -32,14 +34,16 @@ _HEALTH_STATUS = {
 _PREFERENCE = {Health.HEALTHY: 0, Health.DRAINING: 1}
 
 HostKey = tuple[str, int]
+Host = tuple[Health, str, str]  # health, zone, cluster id
+METADATA_KEY = "istio"
+CLUSTER_ID_FIELD = "cluster_id"
 
 
-def collect_hosts(
-    port: ServicePort, endpoint_sets: Iterable[EndpointSet]
-) -> dict[HostKey, tuple[Health, str]]:
-    """address:port -> (health, zone) for one Service port."""
-    hosts: dict[HostKey, tuple[Health, str]] = {}
+def collect_hosts(port: ServicePort, endpoint_sets: Iterable[EndpointSet]) -> dict[HostKey, Host]:
+    """address:port -> (health, zone, cluster) for one Service port."""
+    hosts: dict[HostKey, Host] = {}
     for endpoint_set in endpoint_sets:
+        cluster = endpoint_set.key.cluster
         for group in endpoint_set.groups:
             number = group.port_named(port.name)
             if number is None:
@@ -52,23 +56,27 @@ def collect_hosts(
                     key = (address, number)
                     known = hosts.get(key)
                     if known is None or _PREFERENCE[health] < _PREFERENCE[known[0]]:
-                        hosts[key] = (health, endpoint.zone)
+                        hosts[key] = (health, endpoint.zone, cluster)
     return hosts
 
 
-def _lb_endpoint(address: str, port: int, health: Health) -> endpoint_components_pb2.LbEndpoint:
+def _lb_endpoint(
+    address: str, port: int, health: Health, cluster: str
+) -> endpoint_components_pb2.LbEndpoint:
     lb_endpoint = endpoint_components_pb2.LbEndpoint(health_status=_HEALTH_STATUS[health])
     socket_address = lb_endpoint.endpoint.address.socket_address
     socket_address.address = address
     socket_address.port_value = port
+    if cluster:
+        lb_endpoint.metadata.filter_metadata[METADATA_KEY][CLUSTER_ID_FIELD] = cluster
     return lb_endpoint
 
 
 @functools.lru_cache(maxsize=ENCODED_ENDPOINTS)
-def _encoded_lb_endpoint(address: str, port: int, health: Health) -> bytes:
+def _encoded_lb_endpoint(address: str, port: int, health: Health, cluster: str) -> bytes:
     """One `lb_endpoints` entry (field 2 of LocalityLbEndpoints), encoded."""
-    lb_endpoint = _lb_endpoint(address, port, health).SerializeToString(deterministic=True)
-    return length_delimited(2, lb_endpoint)
+    lb_endpoint = _lb_endpoint(address, port, health, cluster)
+    return length_delimited(2, lb_endpoint.SerializeToString(deterministic=True))
 
 
 def encode_load_assignment(
@@ -76,8 +84,9 @@ def encode_load_assignment(
 ) -> bytes:
     """The assignment for one Service port, serialized; empty (not absent) with no endpoints."""
     by_zone: dict[str, list[bytes]] = {}
-    for (address, number), (health, zone) in sorted(collect_hosts(port, endpoint_sets).items()):
-        by_zone.setdefault(zone, []).append(_encoded_lb_endpoint(address, number, health))
+    hosts = sorted(collect_hosts(port, endpoint_sets).items())
+    for (address, number), (health, zone, cluster) in hosts:
+        by_zone.setdefault(zone, []).append(_encoded_lb_endpoint(address, number, health, cluster))
     parts = [length_delimited(1, cluster_name.encode())] if cluster_name else []
     for zone in sorted(by_zone):
         locality = length_delimited(1, length_delimited(2, zone.encode()) if zone else b"")

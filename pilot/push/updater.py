@@ -33,9 +33,9 @@ class IndexUpdater:
         else:
             self._changed(self._index.upsert_endpoints(obj))
 
-    def delete(self, key: ServiceKey | EndpointSetKey) -> None:
+    def delete(self, key: ServiceKey | EndpointSetKey, cluster: str = "") -> None:
         if isinstance(key, ServiceKey):
-            self._changed(self._index.delete_service(key))
+            self._changed(self._index.delete_service(key, cluster))
         else:
             self._changed(self._index.delete_endpoints(key))
 
@@ -43,6 +43,11 @@ class IndexUpdater:
         self, services: Iterable[Service], endpoint_sets: Iterable[EndpointSet]
     ) -> None:
         self._changed(self._index.replace_all(services, endpoint_sets))
+
+    def replace_cluster(
+        self, cluster: str, services: Iterable[Service], endpoint_sets: Iterable[EndpointSet]
+    ) -> None:
+        self._changed(self._index.replace_cluster(cluster, services, endpoint_sets))
 
     def _changed(self, change: IndexChange) -> None:
         if not change:

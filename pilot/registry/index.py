@@ -5,6 +5,12 @@ Every update returns an `IndexChange` saying which services need a *full* push
 which need only an *endpoint* push (their ClusterLoadAssignments changed).
 Content-equal updates change nothing. A service dropping to zero endpoints is
 an endpoint change, never a full one.
+
+Services of the same name and namespace from several clusters are one service:
+its ports are the union of theirs by port name (where two clusters give one
+name different numbers, the `primary` cluster's wins, then the first cluster id
+in order), and its endpoint sets are every cluster's. A cluster adding a copy of
+a service already known, with the same ports, changes no cluster.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from pilot.registry.model import EndpointSet, EndpointSetKey, Service, ServiceKey
+from pilot.registry.model import EndpointSet, EndpointSetKey, Service, ServiceKey, ServicePort
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,28 +50,55 @@ NO_CHANGE = IndexChange()
 
 @dataclass
 class EndpointIndex:
-    """service -> endpoint sets, plus the services themselves."""
+    """service -> endpoint sets, plus the services themselves (merged across clusters)."""
 
     services: dict[ServiceKey, Service] = field(default_factory=dict)
+    primary: str = ""  # the local cluster's id: its ports win a conflict
+    _per_cluster: dict[ServiceKey, dict[str, Service]] = field(default_factory=dict)
     _sets: dict[EndpointSetKey, EndpointSet] = field(default_factory=dict)
     _by_service: dict[ServiceKey, set[EndpointSetKey]] = field(default_factory=dict)
 
     def endpoint_sets(self, service: ServiceKey) -> list[EndpointSet]:
-        """The sets that feed a service's endpoints: slices if it has any, else legacy."""
-        sets = [self._sets[k] for k in sorted(self._by_service.get(service, ()))]
-        modern = [s for s in sets if not s.legacy]
-        return modern or sets
+        """The sets that feed a service's endpoints: per cluster, slices if it has any,
+        else legacy Endpoints."""
+        by_cluster: dict[str, list[EndpointSet]] = {}
+        for key in sorted(self._by_service.get(service, ())):
+            by_cluster.setdefault(key.cluster, []).append(self._sets[key])
+        chosen: list[EndpointSet] = []
+        for sets in by_cluster.values():
+            modern = [s for s in sets if not s.legacy]
+            chosen += modern or sets
+        return chosen
+
+    def clusters_of(self, service: ServiceKey) -> list[str]:
+        """The clusters that have this service."""
+        return sorted(self._per_cluster.get(service, {}))
 
     def upsert_service(self, service: Service) -> IndexChange:
-        old = self.services.get(service.key)
-        if old == service:
+        copies = self._per_cluster.setdefault(service.key, {})
+        if copies.get(service.cluster) == service:
             return NO_CHANGE
-        self.services[service.key] = service
-        return IndexChange(full=frozenset({service.key}))
+        copies[service.cluster] = service
+        return self._merge(service.key)
 
-    def delete_service(self, key: ServiceKey) -> IndexChange:
-        if self.services.pop(key, None) is None:
+    def delete_service(self, key: ServiceKey, cluster: str = "") -> IndexChange:
+        copies = self._per_cluster.get(key)
+        if copies is None or copies.pop(cluster, None) is None:
             return NO_CHANGE
+        if not copies:
+            del self._per_cluster[key]
+        return self._merge(key)
+
+    def _merge(self, key: ServiceKey) -> IndexChange:
+        """Make the merged service of `key` follow its copies; a full change if it moved."""
+        copies = self._per_cluster.get(key)
+        merged = _merged(key, copies, self.primary) if copies else None
+        if merged == self.services.get(key):
+            return NO_CHANGE
+        if merged is None:
+            del self.services[key]
+        else:
+            self.services[key] = merged
         return IndexChange(full=frozenset({key}))
 
     def upsert_endpoints(self, endpoint_set: EndpointSet) -> IndexChange:
@@ -91,11 +124,31 @@ class EndpointIndex:
     def replace_all(
         self, services: Iterable[Service], endpoint_sets: Iterable[EndpointSet]
     ) -> IndexChange:
-        """Make the index equal to a full state (a file reload or a relist): apply the diff."""
-        wanted_services = {s.key: s for s in services}
+        """Make the index equal to a full state (a file reload): apply the diff."""
+        return self._replace(None, services, endpoint_sets)
+
+    def replace_cluster(
+        self, cluster: str, services: Iterable[Service], endpoint_sets: Iterable[EndpointSet]
+    ) -> IndexChange:
+        """Make one cluster's part of the index equal to this (nothing: the cluster is gone);
+        the other clusters' services and endpoints stay as they are."""
+        return self._replace(cluster, services, endpoint_sets)
+
+    def _replace(
+        self, cluster: str | None, services: Iterable[Service], endpoint_sets: Iterable[EndpointSet]
+    ) -> IndexChange:
+        wanted_services = {(s.key, s.cluster): s for s in services}
         wanted_sets = {s.key: s for s in endpoint_sets}
-        changes = [self.delete_endpoints(k) for k in set(self._sets) - set(wanted_sets)]
-        changes += [self.delete_service(k) for k in set(self.services) - set(wanted_services)]
+        held = [
+            (key, at)
+            for key, copies in self._per_cluster.items()
+            for at in copies
+            if cluster is None or at == cluster
+        ]
+        held_sets = [k for k in self._sets if cluster is None or k.cluster == cluster]
+        changes = [self.delete_endpoints(k) for k in set(held_sets) - set(wanted_sets)]
+        gone = set(held) - set(wanted_services)
+        changes += [self.delete_service(key, at) for key, at in gone]
         changes += [self.upsert_service(service) for service in wanted_services.values()]
         changes += [self.upsert_endpoints(s) for s in wanted_sets.values()]
         return IndexChange.union(changes)
@@ -104,3 +157,15 @@ class EndpointIndex:
         if service not in self.services:
             return NO_CHANGE  # endpoints of an unknown service matter once it appears
         return IndexChange(endpoints=frozenset({service}))
+
+
+def _merged(key: ServiceKey, copies: dict[str, Service], primary: str) -> Service:
+    """One service from its copies in several clusters: ports by name, the primary's first."""
+    order = sorted(copies, key=lambda cluster: (cluster != primary, cluster))
+    ports: dict[str, ServicePort] = {}
+    for cluster in order:
+        for port in copies[cluster].ports:
+            ports.setdefault(port.name, port)
+    first = copies[order[0]].ports
+    listed = [p for p in first] + [p for n, p in ports.items() if p not in first]
+    return Service(key, tuple(listed))

@@ -2,7 +2,8 @@
 
 Accepts what `kubectl get svc,endpointslices,endpoints -A -o yaml` prints and
 what the API server returns. Anything malformed raises `ObjectError` saying
-which object and which field; unknown kinds are the caller's business.
+which object and which field; unknown kinds are the caller's business. Each
+parser stamps the values with the id of the cluster the object came from.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def _condition(conditions: Mapping[str, Any], name: str, default: bool) -> bool:
     return default if value is None else bool(value)
 
 
-def parse_service(obj: Obj) -> Service:
+def parse_service(obj: Obj, cluster: str = "") -> Service:
     """A Service; ExternalName services have no endpoints and keep no ports."""
     namespace, name = _metadata(obj)
     spec = obj.get("spec") or {}
@@ -92,7 +93,7 @@ def parse_service(obj: Obj) -> Service:
                     app_protocol=str(raw.get("appProtocol") or ""),
                 )
             )
-    return Service(ServiceKey(namespace, name), tuple(ports))
+    return Service(ServiceKey(namespace, name), tuple(ports), cluster)
 
 
 def _endpoint_ports(obj: Obj, raw_ports: Any, where: str) -> tuple[EndpointPort, ...]:
@@ -131,7 +132,7 @@ def _slice_endpoint(obj: Obj, raw: Any, i: int) -> Endpoint:
     )
 
 
-def parse_endpoint_slice(obj: Obj) -> EndpointSet | None:
+def parse_endpoint_slice(obj: Obj, cluster: str = "") -> EndpointSet | None:
     """An EndpointSlice; None for FQDN slices, which EDS cannot carry as IPs."""
     namespace, name = _metadata(obj)
     labels = (obj.get("metadata") or {}).get("labels") or {}
@@ -145,7 +146,7 @@ def parse_endpoint_slice(obj: Obj) -> EndpointSet | None:
         for i, raw in enumerate(_list(obj, obj.get("endpoints"), "endpoints"))
     )
     group = EndpointGroup(_endpoint_ports(obj, obj.get("ports"), "ports"), endpoints)
-    key = EndpointSetKey("EndpointSlice", namespace, name)
+    key = EndpointSetKey("EndpointSlice", namespace, name, cluster)
     return EndpointSet(key, ServiceKey(namespace, service), (group,))
 
 
@@ -159,7 +160,7 @@ def _legacy_addresses(obj: Obj, raw: Any, where: str, ready: bool) -> list[Endpo
     return found
 
 
-def parse_endpoints(obj: Obj) -> EndpointSet:
+def parse_endpoints(obj: Obj, cluster: str = "") -> EndpointSet:
     """A legacy v1 Endpoints object: each subset is a group; notReadyAddresses are not ready."""
     namespace, name = _metadata(obj)
     groups = []
@@ -173,5 +174,5 @@ def parse_endpoints(obj: Obj) -> EndpointSet:
         )
         ports = _endpoint_ports(obj, subset.get("ports"), f"{where}.ports")
         groups.append(EndpointGroup(ports, tuple(endpoints)))
-    key = EndpointSetKey("Endpoints", namespace, name)
+    key = EndpointSetKey("Endpoints", namespace, name, cluster)
     return EndpointSet(key, ServiceKey(namespace, name), tuple(groups))

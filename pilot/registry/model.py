@@ -3,12 +3,19 @@
 A Kubernetes `EndpointSlice` and a legacy `Endpoints` object both become an
 `EndpointSet`: groups of endpoints that share a port list. Equality is by
 content, so a rewrite with the same content is recognisably "no change".
+
+Every Service and endpoint set comes from one cluster (`cluster`, its cluster
+id; "" in tests that need no cluster). A Service of the same name and
+namespace in several clusters is one service (`ServiceKey` has no cluster):
+the index merges them, and its endpoints come from every cluster.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+
+DEFAULT_CLUSTER_ID = "Kubernetes"  # Istio's name for the local cluster (`--cluster-id`)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -41,6 +48,7 @@ class Service:
 
     key: ServiceKey
     ports: tuple[ServicePort, ...]
+    cluster: str = ""  # the cluster id it came from
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -50,6 +58,7 @@ class EndpointSetKey:
     kind: str
     namespace: str
     name: str
+    cluster: str = ""  # the cluster id it came from: two clusters may use the same name
 
 
 class Health(Enum):

@@ -22,12 +22,18 @@ class RegistryUpdater(Protocol):
         """A Service or an endpoint set was added or changed."""
         ...
 
-    def delete(self, key: ServiceKey | EndpointSetKey) -> None:
-        """A Service or an endpoint set went away."""
+    def delete(self, key: ServiceKey | EndpointSetKey, cluster: str = "") -> None:
+        """A Service (of `cluster`) or an endpoint set (its key names its cluster) went away."""
         ...
 
     def replace_all(
         self, services: Iterable[Service], endpoint_sets: Iterable[EndpointSet]
     ) -> None:
-        """The registry is now exactly this (a file reload)."""
+        """The registry is now exactly this, in every cluster (a file reload)."""
+        ...
+
+    def replace_cluster(
+        self, cluster: str, services: Iterable[Service], endpoint_sets: Iterable[EndpointSet]
+    ) -> None:
+        """One cluster's part is now exactly this (empty: the cluster is gone)."""
         ...

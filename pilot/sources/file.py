@@ -15,6 +15,7 @@ import os
 import time
 from pathlib import Path
 
+from pilot.registry.model import DEFAULT_CLUSTER_ID
 from pilot.registry.updater import RegistryUpdater
 from pilot.sources.file_format import RegistryFileError, RegistryState, parse_registry
 from pilot.sources.parse_worker import parse_off_loop
@@ -32,8 +33,11 @@ class FileRegistry:
         path: Path,
         updater: RegistryUpdater,
         poll_interval: float = 0.5,
+        cluster: str = DEFAULT_CLUSTER_ID,
     ) -> None:
         self.path = path
+        self.cluster = cluster  # the local cluster: documents naming none belong to it
+        self._clusters: set[str] = set()  # the clusters the last good version held
         self._updater = updater
         self._poll_interval = poll_interval
         self._stat: tuple[int, int, int] | None = None
@@ -78,12 +82,12 @@ class FileRegistry:
         self._empty_seen = False
         self._digest = digest
         try:
-            state = await parse_off_loop(data, str(self.path))
+            state = await parse_off_loop(data, str(self.path), self.cluster)
         except RegistryFileError as error:
             self._reject(str(error))
             return
         self.last_error = None
-        self._updater.replace_all(state.services, state.endpoint_sets)
+        self._apply(state)
         log.info(
             "loaded %s: %d services, %d endpoint sets in %.2f s",
             self.path,
@@ -92,6 +96,20 @@ class FileRegistry:
             time.monotonic() - started,
         )
         self._synced.set()
+
+    def _apply(self, state: RegistryState) -> None:
+        """Each cluster the file holds, or held, is now what the file says of it: the
+        file owns those clusters, and nothing of clusters watched elsewhere."""
+        clusters = {s.cluster for s in state.services} | {
+            s.key.cluster for s in state.endpoint_sets
+        }
+        for cluster in sorted(clusters | self._clusters):
+            self._updater.replace_cluster(
+                cluster,
+                [s for s in state.services if s.cluster == cluster],
+                [s for s in state.endpoint_sets if s.key.cluster == cluster],
+            )
+        self._clusters = clusters
 
     def _reject(self, message: str) -> None:
         if message != self.last_error:

@@ -5,6 +5,10 @@ Reads Service, EndpointSlice and Endpoints objects, one per document or in a
 prints). JSON is parsed as JSON (fifty times faster than as YAML, which it also
 is); anything else, or JSON that does not parse, as YAML. Errors name the file,
 the document and the object.
+
+A document may say which cluster its objects come from (`cluster: ID` beside
+`kind`, for a `kind: List` its items'); objects of documents that name none
+belong to the local cluster (the cluster id pilot was given, `--cluster-id`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pilot.registry.kubernetes_objects import (
     parse_endpoints,
     parse_service,
 )
-from pilot.registry.model import EndpointSet, Service
+from pilot.registry.model import DEFAULT_CLUSTER_ID, EndpointSet, Service
 
 log = logging.getLogger("pilot.sources.file")
 
@@ -62,20 +66,31 @@ def _loaded(text: str, origin: str) -> list[Any]:
         raise RegistryFileError(f"{origin}: not valid YAML: {error}") from error
 
 
-def _documents(text: str, origin: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+Located = tuple[str, str, Mapping[str, Any]]  # where, cluster, the object
+
+
+def _documents(text: str, origin: str, local: str) -> Iterator[Located]:
     for number, document in enumerate(_loaded(text, origin), start=1):
         if document is None:
             continue
         if not isinstance(document, Mapping):
             raise RegistryFileError(f"{origin}: document {number} is not a mapping")
+        cluster = _cluster_of(document, f"{origin}: document {number}", local)
         if document.get("kind") == "List" or str(document.get("kind", "")).endswith("List"):
             items = document.get("items") or []
             if not isinstance(items, list):
                 raise RegistryFileError(f"{origin}: document {number}: items must be a list")
             for index, item in enumerate(items):
-                yield f"{origin}: document {number} item {index}", item
+                yield f"{origin}: document {number} item {index}", cluster, item
         else:
-            yield f"{origin}: document {number}", document
+            yield f"{origin}: document {number}", cluster, document
+
+
+def _cluster_of(document: Mapping[str, Any], where: str, local: str) -> str:
+    cluster = document.get("cluster", local)
+    if not isinstance(cluster, str) or not cluster:
+        raise RegistryFileError(f"{where}: cluster must be a non-empty string (a cluster id)")
+    return cluster
 
 
 def _kind_of(where: str, obj: Any) -> str:
@@ -87,24 +102,25 @@ def _kind_of(where: str, obj: Any) -> str:
     return kind
 
 
-def parse_registry(text: str, origin: str) -> RegistryState:
-    """Parse a whole file; raises RegistryFileError naming the first bad object."""
+def parse_registry(text: str, origin: str, cluster: str = DEFAULT_CLUSTER_ID) -> RegistryState:
+    """Parse a whole file, objects of documents naming no cluster in `cluster`; raises
+    RegistryFileError naming the first bad object."""
     services: list[Service] = []
     endpoint_sets: list[EndpointSet] = []
-    for where, obj in _documents(text, origin):
+    for where, at, obj in _documents(text, origin, cluster):
         kind = _kind_of(where, obj)
         if kind not in SUPPORTED_KINDS:
             log.debug("%s: skipping %s", where, object_label(obj))
             continue
         try:
             if kind == "Service":
-                services.append(parse_service(obj))
+                services.append(parse_service(obj, at))
             elif kind == "EndpointSlice":
-                parsed = parse_endpoint_slice(obj)
+                parsed = parse_endpoint_slice(obj, at)
                 if parsed is not None:
                     endpoint_sets.append(parsed)
             else:
-                endpoint_sets.append(parse_endpoints(obj))
+                endpoint_sets.append(parse_endpoints(obj, at))
         except ObjectError as error:
             raise RegistryFileError(f"{where}: {error}") from error
     return RegistryState(tuple(services), tuple(endpoint_sets))

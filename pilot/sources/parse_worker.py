@@ -22,6 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from pilot.registry.model import DEFAULT_CLUSTER_ID
 from pilot.sources.file_format import RegistryFileError, RegistryState, parse_registry
 
 INLINE_BYTES = 32 * 1024  # parsed on the loop below this: a few ms at most
@@ -30,23 +31,25 @@ FEED_BYTES = 1 << 20
 _OK, _FAILED = "ok", "failed"
 
 
-async def parse_off_loop(data: bytes, origin: str) -> RegistryState:
-    """The file's registry state; RegistryFileError if it is broken."""
+async def parse_off_loop(data: bytes, origin: str, cluster: str) -> RegistryState:
+    """The file's registry state (`cluster`: the local cluster's id); RegistryFileError if
+    it is broken."""
     if len(data) < INLINE_BYTES:
-        return parse_registry(data.decode("utf-8", errors="replace"), origin)
-    output = await _run_worker(data, origin)
+        return parse_registry(data.decode("utf-8", errors="replace"), origin, cluster)
+    output = await _run_worker(data, origin, cluster)
     try:
         return await _unpickled(output)
     except (EOFError, pickle.UnpicklingError) as error:
         raise RegistryFileError(f"{origin}: the parser process answered badly: {error}") from error
 
 
-async def _run_worker(data: bytes, origin: str) -> bytes:
+async def _run_worker(data: bytes, origin: str, cluster: str) -> bytes:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         __name__,
         origin,
+        cluster,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -112,10 +115,11 @@ def _chunks(objects: Sequence[Any]) -> list[Sequence[Any]]:
 def main(argv: list[str]) -> int:
     """The child: the file on stdin, pickles on stdout."""
     origin = argv[0] if argv else "registry file"
+    cluster = argv[1] if len(argv) > 1 else DEFAULT_CLUSTER_ID
     data = sys.stdin.buffer.read()
     out = sys.stdout.buffer
     try:
-        state = parse_registry(data.decode("utf-8", errors="replace"), origin)
+        state = parse_registry(data.decode("utf-8", errors="replace"), origin, cluster)
     except RegistryFileError as error:
         pickle.dump((_FAILED, str(error)), out)
         return 0

@@ -24,9 +24,10 @@ async def test_a_large_file_parsed_by_the_worker_equals_parsing_in_place(output:
     services = CHUNK + 7  # more than one chunk of each kind
     text = render(kubectl_list(services), output)
     assert len(text) > INLINE_BYTES
-    by_worker = await parse_off_loop(text.encode(), f"mesh.{output}")
-    assert by_worker == parse_registry(text, f"mesh.{output}")
+    by_worker = await parse_off_loop(text.encode(), f"mesh.{output}", "west")
+    assert by_worker == parse_registry(text, f"mesh.{output}", "west")
     assert len(by_worker.services) == services and len(by_worker.endpoint_sets) == services
+    assert {s.cluster for s in by_worker.services} == {"west"}, "the local cluster id, passed on"
 
 
 async def test_a_broken_large_file_is_refused_naming_the_object() -> None:
@@ -36,10 +37,10 @@ async def test_a_broken_large_file_is_refused_naming_the_object() -> None:
     assert len(text) > INLINE_BYTES
     message = "mesh.json: document 1 item 121: EndpointSlice ns-10/svc-60-x7k2p"
     with pytest.raises(RegistryFileError, match=re.escape(message)):
-        await parse_off_loop(text.encode(), "mesh.json")
+        await parse_off_loop(text.encode(), "mesh.json", "Kubernetes")
 
 
 async def test_a_large_file_that_is_not_yaml_is_refused() -> None:
     text = "kind: [" + "x" * INLINE_BYTES
     with pytest.raises(RegistryFileError, match=re.escape("mesh.yaml: not valid YAML")):
-        await parse_off_loop(text.encode(), "mesh.yaml")
+        await parse_off_loop(text.encode(), "mesh.yaml", "Kubernetes")

@@ -195,10 +195,12 @@ def _protobuf_assignment(name: str, hosts: dict[Any, Any]) -> bytes:
         Health.HEALTHY: health_check_pb2.HEALTHY,
         Health.DRAINING: health_check_pb2.DRAINING,
     }
-    for (address, number), (health, zone) in sorted(hosts.items()):
+    for (address, number), (health, zone, cluster) in sorted(hosts.items()):
         lb = endpoint_components_pb2.LbEndpoint(health_status=statuses[health])
         lb.endpoint.address.socket_address.address = address
         lb.endpoint.address.socket_address.port_value = number
+        if cluster:
+            lb.metadata.filter_metadata["istio"].update({"cluster_id": cluster})
         by_zone.setdefault(zone, []).append(lb)
     message = endpoint_pb2.ClusterLoadAssignment(cluster_name=name)
     for zone in sorted(by_zone):
@@ -228,14 +230,17 @@ _ENDPOINTS = st.lists(
     endpoints=_ENDPOINTS,
     number=st.integers(min_value=0, max_value=65535),
     name=st.sampled_from(["", "outbound|80||web.shop.svc.cluster.local"]),
+    cluster=st.sampled_from(["", "Kubernetes", "east-1", "é"]),
 )
 def test_hand_encoded_assignments_are_protobufs_own_bytes(
-    endpoints: list[Endpoint], number: int, name: str
+    endpoints: list[Endpoint], number: int, name: str, cluster: str
 ) -> None:
     """Versions are content hashes: the hand encoder must give protobuf's exact bytes."""
     group = EndpointGroup((EndpointPort("http", number),), tuple(endpoints))
     endpoint_set = EndpointSet(
-        EndpointSetKey("EndpointSlice", "shop", "web-1"), ServiceKey("shop", "web"), (group,)
+        EndpointSetKey("EndpointSlice", "shop", "web-1", cluster),
+        ServiceKey("shop", "web"),
+        (group,),
     )
     port = ServicePort("http", 80)
     hosts = collect_hosts(port, [endpoint_set])

@@ -25,7 +25,7 @@ from pilot.registry.kubernetes_objects import (
     parse_endpoints,
     parse_service,
 )
-from pilot.registry.model import EndpointSetKey, ServiceKey
+from pilot.registry.model import DEFAULT_CLUSTER_ID, EndpointSetKey, ServiceKey
 from pilot.registry.updater import RegistryUpdater
 from pilot.sources.kubernetes.config import EndpointsApi, KubernetesSettings
 from pilot.sources.kubernetes.informer import Informer, Obj, Request
@@ -34,33 +34,37 @@ log = logging.getLogger("pilot.sources.kubernetes")
 
 
 class _ServiceHandler:
-    def __init__(self, updater: RegistryUpdater) -> None:
+    def __init__(self, updater: RegistryUpdater, cluster: str) -> None:
         self._updater = updater
+        self._cluster = cluster
 
     def upsert(self, obj: Obj) -> None:
         try:
-            service = parse_service(obj)
+            service = parse_service(obj, self._cluster)
         except ObjectError as error:
-            log.warning("ignoring %s", error)
+            log.warning("cluster %s: ignoring %s", self._cluster, error)
             return
         self._updater.upsert(service)
 
     def delete(self, namespace: str, name: str) -> None:
-        self._updater.delete(ServiceKey(namespace or "default", name))
+        self._updater.delete(ServiceKey(namespace or "default", name), self._cluster)
 
 
 class _EndpointsHandler:
-    def __init__(self, updater: RegistryUpdater, kind: str) -> None:
+    def __init__(self, updater: RegistryUpdater, kind: str, cluster: str) -> None:
         self._updater = updater
         self._kind = kind
+        self._cluster = cluster
 
     def upsert(self, obj: Obj) -> None:
         try:
             parsed = (
-                parse_endpoint_slice(obj) if self._kind == "EndpointSlice" else parse_endpoints(obj)
+                parse_endpoint_slice(obj, self._cluster)
+                if self._kind == "EndpointSlice"
+                else parse_endpoints(obj, self._cluster)
             )
         except ObjectError as error:
-            log.warning("ignoring %s", error)
+            log.warning("cluster %s: ignoring %s", self._cluster, error)
             return
         if parsed is None:  # an FQDN slice: nothing EDS can carry
             meta = obj.get("metadata") or {}
@@ -70,7 +74,8 @@ class _EndpointsHandler:
         self._updater.upsert(parsed)
 
     def delete(self, namespace: str, name: str) -> None:
-        self._updater.delete(EndpointSetKey(self._kind, namespace or "default", name))
+        key = EndpointSetKey(self._kind, namespace or "default", name, self._cluster)
+        self._updater.delete(key)
 
 
 def _requests(
@@ -99,8 +104,10 @@ class KubernetesRegistry:
         updater: RegistryUpdater,
         api_client: client.ApiClient,
         server: str,
+        cluster: str = DEFAULT_CLUSTER_ID,
     ) -> None:
         self.settings = settings
+        self.cluster = cluster
         self._updater = updater
         self._api_client = api_client
         self.server = server
@@ -119,9 +126,9 @@ class KubernetesRegistry:
                 api_client, namespace, self.settings.endpoints_api
             ).items():
                 if kind == "Service":
-                    handler: Any = _ServiceHandler(self._updater)
+                    handler: Any = _ServiceHandler(self._updater, self.cluster)
                 else:
-                    handler = _EndpointsHandler(self._updater, kind)
+                    handler = _EndpointsHandler(self._updater, kind, self.cluster)
                 selector = SERVICE_NAME_LABEL if kind == "EndpointSlice" else ""
                 informers.append(Informer(kind, request, handler, self.settings.informer, selector))
         return informers
@@ -130,12 +137,13 @@ class KubernetesRegistry:
         """Start watching."""
         self.informers = self._build_informers(self._api_client)
         self._tasks = [
-            asyncio.create_task(informer.run(), name=f"informer-{informer.kind}")
+            asyncio.create_task(informer.run(), name=f"informer-{self.cluster}-{informer.kind}")
             for informer in self.informers
         ]
         scope = ", ".join(self.settings.namespaces) or "all namespaces"
         log.info(
-            "watching %s in %s on %s",
+            "cluster %s: watching %s in %s on %s",
+            self.cluster,
             " and ".join(sorted({i.kind for i in self.informers})),
             scope,
             self.server,

@@ -1,0 +1,123 @@
+"""One mesh from several clusters: services merged by name and namespace, endpoints from
+every cluster, each endpoint marked with its cluster id, one cluster replaced alone."""
+
+from __future__ import annotations
+
+import pytest
+from envoy.config.endpoint.v3 import endpoint_pb2
+
+from pilot.generators.eds import build_load_assignment
+from pilot.registry.index import EndpointIndex
+from pilot.registry.kubernetes_objects import parse_endpoint_slice, parse_endpoints, parse_service
+from pilot.registry.model import EndpointSet, Service, ServiceKey
+from pilot.sources.file_format import RegistryFileError, parse_registry
+from tests.support.mesh import Ep, endpoint_slice, service
+
+WEB = ServiceKey("default", "web")
+EAST, WEST = "east", "west"
+
+
+def _svc(cluster: str, ports: tuple[tuple[str, int], ...] = (("http", 80),)) -> Service:
+    return parse_service(service("web", ports=ports), cluster)
+
+
+def _slice(cluster: str, *ips: str, zone: str = "") -> EndpointSet:
+    parsed = parse_endpoint_slice(
+        endpoint_slice("web", [Ep(ip, zone=zone) for ip in ips], name="web-1"), cluster
+    )
+    assert parsed is not None
+    return parsed
+
+
+def _hosts(index: EndpointIndex) -> dict[str, str]:
+    """address -> the cluster id its endpoint metadata names, in web's assignment."""
+    assignment = build_load_assignment(
+        "web", index.services[WEB].ports[0], index.endpoint_sets(WEB)
+    )
+    return _by_address(assignment)
+
+
+def _by_address(assignment: endpoint_pb2.ClusterLoadAssignment) -> dict[str, str]:
+    return {
+        lb.endpoint.address.socket_address.address: lb.metadata.filter_metadata["istio"][
+            "cluster_id"
+        ]
+        for locality in assignment.endpoints
+        for lb in locality.lb_endpoints
+    }
+
+
+def test_one_service_from_two_clusters_has_the_endpoints_of_both() -> None:
+    index = EndpointIndex(primary=EAST)
+    assert index.upsert_service(_svc(EAST)).full == {WEB}
+    assert not index.upsert_service(_svc(WEST)), "the same service again changes no cluster"
+    index.upsert_endpoints(_slice(EAST, "10.0.0.1"))
+    change = index.upsert_endpoints(_slice(WEST, "10.1.0.1"))  # the same slice name
+    assert change.endpoints == {WEB} and not change.full
+    assert _hosts(index) == {"10.0.0.1": EAST, "10.1.0.1": WEST}
+    assert index.clusters_of(WEB) == [EAST, WEST]
+
+
+def test_a_service_stays_while_any_cluster_has_it() -> None:
+    index = EndpointIndex(primary=EAST)
+    index.upsert_service(_svc(EAST))
+    index.upsert_service(_svc(WEST))
+    assert not index.delete_service(WEB, EAST), "west still has it: no cluster change"
+    assert WEB in index.services
+    assert index.delete_service(WEB, WEST).full == {WEB}
+    assert WEB not in index.services
+
+
+def test_ports_merge_by_name_and_the_primary_wins_a_conflict() -> None:
+    index = EndpointIndex(primary=WEST)
+    index.upsert_service(_svc(EAST, (("http", 80), ("admin", 9000))))
+    change = index.upsert_service(_svc(WEST, (("http", 8080), ("grpc", 9090))))
+    assert change.full == {WEB}
+    ports = {port.name: port.port for port in index.services[WEB].ports}
+    assert ports == {"http": 8080, "grpc": 9090, "admin": 9000}
+
+
+def test_each_cluster_chooses_slices_or_legacy_endpoints_for_itself() -> None:
+    index = EndpointIndex()
+    index.upsert_service(_svc(EAST))
+    index.upsert_endpoints(_slice(EAST, "10.0.0.1"))
+    subset = {"addresses": [{"ip": "10.1.0.9"}], "ports": [{"name": "http", "port": 8080}]}
+    legacy_object = {"kind": "Endpoints", "metadata": {"name": "web"}, "subsets": [subset]}
+    legacy = parse_endpoints(legacy_object, WEST)
+    index.upsert_endpoints(legacy)
+    assert _hosts(index) == {"10.0.0.1": EAST, "10.1.0.9": WEST}
+
+
+def test_replacing_one_cluster_leaves_the_others_alone() -> None:
+    index = EndpointIndex(primary=EAST)
+    index.upsert_service(_svc(EAST))
+    index.upsert_endpoints(_slice(EAST, "10.0.0.1"))
+    index.upsert_service(_svc(WEST))
+    index.upsert_endpoints(_slice(WEST, "10.1.0.1"))
+    change = index.replace_cluster(WEST, [], [])  # the west cluster is gone
+    assert change.endpoints == {WEB} and not change.full
+    assert _hosts(index) == {"10.0.0.1": EAST}
+
+
+def test_a_file_names_the_cluster_of_each_document() -> None:
+    text = """
+kind: List
+cluster: west
+items:
+- {apiVersion: v1, kind: Service, metadata: {name: web, namespace: default},
+   spec: {ports: [{name: http, port: 80}]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: db, namespace: default}
+spec: {ports: [{name: tcp, port: 5432}]}
+"""
+    state = parse_registry(text, "mesh.yaml", "home")
+    assert {(s.key.name, s.cluster) for s in state.services} == {("web", "west"), ("db", "home")}
+
+
+@pytest.mark.parametrize("bad", ["''", "[west]", "7"])
+def test_a_cluster_that_is_no_id_is_refused_naming_the_document(bad: str) -> None:
+    text = f"kind: Service\ncluster: {bad}\nmetadata: {{name: web}}\nspec: {{ports: []}}\n"
+    with pytest.raises(RegistryFileError, match=r"mesh\.yaml: document 1: cluster must be"):
+        parse_registry(text, "mesh.yaml", "home")
