@@ -5,7 +5,8 @@ cluster (CDS `*`) and to the assignment of service i. Changing one endpoint
 must serialize exactly one ClusterLoadAssignment, send no CDS at all, and wake
 only the streams subscribed to that cluster. With the Kubernetes registry, a
 burst of 1,000 endpoint events inside one debounce window is one push per
-affected stream.
+affected stream. With every service in a second cluster too, a change in that
+cluster costs the same: one assignment, with the endpoints of both.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pilot.push.debounce import DebounceSettings
 from pilot.xds import types
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
 from tests.protocol.client import DeltaStream, XdsClient, delta_resources, endpoint_ips
-from tests.support.mesh import Ep, cluster_name, endpoint_slice, service
+from tests.support.mesh import Ep, cluster_name, endpoint_slice, service, write_mesh
 from tests.support.pilot import RunningPilot, running_kube_pilot, running_pilot
 
 SERVICES = 500
@@ -139,3 +140,30 @@ async def test_a_thousand_events_in_one_window_is_one_push_per_stream(tmp_path: 
         assert stats.pushes == 1
         assert dict(stats.serializations) == {types.ENDPOINT: len(affected)}
         assert dict(stats.responses) == {types.ENDPOINT: len(affected)}
+
+
+def _west(changed: dict[int, int] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Each service again in the cluster `west`, with an endpoint of its own there."""
+    changed = changed or {}
+    return {"west": [o for i in range(SERVICES) for o in _objects(i, 100 + changed.get(i, 0))]}
+
+
+async def test_a_remote_cluster_endpoint_change_costs_one_assignment(tmp_path: Path) -> None:
+    """A service merged from two clusters: an endpoint change in one is one assignment,
+    with the endpoints of both, to its subscribers only; no cluster is pushed."""
+    async with (
+        running_pilot(tmp_path, _mesh(), clusters=_west()) as pilot,
+        _subscribed(pilot) as streams,
+    ):
+        stats = pilot.discovery.stats
+        stats.reset()
+        assert pilot.config is not None
+        write_mesh(pilot.config, _mesh(), _west({7: 1}))
+        response = await streams[7].next_response(TIMEOUT)
+        assert response.type_url == types.ENDPOINT, "an endpoint change sends no clusters"
+        held = delta_resources(response)
+        assert set(held) == {cluster_name(_name(7))}
+        both = {_ip(7), _ip(7, 101)}
+        assert endpoint_ips(held[cluster_name(_name(7))].message) == both
+        assert dict(stats.serializations) == {types.ENDPOINT: 1}
+        assert stats.streams_woken == 1, "only the subscribed stream is woken"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,16 +70,30 @@ def endpoint_slice(
     }
 
 
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
 def as_list(objects: Iterable[dict[str, Any]]) -> str:
     """A `kind: List` document, like kubectl prints."""
     document = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
-    return yaml.dump(document, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper))
+    return yaml.dump(document, Dumper=_DUMPER)
 
 
-def write_mesh(path: Path, objects: Iterable[dict[str, Any]]) -> None:
-    """Replace the registry file atomically, as an editor or a config tool would."""
+def write_mesh(
+    path: Path,
+    objects: Iterable[dict[str, Any]],
+    clusters: Mapping[str, Iterable[dict[str, Any]]] | None = None,
+) -> None:
+    """Replace the registry file atomically, as an editor or a config tool would.
+
+    `objects` are the local cluster's; `clusters` adds a document per other cluster
+    (`cluster: ID`)."""
+    documents = [as_list(objects)]
+    for cluster, theirs in (clusters or {}).items():
+        document = {"apiVersion": "v1", "kind": "List", "cluster": cluster, "items": list(theirs)}
+        documents.append(yaml.dump(document, Dumper=_DUMPER))
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(as_list(objects))
+    tmp.write_text("---\n".join(documents))
     tmp.replace(path)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,15 +119,18 @@ async def running_pilot(
     debounce: DebounceSettings = FAST_DEBOUNCE,
     security: dict[str, Any] | None = None,
     kubeconfig: Path | None = None,
+    *,
+    clusters: Mapping[str, Iterable[dict[str, Any]]] | None = None,
     **overrides: Any,
 ) -> AsyncIterator[RunningPilot]:
-    """A pilot on the file registry, the file written from `objects` first.
+    """A pilot on the file registry, the file written from `objects` first (and a
+    document per other cluster in `clusters`).
 
     `security` overrides SecuritySettings fields; `kubeconfig` gives it a
     Kubernetes API for TokenReview; other keywords override Settings fields.
     """
     config = tmp_path / "mesh.yaml"
-    write_mesh(config, objects)
+    write_mesh(config, objects, clusters)
     settings = _settings(
         tmp_path / "ca",
         config=config,
