@@ -98,7 +98,8 @@ def edsz(cache: ResourceCache, cluster: str | None) -> Json:
 
 
 def registryz(index: EndpointIndex) -> Json:
-    """The registry as pilot sees it: services and the endpoint sets feeding each."""
+    """The registry as pilot sees it: services (with the clusters that have each) and the
+    endpoint sets feeding each (with the cluster each came from)."""
     services = []
     for key in sorted(index.services):
         service = index.services[key]
@@ -106,9 +107,15 @@ def registryz(index: EndpointIndex) -> Json:
             {
                 "namespace": key.namespace,
                 "name": key.name,
+                "clusters": index.clusters_of(key),
                 "ports": [dataclasses.asdict(port) for port in service.ports],
                 "endpoint_sets": [
-                    {"kind": s.key.kind, "name": s.key.name, "groups": _groups(s.groups)}
+                    {
+                        "kind": s.key.kind,
+                        "name": s.key.name,
+                        "cluster": s.key.cluster,
+                        "groups": _groups(s.groups),
+                    }
                     for s in index.endpoint_sets(key)
                 ],
             }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from envoy.config.endpoint.v3 import endpoint_pb2
 
+from pilot.debug import views
 from pilot.generators.eds import build_load_assignment
 from pilot.registry.index import EndpointIndex
 from pilot.registry.kubernetes_objects import parse_endpoint_slice, parse_endpoints, parse_service
@@ -121,3 +122,13 @@ def test_a_cluster_that_is_no_id_is_refused_naming_the_document(bad: str) -> Non
     text = f"kind: Service\ncluster: {bad}\nmetadata: {{name: web}}\nspec: {{ports: []}}\n"
     with pytest.raises(RegistryFileError, match=r"mesh\.yaml: document 1: cluster must be"):
         parse_registry(text, "mesh.yaml", "home")
+
+
+def test_registryz_tells_which_cluster_each_part_came_from() -> None:
+    index = EndpointIndex(primary=EAST)
+    for cluster, ip in ((EAST, "10.0.0.1"), (WEST, "10.1.0.1")):
+        index.upsert_service(_svc(cluster))
+        index.upsert_endpoints(_slice(cluster, ip))
+    (web,) = views.registryz(index)["services"]
+    assert web["clusters"] == [EAST, WEST]
+    assert [s["cluster"] for s in web["endpoint_sets"]] == [EAST, WEST]
