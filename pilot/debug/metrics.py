@@ -2,8 +2,9 @@
 
 Counters pilot keeps anyway (XdsStats, SecretStats, informer counters) are read
 at scrape time by `PilotCollector`; histograms are observed where things
-happen. Labels are bounded (xDS type, Kubernetes kind): never a proxy id. Each
-`Metrics` has its own registry, so several pilots can live in one process.
+happen. Labels are bounded (xDS type, Kubernetes kind, the cluster ids an
+operator configured): never a proxy id. Each `Metrics` has its own registry, so
+several pilots can live in one process.
 """
 
 from __future__ import annotations
