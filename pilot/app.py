@@ -53,7 +53,14 @@ from pilot.server.grpc_server import ExtraService, GrpcServer, Listener
 from pilot.server.registry import ConnectionRegistry
 from pilot.settings import Settings
 from pilot.sources.file import FileRegistry
+from pilot.sources.kubernetes.clusters import (
+    RemoteClusters,
+    RemoteSecrets,
+    cluster_status,
+    secret_informer,
+)
 from pilot.sources.kubernetes.connection import connect
+from pilot.sources.kubernetes.informer import Informer
 from pilot.sources.kubernetes.registry import KubernetesRegistry
 from pilot.stats import XdsStats
 from pilot.xds import types
@@ -94,12 +101,15 @@ class Discovery:
             self.metrics,
             DebugState(self.proxies, self.index, self.pushes),
             settings.debug_addr,
+            ready_detail=self.cluster_lines,
         )
         self.api_client: client.ApiClient | None = None
         self._api_server = ""
         self.security: Security | None = None
         self.pipeline: Pipeline | None = None
         self.source: RegistrySource | None = None
+        self.remotes: RemoteClusters | None = None
+        self.remote_secrets: Informer | None = None
         self._grpc: GrpcServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._serving = False
@@ -123,10 +133,26 @@ class Discovery:
             ca_stats=lambda: self.security.ca_service.stats if self.security else None,
             limit_hits=lambda: self.admission.hits.counts,
             informers=informers,
+            clusters=lambda: {c: s == "synced" for c, s in self.cluster_statuses().items()},
+            remote_clusters=lambda: len(self.remotes) if self.remotes is not None else 0,
         )
 
     def is_ready(self) -> bool:
+        """The local registry has synced; remote clusters never hold this back."""
         return self._serving and self.source is not None and self.source.synced
+
+    def cluster_statuses(self) -> dict[str, str]:
+        """Cluster id -> synced, syncing or unreachable: the local cluster first."""
+        source = self.source
+        if isinstance(source, KubernetesRegistry):
+            local = cluster_status(source.informers, source.synced)
+        else:
+            local = "synced" if source is not None and source.synced else "syncing"
+        remotes = self.remotes.statuses() if self.remotes is not None else {}
+        return {self.settings.cluster_id: local} | remotes
+
+    def cluster_lines(self) -> list[str]:
+        return [f"cluster {c}: {status}" for c, status in self.cluster_statuses().items()]
 
     async def _connect(self) -> None:
         kubernetes = self.settings.kubernetes
@@ -160,8 +186,7 @@ class Discovery:
             history=self.pushes,
         )
 
-    def _source(self, pipeline: Pipeline) -> RegistrySource:
-        updater = IndexUpdater(self.index, pipeline.submit, self.stats)
+    def _source(self, updater: IndexUpdater) -> RegistrySource:
         if self.settings.config is not None:
             return FileRegistry(
                 self.settings.config,
@@ -257,8 +282,10 @@ class Discovery:
             drain=self.settings.drain_duration,
         )
         await self.grpc.start()
-        self.source = self._source(pipeline)
+        updater = IndexUpdater(self.index, pipeline.submit, self.stats)
+        self.source = self._source(updater)
         await self.source.start()
+        await self._start_remotes(updater)
         await self.source.wait_synced()
         pipeline.publish_initial()
         # The registry, cache and code are long-lived: keep full collections from
@@ -266,7 +293,7 @@ class Discovery:
         if self.settings.freeze_heap:
             gc.collect()
             gc.freeze()
-        self._tasks = [asyncio.create_task(pipeline.run(), name="push")]
+        self._tasks.append(asyncio.create_task(pipeline.run(), name="push"))
         if tls is not None:
             self._tasks.append(asyncio.create_task(tls.run(), name="tls-renewal"))
         if security.elector is not None:
@@ -292,6 +319,28 @@ class Discovery:
             self.http.port,
         )
 
+    async def _start_remotes(self, updater: IndexUpdater) -> None:
+        """The --remote-kubeconfig clusters, then (in Kubernetes mode) the Secrets' ones."""
+        self.remotes = RemoteClusters(self.settings.kubernetes, updater, self.settings.cluster_id)
+        for cluster, path in self.settings.remote_kubeconfigs:
+            origin = f"--remote-kubeconfig {cluster}={path}"
+            try:
+                kubeconfig = path.read_text(encoding="utf-8")
+            except OSError as error:
+                raise OSError(f"{origin}: {error.strerror or error}") from None
+            await self.remotes.add(cluster, kubeconfig, origin)
+        if self.settings.config is None:
+            assert self.api_client is not None
+            namespace = self.settings.security.namespace
+            handler = RemoteSecrets(self.remotes, namespace)
+            self.remote_secrets = secret_informer(
+                self.api_client, namespace, handler, self.settings.kubernetes
+            )
+            self._tasks.append(asyncio.create_task(handler.run(), name="remote-secrets"))
+            self._tasks.append(
+                asyncio.create_task(self.remote_secrets.run(), name="informer-remote-secrets")
+            )
+
     async def stop(self) -> None:
         """Health goes NOT_SERVING, streams end, background work stops."""
         self._serving = False
@@ -306,6 +355,8 @@ class Discovery:
                 await task
         if self.source is not None:
             await self.source.stop()
+        if self.remotes is not None:
+            await self.remotes.stop()
         if self.security is not None:
             await self.security.close()
         if self.api_client is not None:

@@ -43,6 +43,7 @@ from pilot.settings import (
     csds_trusted_accounts_from_env,
     debounce_from_env,
     push_from_env,
+    remote_kubeconfigs,
     split_host_port,
 )
 from pilot.sources.kubernetes.config import (
@@ -175,6 +176,14 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_CLUSTER_ID,
         help="this cluster's id: endpoints carry it, and remote clusters' services merge"
         " with its own (default %(default)s, as Istio)",
+    )
+    discovery.add_argument(
+        "--remote-kubeconfig",
+        type=_remote_kubeconfig,
+        action="append",
+        metavar="ID=PATH",
+        help="also watch the remote cluster ID through this kubeconfig (repeatable; in"
+        " Kubernetes mode, Secrets labelled istio/multiCluster=true add more)",
     )
     discovery.add_argument(
         "--xds-cluster-name",
@@ -333,6 +342,14 @@ def _cluster_id(text: str) -> str:
     return text
 
 
+def _remote_kubeconfig(text: str) -> tuple[str, Path]:
+    """`ID=PATH`: a remote cluster's id and its kubeconfig file."""
+    cluster, sep, path = text.partition("=")
+    if not sep or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected ID=PATH")
+    return _cluster_id(cluster), Path(path)
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     for address in (args.grpc_addr, args.http_addr):
         split_host_port(address)
@@ -350,6 +367,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         max_connection_age=args.max_connection_age,
         config=args.config,
         cluster_id=args.cluster_id,
+        remote_kubeconfigs=remote_kubeconfigs(args.remote_kubeconfig, args.cluster_id),
         build=BuildSettings(args.cluster_domain, args.xds_cluster_name),
         debounce=debounce_from_env(),
         push=push_from_env(),

@@ -29,6 +29,8 @@ class Settings:
     debug_addr: str | None = None
     config: Path | None = None
     cluster_id: str = DEFAULT_CLUSTER_ID  # the local cluster (--cluster-id)
+    # --remote-kubeconfig ID=PATH: remote clusters watched from the start, by id.
+    remote_kubeconfigs: tuple[tuple[str, Path], ...] = ()
     build: BuildSettings = field(default_factory=BuildSettings)
     debounce: DebounceSettings = field(default_factory=DebounceSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
@@ -110,3 +112,19 @@ def csds_trusted_accounts_from_env(env: Mapping[str, str] | None = None) -> tupl
         if not namespace or not name or "/" in name:
             raise SettingsError(f"PILOT_CSDS_TRUSTED_ACCOUNTS: {account!r} is not ns/sa")
     return accounts
+
+
+def remote_kubeconfigs(
+    given: list[tuple[str, Path]] | None, local_cluster: str
+) -> tuple[tuple[str, Path], ...]:
+    """`--remote-kubeconfig ID=PATH` values, checked: no id twice, none the local one."""
+    seen: set[str] = set()
+    for cluster, _path in given or ():
+        if cluster == local_cluster:
+            raise SettingsError(
+                f"--remote-kubeconfig {cluster}: that is the local cluster's id (--cluster-id)"
+            )
+        if cluster in seen:
+            raise SettingsError(f"--remote-kubeconfig {cluster}: the cluster is given twice")
+        seen.add(cluster)
+    return tuple(given or ())

@@ -131,9 +131,12 @@ class HttpServer:
         metrics: Metrics,
         debug: DebugState,
         debug_address: str | None = None,
+        *,
+        ready_detail: Callable[[], list[str]] = list,
     ) -> None:
         self.host, self.port = split_host_port(address)
         self._is_ready = is_ready
+        self._ready_detail = ready_detail  # a line per cluster, under /ready's first line
         self._metrics = metrics
         main = web.Application(middlewares=[] if debug_address else [_loopback_only])
         main.add_routes(self._probe_routes())
@@ -152,9 +155,10 @@ class HttpServer:
         return [web.get("/ready", self._ready), web.get("/metrics", self._metrics_page)]
 
     async def _ready(self, _request: web.Request) -> web.Response:
+        detail = "".join(f"{line}\n" for line in self._ready_detail())
         if self._is_ready():
-            return web.Response(text="ready\n")
-        return web.Response(status=503, text="not ready: registry not synced\n")
+            return web.Response(text="ready\n" + detail)
+        return web.Response(status=503, text="not ready: registry not synced\n" + detail)
 
     async def _metrics_page(self, _request: web.Request) -> web.Response:
         body = self._metrics.exposition()

@@ -2,8 +2,9 @@
 
 Counters pilot keeps anyway (XdsStats, SecretStats, informer counters) are read
 at scrape time by `PilotCollector`; histograms are observed where things
-happen. Labels are bounded (xDS type, Kubernetes kind): never a proxy id. Each
-`Metrics` has its own registry, so several pilots can live in one process.
+happen. Labels are bounded (xDS type, Kubernetes kind, the cluster ids an
+operator configured): never a proxy id. Each `Metrics` has its own registry, so
+several pilots can live in one process.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ class Sources:
     informers: Callable[[], Iterable[WatchCounts]] = lambda: ()
     ca_stats: Callable[[], CaStats | None] = lambda: None
     limit_hits: Callable[[], Mapping[str, int]] = lambda: {}
+    # Cluster id -> synced and reachable, the local cluster first; then the remote count.
+    clusters: Callable[[], Mapping[str, bool]] = lambda: {}
+    remote_clusters: Callable[[], int] = lambda: 0
     tasks: Callable[[], int] = running_tasks
 
 
@@ -181,6 +185,19 @@ class PilotCollector(Collector):
             relists.add_metric([informer.kind], informer.relists)
         yield restarts
         yield relists
+        synced = GaugeMetricFamily(
+            "pilot_cluster_synced",
+            "1 while a cluster's informers have listed and reach its API server, else 0.",
+            labels=["cluster_id"],
+        )
+        for cluster, healthy in self._sources.clusters().items():
+            synced.add_metric([cluster], 1 if healthy else 0)
+        yield synced
+        yield GaugeMetricFamily(
+            "pilot_remote_clusters",
+            "Remote clusters watched (--remote-kubeconfig and multi-cluster Secrets).",
+            value=self._sources.remote_clusters(),
+        )
 
 
 class Metrics:

@@ -81,7 +81,7 @@ async def test_debug_addr_serves_the_debug_endpoints_on_their_own_port(tmp_path:
         assert "cds" in rows[0]["types"]
         status, registryz = await pilot.get("/debug/registryz", port=pilot.debug_port)
         assert status == 200 and _services(registryz) == SERVICES
-        assert await pilot.get("/ready") == (200, "ready\n")
+        assert await pilot.get("/ready") == (200, "ready\ncluster Kubernetes: synced\n")
         status, metrics = await pilot.get("/metrics")
         assert status == 200 and "\npilot_services 4.0\n" in metrics
         status, _ = await pilot.get("/debug/syncz")
@@ -101,7 +101,10 @@ async def test_the_http_port_answers_debug_to_loopback_only(tmp_path: Path) -> N
             status, body = await http_get(_url(outside, port, path), source=outside)
             assert status == 403, f"{path} from {outside}: HTTP {status}"
             assert "loopback only" in body["error"]
-        assert await http_get(_url(outside, port, "/ready"), source=outside) == (200, "ready\n")
+        assert await http_get(_url(outside, port, "/ready"), source=outside) == (
+            200,
+            "ready\ncluster Kubernetes: synced\n",
+        )
         status, metrics = await http_get(_url(outside, port, "/metrics"), source=outside)
         assert status == 200 and "\npilot_services 4.0\n" in metrics
         status, registryz = await http_get(_url(loopback, port, "/debug/registryz"), loopback)

@@ -81,6 +81,9 @@ NAMESPACE_GRANTS = {
     ("", "secrets", "get"),
     ("", "secrets", "create"),
     ("", "secrets", "update"),
+    # Remote clusters' Secrets, by label (pilot/sources/kubernetes/clusters.py).
+    ("", "secrets", "list"),
+    ("", "secrets", "watch"),
     ("coordination.k8s.io", "leases", "get"),
     ("coordination.k8s.io", "leases", "create"),
     ("coordination.k8s.io", "leases", "update"),

@@ -128,7 +128,18 @@ _IN_POD = (
     "reaches the example app's sidecar through a port-forward into a cluster;"
     " tests/integration/test_sds_mtls.py runs Envoys with that sidecar's set-up"
 )
+_TWO_CLUSTERS = (
+    "needs a second, real cluster (and its kubeconfig); tests/integration/test_many_clusters.py"
+    " runs pilot discovery --remote-kubeconfig and applies this Secret to test API servers"
+)
 NOT_HERE = {
+    "pilot discovery --cluster-id east --remote-kubeconfig west=west-kubeconfig.yaml": (
+        _TWO_CLUSTERS
+    ),
+    "kubectl -n pilot-system create secret generic istio-remote-secret-west"
+    " --from-file=west=west-kubeconfig.yaml": _TWO_CLUSTERS,
+    "kubectl -n pilot-system label secret istio-remote-secret-west"
+    " istio/multiCluster=true": _TWO_CLUSTERS,
     "pip install -e '.[test]' && python -m pytest": _SUITE,
     "POD_NAMESPACE=shop SERVICE_ACCOUNT=cart CA_TOKEN_FILE=./var/run/secrets/tokens/istio-token"
     " \\\n  pilot agent --discovery-address pilot.pilot-system.svc:15012": (

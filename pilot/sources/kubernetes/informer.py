@@ -7,7 +7,9 @@ Semantics (those of client-go's reflector):
 - On 410 Expired (from the watch request or an ERROR event), list again and hand
   the handler the *whole* state: it applies only the difference, so a relist
   never removes anything that still exists.
-- On transport or server errors, retry with exponential backoff and jitter.
+- On transport or server errors, retry with exponential backoff and jitter,
+  keeping what was handed to the handler; `error` says what failed, until a list
+  or a watch succeeds again.
 - Objects are read as raw JSON (dicts); the handler does its own parsing.
 """
 
@@ -100,6 +102,12 @@ class Informer:
         self.synced = asyncio.Event()
         self.relists = 0
         self.watch_restarts = 0
+        self.error = ""  # the last failure, until the next list or watch gets an answer
+
+    def inherit(self, previous: Informer) -> None:
+        """Take over what `previous` (of the same kind) handed the handler: the first list
+        then deletes what is gone, as a relist does, rather than leaving it behind."""
+        self._known = set(previous._known)
 
     async def run(self) -> None:
         """Forever: list when needed, watch, recover from every failure."""
@@ -119,6 +127,7 @@ class Informer:
                 need_list = True
             except (aiohttp.ClientError, TimeoutError, ApiStatusError, ValueError) as error:
                 delay = backoff.next_delay()
+                self.error = str(error) or type(error).__name__
                 log.warning(
                     "%s: %s; retrying in %.1fs", self.kind, error or type(error).__name__, delay
                 )
@@ -149,6 +158,7 @@ class Informer:
             if not token:
                 break
         self._resource_version = str(meta.get("resourceVersion") or "")
+        self.error = ""
         self._replace(items)
         if self.synced.is_set():
             self.relists += 1
@@ -184,6 +194,7 @@ class Informer:
                 raise Expired(self.kind)
             if not 200 <= response.status < 300:
                 raise ApiStatusError(f"watch {self.kind}: HTTP {response.status}")
+            self.error = ""
             async for line in _lines(response):
                 self._apply_event(json.loads(line))
                 delivered = True

@@ -133,9 +133,13 @@ class KubernetesRegistry:
                 informers.append(Informer(kind, request, handler, self.settings.informer, selector))
         return informers
 
-    async def start(self) -> None:
-        """Start watching."""
+    async def start(self, previous: KubernetesRegistry | None = None) -> None:
+        """Start watching; in place of `previous` (the same cluster, reached anew) if given:
+        what it delivered stays until the first lists say what is gone."""
         self.informers = self._build_informers(self._api_client)
+        if previous is not None:  # same settings, so the same informers in the same order
+            for informer, old in zip(self.informers, previous.informers, strict=True):
+                informer.inherit(old)
         self._tasks = [
             asyncio.create_task(informer.run(), name=f"informer-{self.cluster}-{informer.kind}")
             for informer in self.informers

@@ -1,0 +1,367 @@
+"""Many clusters (Istio's multi-primary model): the real `pilot discovery` watching a local
+test API server plus remote ones, and a real Envoy reading what it serves.
+
+* A Service in two clusters is one Envoy cluster with the endpoints of both, each host's
+  metadata naming its cluster (`istio` / `cluster_id`, read from Envoy's config dump).
+* Remote clusters come from `--remote-kubeconfig ID=PATH` or, live, from Secrets labelled
+  `istio/multiCluster: "true"` in pilot's namespace: added, pointed elsewhere, renamed
+  and removed, Envoy follows each time.
+* A remote cluster that goes down keeps its endpoints in Envoy, holds back neither the
+  local cluster's changes nor `/ready`, and `/ready` and the metrics say it is down.
+* A remote kubeconfig's token never shows in pilot's log nor in any debug endpoint.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.harness.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
+from tests.integration.ca_support import write_plugged_in
+from tests.integration.kube_helpers import apply_mesh, kube_api, ready, ready_status
+from tests.kubeapi import KubeAPIServer
+from tests.kubeapi.kubeconfig import kubeconfig_dict
+from tests.security.pilot_process import PilotProcess, launch
+from tests.support.mesh import cluster_name, simple_mesh, write_mesh
+
+PILOT_NAMESPACE = "pilot-system"
+ALPHA = cluster_name("alpha")
+TOKEN = "tok-REMOTE-7f3a9c-must-never-show"  # a remote kubeconfig's credential
+
+Hosts = dict[str, str]  # endpoint IP -> the cluster id in its metadata
+
+
+@dataclass
+class Cluster:
+    """A test API server standing for one cluster, and a kubeconfig that reaches it."""
+
+    srv: KubeAPIServer
+    kubeconfig: Path
+
+
+@asynccontextmanager
+async def clusters(tmp_path: Path, *names: str) -> AsyncIterator[dict[str, Cluster]]:
+    """A running test API server per name; each serves Service alpha with one endpoint,
+    127.0.N.1 for the Nth name (N from 1)."""
+    async with AsyncExitStack() as stack:
+        found: dict[str, Cluster] = {}
+        for n, name in enumerate(names, start=1):
+            srv, kubeconfig = await stack.enter_async_context(kube_api(tmp_path / name))
+            apply_mesh(srv, {"alpha": ready(f"127.0.{n}.1")})
+            found[name] = Cluster(srv, kubeconfig)
+        yield found
+
+
+@asynccontextmanager
+async def pilot_with_envoy(
+    tmp_path: Path, local: Cluster | Path, *extra: str
+) -> AsyncIterator[tuple[PilotProcess, EnvoyProcess]]:
+    """`pilot discovery --kubeconfig LOCAL ...` (or `--config FILE ...` when given a
+    registry file) as a subprocess, and an Envoy on it."""
+    ca = write_plugged_in(tmp_path / "plugged-in-ca")
+    source = (
+        ["--kubeconfig", str(local.kubeconfig)]
+        if isinstance(local, Cluster)
+        else ["--config", str(local), "--xds-auth", "none"]
+    )
+    pilot = await launch(
+        tmp_path,
+        source,
+        ca.directory,
+        ca.root.cert_pem.encode(),
+        *extra,
+        env={"POD_NAMESPACE": PILOT_NAMESPACE},
+    )
+    try:
+        bootstrap = load_example_bootstrap("envoy-ads-delta.yaml", pilot.grpc_port, "node-1")
+        workdir = tmp_path / "envoy"
+        workdir.mkdir()
+        async with EnvoyProcess(bootstrap, workdir, "node-1", log_level="warning") as envoy:
+            yield pilot, envoy
+    finally:
+        await pilot.stop()
+
+
+async def alpha_hosts(envoy: EnvoyProcess) -> Hosts:
+    """Envoy's endpoints of alpha, each with the cluster id its metadata names."""
+    assignment = (await envoy.dynamic_endpoint_configs()).get(ALPHA, {})
+    hosts: Hosts = {}
+    for locality in assignment.get("endpoints", []):
+        for lb_endpoint in locality.get("lb_endpoints", []):
+            address = lb_endpoint["endpoint"]["address"]["socket_address"]["address"]
+            metadata = lb_endpoint.get("metadata", {}).get("filter_metadata", {})
+            hosts[address] = metadata.get("istio", {}).get("cluster_id", "")
+    return hosts
+
+
+async def wait_for_hosts(envoy: EnvoyProcess, expected: Hosts, what: str) -> None:
+    await envoy.wait_for(
+        lambda: alpha_hosts(envoy), 15.0, what, until=lambda hosts: hosts == expected
+    )
+
+
+async def ready_lines(pilot: PilotProcess) -> tuple[int, list[str]]:
+    status, body = await pilot.get("/ready")
+    return status, str(body).splitlines()
+
+
+async def cluster_metrics(pilot: PilotProcess) -> dict[str, float]:
+    """`pilot_cluster_synced` by cluster id, and `pilot_remote_clusters` under "remote"."""
+    _status, body = await pilot.get("/metrics")
+    found = {
+        m[1]: float(m[2])
+        for m in re.finditer(r'^pilot_cluster_synced\{cluster_id="([^"]+)"\} (\S+)$', body, re.M)
+    }
+    remote = re.search(r"^pilot_remote_clusters (\S+)$", body, re.M)
+    assert remote is not None, "no pilot_remote_clusters metric"
+    found["remote"] = float(remote[1])
+    return found
+
+
+def remote_secret(name: str, kubeconfigs: Mapping[str, str]) -> dict[str, Any]:
+    """A Secret as `kubectl create secret generic` makes it, labelled for pilot."""
+    data = {key: base64.b64encode(text.encode()).decode() for key, text in kubeconfigs.items()}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": name,
+            "namespace": PILOT_NAMESPACE,
+            "labels": {"istio/multiCluster": "true"},
+        },
+        "type": "Opaque",
+        "data": data,
+    }
+
+
+def kubeconfig_text(cluster: Cluster, token: str | None = None) -> str:
+    return yaml.safe_dump(kubeconfig_dict(cluster.srv.url, token))
+
+
+# --------------------------------------------------------------------------- tests
+
+
+async def test_remote_kubeconfig_merges_both_clusters_endpoints(tmp_path: Path) -> None:
+    async with (
+        clusters(tmp_path, "local", "west") as found,
+        pilot_with_envoy(
+            tmp_path, found["local"], "--remote-kubeconfig", f"west={found['west'].kubeconfig}"
+        ) as (pilot, envoy),
+    ):
+        both = {"127.0.1.1": "Kubernetes", "127.0.2.1": "west"}
+        await wait_for_hosts(envoy, both, "alpha's endpoints from both clusters")
+        healthy = await envoy.healthy_hosts(ALPHA)
+        assert {ip for ip, _port in healthy} == set(both)
+
+        # A change in the remote cluster alone reaches Envoy.
+        apply_mesh(found["west"].srv, {"alpha": ready("127.0.2.1", "127.0.2.2")})
+        await wait_for_hosts(envoy, both | {"127.0.2.2": "west"}, "west's new endpoint")
+
+        assert await ready_lines(pilot) == (
+            200,
+            ["ready", "cluster Kubernetes: synced", "cluster west: synced"],
+        )
+        assert await cluster_metrics(pilot) == {"Kubernetes": 1.0, "west": 1.0, "remote": 1.0}
+
+
+async def test_a_file_registry_with_a_remote_cluster(tmp_path: Path) -> None:
+    config = tmp_path / "mesh.yaml"
+    write_mesh(config, simple_mesh({"alpha": ["127.0.9.1"]}))
+    async with (
+        clusters(tmp_path, "west") as found,
+        pilot_with_envoy(
+            tmp_path, config, "--remote-kubeconfig", f"west={found['west'].kubeconfig}"
+        ) as (pilot, envoy),
+    ):
+        await wait_for_hosts(
+            envoy, {"127.0.9.1": "Kubernetes", "127.0.1.1": "west"}, "the file's and west's"
+        )
+        # A reload of the file leaves west's part alone.
+        write_mesh(config, simple_mesh({"alpha": ["127.0.9.2"]}))
+        await wait_for_hosts(
+            envoy, {"127.0.9.2": "Kubernetes", "127.0.1.1": "west"}, "the file reloaded"
+        )
+        assert (await ready_lines(pilot))[1] == [
+            "ready",
+            "cluster Kubernetes: synced",
+            "cluster west: synced",
+        ]
+
+
+def test_a_remote_id_taken_twice_is_a_start_up_error(tmp_path: Path) -> None:
+    for flags, problem in (
+        (["--remote-kubeconfig", "Kubernetes=a.yaml"], "the local cluster's id"),
+        (["--cluster-id", "east", "--remote-kubeconfig", "east=a.yaml"], "the local cluster's id"),
+        (["--remote-kubeconfig", "w=a.yaml", "--remote-kubeconfig", "w=b.yaml"], "given twice"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "pilot", "discovery", "--config", "mesh.yaml", *flags],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert done.returncode == 2, done
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith("pilot: error: --remote-kubeconfig "), done.stderr
+        assert problem in done.stderr
+
+
+async def test_a_remote_cluster_down_loses_nothing_and_blocks_nothing(tmp_path: Path) -> None:
+    async with (
+        clusters(tmp_path, "local", "west") as found,
+        pilot_with_envoy(
+            tmp_path, found["local"], "--remote-kubeconfig", f"west={found['west'].kubeconfig}"
+        ) as (pilot, envoy),
+    ):
+        await wait_for_hosts(
+            envoy, {"127.0.1.1": "Kubernetes", "127.0.2.1": "west"}, "both clusters"
+        )
+        await found["west"].srv.stop()
+        _status, lines = await wait_until(
+            lambda: ready_lines(pilot),
+            15.0,
+            "/ready to say west is unreachable",
+            until=lambda answer: "cluster west: unreachable" in " ".join(answer[1]),
+        )
+        assert (_status, lines[:2]) == (200, ["ready", "cluster Kubernetes: synced"])
+        assert lines[2].startswith("cluster west: unreachable: "), lines
+        assert await cluster_metrics(pilot) == {"Kubernetes": 1.0, "west": 0.0, "remote": 1.0}
+
+        # The local cluster's changes still reach Envoy, and west's endpoint stays.
+        apply_mesh(found["local"].srv, {"alpha": ready("127.0.1.1", "127.0.1.2")})
+        await wait_for_hosts(
+            envoy,
+            {"127.0.1.1": "Kubernetes", "127.0.1.2": "Kubernetes", "127.0.2.1": "west"},
+            "the local change while west is down",
+        )
+
+
+async def test_a_remote_cluster_that_never_answers_does_not_hold_ready(tmp_path: Path) -> None:
+    async with clusters(tmp_path, "local", "west") as found:
+        nowhere = found["west"]
+        await nowhere.srv.stop()  # its port is closed from the start
+        async with pilot_with_envoy(
+            tmp_path, found["local"], "--remote-kubeconfig", f"west={nowhere.kubeconfig}"
+        ) as (pilot, envoy):
+            await wait_for_hosts(envoy, {"127.0.1.1": "Kubernetes"}, "the local cluster")
+            assert await ready_status(pilot.http_port) == 200
+            _status, lines = await wait_until(
+                lambda: ready_lines(pilot),
+                15.0,
+                "/ready to say west is unreachable",
+                until=lambda answer: len(answer[1]) == 3 and "unreachable" in answer[1][2],
+            )
+            assert lines[2].startswith("cluster west: unreachable: "), lines
+
+
+async def test_remote_secrets_add_move_rename_and_remove_clusters(tmp_path: Path) -> None:
+    async with (
+        clusters(tmp_path, "local", "west", "east") as found,
+        pilot_with_envoy(tmp_path, found["local"]) as (pilot, envoy),
+    ):
+        local = found["local"].srv
+        await wait_for_hosts(envoy, {"127.0.1.1": "Kubernetes"}, "the local cluster alone")
+
+        local.apply(remote_secret("remotes", {"west": kubeconfig_text(found["west"])}))
+        await wait_for_hosts(
+            envoy, {"127.0.1.1": "Kubernetes", "127.0.2.1": "west"}, "west added by a Secret"
+        )
+
+        # The same id, another API server: west's endpoints now come from there.
+        local.apply(remote_secret("remotes", {"west": kubeconfig_text(found["east"])}))
+        await wait_for_hosts(
+            envoy, {"127.0.1.1": "Kubernetes", "127.0.3.1": "west"}, "west moved to east's server"
+        )
+
+        # Another id for the same server: its endpoints carry the new id.
+        local.apply(remote_secret("remotes", {"east": kubeconfig_text(found["east"])}))
+        await wait_for_hosts(
+            envoy, {"127.0.1.1": "Kubernetes", "127.0.3.1": "east"}, "the cluster renamed east"
+        )
+        assert (await ready_lines(pilot))[1][-1] == "cluster east: synced"
+
+        local.delete("Secret", PILOT_NAMESPACE, "remotes")
+        await wait_for_hosts(envoy, {"127.0.1.1": "Kubernetes"}, "the Secret removed")
+        assert await ready_lines(pilot) == (200, ["ready", "cluster Kubernetes: synced"])
+        assert (await cluster_metrics(pilot))["remote"] == 0.0
+
+
+async def test_bad_keys_are_warned_about_and_ignored(tmp_path: Path) -> None:
+    async with (
+        clusters(tmp_path, "local", "west") as found,
+        pilot_with_envoy(tmp_path, found["local"]) as (pilot, envoy),
+    ):
+        since = pilot.mark()
+        secret = {
+            "Kubernetes": kubeconfig_text(found["west"]),  # the local cluster's id
+            "broken": "clusters: 5\n",  # not a kubeconfig
+            "west": kubeconfig_text(found["west"]),
+        }
+        found["local"].srv.apply(remote_secret("remotes", secret))
+        await wait_for_hosts(
+            envoy, {"127.0.1.1": "Kubernetes", "127.0.2.1": "west"}, "west, the good key"
+        )
+        for key in ("Kubernetes", "broken"):
+            origin = f"Secret {PILOT_NAMESPACE}/remotes key {key}"
+            warned = pilot.logged(
+                lambda e, o=origin: e["level"] == "warning" and e["msg"].startswith(o), since
+            )
+            assert len(warned) == 1, (key, pilot.tail())
+        assert [line.split(":")[0] for line in (await ready_lines(pilot))[1]] == [
+            "ready",
+            "cluster Kubernetes",
+            "cluster west",
+        ]
+
+
+DEBUG_PATHS = (
+    "/debug/",
+    "/debug/syncz",
+    "/debug/connections",
+    "/debug/edsz",
+    "/debug/registryz",
+    "/debug/pushz",
+    "/debug/tasks",
+    "/debug/config_dump?proxyID=node-1",
+    "/ready",
+    "/metrics",
+)
+
+
+async def test_a_remote_kubeconfig_token_never_shows(tmp_path: Path) -> None:
+    async with clusters(tmp_path, "local", "west", "east") as found:
+        flagged = tmp_path / "east-kubeconfig.yaml"
+        flagged.write_text(kubeconfig_text(found["east"], TOKEN))
+        async with pilot_with_envoy(
+            tmp_path, found["local"], "--remote-kubeconfig", f"east={flagged}"
+        ) as (pilot, envoy):
+            secret = {
+                "west": kubeconfig_text(found["west"], TOKEN),
+                "broken": f"users: [{{user: {{token: {TOKEN}}}}}]\nclusters: 5\n",
+            }
+            found["local"].srv.apply(remote_secret("remotes", secret))
+            await wait_for_hosts(
+                envoy,
+                {"127.0.1.1": "Kubernetes", "127.0.2.1": "west", "127.0.3.1": "east"},
+                "every cluster",
+            )
+            await pilot.wait_logged(lambda e: "key broken" in e["msg"], "the broken key")
+            for path in DEBUG_PATHS:
+                status, body = await pilot.get(path)
+                assert status == 200, (path, status)
+                assert TOKEN not in str(body), path
+        # Stopped: the whole log, start to end.
+        assert pilot.log
+        leaks = [e for e in pilot.log if TOKEN in e["msg"] or TOKEN in e["error"]]
+        assert leaks == []
