@@ -89,6 +89,7 @@ KUBECONFIG_HOME = "pilot discovery --kubeconfig ~/.kube/config                 #
 NAMESPACES = "pilot discovery --namespaces shop,web                         # only these"
 LEGACY = "pilot discovery --endpoints-api endpoints                     # legacy v1 Endpoints"
 KUBECTL_JSON = "kubectl get svc,endpointslices -A -o json > mesh.json   # or -o yaml > mesh.yaml"
+REMOTE = "pilot discovery --cluster-id east --remote-kubeconfig west=west-kubeconfig.yaml"
 
 RUN_HERE = {
     QUICK_START,
@@ -107,6 +108,7 @@ RUN_HERE = {
     NAMESPACES,
     LEGACY,
     KUBECTL_JSON,
+    REMOTE,
 }
 
 # Run exactly as printed by another test: command -> (test file, what it must contain).
@@ -129,13 +131,10 @@ _IN_POD = (
     " tests/integration/test_sds_mtls.py runs Envoys with that sidecar's set-up"
 )
 _TWO_CLUSTERS = (
-    "needs a second, real cluster (and its kubeconfig); tests/integration/test_many_clusters.py"
-    " runs pilot discovery --remote-kubeconfig and applies this Secret to test API servers"
+    "kubectl writes built-in objects as protobuf, which the test API server does not speak;"
+    " tests/integration/test_many_clusters.py applies this Secret to a test API server"
 )
 NOT_HERE = {
-    "pilot discovery --cluster-id east --remote-kubeconfig west=west-kubeconfig.yaml": (
-        _TWO_CLUSTERS
-    ),
     "kubectl -n pilot-system create secret generic istio-remote-secret-west"
     " --from-file=west=west-kubeconfig.yaml": _TWO_CLUSTERS,
     "kubectl -n pilot-system label secret istio-remote-secret-west"
@@ -498,12 +497,18 @@ def cluster(shell: Shell) -> Iterator[Path]:
 class TestKubernetes:
     """The Kubernetes commands, each finding the test API server as it would a cluster."""
 
-    def _serve(self, shell: Shell, command: str, env: dict[str, str]) -> dict[str, set[str]]:
-        """Run `command` (a pilot) until ready; what it held then."""
+    def _serve(
+        self,
+        shell: Shell,
+        command: str,
+        env: dict[str, str],
+        until: Callable[[], bool | None] = _ready,
+    ) -> dict[str, set[str]]:
+        """Run `command` (a pilot) until ready (or `until`); what it held then."""
         _ports_free()
         pilot = shell.start(command, shell.cwd / "kube-pilot.log", env=env)
         try:
-            eventually(f"/ready of `{command}`", _ready, pilot)
+            eventually(f"`{command}` ready", until, pilot)
             return eventually("the registry", _registry, pilot)
         finally:
             pilot.stop()
@@ -533,3 +538,41 @@ class TestKubernetes:
         held = self._serve(shell, "pilot discovery --config mesh.json", shell.env)
         assert set(held) == _mesh_services()
         assert held["default/frontend"] == {"127.0.0.1", "127.0.0.2"}
+
+    def test_a_remote_cluster_merges_into_the_local_one(
+        self, shell: Shell, cluster: Path, tmp_path: Path
+    ) -> None:
+        """The local cluster (~/.kube/config) and `west`, a second test API server whose
+        frontend has an endpoint of its own: pilot serves one frontend with all of them."""
+        west_mesh = tmp_path / "west.yaml"
+        west_mesh.write_text(WEST_FRONTEND)
+        kubeconfig = shell.cwd / "west-kubeconfig.yaml"
+        argv = f"python -m tests.kubeapi --port 0 --kubeconfig {kubeconfig} --load {west_mesh}"
+        west = shell.start(argv, tmp_path / "west-kubeapi.log")
+        try:
+            eventually("the west API server", lambda: kubeconfig.exists() or None, west)
+            held = self._serve(shell, REMOTE, shell.env, until=_west_synced)
+        finally:
+            west.stop()
+        assert set(held) == _mesh_services()
+        assert held["default/frontend"] == {"127.0.0.1", "127.0.0.2", "127.0.0.9"}
+
+
+WEST_FRONTEND = """
+kind: List
+items:
+- {apiVersion: v1, kind: Service, metadata: {name: frontend, namespace: default},
+   spec: {ports: [{name: http, port: 80, targetPort: 8080}]}}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: frontend-west, namespace: default,
+             labels: {kubernetes.io/service-name: frontend}}
+  addressType: IPv4
+  ports: [{name: http, port: 18080, protocol: TCP}]
+  endpoints: [{addresses: [127.0.0.9]}]
+"""
+
+
+def _west_synced() -> bool | None:
+    status, body = _get("http://127.0.0.1:15014/ready")
+    return True if status == 200 and "cluster west: synced" in body else None
