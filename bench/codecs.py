@@ -103,8 +103,9 @@ def endpoint_set(count: int, moved: int | None = None, to: int = 0) -> EndpointS
 def grouped(endpoint_set: EndpointSet) -> Hosts:
     """zone -> (address, port, health), sorted: the first step of every codec here."""
     by_zone: Hosts = {}
-    for (address, number), (health, zone, _) in sorted(collect_hosts(PORT, [endpoint_set]).items()):
-        by_zone.setdefault(zone, []).append((address, number, health))
+    hosts = sorted(collect_hosts(PORT, [endpoint_set]).items())
+    for (address, number), (health, locality, _) in hosts:
+        by_zone.setdefault(locality.zone, []).append((address, number, health))
     return {zone: by_zone[zone] for zone in sorted(by_zone)}
 
 

@@ -19,6 +19,7 @@ from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 from google.protobuf import any_pb2
 
 from pilot.protocol.stream import TypeState
+from pilot.push.pipeline import flavors_of
 from pilot.server.connection import Connection
 from pilot.xds import types
 from pilot.xds.cache import ProxyView, ResourceCache
@@ -94,7 +95,7 @@ def _status(state: TypeState, name: str, view: ProxyView) -> ResourceStatus:
 
 
 def _connection_resources(cache: ResourceCache, connection: Connection) -> Iterable[ResourceStatus]:
-    view = cache.view(connection.kind.flavor.value, connection.proxy)
+    view = cache.view(flavors_of(connection), connection.proxy)
     for type_url in sorted(connection.stream.type_urls(), key=types.push_rank):
         state = connection.stream.state(type_url)
         if state is not None:

@@ -4,6 +4,11 @@ A full change rebuilds the clusters (every flavor) and assignments of the
 services named; an endpoint change rebuilds only their assignments. Each new
 resource is serialized exactly once here; the cache then says which names
 really changed, and that is what gets pushed.
+
+Assignments come in variants, one per proxy locality in use (`add_locality`,
+`drop_locality`, driven by the pipeline as proxies come and go) besides the
+shared one for proxies without a locality: a service's endpoints are grouped
+once, then encoded once per variant, into that variant's cache flavor.
 """
 
 from __future__ import annotations
@@ -12,15 +17,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pilot.generators.cds import build_cluster, served_ports
-from pilot.generators.eds import encode_load_assignment
+from pilot.generators.eds import encode_groups, group_hosts
 from pilot.generators.naming import outbound_cluster_name
 from pilot.push.request import Changes, PushRequest
 from pilot.registry.index import EndpointIndex, IndexChange
 from pilot.registry.model import Service, ServiceKey
 from pilot.stats import XdsStats
 from pilot.xds import types
-from pilot.xds.cache import ResourceCache
+from pilot.xds.cache import SHARED, ResourceCache
 from pilot.xds.flavor import Flavor
+from pilot.xds.locality import NOWHERE, Locality
 from pilot.xds.resource import Resource
 
 TypeChanges = dict[str, set[str]]
@@ -52,6 +58,7 @@ class ResourceBuilder:
         self._stats = stats
         self._cluster_names: dict[ServiceKey, set[str]] = {}
         self._assignment_names: dict[ServiceKey, set[str]] = {}
+        self._variants: dict[str, Locality] = {SHARED: NOWHERE}  # flavor -> proxy locality
 
     def build(self, request: PushRequest) -> Changes:
         """Rebuild what the request's registry change touches."""
@@ -93,18 +100,38 @@ class ResourceBuilder:
             changed |= self._cache.update(types.CLUSTER, built, stale, flavor=flavor.value)
         return changed
 
-    def _rebuild_assignments(self, key: ServiceKey) -> set[str]:
+    def add_locality(self, locality: Locality) -> None:
+        """Build every assignment for proxies in `locality` (the first of them arrived)."""
+        if locality.flavor in self._variants:
+            return
+        self._variants[locality.flavor] = locality
+        for key in sorted(self._assignment_names):
+            self._rebuild_assignments(key, {locality.flavor: locality})
+
+    def drop_locality(self, locality: Locality) -> None:
+        """The last proxy in `locality` left: its variant is no longer kept."""
+        if locality.flavor != SHARED and self._variants.pop(locality.flavor, None) is not None:
+            self._cache.drop_flavor(types.ENDPOINT, locality.flavor)
+
+    def _rebuild_assignments(
+        self, key: ServiceKey, variants: dict[str, Locality] | None = None
+    ) -> set[str]:
         service = self._index.services.get(key)
         names = self._port_names(service)
-        stale = _retrack(self._assignment_names, key, names.keys())
-        built = []
+        stale = _retrack(self._assignment_names, key, names.keys()) if variants is None else set()
+        built: dict[str, list[Resource]] = {flavor: [] for flavor in variants or self._variants}
         if service is not None:
             endpoint_sets = self._index.endpoint_sets(key)
             for name, i in names.items():
-                assignment = encode_load_assignment(name, service.ports[i], endpoint_sets)
-                built.append(Resource.from_payload(types.ENDPOINT, name, assignment))
-        self._stats.serializations[types.ENDPOINT] += len(built)
-        return self._cache.update(types.ENDPOINT, built, stale)
+                groups = group_hosts(service.ports[i], endpoint_sets, self._index.locality_of)
+                for flavor, locality in (variants or self._variants).items():
+                    assignment = encode_groups(name, groups, locality)
+                    built[flavor].append(Resource.from_payload(types.ENDPOINT, name, assignment))
+        changed: set[str] = set()
+        for flavor, resources in built.items():
+            self._stats.serializations[types.ENDPOINT] += len(resources)
+            changed |= self._cache.update(types.ENDPOINT, resources, stale, flavor=flavor)
+        return changed
 
 
 def _retrack(

@@ -1,4 +1,4 @@
-"""ClusterLoadAssignments: a Service port's endpoints, grouped by locality (zone).
+"""ClusterLoadAssignments: a Service port's endpoints, grouped by locality.
 
 Endpoints are matched to the Service port by port name (the slice lists the
 resolved targetPort under the Service port's name). Ready endpoints are
@@ -7,6 +7,13 @@ address:port from several slices appears once, with its best health. Output is
 sorted, so equal content serializes to equal bytes. Each endpoint carries the
 id of the cluster it came from in its metadata (`istio` / `cluster_id`), so
 Envoy's access logs (`%UPSTREAM_METADATA(istio:cluster_id)%`) tell them apart.
+
+An endpoint's locality (region, zone) comes from `locate` (the endpoint index
+resolves it from the endpoint's Node; without one, only the slice's zone).
+For a proxy that declared a locality, each locality's group carries the
+priority `pilot.xds.locality.priorities` gives it; a proxy without one gets
+every group in priority 0. The hosts are grouped once (`group_hosts`) and each
+proxy locality's variant is encoded from the groups (`encode_groups`).
 
 The assignment is encoded by hand from each endpoint's encoded `LbEndpoint`,
 kept in a bounded cache: one endpoint of 5,000 changing re-encodes one, not
@@ -17,13 +24,14 @@ kept in a bounded cache: one endpoint of 5,000 changing re-encodes one, not
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from envoy.config.core.v3 import health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 
-from pilot.registry.model import EndpointSet, Health, ServicePort
-from pilot.xds.resource import length_delimited
+from pilot.registry.model import Endpoint, EndpointSet, Health, ServicePort
+from pilot.xds.locality import NOWHERE, Locality, priorities
+from pilot.xds.resource import length_delimited, varint_field
 
 ENCODED_ENDPOINTS = 1 << 16  # LbEndpoints kept encoded (~150 bytes each)
 
@@ -34,13 +42,27 @@ _HEALTH_STATUS = {
 _PREFERENCE = {Health.HEALTHY: 0, Health.DRAINING: 1}
 
 HostKey = tuple[str, int]
-Host = tuple[Health, str, str]  # health, zone, cluster id
+Host = tuple[Health, Locality, str]  # health, where it is, cluster id
+Locate = Callable[[str, Endpoint], Locality]  # (cluster id, endpoint) -> its locality
 METADATA_KEY = "istio"
 CLUSTER_ID_FIELD = "cluster_id"
+_PRIORITY_FIELD = 5  # LocalityLbEndpoints.priority
 
 
-def collect_hosts(port: ServicePort, endpoint_sets: Iterable[EndpointSet]) -> dict[HostKey, Host]:
-    """address:port -> (health, zone, cluster) for one Service port."""
+def zone_only(cluster: str, endpoint: Endpoint) -> Locality:
+    """The locality an endpoint says itself (its slice's zone), for callers with no Nodes."""
+    return _zone(endpoint.zone)
+
+
+@functools.lru_cache(maxsize=1024)
+def _zone(zone: str) -> Locality:
+    return Locality(zone=zone)
+
+
+def collect_hosts(
+    port: ServicePort, endpoint_sets: Iterable[EndpointSet], locate: Locate = zone_only
+) -> dict[HostKey, Host]:
+    """address:port -> (health, locality, cluster) for one Service port."""
     hosts: dict[HostKey, Host] = {}
     for endpoint_set in endpoint_sets:
         cluster = endpoint_set.key.cluster
@@ -56,7 +78,7 @@ def collect_hosts(port: ServicePort, endpoint_sets: Iterable[EndpointSet]) -> di
                     key = (address, number)
                     known = hosts.get(key)
                     if known is None or _PREFERENCE[health] < _PREFERENCE[known[0]]:
-                        hosts[key] = (health, endpoint.zone, cluster)
+                        hosts[key] = (health, locate(cluster, endpoint), cluster)
     return hosts
 
 
@@ -79,25 +101,60 @@ def _encoded_lb_endpoint(address: str, port: int, health: Health, cluster: str) 
     return length_delimited(2, lb_endpoint.SerializeToString(deterministic=True))
 
 
-def encode_load_assignment(
-    cluster_name: str, port: ServicePort, endpoint_sets: Iterable[EndpointSet]
-) -> bytes:
-    """The assignment for one Service port, serialized; empty (not absent) with no endpoints."""
-    by_zone: dict[str, list[bytes]] = {}
-    hosts = sorted(collect_hosts(port, endpoint_sets).items())
-    for (address, number), (health, zone, cluster) in hosts:
-        by_zone.setdefault(zone, []).append(_encoded_lb_endpoint(address, number, health, cluster))
+LocalityGroups = dict[Locality, list[bytes]]
+
+
+def group_hosts(
+    port: ServicePort, endpoint_sets: Iterable[EndpointSet], locate: Locate = zone_only
+) -> LocalityGroups:
+    """One Service port's encoded `lb_endpoints` by locality: what every variant shares."""
+    groups: LocalityGroups = {}
+    for (address, number), (health, locality, cluster) in sorted(
+        collect_hosts(port, endpoint_sets, locate).items()
+    ):
+        encoded = _encoded_lb_endpoint(address, number, health, cluster)
+        groups.setdefault(locality, []).append(encoded)
+    return groups
+
+
+def _encoded_locality(locality: Locality) -> bytes:
+    fields = [length_delimited(1, locality.region.encode())] if locality.region else []
+    if locality.zone:
+        fields.append(length_delimited(2, locality.zone.encode()))
+    return length_delimited(1, b"".join(fields))
+
+
+def encode_groups(cluster_name: str, groups: LocalityGroups, proxy: Locality = NOWHERE) -> bytes:
+    """The assignment as a proxy in `proxy` gets it: localities in priorities by proximity."""
+    priority = priorities(proxy, groups)
     parts = [length_delimited(1, cluster_name.encode())] if cluster_name else []
-    for zone in sorted(by_zone):
-        locality = length_delimited(1, length_delimited(2, zone.encode()) if zone else b"")
-        parts.append(length_delimited(2, locality + b"".join(by_zone[zone])))
+    for locality in sorted(groups):
+        body = _encoded_locality(locality) + b"".join(groups[locality])
+        if priority[locality]:
+            body += varint_field(_PRIORITY_FIELD, priority[locality])
+        parts.append(length_delimited(2, body))
     return b"".join(parts)
 
 
+def encode_load_assignment(
+    cluster_name: str,
+    port: ServicePort,
+    endpoint_sets: Iterable[EndpointSet],
+    proxy: Locality = NOWHERE,
+    locate: Locate = zone_only,
+) -> bytes:
+    """The assignment for one Service port, serialized; empty (not absent) with no endpoints."""
+    return encode_groups(cluster_name, group_hosts(port, endpoint_sets, locate), proxy)
+
+
 def build_load_assignment(
-    cluster_name: str, port: ServicePort, endpoint_sets: Iterable[EndpointSet]
+    cluster_name: str,
+    port: ServicePort,
+    endpoint_sets: Iterable[EndpointSet],
+    proxy: Locality = NOWHERE,
+    locate: Locate = zone_only,
 ) -> endpoint_pb2.ClusterLoadAssignment:
     """The same assignment as a message (for reading it: debug views, tests)."""
     return endpoint_pb2.ClusterLoadAssignment.FromString(
-        encode_load_assignment(cluster_name, port, endpoint_sets)
+        encode_load_assignment(cluster_name, port, endpoint_sets, proxy, locate)
     )

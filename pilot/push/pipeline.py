@@ -14,7 +14,10 @@ Streams tell the pipeline what they subscribe to (`join`, `on_events`,
 `leave`). For types whose resources belong to one proxy (`OWNED_TYPES`), the
 first stream of a proxy to name a resource makes its generator `watch` it,
 the last to let go `unwatch` it. Streams read one consistent state through
-`view`. Nothing here touches gRPC.
+`view`: clusters in the flavor of the RPC they came in on, assignments in the
+variant of their proxy's locality. The first stream of a locality makes the
+generators that build per locality (`LocalityGenerator`) build its variant,
+the last to leave makes them drop it. Nothing here touches gRPC.
 
 A new resource type plugs in as a generator (its `type_urls` and `build`)
 handed to the pipeline by the composition root.
@@ -25,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -39,7 +43,8 @@ from pilot.push.settings import DebounceSettings, PushSettings
 from pilot.push.subscribers import SubscriberIndex
 from pilot.stats import XdsStats
 from pilot.xds import types
-from pilot.xds.cache import ProxyView, ResourceCache
+from pilot.xds.cache import Flavors, ProxyView, ResourceCache
+from pilot.xds.locality import Locality
 from pilot.xds.proxy import ProxyKey
 
 log = logging.getLogger("pilot.push")
@@ -56,6 +61,11 @@ class Subscriber(Protocol):
 
     @property
     def stream(self) -> StreamCore: ...
+
+    @property
+    def locality(self) -> Locality:
+        """The locality its proxy declared (empty: none)."""
+        ...
 
     def notify(self, type_url: str, names: Iterable[str], started: float) -> bool:
         """Mark changed names; True if the stream cares (and was woken)."""
@@ -90,6 +100,17 @@ class OwnedGenerator(Generator, Protocol):
     def unwatch(self, proxy: ProxyKey, type_url: str, name: str) -> None: ...
 
 
+@runtime_checkable
+class LocalityGenerator(Generator, Protocol):
+    """A generator whose shared resources come in one variant per proxy locality in use."""
+
+    def add_locality(self, locality: Locality) -> None:
+        """Build the variant for proxies in `locality` (the first of them joined)."""
+        ...
+
+    def drop_locality(self, locality: Locality) -> None: ...
+
+
 class PipelineMetrics(Protocol):
     """What the pipeline reports as it runs."""
 
@@ -99,6 +120,14 @@ class PipelineMetrics(Protocol):
 class _NoMetrics:
     def debounced(self, seconds: float) -> None:
         pass
+
+
+def flavors_of(subscriber: Subscriber) -> Flavors:
+    """The flavor a stream reads of each type: its RPC's clusters, its locality's endpoints."""
+    return {
+        types.CLUSTER: subscriber.kind.flavor.value,
+        types.ENDPOINT: subscriber.locality.flavor,
+    }
 
 
 class Pipeline:
@@ -133,6 +162,9 @@ class Pipeline:
             if isinstance(generator, OwnedGenerator)
             for type_url in generator.type_urls & types.OWNED_TYPES
         }
+        self._localized = [g for g in generators if isinstance(g, LocalityGenerator)]
+        self._localities: Counter[Locality] = Counter()  # streams joined, per locality
+        self._joined: dict[Subscriber, Locality] = {}
         self._debouncer = Debouncer(debounce or DebounceSettings())
         self._subscribers: SubscriberIndex[Subscriber] = SubscriberIndex()
 
@@ -207,11 +239,27 @@ class Pipeline:
 
     def view(self, subscriber: Subscriber) -> ProxyView:
         """What this stream may read: its flavor of the shared resources, and its own."""
-        return self.cache.view(subscriber.kind.flavor.value, subscriber.proxy)
+        return self.cache.view(flavors_of(subscriber), subscriber.proxy)
 
     def join(self, subscriber: Subscriber) -> None:
         """A stream identified its proxy (on its first request)."""
         self._subscribers.join(subscriber)
+        locality = self._joined[subscriber] = subscriber.locality
+        if locality:
+            self._localities[locality] += 1
+            if self._localities[locality] == 1:
+                for generator in self._localized:
+                    generator.add_locality(locality)
+
+    def _forget_locality(self, subscriber: Subscriber) -> None:
+        locality = self._joined.pop(subscriber, None)
+        if not locality:
+            return
+        self._localities[locality] -= 1
+        if self._localities[locality] == 0:
+            del self._localities[locality]
+            for generator in self._localized:
+                generator.drop_locality(locality)
 
     def on_events(self, subscriber: Subscriber, events: Iterable[StreamEvent]) -> list[str]:
         """What a request meant: subscription changes, and replies other streams follow.
@@ -233,6 +281,7 @@ class Pipeline:
         """A stream ended: forget its subscriptions; its proxy may let go of secrets."""
         subscriptions = subscriber.stream.subscriptions()
         self._subscribers.leave(subscriber, subscriptions)
+        self._forget_locality(subscriber)
         for type_url, names in subscriptions:
             self._unwatch_owned(subscriber.proxy, type_url, names)
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 
 from pilot.push.request import PushRequest
 from pilot.registry.index import EndpointIndex, IndexChange
-from pilot.registry.model import EndpointSet, EndpointSetKey, Service, ServiceKey
+from pilot.registry.model import EndpointSet, EndpointSetKey, Node, NodeKey, Service, ServiceKey
 from pilot.stats import XdsStats
 
 
@@ -27,15 +27,19 @@ class IndexUpdater:
         self._submit = submit
         self._stats = stats
 
-    def upsert(self, obj: Service | EndpointSet) -> None:
+    def upsert(self, obj: Service | EndpointSet | Node) -> None:
         if isinstance(obj, Service):
             self._changed(self._index.upsert_service(obj))
+        elif isinstance(obj, Node):
+            self._changed(self._index.upsert_node(obj))
         else:
             self._changed(self._index.upsert_endpoints(obj))
 
-    def delete(self, key: ServiceKey | EndpointSetKey, cluster: str = "") -> None:
+    def delete(self, key: ServiceKey | EndpointSetKey | NodeKey, cluster: str = "") -> None:
         if isinstance(key, ServiceKey):
             self._changed(self._index.delete_service(key, cluster))
+        elif isinstance(key, NodeKey):
+            self._changed(self._index.delete_node(key))
         else:
             self._changed(self._index.delete_endpoints(key))
 

@@ -11,6 +11,14 @@ its ports are the union of theirs by port name (where two clusters give one
 name different numbers, the `primary` cluster's wins, then the first cluster id
 in order), and its endpoint sets are every cluster's. A cluster adding a copy of
 a service already known, with the same ports, changes no cluster.
+
+The index also keeps each cluster's Nodes (their region and zone) and which
+endpoint sets have endpoints on each, so that a Node's labels changing is an
+endpoint change of exactly the services with endpoints there. An endpoint's
+locality (`locality_of`): its zone is the slice's, else its Node's; its region
+is its Node's, else its cluster's id (Istio's region-less fallback: endpoints
+of a cluster without topology labels still form one locality per cluster, so
+a proxy that names that cluster as its region prefers them).
 """
 
 from __future__ import annotations
@@ -18,7 +26,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from pilot.registry.model import EndpointSet, EndpointSetKey, Service, ServiceKey, ServicePort
+from pilot.registry.model import (
+    Endpoint,
+    EndpointSet,
+    EndpointSetKey,
+    Node,
+    NodeKey,
+    Service,
+    ServiceKey,
+    ServicePort,
+)
+from pilot.xds.locality import Locality
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +75,8 @@ class EndpointIndex:
     _per_cluster: dict[ServiceKey, dict[str, Service]] = field(default_factory=dict)
     _sets: dict[EndpointSetKey, EndpointSet] = field(default_factory=dict)
     _by_service: dict[ServiceKey, set[EndpointSetKey]] = field(default_factory=dict)
+    _nodes: dict[NodeKey, Node] = field(default_factory=dict)
+    _sets_on_node: dict[NodeKey, set[EndpointSetKey]] = field(default_factory=dict)
 
     def endpoint_sets(self, service: ServiceKey) -> list[EndpointSet]:
         """The sets that feed a service's endpoints: per cluster, slices if it has any,
@@ -108,6 +128,8 @@ class EndpointIndex:
         change = self.delete_endpoints(endpoint_set.key) if old else NO_CHANGE
         self._sets[endpoint_set.key] = endpoint_set
         self._by_service.setdefault(endpoint_set.service, set()).add(endpoint_set.key)
+        for node in _nodes_of(endpoint_set):
+            self._sets_on_node.setdefault(node, set()).add(endpoint_set.key)
         return change.merge(self._endpoint_change(endpoint_set.service))
 
     def delete_endpoints(self, key: EndpointSetKey) -> IndexChange:
@@ -119,7 +141,34 @@ class EndpointIndex:
             owned.discard(key)
             if not owned:
                 del self._by_service[old.service]
+        for node in _nodes_of(old):
+            on_node = self._sets_on_node[node]
+            on_node.discard(key)
+            if not on_node:
+                del self._sets_on_node[node]
         return self._endpoint_change(old.service)
+
+    def upsert_node(self, node: Node) -> IndexChange:
+        """A Node appeared or changed: its endpoints' services change if its locality did."""
+        old = self._nodes.get(node.key)
+        self._nodes[node.key] = node
+        return self._node_change(node.key, old, node)
+
+    def delete_node(self, key: NodeKey) -> IndexChange:
+        return self._node_change(key, self._nodes.pop(key, None), None)
+
+    def _node_change(self, key: NodeKey, old: Node | None, new: Node | None) -> IndexChange:
+        if _labels(old) == _labels(new):
+            return NO_CHANGE  # a Node's status or other labels changing moves no endpoint
+        services = {self._sets[k].service for k in self._sets_on_node.get(key, ())}
+        return IndexChange.union(self._endpoint_change(service) for service in services)
+
+    def locality_of(self, cluster: str, endpoint: Endpoint) -> Locality:
+        """Where an endpoint is: the slice's zone, else its Node's; its Node's region, else
+        its cluster id."""
+        node = self._nodes.get(NodeKey(cluster, endpoint.node_name)) if endpoint.node_name else None
+        region, zone = _labels(node)
+        return Locality(region or cluster, endpoint.zone or zone)
 
     def replace_all(
         self, services: Iterable[Service], endpoint_sets: Iterable[EndpointSet]
@@ -130,9 +179,19 @@ class EndpointIndex:
     def replace_cluster(
         self, cluster: str, services: Iterable[Service], endpoint_sets: Iterable[EndpointSet]
     ) -> IndexChange:
-        """Make one cluster's part of the index equal to this (nothing: the cluster is gone);
-        the other clusters' services and endpoints stay as they are."""
-        return self._replace(cluster, services, endpoint_sets)
+        """Make one cluster's part of the index equal to this (nothing: the cluster is gone,
+        and its Nodes are forgotten too); the other clusters' parts stay as they are."""
+        change = self._replace(cluster, services, endpoint_sets)
+        if not self.has_cluster(cluster):
+            for key in [k for k in self._nodes if k.cluster == cluster]:
+                del self._nodes[key]  # no endpoint of the cluster is left to place
+        return change
+
+    def has_cluster(self, cluster: str) -> bool:
+        """Whether any service or endpoint set of the index came from `cluster`."""
+        return any(cluster in copies for copies in self._per_cluster.values()) or any(
+            key.cluster == cluster for key in self._sets
+        )
 
     def _replace(
         self, cluster: str | None, services: Iterable[Service], endpoint_sets: Iterable[EndpointSet]
@@ -169,3 +228,18 @@ def _merged(key: ServiceKey, copies: dict[str, Service], primary: str) -> Servic
     first = copies[order[0]].ports
     listed = [p for p in first] + [p for n, p in ports.items() if p not in first]
     return Service(key, tuple(listed))
+
+
+def _nodes_of(endpoint_set: EndpointSet) -> set[NodeKey]:
+    """The Nodes an endpoint set's endpoints run on."""
+    cluster = endpoint_set.key.cluster
+    return {
+        NodeKey(cluster, endpoint.node_name)
+        for group in endpoint_set.groups
+        for endpoint in group.endpoints
+        if endpoint.node_name
+    }
+
+
+def _labels(node: Node | None) -> tuple[str, str]:
+    return (node.region, node.zone) if node is not None else ("", "")

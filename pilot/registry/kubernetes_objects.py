@@ -17,12 +17,16 @@ from pilot.registry.model import (
     EndpointPort,
     EndpointSet,
     EndpointSetKey,
+    Node,
+    NodeKey,
     Service,
     ServiceKey,
     ServicePort,
 )
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+REGION_LABEL = "topology.kubernetes.io/region"
+ZONE_LABEL = "topology.kubernetes.io/zone"
 SUPPORTED_KINDS = frozenset({"Service", "EndpointSlice", "Endpoints"})
 _IP_ADDRESS_TYPES = frozenset({"IPv4", "IPv6"})
 
@@ -129,6 +133,7 @@ def _slice_endpoint(obj: Obj, raw: Any, i: int) -> Endpoint:
         serving=_condition(conditions, "serving", ready),
         terminating=_condition(conditions, "terminating", False),
         zone=str(raw.get("zone") or ""),
+        node_name=str(raw.get("nodeName") or ""),
     )
 
 
@@ -156,7 +161,8 @@ def _legacy_addresses(obj: Obj, raw: Any, where: str, ready: bool) -> list[Endpo
         ip = address.get("ip") if isinstance(address, Mapping) else None
         if not isinstance(ip, str) or not ip:
             raise _fail(obj, f"{where}[{i}].ip is missing")
-        found.append(Endpoint((ip,), ready=ready, serving=ready))
+        node_name = str(address.get("nodeName") or "")
+        found.append(Endpoint((ip,), ready=ready, serving=ready, node_name=node_name))
     return found
 
 
@@ -176,3 +182,19 @@ def parse_endpoints(obj: Obj, cluster: str = "") -> EndpointSet:
         groups.append(EndpointGroup(ports, tuple(endpoints)))
     key = EndpointSetKey("Endpoints", namespace, name, cluster)
     return EndpointSet(key, ServiceKey(namespace, name), tuple(groups))
+
+
+def parse_node(obj: Obj, cluster: str = "") -> Node:
+    """A Node's locality: its region and zone labels, nothing else of it is kept."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+        raise _fail(obj, "metadata.name is missing")
+    labels = meta.get("labels") or {}
+    if not isinstance(labels, Mapping):
+        raise _fail(obj, "metadata.labels must be a mapping")
+    region, zone = labels.get(REGION_LABEL), labels.get(ZONE_LABEL)
+    return Node(
+        NodeKey(cluster, meta["name"]),
+        region if isinstance(region, str) else "",
+        zone if isinstance(zone, str) else "",
+    )

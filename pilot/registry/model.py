@@ -8,6 +8,10 @@ Every Service and endpoint set comes from one cluster (`cluster`, its cluster
 id; "" in tests that need no cluster). A Service of the same name and
 namespace in several clusters is one service (`ServiceKey` has no cluster):
 the index merges them, and its endpoints come from every cluster.
+
+A `Node` is only what locality needs of a Kubernetes Node: the region and zone
+of its `topology.kubernetes.io/*` labels. Endpoints name their node
+(`node_name`); the index resolves their locality from it.
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ class Endpoint:
     serving: bool = True
     terminating: bool = False
     zone: str = ""
+    node_name: str = ""  # the Node it runs on, which gives its region (and zone if unset)
 
     @property
     def health(self) -> Health | None:
@@ -121,3 +126,20 @@ class EndpointSet:
     @property
     def legacy(self) -> bool:
         return self.key.kind == "Endpoints"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class NodeKey:
+    """A Node's identity: Nodes are cluster-scoped, so its cluster and name."""
+
+    cluster: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """The locality a Node's topology labels give (empty: the label is absent)."""
+
+    key: NodeKey
+    region: str = ""
+    zone: str = ""

@@ -12,18 +12,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from pilot.registry.model import EndpointSet, EndpointSetKey, Service, ServiceKey
+from pilot.registry.model import EndpointSet, EndpointSetKey, Node, NodeKey, Service, ServiceKey
 
 
 class RegistryUpdater(Protocol):
     """Changes to the registry, as sources make them."""
 
-    def upsert(self, obj: Service | EndpointSet) -> None:
-        """A Service or an endpoint set was added or changed."""
+    def upsert(self, obj: Service | EndpointSet | Node) -> None:
+        """A Service, an endpoint set or a Node (its locality) was added or changed."""
         ...
 
-    def delete(self, key: ServiceKey | EndpointSetKey, cluster: str = "") -> None:
-        """A Service (of `cluster`) or an endpoint set (its key names its cluster) went away."""
+    def delete(self, key: ServiceKey | EndpointSetKey | NodeKey, cluster: str = "") -> None:
+        """A Service (of `cluster`), an endpoint set or a Node (their keys name their
+        cluster) went away."""
         ...
 
     def replace_all(

@@ -41,6 +41,7 @@ from pilot.server import convert, intake
 from pilot.server.registry import ConnectionRegistry
 from pilot.stats import XdsStats
 from pilot.xds import types
+from pilot.xds.locality import NOWHERE, Locality
 from pilot.xds.proxy import PermissionDenied, ProxyAuthenticator, ProxyKey, Unauthenticated
 
 log = logging.getLogger("pilot.xds")
@@ -97,6 +98,7 @@ class Connection:
         self.kind = kind
         self.peer = peer
         self.node: base_pb2.Node | None = None
+        self.locality = NOWHERE  # what its node declared: which endpoint variant it reads
         self.proxy = ProxyKey(f"anonymous-{self.id}", None)
         self.stream: SotwStream | DeltaStream = kind.new_stream()
         self.pending_since: float | None = None
@@ -286,6 +288,7 @@ class Connection:
     def _identify(self, node: base_pb2.Node) -> None:
         """The first request: who the stream speaks for (node id and proven identity)."""
         self.node = node
+        self.locality = Locality(node.locality.region, node.locality.zone)
         auth = self._context.auth
         identity = auth.identity_of(node, self._credential) if auth is not None else None
         self.proxy = ProxyKey(node.id or self.proxy.node_id, identity)

@@ -1,7 +1,10 @@
 """The resource cache: the current `Resource` of every name, and what each stream may read.
 
-Resources live in tables by (type, flavor, owner). Clusters exist once per
-flavor (see `pilot.xds.flavor`); other types have one shared table, except
+Resources live in tables by (type, flavor, owner). Some types exist once per
+flavor: clusters per way of fetching them (see `pilot.xds.flavor`), endpoint
+assignments per proxy locality (see `pilot.xds.locality`); a stream's view
+names the flavor it reads of each type (`Flavors`), every other type is read
+from its one shared table (flavor `SHARED`). Shared resources are shared, except
 that resources of `OWNED_TYPES` (workload secrets) may belong to one proxy
 (`ProxyKey`): they sit in that proxy's table and only its streams see them.
 `update` reports which names really changed (content versions differ), so a
@@ -25,6 +28,8 @@ SHARED = ""
 _EMPTY: Mapping[str, Resource] = {}
 
 TableKey = tuple[str, str, ProxyKey | None]
+Flavors = Mapping[str, str]  # type URL -> the flavor a stream reads (absent: SHARED)
+NO_FLAVORS: Flavors = {}
 
 
 class ResourceCache:
@@ -81,6 +86,11 @@ class ResourceCache:
     def version(self, type_url: str) -> str:
         return str(self._versions.get(type_url, 0))
 
+    def drop_flavor(self, type_url: str, flavor: str) -> None:
+        """Forget every shared resource of a flavor no stream reads any more."""
+        if flavor != SHARED:
+            self._tables.pop((type_url, flavor, None), None)
+
     def set_pending(self, type_url: str, name: str, owner: ProxyKey, pending: bool) -> None:
         """Mark (or unmark) an owner's resource as being made: not absent, not there yet."""
         if pending:
@@ -91,9 +101,9 @@ class ResourceCache:
     def pending(self, type_url: str, name: str, owner: ProxyKey) -> bool:
         return (type_url, owner, name) in self._pending
 
-    def view(self, flavor: str = SHARED, owner: ProxyKey | None = None) -> ProxyView:
-        """What a stream of this flavor, speaking for `owner`, may read."""
-        return ProxyView(self, flavor, owner)
+    def view(self, flavors: Flavors = NO_FLAVORS, owner: ProxyKey | None = None) -> ProxyView:
+        """What a stream reading these flavors, speaking for `owner`, may read."""
+        return ProxyView(self, flavors, owner)
 
 
 class ProxyView:
@@ -103,15 +113,15 @@ class ProxyView:
     among the shared ones (the trust root). A view never sees another owner's.
     """
 
-    __slots__ = ("_cache", "_flavor", "_owner")
+    __slots__ = ("_cache", "_flavors", "_owner")
 
-    def __init__(self, cache: ResourceCache, flavor: str, owner: ProxyKey | None) -> None:
+    def __init__(self, cache: ResourceCache, flavors: Flavors, owner: ProxyKey | None) -> None:
         self._cache = cache
-        self._flavor = flavor
+        self._flavors = flavors
         self._owner = owner
 
     def _shared_flavor(self, type_url: str) -> str:
-        return self._flavor if type_url in types.FLAVORED_TYPES else SHARED
+        return self._flavors.get(type_url, SHARED)
 
     def get(self, type_url: str, name: str) -> Resource | None:
         if type_url in types.OWNED_TYPES and self._owner is not None:

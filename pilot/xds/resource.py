@@ -46,6 +46,11 @@ def length_delimited(field_number: int, payload: bytes) -> bytes:
     return _varint((field_number << 3) | 2) + _varint(len(payload)) + payload
 
 
+def varint_field(field_number: int, value: int) -> bytes:
+    """Encode one varint (wire type 0) protobuf field."""
+    return _varint(field_number << 3) + _varint(value)
+
+
 def _string_field(field_number: int, text: str) -> bytes:
     return length_delimited(field_number, text.encode()) if text else b""
 

@@ -24,9 +24,6 @@ NAMED_ONLY_TYPES: Final = frozenset({SECRET})
 # Types whose resources may belong to one proxy (workload secrets).
 OWNED_TYPES: Final = frozenset({SECRET})
 
-# Types built once per cluster flavor (see pilot.xds.flavor).
-FLAVORED_TYPES: Final = frozenset({CLUSTER})
-
 SHORT_NAMES: Final = {
     CLUSTER: "cds",
     ENDPOINT: "eds",

@@ -6,7 +6,9 @@ must serialize exactly one ClusterLoadAssignment, send no CDS at all, and wake
 only the streams subscribed to that cluster. With the Kubernetes registry, a
 burst of 1,000 endpoint events inside one debounce window is one push per
 affected stream. With every service in a second cluster too, a change in that
-cluster costs the same: one assignment, with the endpoints of both.
+cluster costs the same: one assignment, with the endpoints of both. With proxies
+in several localities, one change builds one assignment per locality in use,
+never one per proxy.
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from envoy.config.core.v3 import base_pb2
+from envoy.config.endpoint.v3 import endpoint_pb2
+
 from pilot.push.debounce import DebounceSettings
 from pilot.xds import types
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
-from tests.protocol.client import DeltaStream, XdsClient, delta_resources, endpoint_ips
+from tests.protocol.client import DeltaStream, XdsClient, delta_resources, endpoint_ips, node
 from tests.support.mesh import Ep, cluster_name, endpoint_slice, service, write_mesh
 from tests.support.pilot import RunningPilot, running_kube_pilot, running_pilot
 
@@ -167,3 +172,78 @@ async def test_a_remote_cluster_endpoint_change_costs_one_assignment(tmp_path: P
         assert endpoint_ips(held[cluster_name(_name(7))].message) == both
         assert dict(stats.serializations) == {types.ENDPOINT: 1}
         assert stats.streams_woken == 1, "only the subscribed stream is woken"
+
+
+def delta_priorities(payloads: set[bytes]) -> dict[str, int]:
+    """address -> priority in the one assignment these bytes encode."""
+    (payload,) = payloads
+    assignment = endpoint_pb2.ClusterLoadAssignment.FromString(payload)
+    return {
+        lb.endpoint.address.socket_address.address: group.priority
+        for group in assignment.endpoints
+        for lb in group.lb_endpoints
+    }
+
+
+# -- locality variants ---------------------------------------------------------------
+
+# Proxies in two localities and one without: svc-007 has an endpoint in each zone,
+# so the three variants of its assignment differ (the file has no Nodes: region is
+# the cluster id, Kubernetes).
+LOCALITIES = {
+    "zone-a": base_pb2.Locality(region="Kubernetes", zone="zone-a"),
+    "zone-b": base_pb2.Locality(region="Kubernetes", zone="zone-b", sub_zone="rack-1"),
+    "none": None,
+}
+PER_LOCALITY = 2  # streams on svc-007's assignment; one more per locality watches svc-008
+
+
+def _zoned_mesh(generation: int = 0) -> list[dict[str, Any]]:
+    zoned = [Ep(_ip(7, generation), zone="zone-a"), Ep(_ip(107, generation), zone="zone-b")]
+    mesh = [obj for i in range(20) if i != 7 for obj in _objects(i)]
+    return [*mesh, service(_name(7)), endpoint_slice(_name(7), zoned, name=f"{_name(7)}-1")]
+
+
+def _located_node(where: str, n: int) -> base_pb2.Node:
+    located = node(f"sidecar~10.9.0.{n}~p{n}.default~default.svc.cluster.local")
+    if LOCALITIES[where] is not None:
+        located.locality.CopyFrom(LOCALITIES[where])
+    return located
+
+
+async def _located_sync(stream: DeltaStream, service: int) -> None:
+    await stream.subscribe(types.ENDPOINT, [cluster_name(_name(service))])
+    await stream.ack(await stream.next_response(TIMEOUT))
+
+
+async def test_one_change_builds_one_assignment_per_locality_in_use(tmp_path: Path) -> None:
+    async with (
+        running_pilot(tmp_path, _zoned_mesh()) as pilot,
+        XdsClient(pilot.grpc_target) as client,
+    ):
+        streams: dict[str, list[DeltaStream]] = {}
+        for where in LOCALITIES:
+            nodes = [_located_node(where, len(streams) * 10 + k) for k in range(PER_LOCALITY + 1)]
+            streams[where] = [client.delta_ads(n) for n in nodes]
+            await asyncio.gather(
+                *(_located_sync(s, 7) for s in streams[where][:PER_LOCALITY]),
+                _located_sync(streams[where][PER_LOCALITY], 8),
+            )
+        stats = pilot.discovery.stats
+        stats.reset()
+        pilot.write(_zoned_mesh(1))
+        payloads: dict[str, set[bytes]] = {}
+        for where, located in streams.items():
+            for stream in located[:PER_LOCALITY]:
+                response = await stream.next_response(TIMEOUT)
+                assert [r.name for r in response.resources] == [cluster_name(_name(7))]
+                payloads.setdefault(where, set()).add(response.resources[0].resource.value)
+                await stream.ack(response)
+        assert dict(stats.serializations) == {types.ENDPOINT: len(LOCALITIES)}
+        assert stats.streams_woken == PER_LOCALITY * len(LOCALITIES), "svc-008's were woken"
+        assert dict(stats.responses) == {types.ENDPOINT: PER_LOCALITY * len(LOCALITIES)}
+        assert all(len(same) == 1 for same in payloads.values()), "one locality, one bytes"
+        assert len(set.union(*payloads.values())) == len(LOCALITIES)
+        zone_a = delta_priorities(payloads["zone-a"])
+        assert zone_a == {_ip(7, 1): 0, _ip(107, 1): 1}
+        assert delta_priorities(payloads["none"]) == {_ip(7, 1): 0, _ip(107, 1): 0}

@@ -61,6 +61,9 @@ CLUSTER_GRANTS = {
     ("discovery.k8s.io", "endpointslices", "list"),
     ("discovery.k8s.io", "endpointslices", "watch"),
     ("authentication.k8s.io", "tokenreviews", "create"),
+    # Endpoint locality: the Nodes' topology labels (pilot/sources/kubernetes/registry.py).
+    ("", "nodes", "list"),
+    ("", "nodes", "watch"),
     # The root in every namespace (pilot/security/root_publisher.py).
     ("", "namespaces", "list"),
     ("", "namespaces", "watch"),

@@ -46,18 +46,19 @@ CART = "outbound|8000||cart.shop.svc.cluster.local"
 PAYMENTS = "outbound|443||payments.shop.svc.cluster.local"
 CLUSTERS = {FRONTEND, REVIEWS_HTTP, REVIEWS_GRPC, CART, PAYMENTS}
 # examples/mesh.yaml as endpoints: (cluster, address:port, health, locality). Ready is
-# HEALTHY, serving-but-terminating DRAINING, not ready left out; zones as Istio writes
-# localities (region/zone: no region here); the legacy Endpoints object has no zone.
+# HEALTHY, serving-but-terminating DRAINING, not ready left out; localities as Istio
+# writes them (region/zone: the file has no Nodes, so the region is the cluster id,
+# Kubernetes); the legacy Endpoints object has no zone.
 ENDPOINTS = {
-    (FRONTEND, "127.0.0.1:18080", "HEALTHY", "/zone-a"),
-    (FRONTEND, "127.0.0.2:18080", "HEALTHY", "/zone-b"),
-    (REVIEWS_HTTP, "127.0.0.1:19080", "HEALTHY", "/zone-a"),
-    (REVIEWS_HTTP, "127.0.0.3:19080", "DRAINING", "/zone-a"),
-    (REVIEWS_GRPC, "127.0.0.1:19090", "HEALTHY", "/zone-a"),
-    (REVIEWS_GRPC, "127.0.0.3:19090", "DRAINING", "/zone-a"),
-    (CART, "127.0.0.1:18000", "HEALTHY", "/zone-a"),
-    (CART, "127.0.0.2:18000", "HEALTHY", "/zone-b"),
-    (PAYMENTS, "127.0.0.1:18443", "HEALTHY", None),
+    (FRONTEND, "127.0.0.1:18080", "HEALTHY", "Kubernetes/zone-a"),
+    (FRONTEND, "127.0.0.2:18080", "HEALTHY", "Kubernetes/zone-b"),
+    (REVIEWS_HTTP, "127.0.0.1:19080", "HEALTHY", "Kubernetes/zone-a"),
+    (REVIEWS_HTTP, "127.0.0.3:19080", "DRAINING", "Kubernetes/zone-a"),
+    (REVIEWS_GRPC, "127.0.0.1:19090", "HEALTHY", "Kubernetes/zone-a"),
+    (REVIEWS_GRPC, "127.0.0.3:19090", "DRAINING", "Kubernetes/zone-a"),
+    (CART, "127.0.0.1:18000", "HEALTHY", "Kubernetes/zone-a"),
+    (CART, "127.0.0.2:18000", "HEALTHY", "Kubernetes/zone-b"),
+    (PAYMENTS, "127.0.0.1:18443", "HEALTHY", "Kubernetes"),
 }
 FORMATS = ("table", "json", "yaml")
 
@@ -165,14 +166,16 @@ async def test_clusters_are_the_meshs_at_the_versions_envoy_holds(mesh: Mesh) ->
 
 
 def _envoy_endpoints(clusters: dict[str, Any]) -> set[tuple[str, str, str, str | None]]:
-    """Envoy's /clusters hosts of pilot's clusters as (cluster, address:port, health, zone)."""
+    """Envoy's /clusters hosts of pilot's clusters as (cluster, address:port, health,
+    region/zone)."""
     found = set()
     for status in clusters.get("cluster_statuses", []):
         if status["name"] not in CLUSTERS:
             continue
         for host in status.get("host_statuses", []):
             socket = host["address"]["socket_address"]
-            zone = host.get("locality", {}).get("zone")
+            locality = host.get("locality", {})
+            zone = "/".join(p for p in (locality.get("region"), locality.get("zone")) if p)
             health = host["health_status"]["eds_health_status"]
             found.add((status["name"], f"{socket['address']}:{socket['port_value']}", health, zone))
     return found
@@ -185,11 +188,7 @@ async def test_endpoints_are_the_meshs_as_envoy_holds_them(mesh: Mesh) -> None:
     assert len(shown_rows) == len(records), "an endpoint printed twice"
     assert shown_rows == ENDPOINTS
     in_envoy = _envoy_endpoints(await mesh.envoy.clusters())
-    as_envoy = {
-        (cluster, endpoint, health, locality.removeprefix("/") if locality else None)
-        for cluster, endpoint, health, locality in shown_rows
-    }
-    assert as_envoy == in_envoy
+    assert shown_rows == in_envoy
 
 
 async def test_secrets_show_the_certificates_envoy_holds_and_no_key(mesh: Mesh) -> None:

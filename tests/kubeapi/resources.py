@@ -58,6 +58,7 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     ResourceType("Secret", "secrets", "", "v1"),
     ResourceType("ConfigMap", "configmaps", "", "v1", short_names=("cm",)),
     ResourceType("Pod", "pods", "", "v1", short_names=("po",)),
+    ResourceType("Node", "nodes", "", "v1", namespaced=False, short_names=("no",)),
     ResourceType("EndpointSlice", "endpointslices", "discovery.k8s.io", "v1"),
     ResourceType("Lease", "leases", "coordination.k8s.io", "v1"),
 )

@@ -19,6 +19,7 @@ class Ep:
     serving: bool | None = None
     terminating: bool | None = None
     zone: str = ""
+    node: str = ""  # nodeName
 
 
 def service(
@@ -32,6 +33,16 @@ def service(
             "ports": [{"name": n, "port": p, "targetPort": p, "protocol": "TCP"} for n, p in ports]
         },
     }
+
+
+def node(name: str, region: str = "", zone: str = "") -> dict[str, Any]:
+    """A Node with the topology labels given (absent when empty)."""
+    labels = {"kubernetes.io/hostname": name}
+    if region:
+        labels["topology.kubernetes.io/region"] = region
+    if zone:
+        labels["topology.kubernetes.io/zone"] = zone
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
 
 
 def endpoint_slice(
@@ -55,6 +66,8 @@ def endpoint_slice(
         item: dict[str, Any] = {"addresses": [ep.ip], "conditions": conditions}
         if ep.zone:
             item["zone"] = ep.zone
+        if ep.node:
+            item["nodeName"] = ep.node
         eps.append(item)
     return {
         "apiVersion": "discovery.k8s.io/v1",

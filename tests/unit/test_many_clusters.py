@@ -10,7 +10,7 @@ from pilot.debug import views
 from pilot.generators.eds import build_load_assignment
 from pilot.registry.index import EndpointIndex
 from pilot.registry.kubernetes_objects import parse_endpoint_slice, parse_endpoints, parse_service
-from pilot.registry.model import EndpointSet, Service, ServiceKey
+from pilot.registry.model import EndpointSet, Node, NodeKey, Service, ServiceKey
 from pilot.sources.file_format import RegistryFileError, parse_registry
 from tests.support.mesh import Ep, endpoint_slice, service
 
@@ -132,3 +132,14 @@ def test_registryz_tells_which_cluster_each_part_came_from() -> None:
     (web,) = views.registryz(index)["services"]
     assert web["clusters"] == [EAST, WEST]
     assert [s["cluster"] for s in web["endpoint_sets"]] == [EAST, WEST]
+
+
+def test_a_cluster_gone_takes_its_nodes_with_it() -> None:
+    index = EndpointIndex(primary=EAST)
+    index.upsert_node(Node(NodeKey(WEST, "n1"), region="eu", zone="eu-a"))
+    index.upsert_node(Node(NodeKey(EAST, "n1"), region="us", zone="us-a"))
+    index.upsert_service(_svc(WEST))
+    index.upsert_endpoints(_slice(WEST, "10.1.0.1"))
+    index.replace_cluster(WEST, [], [])
+    assert not index.has_cluster(WEST)
+    assert [key.cluster for key in index._nodes] == [EAST], "west's Nodes are forgotten"

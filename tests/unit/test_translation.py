@@ -30,6 +30,7 @@ from pilot.registry.model import (
     ServicePort,
 )
 from pilot.xds.flavor import Flavor
+from pilot.xds.locality import NOWHERE, Locality
 from tests.support.mesh import Ep, endpoint_slice, service
 
 
@@ -188,25 +189,42 @@ def test_grpc_ports_get_http2_upstreams() -> None:
     )
 
 
-def _protobuf_assignment(name: str, hosts: dict[Any, Any]) -> bytes:
+def _oracle_priorities(proxy: Locality, localities: set[Locality]) -> dict[Locality, int]:
+    """Istio's failover order, written out: zone 0, region 1, elsewhere 2, gaps closed."""
+    if not (proxy.region or proxy.zone):
+        return dict.fromkeys(localities, 0)
+
+    def level(locality: Locality) -> int:
+        if locality.region != proxy.region:
+            return 2
+        return 0 if locality.zone == proxy.zone else 1
+
+    used = sorted({level(locality) for locality in localities})
+    return {locality: used.index(level(locality)) for locality in localities}
+
+
+def _protobuf_assignment(name: str, hosts: dict[Any, Any], proxy: Locality = NOWHERE) -> bytes:
     """The assignment as protobuf itself serializes it: the oracle for the hand encoder."""
-    by_zone: dict[str, list[endpoint_components_pb2.LbEndpoint]] = {}
+    by_locality: dict[Locality, list[endpoint_components_pb2.LbEndpoint]] = {}
     statuses = {
         Health.HEALTHY: health_check_pb2.HEALTHY,
         Health.DRAINING: health_check_pb2.DRAINING,
     }
-    for (address, number), (health, zone, cluster) in sorted(hosts.items()):
+    for (address, number), (health, locality, cluster) in sorted(hosts.items()):
         lb = endpoint_components_pb2.LbEndpoint(health_status=statuses[health])
         lb.endpoint.address.socket_address.address = address
         lb.endpoint.address.socket_address.port_value = number
         if cluster:
             lb.metadata.filter_metadata["istio"].update({"cluster_id": cluster})
-        by_zone.setdefault(zone, []).append(lb)
+        by_locality.setdefault(locality, []).append(lb)
     message = endpoint_pb2.ClusterLoadAssignment(cluster_name=name)
-    for zone in sorted(by_zone):
+    priority = _oracle_priorities(proxy, set(by_locality))
+    for locality in sorted(by_locality):
         message.endpoints.append(
             endpoint_components_pb2.LocalityLbEndpoints(
-                locality=base_pb2.Locality(zone=zone), lb_endpoints=by_zone[zone]
+                locality=base_pb2.Locality(region=locality.region, zone=locality.zone),
+                lb_endpoints=by_locality[locality],
+                priority=priority[locality],
             )
         )
     return bytes(message.SerializeToString(deterministic=True))
@@ -220,28 +238,44 @@ _ENDPOINTS = st.lists(
         serving=st.booleans(),
         terminating=st.booleans(),
         zone=st.sampled_from(["", "a", "zone-b", "é"]),
+        node_name=st.sampled_from(["", "node-1", "node-2"]),
     ),
     max_size=12,
 )
+_NAMES = st.sampled_from(["", "a", "zone-b", "é", "us-east"])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     endpoints=_ENDPOINTS,
     number=st.integers(min_value=0, max_value=65535),
     name=st.sampled_from(["", "outbound|80||web.shop.svc.cluster.local"]),
     cluster=st.sampled_from(["", "Kubernetes", "east-1", "é"]),
+    node_regions=st.fixed_dictionaries({"node-1": _NAMES, "node-2": _NAMES}),
+    proxy=st.builds(Locality, region=_NAMES, zone=_NAMES),
 )
 def test_hand_encoded_assignments_are_protobufs_own_bytes(
-    endpoints: list[Endpoint], number: int, name: str, cluster: str
+    *,
+    endpoints: list[Endpoint],
+    number: int,
+    name: str,
+    cluster: str,
+    node_regions: dict[str, str],
+    proxy: Locality,
 ) -> None:
-    """Versions are content hashes: the hand encoder must give protobuf's exact bytes."""
+    """Versions are content hashes: the hand encoder must give protobuf's exact bytes,
+    for every proxy locality (priorities) and endpoint regions and zones."""
     group = EndpointGroup((EndpointPort("http", number),), tuple(endpoints))
     endpoint_set = EndpointSet(
         EndpointSetKey("EndpointSlice", "shop", "web-1", cluster),
         ServiceKey("shop", "web"),
         (group,),
     )
+
+    def locate(at: str, endpoint: Endpoint) -> Locality:
+        return Locality(node_regions.get(endpoint.node_name) or at, endpoint.zone)
+
     port = ServicePort("http", 80)
-    hosts = collect_hosts(port, [endpoint_set])
-    assert encode_load_assignment(name, port, [endpoint_set]) == _protobuf_assignment(name, hosts)
+    hosts = collect_hosts(port, [endpoint_set], locate)
+    encoded = encode_load_assignment(name, port, [endpoint_set], proxy, locate)
+    assert encoded == _protobuf_assignment(name, hosts, proxy)

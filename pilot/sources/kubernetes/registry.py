@@ -4,7 +4,9 @@ Services and EndpointSlices (or, with `--endpoints-api endpoints`, legacy v1
 Endpoints) are watched in all namespaces or in the ones named. Each object
 event becomes an upsert or delete on the `RegistryUpdater` the registry was
 given. A malformed object is logged with its name and skipped; what pilot knew
-of it before stays.
+of it before stays. Nodes (cluster-scoped) are watched for endpoint locality:
+only their region and zone labels are kept (the list and watch carry whole
+Nodes: the generated client cannot ask for metadata only).
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from pilot.registry.kubernetes_objects import (
     object_label,
     parse_endpoint_slice,
     parse_endpoints,
+    parse_node,
     parse_service,
 )
-from pilot.registry.model import DEFAULT_CLUSTER_ID, EndpointSetKey, ServiceKey
+from pilot.registry.model import DEFAULT_CLUSTER_ID, EndpointSetKey, NodeKey, ServiceKey
 from pilot.registry.updater import RegistryUpdater
 from pilot.sources.kubernetes.config import EndpointsApi, KubernetesSettings
 from pilot.sources.kubernetes.informer import Informer, Obj, Request
@@ -76,6 +79,23 @@ class _EndpointsHandler:
     def delete(self, namespace: str, name: str) -> None:
         key = EndpointSetKey(self._kind, namespace or "default", name, self._cluster)
         self._updater.delete(key)
+
+
+class _NodeHandler:
+    def __init__(self, updater: RegistryUpdater, cluster: str) -> None:
+        self._updater = updater
+        self._cluster = cluster
+
+    def upsert(self, obj: Obj) -> None:
+        try:
+            node = parse_node(obj, self._cluster)
+        except ObjectError as error:
+            log.warning("cluster %s: ignoring %s", self._cluster, error)
+            return
+        self._updater.upsert(node)
+
+    def delete(self, namespace: str, name: str) -> None:
+        self._updater.delete(NodeKey(self._cluster, name))
 
 
 def _requests(
@@ -131,6 +151,9 @@ class KubernetesRegistry:
                     handler = _EndpointsHandler(self._updater, kind, self.cluster)
                 selector = SERVICE_NAME_LABEL if kind == "EndpointSlice" else ""
                 informers.append(Informer(kind, request, handler, self.settings.informer, selector))
+        nodes = _NodeHandler(self._updater, self.cluster)
+        list_nodes = client.CoreV1Api(api_client).list_node
+        informers.append(Informer("Node", list_nodes, nodes, self.settings.informer))
         return informers
 
     async def start(self, previous: KubernetesRegistry | None = None) -> None:
