@@ -9,6 +9,9 @@ test API server plus remote ones, and a real Envoy reading what it serves.
 * A remote cluster that goes down keeps its endpoints in Envoy, holds back neither the
   local cluster's changes nor `/ready`, and `/ready` and the metrics say it is down.
 * A remote kubeconfig's token never shows in pilot's log nor in any debug endpoint.
+* With no topology labels, an endpoint's region is its cluster id: an Envoy declaring the
+  local cluster's id as its region holds the local endpoints at priority 0 and the remote
+  cluster's at 1 (locality failover across clusters).
 """
 
 from __future__ import annotations
@@ -63,10 +66,13 @@ async def clusters(tmp_path: Path, *names: str) -> AsyncIterator[dict[str, Clust
 
 @asynccontextmanager
 async def pilot_with_envoy(
-    tmp_path: Path, local: Cluster | Path, *extra: str
+    tmp_path: Path,
+    local: Cluster | Path,
+    *extra: str,
+    locality: Mapping[str, str] | None = None,
 ) -> AsyncIterator[tuple[PilotProcess, EnvoyProcess]]:
     """`pilot discovery --kubeconfig LOCAL ...` (or `--config FILE ...` when given a
-    registry file) as a subprocess, and an Envoy on it."""
+    registry file) as a subprocess, and an Envoy on it (declaring `locality`, if given)."""
     ca = write_plugged_in(tmp_path / "plugged-in-ca")
     source = (
         ["--kubeconfig", str(local.kubeconfig)]
@@ -83,6 +89,8 @@ async def pilot_with_envoy(
     )
     try:
         bootstrap = load_example_bootstrap("envoy-ads-delta.yaml", pilot.grpc_port, "node-1")
+        if locality is not None:
+            bootstrap["node"]["locality"] = dict(locality)
         workdir = tmp_path / "envoy"
         workdir.mkdir()
         async with EnvoyProcess(bootstrap, workdir, "node-1", log_level="warning") as envoy:
@@ -171,6 +179,34 @@ async def test_remote_kubeconfig_merges_both_clusters_endpoints(tmp_path: Path) 
             ["ready", "cluster Kubernetes: synced", "cluster west: synced"],
         )
         assert await cluster_metrics(pilot) == {"Kubernetes": 1.0, "west": 1.0, "remote": 1.0}
+
+
+async def test_a_proxy_prefers_its_own_clusters_endpoints(tmp_path: Path) -> None:
+    """No Node has topology labels, so each endpoint's region is its cluster id (Istio's
+    fallback): an Envoy that declares the local cluster's id as its region gets the
+    local endpoints at priority 0 and west's at 1, to fail over to."""
+    async with (
+        clusters(tmp_path, "local", "west") as found,
+        pilot_with_envoy(
+            tmp_path,
+            found["local"],
+            "--remote-kubeconfig",
+            f"west={found['west'].kubeconfig}",
+            locality={"region": "Kubernetes"},
+        ) as (_pilot, envoy),
+    ):
+
+        async def priorities() -> dict[str, int]:
+            clusters_json: dict[str, Any] = await envoy.clusters()
+            return {
+                host["address"]["socket_address"]["address"]: host.get("priority", 0)
+                for status in clusters_json.get("cluster_statuses", [])
+                if status["name"] == ALPHA
+                for host in status.get("host_statuses", [])
+            }
+
+        expected = {"127.0.1.1": 0, "127.0.2.1": 1}
+        await envoy.wait_for(priorities, 15.0, "local first", until=lambda seen: seen == expected)
 
 
 async def test_a_file_registry_with_a_remote_cluster(tmp_path: Path) -> None:
