@@ -42,3 +42,14 @@ async def assert_nothing_rejected_or_warming(envoy: EnvoyProcess) -> None:
     }
     assert rejected == {}
     assert stats.get("cluster_manager.warming_clusters") == 0
+
+
+async def host_priorities(envoy: EnvoyProcess, cluster: str) -> dict[str, int]:
+    """address -> priority of each host of `cluster`, as Envoy holds it (/clusters)."""
+    clusters: dict[str, Any] = await envoy.clusters()
+    return {
+        host["address"]["socket_address"]["address"]: host.get("priority", 0)
+        for status in clusters.get("cluster_statuses", [])
+        if status["name"] == cluster
+        for host in status.get("host_statuses", [])
+    }

@@ -10,9 +10,9 @@ at 0. Relabelling a Node moves its endpoint's priority.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from tests.harness.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
+from tests.integration.envoy_view import host_priorities
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
 from tests.support.mesh import Ep, cluster_name, endpoint_slice, node, service
 from tests.support.pilot import running_kube_pilot
@@ -20,17 +20,6 @@ from tests.support.pilot import running_kube_pilot
 SHOP = cluster_name("shop")
 HOSTS = {"127.0.7.1": "n-eu-a", "127.0.7.2": "n-eu-b", "127.0.7.3": "n-us-c"}
 NODES = {"n-eu-a": ("eu", "a"), "n-eu-b": ("eu", "b"), "n-us-c": ("us", "c")}
-
-
-async def _priorities(envoy: EnvoyProcess) -> dict[str, int]:
-    """address -> priority of each host of the shop cluster, as Envoy holds it."""
-    clusters: dict[str, Any] = await envoy.clusters()
-    return {
-        host["address"]["socket_address"]["address"]: host.get("priority", 0)
-        for status in clusters.get("cluster_statuses", [])
-        if status["name"] == SHOP
-        for host in status.get("host_statuses", [])
-    }
 
 
 def _envoy(
@@ -44,7 +33,9 @@ def _envoy(
 
 
 async def _wait_priorities(envoy: EnvoyProcess, expected: dict[str, int], what: str) -> None:
-    await wait_until(lambda: _priorities(envoy), 20, what, until=lambda seen: seen == expected)
+    await wait_until(
+        lambda: host_priorities(envoy, SHOP), 20, what, until=lambda seen: seen == expected
+    )
 
 
 async def test_envoy_host_priorities_follow_proximity(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ import yaml
 
 from tests.harness.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
 from tests.integration.ca_support import write_plugged_in
+from tests.integration.envoy_view import host_priorities
 from tests.integration.kube_helpers import apply_mesh, kube_api, ready, ready_status
 from tests.kubeapi import KubeAPIServer
 from tests.kubeapi.kubeconfig import kubeconfig_dict
@@ -99,6 +100,25 @@ async def pilot_with_envoy(
         await pilot.stop()
 
 
+@asynccontextmanager
+async def local_and_west(
+    tmp_path: Path, locality: Mapping[str, str] | None = None
+) -> AsyncIterator[tuple[dict[str, Cluster], PilotProcess, EnvoyProcess]]:
+    """Two clusters, `local` (pilot's own) and `west` given by `--remote-kubeconfig`,
+    and an Envoy on pilot."""
+    async with (
+        clusters(tmp_path, "local", "west") as found,
+        pilot_with_envoy(
+            tmp_path,
+            found["local"],
+            "--remote-kubeconfig",
+            f"west={found['west'].kubeconfig}",
+            locality=locality,
+        ) as (pilot, envoy),
+    ):
+        yield found, pilot, envoy
+
+
 async def alpha_hosts(envoy: EnvoyProcess) -> Hosts:
     """Envoy's endpoints of alpha, each with the cluster id its metadata names."""
     assignment = (await envoy.dynamic_endpoint_configs()).get(ALPHA, {})
@@ -159,12 +179,7 @@ def kubeconfig_text(cluster: Cluster, token: str | None = None) -> str:
 
 
 async def test_remote_kubeconfig_merges_both_clusters_endpoints(tmp_path: Path) -> None:
-    async with (
-        clusters(tmp_path, "local", "west") as found,
-        pilot_with_envoy(
-            tmp_path, found["local"], "--remote-kubeconfig", f"west={found['west'].kubeconfig}"
-        ) as (pilot, envoy),
-    ):
+    async with local_and_west(tmp_path) as (found, pilot, envoy):
         both = {"127.0.1.1": "Kubernetes", "127.0.2.1": "west"}
         await wait_for_hosts(envoy, both, "alpha's endpoints from both clusters")
         healthy = await envoy.healthy_hosts(ALPHA)
@@ -185,28 +200,14 @@ async def test_a_proxy_prefers_its_own_clusters_endpoints(tmp_path: Path) -> Non
     """No Node has topology labels, so each endpoint's region is its cluster id (Istio's
     fallback): an Envoy that declares the local cluster's id as its region gets the
     local endpoints at priority 0 and west's at 1, to fail over to."""
-    async with (
-        clusters(tmp_path, "local", "west") as found,
-        pilot_with_envoy(
-            tmp_path,
-            found["local"],
-            "--remote-kubeconfig",
-            f"west={found['west'].kubeconfig}",
-            locality={"region": "Kubernetes"},
-        ) as (_pilot, envoy),
-    ):
-
-        async def priorities() -> dict[str, int]:
-            clusters_json: dict[str, Any] = await envoy.clusters()
-            return {
-                host["address"]["socket_address"]["address"]: host.get("priority", 0)
-                for status in clusters_json.get("cluster_statuses", [])
-                if status["name"] == ALPHA
-                for host in status.get("host_statuses", [])
-            }
-
+    async with local_and_west(tmp_path, {"region": "Kubernetes"}) as (_found, _pilot, envoy):
         expected = {"127.0.1.1": 0, "127.0.2.1": 1}
-        await envoy.wait_for(priorities, 15.0, "local first", until=lambda seen: seen == expected)
+        await envoy.wait_for(
+            lambda: host_priorities(envoy, ALPHA),
+            15.0,
+            "local first",
+            until=lambda seen: seen == expected,
+        )
 
 
 async def test_a_file_registry_with_a_remote_cluster(tmp_path: Path) -> None:
@@ -254,12 +255,7 @@ def test_a_remote_id_taken_twice_is_a_start_up_error(tmp_path: Path) -> None:
 
 
 async def test_a_remote_cluster_down_loses_nothing_and_blocks_nothing(tmp_path: Path) -> None:
-    async with (
-        clusters(tmp_path, "local", "west") as found,
-        pilot_with_envoy(
-            tmp_path, found["local"], "--remote-kubeconfig", f"west={found['west'].kubeconfig}"
-        ) as (pilot, envoy),
-    ):
+    async with local_and_west(tmp_path) as (found, pilot, envoy):
         await wait_for_hosts(
             envoy, {"127.0.1.1": "Kubernetes", "127.0.2.1": "west"}, "both clusters"
         )
