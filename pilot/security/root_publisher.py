@@ -32,6 +32,7 @@ from pilot.backoff import Backoff
 from pilot.security.lease import CONFLICT, NOT_FOUND, LeaseElector
 from pilot.sources.kubernetes.config import KubernetesSettings
 from pilot.sources.kubernetes.informer import Informer, Obj, Request
+from pilot.sources.kubernetes.metadata import metadata_only
 
 log = logging.getLogger("pilot.security.ca")
 
@@ -42,34 +43,11 @@ SYSTEM_NAMESPACES = frozenset(
     {"kube-system", "kube-public", "kube-node-lease", "local-path-storage"}
 )
 BY_NAME = f"metadata.name={CONFIGMAP}"
-_AS_METADATA = "application/json;as={};g=meta.k8s.io;v=v1,application/json"
-_QUERY = {
-    "_continue": "continue",
-    "allow_watch_bookmarks": "allowWatchBookmarks",
-    "label_selector": "labelSelector",
-    "limit": "limit",
-    "resource_version": "resourceVersion",
-    "timeout_seconds": "timeoutSeconds",
-    "watch": "watch",
-}
 
 
 def namespace_metadata(api_client: client.ApiClient) -> Request:
-    """List or watch Namespaces as metadata only (the generated client cannot ask for it)."""
-
-    async def request(**params: Any) -> Any:
-        shape = "PartialObjectMetadata" if params.get("watch") else "PartialObjectMetadataList"
-        return await api_client.call_api(
-            "/api/v1/namespaces",
-            "GET",
-            query_params=[(_QUERY[k], v) for k, v in params.items() if k in _QUERY],
-            header_params={"Accept": _AS_METADATA.format(shape)},
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=params.get("_request_timeout"),
-        )
-
-    return request
+    """List or watch Namespaces as metadata only."""
+    return metadata_only(api_client, "/api/v1/namespaces")
 
 
 class _Namespaces:

@@ -4,7 +4,8 @@ Endpoints in three localities, given by the Nodes they run on (topology labels
 on Nodes in the test API server, nodeName on the EndpointSlice): an Envoy in
 eu/a must hold the eu/a host at priority 0, the eu/b host at 1 and the us/c
 host at 2, in its own /clusters; an Envoy that declares no locality holds all
-at 0. Relabelling a Node moves its endpoint's priority.
+at 0. Relabelling a Node moves its endpoint's priority. Nodes are read as metadata
+only.
 """
 
 from __future__ import annotations
@@ -61,3 +62,8 @@ async def test_envoy_host_priorities_follow_proximity(tmp_path: Path) -> None:
             await _wait_priorities(
                 near, {"127.0.7.1": 0, "127.0.7.2": 1, "127.0.7.3": 1}, "a relabelled Node"
             )
+        node_reads = api.requests_for("Node")
+        assert node_reads, "pilot lists and watches Nodes"
+        assert all("as=PartialObjectMetadata" in r.accept for r in node_reads), (
+            "Nodes are read as metadata only: pilot keeps two labels of them"
+        )

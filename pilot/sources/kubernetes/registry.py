@@ -4,9 +4,8 @@ Services and EndpointSlices (or, with `--endpoints-api endpoints`, legacy v1
 Endpoints) are watched in all namespaces or in the ones named. Each object
 event becomes an upsert or delete on the `RegistryUpdater` the registry was
 given. A malformed object is logged with its name and skipped; what pilot knew
-of it before stays. Nodes (cluster-scoped) are watched for endpoint locality:
-only their region and zone labels are kept (the list and watch carry whole
-Nodes: the generated client cannot ask for metadata only).
+of it before stays. Nodes (cluster-scoped) are watched for endpoint locality,
+as metadata only (`metadata.py`), and only their region and zone labels kept.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from pilot.registry.model import DEFAULT_CLUSTER_ID, EndpointSetKey, NodeKey, Se
 from pilot.registry.updater import RegistryUpdater
 from pilot.sources.kubernetes.config import EndpointsApi, KubernetesSettings
 from pilot.sources.kubernetes.informer import Informer, Obj, Request
+from pilot.sources.kubernetes.metadata import metadata_only
 
 log = logging.getLogger("pilot.sources.kubernetes")
 
@@ -152,7 +152,7 @@ class KubernetesRegistry:
                 selector = SERVICE_NAME_LABEL if kind == "EndpointSlice" else ""
                 informers.append(Informer(kind, request, handler, self.settings.informer, selector))
         nodes = _NodeHandler(self._updater, self.cluster)
-        list_nodes = client.CoreV1Api(api_client).list_node
+        list_nodes = metadata_only(api_client, "/api/v1/nodes")
         informers.append(Informer("Node", list_nodes, nodes, self.settings.informer))
         return informers
 
