@@ -84,14 +84,19 @@ def debounce_from_env(env: Mapping[str, str] | None = None) -> DebounceSettings:
 
 
 def push_from_env(env: Mapping[str, str] | None = None) -> PushSettings:
-    """PILOT_PUSH_THROTTLE and PILOT_XDS_SEND_TIMEOUT."""
+    """PILOT_PUSH_THROTTLE, PILOT_XDS_SEND_TIMEOUT and PILOT_MAX_LOCALITIES."""
     env = os.environ if env is None else env
     defaults = PushSettings()
     raw = env.get("PILOT_PUSH_THROTTLE", str(defaults.throttle))
     if not raw.isdigit() or int(raw) < 1:
         raise SettingsError(f"PILOT_PUSH_THROTTLE: expected a positive integer, got {raw!r}")
     timeout = _env_duration(env, "PILOT_XDS_SEND_TIMEOUT", defaults.send_timeout)
-    return PushSettings(throttle=int(raw), send_timeout=timeout)
+    localities = env.get("PILOT_MAX_LOCALITIES", str(defaults.max_localities))
+    if not localities.isdigit():
+        raise SettingsError(
+            f"PILOT_MAX_LOCALITIES: expected a non-negative integer, got {localities!r}"
+        )
+    return PushSettings(throttle=int(raw), send_timeout=timeout, max_localities=int(localities))
 
 
 def split_host_port(address: str) -> tuple[str, int]:

@@ -44,10 +44,11 @@ from pilot.push.subscribers import SubscriberIndex
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import Flavors, ProxyView, ResourceCache
-from pilot.xds.locality import Locality
+from pilot.xds.locality import NOWHERE, Locality
 from pilot.xds.proxy import ProxyKey
 
 log = logging.getLogger("pilot.push")
+MAX_REFUSALS_LOGGED = 16  # distinct localities refused a variant that are logged
 
 
 class Subscriber(Protocol):
@@ -62,10 +63,9 @@ class Subscriber(Protocol):
     @property
     def stream(self) -> StreamCore: ...
 
-    @property
-    def locality(self) -> Locality:
-        """The locality its proxy declared (empty: none)."""
-        ...
+    # The locality its proxy declared (empty: none); the pipeline sets it back to none
+    # when it serves that proxy no variant of its own (PILOT_MAX_LOCALITIES).
+    locality: Locality
 
     def notify(self, type_url: str, names: Iterable[str], started: float) -> bool:
         """Mark changed names; True if the stream cares (and was woken)."""
@@ -165,6 +165,7 @@ class Pipeline:
         self._localized = [g for g in generators if isinstance(g, LocalityGenerator)]
         self._localities: Counter[Locality] = Counter()  # streams joined, per locality
         self._joined: dict[Subscriber, Locality] = {}
+        self._refused: set[Locality] = set()  # localities refused a variant, as logged
         self._debouncer = Debouncer(debounce or DebounceSettings())
         self._subscribers: SubscriberIndex[Subscriber] = SubscriberIndex()
 
@@ -244,12 +245,31 @@ class Pipeline:
     def join(self, subscriber: Subscriber) -> None:
         """A stream identified its proxy (on its first request)."""
         self._subscribers.join(subscriber)
-        locality = self._joined[subscriber] = subscriber.locality
+        locality = subscriber.locality
+        if locality and self._new_locality_refused(locality, subscriber):
+            locality = subscriber.locality = NOWHERE
+        self._joined[subscriber] = locality
         if locality:
             self._localities[locality] += 1
             if self._localities[locality] == 1:
                 for generator in self._localized:
                     generator.add_locality(locality)
+
+    def _new_locality_refused(self, locality: Locality, subscriber: Subscriber) -> bool:
+        """Whether `locality` would be one variant too many: a locality is whatever a proxy
+        declares, and each costs a copy of every assignment, rebuilt on every change."""
+        if locality in self._localities or len(self._localities) < self.settings.max_localities:
+            return False
+        if len(self._refused) < MAX_REFUSALS_LOGGED and locality not in self._refused:
+            self._refused.add(locality)
+            log.warning(
+                "proxy %s declares locality %r: pilot already builds assignments for %d"
+                " localities (PILOT_MAX_LOCALITIES); it gets them without priorities",
+                subscriber.proxy,
+                str(locality)[:200],
+                len(self._localities),
+            )
+        return True
 
     def _forget_locality(self, subscriber: Subscriber) -> None:
         locality = self._joined.pop(subscriber, None)

@@ -16,7 +16,9 @@ class DebounceSettings:
 
 @dataclass(frozen=True, slots=True)
 class PushSettings:
-    """PILOT_PUSH_THROTTLE (writes in flight at once) and PILOT_XDS_SEND_TIMEOUT (0: none)."""
+    """PILOT_PUSH_THROTTLE (writes in flight at once), PILOT_XDS_SEND_TIMEOUT (0: none) and
+    PILOT_MAX_LOCALITIES (proxy localities with assignments in priorities of their own)."""
 
     throttle: int = 100
     send_timeout: float = 10.0
+    max_localities: int = 100
