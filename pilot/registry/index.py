@@ -225,9 +225,8 @@ def _merged(key: ServiceKey, copies: dict[str, Service], primary: str) -> Servic
     for cluster in order:
         for port in copies[cluster].ports:
             ports.setdefault(port.name, port)
-    first = copies[order[0]].ports
-    listed = [p for p in first] + [p for n, p in ports.items() if p not in first]
-    return Service(key, tuple(listed))
+    first = copies[order[0]].ports  # kept whole, as a single cluster's service is served
+    return Service(key, (*first, *(port for port in ports.values() if port not in first)))
 
 
 def _nodes_of(endpoint_set: EndpointSet) -> set[NodeKey]:
