@@ -85,6 +85,13 @@ limits (refusals are RESOURCE_EXHAUSTED, counted in pilot_limit_hits_total{limit
   PILOT_MAX_CERTIFICATES     live workload keys in all (default 50000)
   PILOT_MAX_PENDING_CSRS     CreateCertificate calls answered at once (default 1000)
   PILOT_TOKEN_CACHE_SIZE     TokenReview answers remembered (default 10000)
+  PILOT_MAX_REMOTE_CLUSTERS  remote clusters watched at once (default 100)
+  PILOT_MAX_REMOTE_KUBECONFIG_BYTES  one remote kubeconfig (default 65536)
+  PILOT_MAX_REMOTE_SECRET_BYTES  one multi-cluster Secret's data (default 1048576)
+  PILOT_REMOTE_CLUSTER_START_TIMEOUT  building one remote cluster's client (default 10s)
+  PILOT_INSECURE_MULTICLUSTER_KUBECONFIG_OPTIONS  remote kubeconfig options allowed
+                             (exec,authProvider,tokenFile,clientCertificate,clientKey,
+                             certificateAuthority; default none)
 """
 
 

@@ -37,6 +37,7 @@ from kubernetes_asyncio import client
 
 from pilot.cluster_ids import is_cluster_id, quoted
 from pilot.limits import LimitExceeded, LimitHits
+from pilot.memory import trim_heap
 from pilot.registry.updater import RegistryUpdater
 from pilot.sources.kubernetes.config import KubernetesSettings
 from pilot.sources.kubernetes.informer import Informer, Obj
@@ -56,6 +57,7 @@ log = logging.getLogger("pilot.sources.kubernetes")
 
 MULTICLUSTER_SELECTOR = "istio/multiCluster=true"
 _REASON_CHARS = 120
+TRIM_AFTER = 1.0  # seconds after a removal: the heap is trimmed once the burst is over
 _WARNED_KEPT = 10_000  # distinct warnings remembered (so each is logged once)
 
 
@@ -142,6 +144,8 @@ class RemoteClusters:
         self._clusters: dict[str, RemoteCluster] = {}
         self._lanes: dict[str, _Lane] = {}
         self._warned: set[tuple[str, str, str]] = set()
+        self._building = asyncio.Lock()
+        self._trim: asyncio.TimerHandle | None = None
 
     def __contains__(self, cluster: str) -> bool:
         return cluster in self._clusters
@@ -280,7 +284,13 @@ class RemoteClusters:
         credentials = await asyncio.to_thread(load_credentials, wanted.kubeconfig, allowed)
         if credentials.plugin_document is not None:
             return await plugin_api_client(credentials)
-        return api_client_for(credentials)
+        # Building a client loads a TLS context on the loop (tens of ms with the system's
+        # CAs): one lane at a time, a turn of the loop after each, so that 100 clusters
+        # starting at once never hold up /ready or a stream for long.
+        async with self._building:
+            built = api_client_for(credentials)
+            await asyncio.sleep(0)
+        return built
 
     def _too_large(self, origin: str) -> KubeconfigError:
         limit = self.remote.max_kubeconfig_bytes
@@ -310,6 +320,12 @@ class RemoteClusters:
         await remote.stop()
         self._updater.replace_cluster(cluster, [], [])
         log.info("cluster %s: removed (%s)", cluster, remote.origin)
+        if self._trim is None:  # once for a burst of removals
+            self._trim = asyncio.get_running_loop().call_later(TRIM_AFTER, self._trim_heap)
+
+    def _trim_heap(self) -> None:
+        self._trim = None
+        trim_heap()
 
     async def stop(self) -> None:
         """Stop every lane and watch; what they delivered stays (pilot is stopping)."""
@@ -318,6 +334,8 @@ class RemoteClusters:
             task.cancel()
         await asyncio.gather(*lanes, return_exceptions=True)
         self._lanes.clear()
+        if self._trim is not None:
+            self._trim.cancel()
         for remote in self._clusters.values():
             await remote.stop()
         self._clusters.clear()
