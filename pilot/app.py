@@ -135,6 +135,7 @@ class Discovery:
             informers=informers,
             clusters=lambda: {c: s == "synced" for c, s in self.cluster_statuses().items()},
             remote_clusters=lambda: len(self.remotes) if self.remotes is not None else 0,
+            remote_refusals=lambda: self.remotes.refusals if self.remotes is not None else {},
         )
 
     def is_ready(self) -> bool:
@@ -321,7 +322,13 @@ class Discovery:
 
     async def _start_remotes(self, updater: IndexUpdater) -> None:
         """The --remote-kubeconfig clusters, then (in Kubernetes mode) the Secrets' ones."""
-        self.remotes = RemoteClusters(self.settings.kubernetes, updater, self.settings.cluster_id)
+        self.remotes = RemoteClusters(
+            self.settings.kubernetes,
+            updater,
+            self.settings.cluster_id,
+            self.settings.remote,
+            self.admission.hits,
+        )
         for cluster, path in self.settings.remote_kubeconfigs:
             origin = f"--remote-kubeconfig {cluster}={path}"
             try:

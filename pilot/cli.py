@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -15,7 +14,7 @@ from typing import Protocol
 import grpc
 from envoy.service.status.v3 import csds_pb2
 
-from pilot import event_loop
+from pilot import cluster_ids, event_loop
 from pilot.agent import (
     DEFAULT_DISCOVERY_ADDRESS,
     DEFAULT_ROOT_CERT,
@@ -24,6 +23,7 @@ from pilot.agent import (
     AgentSettings,
     agent_settings,
 )
+from pilot.cluster_ids import is_cluster_id, quoted
 from pilot.debug import proxy_config, proxy_status_table, tables
 from pilot.durations import parse_duration
 from pilot.event_loop import EventLoopError
@@ -43,6 +43,7 @@ from pilot.settings import (
     csds_trusted_accounts_from_env,
     debounce_from_env,
     push_from_env,
+    remote_from_env,
     remote_kubeconfigs,
     split_host_port,
 )
@@ -84,6 +85,13 @@ limits (refusals are RESOURCE_EXHAUSTED, counted in pilot_limit_hits_total{limit
   PILOT_MAX_CERTIFICATES     live workload keys in all (default 50000)
   PILOT_MAX_PENDING_CSRS     CreateCertificate calls answered at once (default 1000)
   PILOT_TOKEN_CACHE_SIZE     TokenReview answers remembered (default 10000)
+  PILOT_MAX_REMOTE_CLUSTERS  remote clusters watched at once (default 100)
+  PILOT_MAX_REMOTE_KUBECONFIG_BYTES  one remote kubeconfig (default 65536)
+  PILOT_MAX_REMOTE_SECRET_BYTES  one multi-cluster Secret's data (default 1048576)
+  PILOT_REMOTE_CLUSTER_START_TIMEOUT  building one remote cluster's client (default 10s)
+  PILOT_INSECURE_MULTICLUSTER_KUBECONFIG_OPTIONS  remote kubeconfig options allowed
+                             (exec,authProvider,tokenFile,clientCertificate,clientKey,
+                             certificateAuthority; default none)
 """
 
 
@@ -335,11 +343,9 @@ def _security(args: argparse.Namespace) -> SecuritySettings:
 
 
 def _cluster_id(text: str) -> str:
-    """A cluster id as Istio takes one: letters, digits, '-', '_' and '.'."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: a cluster id is 1-63 letters, digits, '.', '_' or '-'"
-        )
+    """A cluster id by the one rule (`pilot.cluster_ids`)."""
+    if not is_cluster_id(text):
+        raise argparse.ArgumentTypeError(f"{quoted(text)}: {cluster_ids.RULE}")
     return text
 
 
@@ -369,6 +375,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         config=args.config,
         cluster_id=args.cluster_id,
         remote_kubeconfigs=remote_kubeconfigs(args.remote_kubeconfig, args.cluster_id),
+        remote=remote_from_env(),
         build=BuildSettings(args.cluster_domain, args.xds_cluster_name),
         debounce=debounce_from_env(),
         push=push_from_env(),

@@ -91,13 +91,14 @@ class LimitHits:
         self._logged_at: dict[str, float] = {}
         self._quiet: Counter[str] = Counter()
 
-    def hit(self, error: LimitExceeded, who: str) -> None:
-        """Count a refusal; log it unless this limit logged less than LOG_EVERY ago."""
-        self.counts[error.limit] += 1
+    def hit(self, error: LimitExceeded, who: str, count: int = 1) -> None:
+        """Count `count` refusals (one line says them all); log unless this limit logged
+        less than LOG_EVERY ago."""
+        self.counts[error.limit] += count
         now = self._clock()
         last = self._logged_at.get(error.limit)
         if last is not None and now - last < LOG_EVERY:
-            self._quiet[error.limit] += 1
+            self._quiet[error.limit] += count
             return
         suppressed = self._quiet.pop(error.limit, 0)
         more = f" ({suppressed} more refused since the last such line)" if suppressed else ""

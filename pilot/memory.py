@@ -34,3 +34,24 @@ def map_large_buffers() -> bool:
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, THRESHOLD))
+
+
+def trim_heap() -> bool:
+    """Give the C heap's free pages back to the system (glibc's malloc_trim); True when
+    it ran.
+
+    Many small blocks freed together (a TLS context holds the system's CA store
+    as ~1 MB of them) leave pages the heap keeps: 100 remote clusters gone left
+    pilot 90 MB above where it started until trimmed.
+    """
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        malloc_trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return False  # not glibc
+    malloc_trim.argtypes = (ctypes.c_size_t,)
+    malloc_trim.restype = ctypes.c_int
+    malloc_trim(0)
+    return True

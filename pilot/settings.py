@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pilot.cluster_ids import RULE, is_cluster_id, quoted
 from pilot.durations import parse_duration
 from pilot.generators.builder import BuildSettings
 from pilot.limits import Limits
@@ -14,6 +15,7 @@ from pilot.push.settings import DebounceSettings, PushSettings
 from pilot.registry.model import DEFAULT_CLUSTER_ID
 from pilot.security.settings import SecuritySettings
 from pilot.sources.kubernetes.config import KubernetesSettings
+from pilot.sources.kubernetes.remote_settings import INSECURE_OPTIONS, RemoteSettings
 
 
 class SettingsError(ValueError):
@@ -31,6 +33,7 @@ class Settings:
     cluster_id: str = DEFAULT_CLUSTER_ID  # the local cluster (--cluster-id)
     # --remote-kubeconfig ID=PATH: remote clusters watched from the start, by id.
     remote_kubeconfigs: tuple[tuple[str, Path], ...] = ()
+    remote: RemoteSettings = field(default_factory=RemoteSettings)  # PILOT_*REMOTE*
     build: BuildSettings = field(default_factory=BuildSettings)
     debounce: DebounceSettings = field(default_factory=DebounceSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
@@ -125,6 +128,8 @@ def remote_kubeconfigs(
     """`--remote-kubeconfig ID=PATH` values, checked: no id twice, none the local one."""
     seen: set[str] = set()
     for cluster, _path in given or ():
+        if not is_cluster_id(cluster):
+            raise SettingsError(f"--remote-kubeconfig {quoted(cluster)}: {RULE}")
         if cluster == local_cluster:
             raise SettingsError(
                 f"--remote-kubeconfig {cluster}: that is the local cluster's id (--cluster-id)"
@@ -133,3 +138,40 @@ def remote_kubeconfigs(
             raise SettingsError(f"--remote-kubeconfig {cluster}: the cluster is given twice")
         seen.add(cluster)
     return tuple(given or ())
+
+
+def _env_count(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise SettingsError(f"{name}: expected a positive integer, got {raw!r}")
+    return int(raw)
+
+
+def remote_from_env(env: Mapping[str, str] | None = None) -> RemoteSettings:
+    """PILOT_INSECURE_MULTICLUSTER_KUBECONFIG_OPTIONS (Istio's), PILOT_MAX_REMOTE_CLUSTERS,
+    PILOT_MAX_REMOTE_KUBECONFIG_BYTES, PILOT_MAX_REMOTE_SECRET_BYTES and
+    PILOT_REMOTE_CLUSTER_START_TIMEOUT."""
+    env = os.environ if env is None else env
+    defaults = RemoteSettings()
+    name = "PILOT_INSECURE_MULTICLUSTER_KUBECONFIG_OPTIONS"
+    options = frozenset(o.strip() for o in env.get(name, "").split(",") if o.strip())
+    unknown = sorted(options - INSECURE_OPTIONS.keys())
+    if unknown:
+        known = ", ".join(sorted(INSECURE_OPTIONS))
+        raise SettingsError(f"{name}: unknown option {unknown[0]!r} (known: {known})")
+    timeout = _env_duration(env, "PILOT_REMOTE_CLUSTER_START_TIMEOUT", defaults.start_timeout)
+    if timeout <= 0:
+        raise SettingsError("PILOT_REMOTE_CLUSTER_START_TIMEOUT: must be positive")
+    return RemoteSettings(
+        insecure_options=options,
+        max_clusters=_env_count(env, "PILOT_MAX_REMOTE_CLUSTERS", defaults.max_clusters),
+        max_kubeconfig_bytes=_env_count(
+            env, "PILOT_MAX_REMOTE_KUBECONFIG_BYTES", defaults.max_kubeconfig_bytes
+        ),
+        max_secret_bytes=_env_count(
+            env, "PILOT_MAX_REMOTE_SECRET_BYTES", defaults.max_secret_bytes
+        ),
+        start_timeout=timeout,
+    )

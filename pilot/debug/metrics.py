@@ -74,6 +74,8 @@ class Sources:
     # Cluster id -> synced and reachable, the local cluster first; then the remote count.
     clusters: Callable[[], Mapping[str, bool]] = lambda: {}
     remote_clusters: Callable[[], int] = lambda: 0
+    # Refused remote cluster keys by reason (conflict, invalid_id, kubeconfig, ...).
+    remote_refusals: Callable[[], Mapping[str, int]] = lambda: {}
     tasks: Callable[[], int] = running_tasks
 
 
@@ -198,6 +200,14 @@ class PilotCollector(Collector):
             "Remote clusters watched (--remote-kubeconfig and multi-cluster Secrets).",
             value=self._sources.remote_clusters(),
         )
+        refusals = CounterMetricFamily(
+            "pilot_remote_cluster_refusals",
+            "Remote cluster keys refused (each refused value once), by reason.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self._sources.remote_refusals().items()):
+            refusals.add_metric([reason], count)
+        yield refusals
 
 
 class Metrics:

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from pilot.cluster_ids import RULE, is_cluster_id
 from pilot.registry.kubernetes_objects import (
     SUPPORTED_KINDS,
     ObjectError,
@@ -88,8 +89,8 @@ def _documents(text: str, origin: str, local: str) -> Iterator[Located]:
 
 def _cluster_of(document: Mapping[str, Any], where: str, local: str) -> str:
     cluster = document.get("cluster", local)
-    if not isinstance(cluster, str) or not cluster:
-        raise RegistryFileError(f"{where}: cluster must be a non-empty string (a cluster id)")
+    if not isinstance(cluster, str) or not is_cluster_id(cluster):
+        raise RegistryFileError(f"{where}: cluster must be a cluster id ({RULE})")
     return cluster
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ssl
 from collections.abc import Callable, Iterable, Sequence
 
 import yaml
@@ -56,8 +57,10 @@ class KubeAPIServer:
         history_limit: int = 100_000,
         system_namespaces: bool = True,
         extra_routes: Sequence[web.AbstractRouteDef] = (),
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.host = host
+        self.ssl_context = ssl_context  # serve HTTPS with it (client certificates too)
         self.port = port
         self.store = Store(history_limit=history_limit)
         self._changes = Changes()
@@ -84,7 +87,8 @@ class KubeAPIServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}"
 
     @property
     def running(self) -> bool:
@@ -98,7 +102,9 @@ class KubeAPIServer:
             self._router.app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0
         )
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+        site = web.TCPSite(
+            runner, self.host, self.port, reuse_address=True, ssl_context=self.ssl_context
+        )
         try:
             await site.start()
         except BaseException:
