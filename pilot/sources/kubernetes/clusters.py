@@ -31,7 +31,7 @@ from kubernetes_asyncio.config.config_exception import ConfigException
 from pilot.registry.updater import RegistryUpdater
 from pilot.sources.kubernetes.config import KubernetesSettings, KubernetesUnavailable
 from pilot.sources.kubernetes.informer import Informer, Obj
-from pilot.sources.kubernetes.registry import KubernetesRegistry
+from pilot.sources.kubernetes.registry import KubernetesRegistry, Watching
 
 log = logging.getLogger("pilot.sources.kubernetes")
 
@@ -106,11 +106,16 @@ class RemoteClusters:
     """The remote clusters pilot watches, by id; the local one is never among them."""
 
     def __init__(
-        self, settings: KubernetesSettings, updater: RegistryUpdater, local_cluster: str
+        self,
+        settings: KubernetesSettings,
+        updater: RegistryUpdater,
+        local_cluster: str,
+        watching: Watching | None = None,
     ) -> None:
         self._settings = settings
         self._updater = updater
         self.local_cluster = local_cluster
+        self._watching = watching  # each cluster's informers run under its supervisor
         self._clusters: dict[str, RemoteCluster] = {}
         self._lock = asyncio.Lock()
 
@@ -177,7 +182,9 @@ class RemoteClusters:
         self, cluster: str, kubeconfig: str, origin: str, old: RemoteCluster | None
     ) -> None:
         api_client, server = await client_from_kubeconfig(kubeconfig)
-        registry = KubernetesRegistry(self._settings, self._updater, api_client, server, cluster)
+        registry = KubernetesRegistry(
+            self._settings, self._updater, api_client, server, cluster, watching=self._watching
+        )
         if old is not None:
             await old.stop()  # its informers' state passes to the new ones
         await registry.start(old.registry if old is not None else None)
