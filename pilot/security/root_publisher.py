@@ -141,6 +141,7 @@ class RootPublisher:
         self._elector = elector
         self._retry_max = retry_max
         self._supervisor = supervisor if supervisor is not None else Supervisor()
+        self._api_client, self._kubernetes = api_client, kubernetes
         self._configmaps = _ConfigMaps(self._mark)
         self._namespaces = _Namespaces(self._mark)
         self.informers = self._informers(api_client, kubernetes)
@@ -188,6 +189,11 @@ class RootPublisher:
     async def run(self) -> None:
         """Watch (each informer a task of the supervisor, `root-KIND`); while holding the
         Lease, write what differs."""
+        # Started again after a failure: what the failed run saw is not to be trusted
+        # (it may be what made it fail), so watch afresh and act on the new lists only.
+        self._configmaps = _ConfigMaps(self._mark)
+        self._namespaces = _Namespaces(self._mark)
+        self.informers = self._informers(self._api_client, self._kubernetes)
         tasks = [self._supervisor.start(f"root-{i.kind}", i.run) for i in self.informers]
         try:
             await asyncio.gather(*(informer.listed.wait() for informer in self.informers))

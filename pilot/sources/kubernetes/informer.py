@@ -97,7 +97,9 @@ class WatchFaults:
         self._logged_at: dict[tuple[str, str], float] = {}
         self._quiet: Counter[tuple[str, str]] = Counter()
 
-    def report(self, cluster: str, kind: str, reason: str, what: str) -> None:
+    def report(
+        self, cluster: str, kind: str, reason: str, what: str, outcome: str = "skipped"
+    ) -> None:
         self.counts[(cluster, kind, reason)] += 1
         informer, now = (cluster, kind), self._clock()
         last = self._logged_at.get(informer)
@@ -107,7 +109,7 @@ class WatchFaults:
         quiet = self._quiet.pop(informer, 0)
         more = f" ({quiet} more since the last such line)" if quiet else ""
         where = f"cluster {cluster} {kind}" if cluster else kind
-        log.warning("%s: the API server sent %s; skipped%s", where, what, more)
+        log.warning("%s: the API server sent %s; %s%s", where, what, outcome, more)
         self._logged_at[informer] = now
 
     def forget(self, cluster: str) -> None:
@@ -255,10 +257,12 @@ class Informer:
                 )
                 need_list = True
             except Malformed as error:
-                self._faults.report(self.cluster, self.kind, error.reason, str(error))
+                delay = backoff.next_delay()
+                outcome = f"listing again in {delay:.1f}s"
+                self._faults.report(self.cluster, self.kind, error.reason, str(error), outcome)
                 self.error = str(error)
                 need_list = True  # what was lost is only in a new list
-                await asyncio.sleep(backoff.next_delay())
+                await asyncio.sleep(delay)
             except (aiohttp.ClientError, TimeoutError, ApiStatusError, ValueError) as error:
                 delay = backoff.next_delay()
                 self.error = one_line(str(error) or type(error).__name__)
