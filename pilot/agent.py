@@ -14,8 +14,6 @@ lead to. The socket's directory is private (`pilot.security.sds_socket`).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Mapping
@@ -41,6 +39,7 @@ from pilot.security.xds_auth import FixedIdentity
 from pilot.server.connection import StreamContext
 from pilot.server.services import sds_handlers
 from pilot.stats import XdsStats
+from pilot.supervisor import Supervisor
 from pilot.xds.cache import ResourceCache
 
 log = logging.getLogger("pilot.agent")
@@ -97,7 +96,7 @@ class Agent:
         )
         self.server = aio.server()
         self.server.add_generic_rpc_handlers(tuple(sds_handlers(self.streams)))
-        self._pushing: asyncio.Task[None] | None = None
+        self.supervisor = Supervisor()
 
     async def start(self) -> None:
         socket = self.settings.socket
@@ -105,7 +104,7 @@ class Agent:
         if self.server.add_insecure_port(f"unix:{socket}") == 0:
             raise OSError(f"cannot listen on {socket}")
         self.pipeline.publish_initial()  # nothing to build: certificates come when asked for
-        self._pushing = asyncio.create_task(self.pipeline.run(), name="push")
+        self.supervisor.start("push", self.pipeline.run)
         await self.server.start()
         socket.chmod(sds_socket.SOCKET_MODE)  # secrets cross it: only Envoy's user may connect
         remote = self.settings.remote_ca
@@ -123,10 +122,7 @@ class Agent:
     async def stop(self) -> None:
         self.streams.connections.close_all()
         await self.server.stop(1.0)
-        if self._pushing is not None:
-            self._pushing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._pushing
+        await self.supervisor.stop()
         await self.secrets.close()
         await self.ca.close()
         self.settings.socket.unlink(missing_ok=True)

@@ -20,12 +20,17 @@ the security component (it may wait for the shared root), the pipeline and
 the gRPC port (health NOT_SERVING: Envoys may connect, and wait), then the
 registry; streams get their first answers only once the registry has its first
 full state, so no Envoy ever receives a partial mesh.
+
+Every long-lived task (each cluster's informers, the Secret reconciler, the file
+poll, the push pipeline, TLS renewal, the CA lease, the root publisher) runs
+under one `Supervisor`: one that fails is logged, counted, shown under `/ready`
+and started again with backoff. A failing local informer does not make `/ready`
+503: as in Istio, readiness is the first full sync; pilot keeps serving the last
+good state, and `/ready`'s lines and `pilot_cluster_synced` say what is failing.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import gc
 import logging
 from typing import Protocol
@@ -61,8 +66,9 @@ from pilot.sources.kubernetes.clusters import (
 )
 from pilot.sources.kubernetes.connection import connect
 from pilot.sources.kubernetes.informer import Informer
-from pilot.sources.kubernetes.registry import KubernetesRegistry
+from pilot.sources.kubernetes.registry import KubernetesRegistry, Watching
 from pilot.stats import XdsStats
+from pilot.supervisor import Supervisor
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 
@@ -94,6 +100,8 @@ class Discovery:
         self.admission = Admission.of(settings.limits)
         self.proxies = LiveProxies(self.connections, self.cache)
         self.pushes = PushHistory()  # the pipeline records, the /debug page reads
+        self.supervisor = Supervisor()
+        self.watching = Watching(self.supervisor)
         self.metrics = Metrics(self._metric_sources())
         self.http = HttpServer(
             settings.http_addr,
@@ -111,7 +119,6 @@ class Discovery:
         self.remotes: RemoteClusters | None = None
         self.remote_secrets: Informer | None = None
         self._grpc: GrpcServer | None = None
-        self._tasks: list[asyncio.Task[None]] = []
         self._serving = False
 
     @property
@@ -136,6 +143,8 @@ class Discovery:
             clusters=lambda: {c: s == "synced" for c, s in self.cluster_statuses().items()},
             remote_clusters=lambda: len(self.remotes) if self.remotes is not None else 0,
             remote_refusals=lambda: self.remotes.refusals if self.remotes is not None else {},
+            task_failures=lambda: self.supervisor.failures,
+            watch_faults=lambda: self.watching.faults.counts,
         )
 
     def is_ready(self) -> bool:
@@ -153,7 +162,9 @@ class Discovery:
         return {self.settings.cluster_id: local} | remotes
 
     def cluster_lines(self) -> list[str]:
-        return [f"cluster {c}: {status}" for c, status in self.cluster_statuses().items()]
+        """`/ready`'s detail: each cluster's status, then each failing task."""
+        clusters = [f"cluster {c}: {status}" for c, status in self.cluster_statuses().items()]
+        return clusters + self.supervisor.lines()
 
     async def _connect(self) -> None:
         kubernetes = self.settings.kubernetes
@@ -194,6 +205,7 @@ class Discovery:
                 updater,
                 self.settings.file_poll_interval,
                 self.settings.cluster_id,
+                supervisor=self.supervisor,
             )
         assert self.api_client is not None
         return KubernetesRegistry(
@@ -202,6 +214,7 @@ class Discovery:
             self.api_client,
             self._api_server,
             self.settings.cluster_id,
+            watching=self.watching,
         )
 
     def _tls(self, security: Security) -> TlsServing | None:
@@ -294,12 +307,12 @@ class Discovery:
         if self.settings.freeze_heap:
             gc.collect()
             gc.freeze()
-        self._tasks.append(asyncio.create_task(pipeline.run(), name="push"))
+        self.supervisor.start("push", pipeline.run)
         if tls is not None:
-            self._tasks.append(asyncio.create_task(tls.run(), name="tls-renewal"))
+            self.supervisor.start("tls-renewal", tls.run)
         if security.elector is not None:
             # Holds the Lease for single-writer CA duties (root creation, later rotation).
-            self._tasks.append(asyncio.create_task(security.elector.run(), name="ca-lease"))
+            self.supervisor.start("ca-lease", security.elector.run)
             # ConfigMap istio-ca-root-cert in every watched namespace, written by the holder.
             assert self.api_client is not None
             publisher = RootPublisher(
@@ -307,8 +320,9 @@ class Discovery:
                 self.settings.kubernetes,
                 security.secrets.root_pem,
                 security.elector,
+                supervisor=self.supervisor,
             )
-            self._tasks.append(asyncio.create_task(publisher.run(), name="ca-root-publisher"))
+            self.supervisor.start("ca-root-publisher", publisher.run)
         await self.grpc.set_serving(True)
         self._serving = True
         log.info(
@@ -328,6 +342,7 @@ class Discovery:
             self.settings.cluster_id,
             self.settings.remote,
             self.admission.hits,
+            watching=self.watching,
         )
         for cluster, path in self.settings.remote_kubeconfigs:
             origin = f"--remote-kubeconfig {cluster}={path}"
@@ -341,12 +356,20 @@ class Discovery:
             namespace = self.settings.security.namespace
             handler = RemoteSecrets(self.remotes, namespace)
             self.remote_secrets = secret_informer(
-                self.api_client, namespace, handler, self.settings.kubernetes
+                self.api_client,
+                namespace,
+                handler,
+                self.settings.kubernetes,
+                self.watching.faults,
             )
-            self._tasks.append(asyncio.create_task(handler.run(), name="remote-secrets"))
-            self._tasks.append(
-                asyncio.create_task(self.remote_secrets.run(), name="informer-remote-secrets")
-            )
+
+            async def apply_remote_secrets() -> None:
+                # Started again after a failure: first apply what the failed run left undone.
+                handler.reconcile()
+                await handler.run()
+
+            self.supervisor.start("remote-secrets", apply_remote_secrets)
+            self.supervisor.start("informer-remote-secrets", self.remote_secrets.run)
 
     async def stop(self) -> None:
         """Health goes NOT_SERVING, streams end, background work stops."""
@@ -355,11 +378,7 @@ class Discovery:
             gc.unfreeze()  # what start() froze becomes collectable again
         if self._grpc is not None:
             await self._grpc.stop(self.settings.drain_duration)
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self.supervisor.stop()
         if self.source is not None:
             await self.source.stop()
         if self.remotes is not None:

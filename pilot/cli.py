@@ -42,6 +42,7 @@ from pilot.settings import (
     SettingsError,
     csds_trusted_accounts_from_env,
     debounce_from_env,
+    informer_from_env,
     push_from_env,
     remote_from_env,
     remote_kubeconfigs,
@@ -384,6 +385,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             kubeconfig=args.kubeconfig,
             namespaces=tuple(n.strip() for n in args.namespaces.split(",") if n.strip()),
             endpoints_api=EndpointsApi(args.endpoints_api),
+            informer=informer_from_env(),
         ),
     )
 

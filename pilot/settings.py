@@ -14,7 +14,7 @@ from pilot.limits import Limits
 from pilot.push.settings import DebounceSettings, PushSettings
 from pilot.registry.model import DEFAULT_CLUSTER_ID
 from pilot.security.settings import SecuritySettings
-from pilot.sources.kubernetes.config import KubernetesSettings
+from pilot.sources.kubernetes.config import InformerSettings, KubernetesSettings
 from pilot.sources.kubernetes.remote_settings import INSECURE_OPTIONS, RemoteSettings
 
 
@@ -100,6 +100,18 @@ def push_from_env(env: Mapping[str, str] | None = None) -> PushSettings:
             f"PILOT_MAX_LOCALITIES: expected a non-negative integer, got {localities!r}"
         )
     return PushSettings(throttle=int(raw), send_timeout=timeout, max_localities=int(localities))
+
+
+def informer_from_env(env: Mapping[str, str] | None = None) -> InformerSettings:
+    """PILOT_MAX_WATCH_EVENT_BYTES: the largest watch event (one line) pilot reads."""
+    env = os.environ if env is None else env
+    defaults = InformerSettings()
+    raw = env.get("PILOT_MAX_WATCH_EVENT_BYTES", str(defaults.max_event_bytes))
+    if not raw.isdigit() or int(raw) < 1024:
+        raise SettingsError(
+            f"PILOT_MAX_WATCH_EVENT_BYTES: expected a number of bytes (1024 or more), got {raw!r}"
+        )
+    return InformerSettings(max_event_bytes=int(raw))
 
 
 def split_host_port(address: str) -> tuple[str, int]:

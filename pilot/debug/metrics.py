@@ -77,6 +77,10 @@ class Sources:
     # Refused remote cluster keys by reason (conflict, invalid_id, kubeconfig, ...).
     remote_refusals: Callable[[], Mapping[str, int]] = lambda: {}
     tasks: Callable[[], int] = running_tasks
+    # Supervised task name -> its failures (pilot's own names and cluster ids: bounded).
+    task_failures: Callable[[], Mapping[str, int]] = lambda: {}
+    # (cluster id, kind, reason) -> what API servers sent that was skipped or refused.
+    watch_faults: Callable[[], Mapping[tuple[str, str, str], int]] = lambda: {}
 
 
 def _istio_counter(
@@ -104,6 +108,17 @@ class PilotCollector(Collector):
         yield from self._security()
         yield from self._kubernetes()
         yield self._limits()
+        yield self._task_failures()
+
+    def _task_failures(self) -> Metric:
+        failures = CounterMetricFamily(
+            "pilot_task_failures",
+            "Long-lived tasks that raised (or returned) and were started again, by task.",
+            labels=["task"],
+        )
+        for task, count in sorted(self._sources.task_failures().items()):
+            failures.add_metric([task], count)
+        return failures
 
     def _limits(self) -> Metric:
         hits = CounterMetricFamily(
@@ -187,6 +202,16 @@ class PilotCollector(Collector):
             relists.add_metric([informer.kind], informer.relists)
         yield restarts
         yield relists
+        rejected = CounterMetricFamily(
+            "pilot_k8s_rejected",
+            "What API servers sent that pilot skipped or refused: lines that are not JSON"
+            " objects, events of no known type, objects of another kind, without a name or"
+            " that do not parse, watch events and list pages over their bound.",
+            labels=["cluster_id", "kind", "reason"],
+        )
+        for (cluster, kind, reason), count in sorted(self._sources.watch_faults().items()):
+            rejected.add_metric([cluster, kind, reason], count)
+        yield rejected
         synced = GaugeMetricFamily(
             "pilot_cluster_synced",
             "1 while a cluster's informers have listed and reach its API server, else 0.",

@@ -6,11 +6,14 @@ which need only an *endpoint* push (their ClusterLoadAssignments changed).
 Content-equal updates change nothing. A service dropping to zero endpoints is
 an endpoint change, never a full one.
 
-Services of the same name and namespace from several clusters are one service:
-its ports are the union of theirs by port name (where two clusters give one
-name different numbers, the `primary` cluster's wins, then the first cluster id
-in order), and its endpoint sets are every cluster's. A cluster adding a copy of
-a service already known, with the same ports, changes no cluster.
+Services of the same name and namespace from several clusters are one service
+whose endpoint sets are every cluster's. Its ports are the `primary` (local)
+cluster's, whole, where it has the service: a remote cluster, whoever controls
+it, never adds, renumbers or removes a local Service's ports (Istio keeps the
+first registry's service too). A service no primary copy has takes the union
+of its copies' ports by name (where two give one name different numbers, the
+first cluster id in order wins). A cluster adding a copy of a service already
+known, with the same ports, changes no cluster.
 
 The index also keeps each cluster's Nodes (their region and zone) and which
 endpoint sets have endpoints on each, so that a Node's labels changing is an
@@ -219,8 +222,11 @@ class EndpointIndex:
 
 
 def _merged(key: ServiceKey, copies: dict[str, Service], primary: str) -> Service:
-    """One service from its copies in several clusters: ports by name, the primary's first."""
-    order = sorted(copies, key=lambda cluster: (cluster != primary, cluster))
+    """One service from its copies in several clusters: the primary's ports if it has
+    the service, else every copy's by name, the first cluster id's first."""
+    if primary in copies:
+        return Service(key, copies[primary].ports)
+    order = sorted(copies)
     ports: dict[str, ServicePort] = {}
     for cluster in order:
         for port in copies[cluster].ports:

@@ -144,7 +144,10 @@ def parse_endpoint_slice(obj: Obj, cluster: str = "") -> EndpointSet | None:
     service = labels.get(SERVICE_NAME_LABEL) if isinstance(labels, Mapping) else None
     if not isinstance(service, str) or not service:
         raise _fail(obj, f"label {SERVICE_NAME_LABEL} is missing")
-    if obj.get("addressType", "IPv4") not in _IP_ADDRESS_TYPES:
+    address_type = obj.get("addressType", "IPv4")
+    if not isinstance(address_type, str):
+        raise _fail(obj, "addressType must be a string")
+    if address_type not in _IP_ADDRESS_TYPES:
         return None
     endpoints = tuple(
         _slice_endpoint(obj, raw, i)

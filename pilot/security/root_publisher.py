@@ -33,6 +33,7 @@ from pilot.security.lease import CONFLICT, NOT_FOUND, LeaseElector
 from pilot.sources.kubernetes.config import KubernetesSettings
 from pilot.sources.kubernetes.informer import Informer, Obj, Request
 from pilot.sources.kubernetes.metadata import metadata_only
+from pilot.supervisor import Supervisor
 
 log = logging.getLogger("pilot.security.ca")
 
@@ -130,13 +131,17 @@ class RootPublisher:
         kubernetes: KubernetesSettings,
         root_pem: Callable[[], str],
         elector: LeaseElector,
+        *,
         retry_max: float = 30.0,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self._api = client.CoreV1Api(api_client)
         self._named = frozenset(kubernetes.namespaces)
         self._root_pem = root_pem
         self._elector = elector
         self._retry_max = retry_max
+        self._supervisor = supervisor if supervisor is not None else Supervisor()
+        self._api_client, self._kubernetes = api_client, kubernetes
         self._configmaps = _ConfigMaps(self._mark)
         self._namespaces = _Namespaces(self._mark)
         self.informers = self._informers(api_client, kubernetes)
@@ -182,16 +187,21 @@ class RootPublisher:
         self._wake.set()
 
     async def run(self) -> None:
-        """Watch; while holding the Lease, write what differs."""
-        tasks = [asyncio.create_task(i.run(), name=f"root-{i.kind}") for i in self.informers]
+        """Watch (each informer a task of the supervisor, `root-KIND`); while holding the
+        Lease, write what differs."""
+        # Started again after a failure: what the failed run saw is not to be trusted
+        # (it may be what made it fail), so watch afresh and act on the new lists only.
+        self._configmaps = _ConfigMaps(self._mark)
+        self._namespaces = _Namespaces(self._mark)
+        self.informers = self._informers(self._api_client, self._kubernetes)
+        tasks = [self._supervisor.start(f"root-{i.kind}", i.run) for i in self.informers]
         try:
-            await asyncio.gather(*(informer.synced.wait() for informer in self.informers))
+            await asyncio.gather(*(informer.listed.wait() for informer in self.informers))
             self.root_changed()
             await self._work()
         finally:
             for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+                await self._supervisor.stop_task(task)
 
     async def _work(self) -> None:
         while True:

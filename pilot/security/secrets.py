@@ -8,7 +8,10 @@ the CA sign it. While wanted, a new one is minted at SECRET_GRACE_PERIOD_RATIO
 of its lifetime; after each mint the manager calls the `ready` callback it was
 given, which hands the proxy to the push pipeline. When released, key and
 certificate are forgotten. CA failures are retried with backoff; a chain that
-does not match the key is never kept.
+does not match the key is never kept. A proxy's rotation task is per proxy, not
+a supervised service: anything a mint raises (a CA's answer no check foresaw,
+say) is logged at ERROR with its traceback and the mint retried with backoff,
+so the task never ends while the certificate is wanted.
 
 The trust root (`ROOTCA`) is the one the manager is given: pilot's own CA's,
 or the configured root of a remote CA. It never comes from a CA's answer.
@@ -38,6 +41,7 @@ from pilot.security.certs import (
     utcnow,
 )
 from pilot.security.identity import Identity
+from pilot.supervisor import describe
 from pilot.xds.proxy import ProxyKey
 
 log = logging.getLogger("pilot.security.sds")
@@ -219,6 +223,19 @@ class SecretManager:
                     proxy,
                     error,
                     delay,
+                )
+                await asyncio.sleep(delay)
+            except Exception as error:  # a fault of pilot's or an answer nobody checked for
+                # This task is the proxy's only source of certificates: dying here would
+                # leave it without one, silently. Say so loudly, and try again.
+                self.stats.ca_errors += 1
+                delay = backoff.next_delay()
+                log.error(
+                    "cannot get a certificate for proxy %s: %s; retrying in %.1fs",
+                    proxy,
+                    describe(error),
+                    delay,
+                    exc_info=error,
                 )
                 await asyncio.sleep(delay)
 

@@ -19,6 +19,7 @@ from pilot.registry.model import DEFAULT_CLUSTER_ID
 from pilot.registry.updater import RegistryUpdater
 from pilot.sources.file_format import RegistryFileError, RegistryState, parse_registry
 from pilot.sources.parse_worker import parse_off_loop
+from pilot.supervisor import SupervisedTask, Supervisor
 
 __all__ = ["FileRegistry", "RegistryFileError", "RegistryState", "parse_registry"]
 
@@ -34,6 +35,7 @@ class FileRegistry:
         updater: RegistryUpdater,
         poll_interval: float = 0.5,
         cluster: str = DEFAULT_CLUSTER_ID,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.path = path
         self.cluster = cluster  # the local cluster: documents naming none belong to it
@@ -42,7 +44,8 @@ class FileRegistry:
         self._poll_interval = poll_interval
         self._stat: tuple[int, int, int] | None = None
         self._synced = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._supervisor = supervisor if supervisor is not None else Supervisor()
+        self._task: SupervisedTask | None = None
         self._digest = b""
         self._empty_seen = False
         self.last_error: str | None = None
@@ -55,15 +58,14 @@ class FileRegistry:
         """Read the file once and keep polling it."""
         self._changed_on_disk()
         await self.load()
-        self._task = asyncio.create_task(self._poll(), name="file-registry")
+        self._task = self._supervisor.start("file-registry", self._poll)
 
     async def wait_synced(self) -> None:
         await self._synced.wait()
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await self._supervisor.stop_task(self._task)
 
     async def load(self) -> None:
         """Read the file now and apply it if it is new and good."""

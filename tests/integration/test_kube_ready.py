@@ -38,7 +38,7 @@ async def test_ready_once_the_informers_have_synced(tmp_path: Path) -> None:
     async with kube_api(tmp_path) as (srv, kubeconfig):
         MeshDriver(srv, {"alpha": ready("127.0.1.1")})
         async with running_kube_pilot(kubeconfig) as pilot:
-            assert all(informer.synced.is_set() for informer in informers(pilot))
+            assert all(informer.synced for informer in informers(pilot))
             assert await ready_status(pilot.http_port) == 200
             assert {key.name for key in pilot.discovery.index.services} == {"alpha"}
 

@@ -3,13 +3,16 @@
 Owns the switches that make the server misbehave the way a real one can:
 watches dropped abruptly or ended cleanly, history compacted (old
 resourceVersions get 410), every watch expired with a 410 ERROR event, list
-requests failing with 500, and BOOKMARKs sent at a moment the test picks.
+requests failing with 500, BOOKMARKs sent at a moment the test picks, and a
+hostile server's raw bytes on open watches (`stream_raw`: garbage lines, a line
+that never ends).
 """
 
 from __future__ import annotations
 
+from .resources import ResourceType
 from .store import ApiError, Store
-from .watches import WatchHub
+from .watches import Raw, WatchHub
 
 
 class Faults:
@@ -37,6 +40,11 @@ class Faults:
     def fail_lists(self, n: int | None = None) -> None:
         """The next n list requests (all, if None, until fail_lists(0)) get 500."""
         self._failing_lists = n
+
+    def stream_raw(self, data: bytes, times: int = 1, rtype: ResourceType | None = None) -> int:
+        """Write `data`, `times` times over, as it is on every open watch (of rtype):
+        whatever a hostile API server would. Returns how many watches got it."""
+        return self.watches.stream_raw(Raw(data, times), rtype)
 
     def send_bookmarks(self) -> None:
         """A BOOKMARK now on every open watch that allowed bookmarks."""

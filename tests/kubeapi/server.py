@@ -273,6 +273,18 @@ class KubeAPIServer:
         """A BOOKMARK now on every open watch that allowed bookmarks."""
         self._faults.send_bookmarks()
 
+    def stream_raw(self, data: bytes, times: int = 1, kind: str | None = None) -> int:
+        """Write `data` (`times` times over) as it is on every open watch (of `kind`), as
+        a hostile API server would: garbage lines, a line that never ends. Returns how
+        many watches got it; `raw_written` counts the bytes that went out."""
+        rtype = resources.resource_type(kind) if kind else None
+        return self._faults.stream_raw(data, times, rtype)
+
+    @property
+    def raw_written(self) -> int:
+        """Bytes of `stream_raw` written so far (a client that hangs up stops them)."""
+        return self._watches.raw_written
+
     # ---------------------------------------------------------------- tokens
 
     @property

@@ -6,7 +6,9 @@ showing each store event through the watcher's selectors the way the watch
 cache does, BOOKMARKs (periodic, on demand, and the initial-events-end one),
 streaming JSON lines over chunked HTTP until `timeoutSeconds` (whole objects,
 or each reshaped, e.g. to its metadata), and ending the streams on purpose:
-cleanly, abruptly, or with a 410 Expired ERROR event.
+cleanly, abruptly, or with a 410 Expired ERROR event. A hostile server's bytes
+too: `Raw` data written on open watches as it is (garbage lines, a line that
+never ends), counted in `raw_written`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,15 @@ from .store import ApiError, Event, Obj, Store, too_large, with_rv
 from .wire import JSON, Target, parse_bool, parse_int, query_selector
 
 INITIAL_EVENTS_END = {"k8s.io/initial-events-end": "true"}
+
+
+@dataclass(frozen=True)
+class Raw:
+    """Bytes a hostile server writes on a watch as they are, `times` times over (so that
+    64 MB can be streamed from a 1 MB chunk without holding 64 MB)."""
+
+    data: bytes
+    times: int = 1
 
 
 class Control(enum.Enum):
@@ -64,7 +75,7 @@ class Watch:
     selector: Selector
     bookmarks: bool
     last_rv: int
-    queue: asyncio.Queue[bytes | Control] = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[bytes | Control | Raw] = field(default_factory=asyncio.Queue)
     shape: Callable[[Obj], Obj] | None = None  # what is sent of each object (None: all of it)
 
     def offer(self, event: Event, lines: dict[str, bytes] | None = None) -> None:
@@ -130,6 +141,7 @@ class WatchHub:
         self.changes = changes
         self.bookmark_interval = bookmark_interval
         self._watches: set[Watch] = set()
+        self.raw_written = 0  # bytes of `Raw` written to watches (a peer that hangs up stops it)
         store.listeners.append(self._on_event)
 
     def count(self, rtype: ResourceType | None = None) -> int:
@@ -163,6 +175,13 @@ class WatchHub:
                 )
             )
         self._forget_all()
+
+    def stream_raw(self, raw: Raw, rtype: ResourceType | None = None) -> int:
+        """Write `raw` on every open watch (of rtype, if given); how many there were."""
+        chosen = [w for w in self._watches if rtype is None or w.rtype == rtype]
+        for watch in chosen:
+            watch.queue.put_nowait(raw)
+        return len(chosen)
 
     def bookmark_all(self) -> None:
         """A BOOKMARK now on every open watch that allowed bookmarks."""
@@ -262,18 +281,22 @@ class WatchHub:
             chunk, control = _drain(watch.queue, first)
             if chunk:
                 await response.write(chunk)
-            if control is not None:
+            if isinstance(control, Raw):
+                for _ in range(control.times):
+                    await response.write(control.data)
+                    self.raw_written += len(control.data)
+            elif control is not None:
                 return control is Control.END
 
 
 def _drain(
-    queue: asyncio.Queue[bytes | Control], first: bytes | Control
-) -> tuple[bytes, Control | None]:
-    """`first` and whatever else is queued, up to the first control item."""
+    queue: asyncio.Queue[bytes | Control | Raw], first: bytes | Control | Raw
+) -> tuple[bytes, Control | Raw | None]:
+    """`first` and whatever else is queued, up to the first control or raw item."""
     lines: list[bytes] = []
-    item: bytes | Control | None = first
+    item: bytes | Control | Raw | None = first
     while item is not None:
-        if isinstance(item, Control):
+        if isinstance(item, Control | Raw):
             return b"".join(lines), item
         lines.append(item)
         item = queue.get_nowait() if not queue.empty() else None

@@ -69,13 +69,22 @@ def test_a_service_stays_while_any_cluster_has_it() -> None:
     assert WEB not in index.services
 
 
-def test_ports_merge_by_name_and_the_primary_wins_a_conflict() -> None:
+def test_the_primary_clusters_ports_are_the_service_s_whole() -> None:
     index = EndpointIndex(primary=WEST)
     index.upsert_service(_svc(EAST, (("http", 80), ("admin", 9000))))
     change = index.upsert_service(_svc(WEST, (("http", 8080), ("grpc", 9090))))
     assert change.full == {WEB}
     ports = {port.name: port.port for port in index.services[WEB].ports}
-    assert ports == {"http": 8080, "grpc": 9090, "admin": 9000}
+    assert ports == {"http": 8080, "grpc": 9090}, "a remote copy adds no port to the local one"
+    assert not index.upsert_service(_svc(EAST, (("http", 81), ("other", 1)))), "nor changes it"
+
+
+def test_without_a_primary_copy_ports_merge_by_name_the_first_cluster_first() -> None:
+    index = EndpointIndex(primary="local")
+    index.upsert_service(_svc(WEST, (("http", 8080), ("grpc", 9090))))
+    index.upsert_service(_svc(EAST, (("http", 80), ("admin", 9000))))
+    ports = {port.name: port.port for port in index.services[WEB].ports}
+    assert ports == {"http": 80, "admin": 9000, "grpc": 9090}
 
 
 def test_each_cluster_chooses_slices_or_legacy_endpoints_for_itself() -> None:

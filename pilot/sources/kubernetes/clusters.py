@@ -40,7 +40,7 @@ from pilot.limits import LimitExceeded, LimitHits
 from pilot.memory import trim_heap
 from pilot.registry.updater import RegistryUpdater
 from pilot.sources.kubernetes.config import KubernetesSettings
-from pilot.sources.kubernetes.informer import Informer, Obj
+from pilot.sources.kubernetes.informer import Informer, Obj, WatchFaults
 from pilot.sources.kubernetes.kubeconfig import (
     KubeconfigError,
     RemoteClient,
@@ -48,7 +48,7 @@ from pilot.sources.kubernetes.kubeconfig import (
     load_credentials,
     plugin_api_client,
 )
-from pilot.sources.kubernetes.registry import KubernetesRegistry
+from pilot.sources.kubernetes.registry import KubernetesRegistry, Watching
 from pilot.sources.kubernetes.remote_settings import RemoteSettings
 
 __all__ = ["ClusterConflict", "KubeconfigError", "RemoteClusters", "RemoteSecrets"]
@@ -133,6 +133,8 @@ class RemoteClusters:
         local_cluster: str,
         remote: RemoteSettings | None = None,
         hits: LimitHits | None = None,
+        *,
+        watching: Watching | None = None,
     ) -> None:
         self._settings = settings
         self._updater = updater
@@ -141,6 +143,7 @@ class RemoteClusters:
         self.hits = hits or LimitHits()
         self.refusals: Counter[str] = Counter()  # distinct refusals by reason, for /metrics
         self.fixed: set[str] = set()  # the ids from --remote-kubeconfig
+        self._watching = watching  # each cluster's informers run under its supervisor
         self._clusters: dict[str, RemoteCluster] = {}
         self._lanes: dict[str, _Lane] = {}
         self._warned: set[tuple[str, str, str]] = set()
@@ -302,7 +305,12 @@ class RemoteClusters:
         """Watch `cluster` through `built`; the old watch's state passes to the new one."""
         old = self._clusters.get(cluster)
         registry = KubernetesRegistry(
-            self._settings, self._updater, built.api_client, built.server, cluster
+            self._settings,
+            self._updater,
+            built.api_client,
+            built.server,
+            cluster,
+            watching=self._watching,
         )
         if old is not None:
             await old.stop()
@@ -507,7 +515,10 @@ def secret_informer(
     namespace: str,
     handler: RemoteSecrets,
     settings: KubernetesSettings,
+    faults: WatchFaults | None = None,
 ) -> Informer:
     """The informer on the multi-cluster Secrets of pilot's own namespace (list, watch)."""
     request = functools.partial(client.CoreV1Api(api_client).list_namespaced_secret, namespace)
-    return Informer("Secret", request, handler, settings.informer, MULTICLUSTER_SELECTOR)
+    return Informer(
+        "Secret", request, handler, settings.informer, MULTICLUSTER_SELECTOR, faults=faults
+    )

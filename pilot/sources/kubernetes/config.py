@@ -32,6 +32,9 @@ class InformerSettings:
     page_size: int = 500
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
+    # PILOT_MAX_WATCH_EVENT_BYTES: one watch event (a list page: four times that). etcd
+    # keeps objects of at most 1.5 MiB; as JSON, in an event, one is at most about twice that.
+    max_event_bytes: int = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,21 @@ Semantics (those of client-go's reflector):
   keeping what was handed to the handler; `error` says what failed, until a list
   or a watch succeeds again.
 - Objects are read as raw JSON (dicts); the handler does its own parsing.
+
+An API server is not trusted to be well-behaved (a remote cluster's may be
+anyone's). One watch event (one line) and one list page are bounded
+(`PILOT_MAX_WATCH_EVENT_BYTES`; a page may be four times that, and a page too
+big is asked for again in smaller pages): a line past the bound ends the watch,
+and the informer lists again after its backoff, so memory never grows with what
+the server streams. A line that is not JSON, not a JSON object, an event of no
+known type, whose object is not an object, is of another kind or has no name is
+skipped, counted in `WatchFaults` by reason and logged (a line per informer per
+10 s at most); skipping loses nothing an honest server sent. A list response
+that is not an object, or whose items are not a list, fails that list (retried
+with backoff); an item that is not an object of the kind with a name is skipped.
+`synced` is true only while the first list is in and nothing is failing: not
+while the watch is down, nor while the informer's task is failing (`run` raised)
+and waits to be started again.
 """
 
 from __future__ import annotations
@@ -19,6 +34,8 @@ import asyncio
 import json
 import logging
 import random
+import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
@@ -26,6 +43,7 @@ import aiohttp
 
 from pilot.backoff import Backoff
 from pilot.sources.kubernetes.config import InformerSettings
+from pilot.supervisor import describe, one_line
 
 log = logging.getLogger("pilot.sources.kubernetes")
 
@@ -33,6 +51,11 @@ Obj = dict[str, Any]
 # With _preload_content=False, the generated list functions return the raw response.
 Request = Callable[..., Awaitable[Any]]
 ObjectKey = tuple[str, str]
+
+EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
+METADATA_KIND = "PartialObjectMetadata"  # what metadata-only lists and watches answer
+PAGE_BYTES_FACTOR = 4  # a list page may hold this many of the largest events
+LOG_EVERY = 10.0
 
 
 class InformerHandler(Protocol):
@@ -51,38 +74,118 @@ class ApiStatusError(Exception):
     """The API server answered with an error Status."""
 
 
+class Malformed(Exception):
+    """The API server answered something no API server may: counted under `reason`,
+    then listed again after the backoff."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class PageTooLarge(Malformed):
+    """A list page past its bound: ask for smaller pages."""
+
+
+class WatchFaults:
+    """What API servers sent wrong, by (cluster, kind, reason), for `/metrics`; and the
+    log lines saying so, one per informer per LOG_EVERY seconds with a count."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.counts: Counter[tuple[str, str, str]] = Counter()
+        self._clock = clock
+        self._logged_at: dict[tuple[str, str], float] = {}
+        self._quiet: Counter[tuple[str, str]] = Counter()
+
+    def report(
+        self, cluster: str, kind: str, reason: str, what: str, outcome: str = "skipped"
+    ) -> None:
+        self.counts[(cluster, kind, reason)] += 1
+        informer, now = (cluster, kind), self._clock()
+        last = self._logged_at.get(informer)
+        if last is not None and now - last < LOG_EVERY:
+            self._quiet[informer] += 1
+            return
+        quiet = self._quiet.pop(informer, 0)
+        more = f" ({quiet} more since the last such line)" if quiet else ""
+        where = f"cluster {cluster} {kind}" if cluster else kind
+        log.warning("%s: the API server sent %s; %s%s", where, what, outcome, more)
+        self._logged_at[informer] = now
+
+    def forget(self, cluster: str) -> None:
+        """A removed cluster's counts leave the metric."""
+        for key in [key for key in self.counts if key[0] == cluster]:
+            del self.counts[key]
+
+
 def _key(obj: Obj) -> ObjectKey:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    meta = obj["metadata"]  # checked by `_object_problem` before any object gets here
+    return str(meta.get("namespace") or ""), str(meta["name"])
 
 
-async def _json_body(response: aiohttp.ClientResponse, what: str) -> Obj:
+async def _read_bounded(response: aiohttp.ClientResponse, limit: int, what: str) -> bytes:
+    body = bytearray()
+    async for chunk in response.content.iter_any():
+        body += chunk
+        if len(body) > limit:
+            raise PageTooLarge("too_large", f"{what}: an answer over {limit} bytes")
+    return bytes(body)
+
+
+async def _json_body(response: aiohttp.ClientResponse, what: str, limit: int) -> Obj:
     async with response:
-        text = await response.text()
+        raw = await _read_bounded(response, limit, what)
     if response.status == 410:
         raise Expired(what)
     if not 200 <= response.status < 300:
-        raise ApiStatusError(f"{what}: HTTP {response.status}: {text[:300]}")
-    body: Obj = json.loads(text)
+        text = one_line(raw[:300].decode("utf-8", errors="replace"), 300)
+        raise ApiStatusError(f"{what}: HTTP {response.status}: {text}")
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise Malformed("not_json", f"{what}: an answer that is not JSON") from None
+    if not isinstance(body, dict):
+        raise Malformed("not_object", f"{what}: an answer that is not a JSON object")
     return body
 
 
-async def _lines(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """Newline-delimited events, however large (an EndpointSlice can be big)."""
+async def _lines(response: aiohttp.ClientResponse, limit: int) -> AsyncIterator[bytes]:
+    """Newline-delimited events of at most `limit` bytes (an EndpointSlice can be big);
+    Malformed when one is longer, without holding more than `limit` plus one chunk."""
     buffer = bytearray()
     async for chunk in response.content.iter_any():
+        start = len(buffer)
         buffer += chunk
-        while (end := buffer.find(b"\n")) >= 0:
+        end = buffer.find(b"\n", start)  # only the new bytes can hold the next newline
+        while end >= 0:
+            if end > limit:
+                break
             line = bytes(buffer[:end])
             del buffer[: end + 1]
             if line.strip():
                 yield line
+            end = buffer.find(b"\n")
+        if len(buffer) > limit:
+            raise Malformed(
+                "too_large", f"a watch event over {limit} bytes (PILOT_MAX_WATCH_EVENT_BYTES)"
+            )
     if buffer.strip():
         yield bytes(buffer)
 
 
+def _metadata(obj: Obj) -> Obj:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def _type_name(value: object) -> str:
+    return {dict: "object", list: "list", str: "string", type(None): "null"}.get(
+        type(value), type(value).__name__
+    )
+
+
 class Informer:
-    """Keeps a handler current with one kind of object; `synced` once the first list is in."""
+    """Keeps a handler current with one kind of object; `listed` once the first list is in."""
 
     def __init__(
         self,
@@ -91,18 +194,33 @@ class Informer:
         handler: InformerHandler,
         settings: InformerSettings,
         label_selector: str = "",
+        *,
+        cluster: str = "",
+        faults: WatchFaults | None = None,
     ) -> None:
         self.kind = kind
+        self.cluster = cluster  # for log lines and metrics; "" for pilot's own watches
         self._request = request
         self._handler = handler
         self._settings = settings
         self._label_selector = label_selector
+        self._page_size = settings.page_size
+        self._faults = faults if faults is not None else WatchFaults()
         self._resource_version = ""
         self._known: set[ObjectKey] = set()
-        self.synced = asyncio.Event()
+        self.listed = asyncio.Event()
         self.relists = 0
         self.watch_restarts = 0
         self.error = ""  # the last failure, until the next list or watch gets an answer
+
+    @property
+    def synced(self) -> bool:
+        """Listed, and neither its watch nor its task is failing now."""
+        return self.listed.is_set() and not self.error
+
+    @property
+    def _where(self) -> str:
+        return f"cluster {self.cluster} {self.kind}" if self.cluster else self.kind
 
     def inherit(self, previous: Informer) -> None:
         """Take over what `previous` (of the same kind) handed the handler: the first list
@@ -110,7 +228,18 @@ class Informer:
         self._known = set(previous._known)
 
     async def run(self) -> None:
-        """Forever: list when needed, watch, recover from every failure."""
+        """Forever: list when needed, watch, recover from every failure. What it cannot
+        recover from (a handler raising) escapes to whoever runs it, and until the next
+        list succeeds `error` says so."""
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:
+            self.error = f"watch failed: {describe(error)}"
+            raise
+
+    async def _run(self) -> None:
         backoff = Backoff(self._settings.backoff_initial, self._settings.backoff_max)
         need_list = True
         while True:
@@ -122,15 +251,22 @@ class Informer:
                     backoff.reset()
             except Expired:
                 log.info(
-                    "%s: resourceVersion %s expired; relisting", self.kind, self._resource_version
+                    "%s: resourceVersion %s expired; relisting",
+                    self._where,
+                    self._resource_version,
                 )
                 need_list = True
+            except Malformed as error:
+                delay = backoff.next_delay()
+                outcome = f"listing again in {delay:.1f}s"
+                self._faults.report(self.cluster, self.kind, error.reason, str(error), outcome)
+                self.error = str(error)
+                need_list = True  # what was lost is only in a new list
+                await asyncio.sleep(delay)
             except (aiohttp.ClientError, TimeoutError, ApiStatusError, ValueError) as error:
                 delay = backoff.next_delay()
-                self.error = str(error) or type(error).__name__
-                log.warning(
-                    "%s: %s; retrying in %.1fs", self.kind, error or type(error).__name__, delay
-                )
+                self.error = one_line(str(error) or type(error).__name__)
+                log.warning("%s: %s; retrying in %.1fs", self._where, self.error, delay)
                 await asyncio.sleep(delay)
 
     def _params(self, **extra: Any) -> dict[str, Any]:
@@ -142,30 +278,56 @@ class Informer:
     async def _list(self) -> None:
         items: list[Obj] = []
         token = ""
+        meta: Obj = {}
         while True:
-            params = self._params(
-                limit=self._settings.page_size,
-                _request_timeout=(self._settings.connect_timeout, 60.0),
-            )
-            if token:
-                params["_continue"] = token
-            body = await _json_body(await self._request(**params), f"list {self.kind}")
-            for item in body.get("items") or []:
-                item.setdefault("kind", self.kind)
-                items.append(item)
-            meta = body.get("metadata") or {}
+            body = await self._list_page(token)
+            if body is None:
+                continue  # asked again in smaller pages
+            raw_items = body.get("items")
+            if raw_items is not None and not isinstance(raw_items, list):
+                raise Malformed("bad_list", f"list {self.kind}: items that are not a list")
+            for item in raw_items or ():
+                if self._accepted(item, "a listed item"):
+                    item.setdefault("kind", self.kind)
+                    items.append(item)
+            meta = _metadata(body)
             token = meta.get("continue") or ""
+            if not isinstance(token, str):
+                raise Malformed("bad_list", f"list {self.kind}: a continue token not a string")
             if not token:
                 break
         self._resource_version = str(meta.get("resourceVersion") or "")
         self.error = ""
         self._replace(items)
-        if self.synced.is_set():
+        if self.listed.is_set():
             self.relists += 1
-        self.synced.set()
+        self.listed.set()
         log.info(
-            "%s: listed %d at resourceVersion %s", self.kind, len(items), self._resource_version
+            "%s: listed %d at resourceVersion %s", self._where, len(items), self._resource_version
         )
+
+    async def _list_page(self, token: str) -> Obj | None:
+        """One page; None if it was too large and smaller pages are to be asked for."""
+        params = self._params(
+            limit=self._page_size,
+            _request_timeout=(self._settings.connect_timeout, 60.0),
+        )
+        if token:
+            params["_continue"] = token
+        limit = self._settings.max_event_bytes * PAGE_BYTES_FACTOR
+        try:
+            return await _json_body(await self._request(**params), f"list {self.kind}", limit)
+        except PageTooLarge:
+            if self._page_size <= 1:
+                raise
+            self._page_size = max(1, self._page_size // 2)
+            log.info(
+                "%s: a list page over %d bytes; asking for pages of %d",
+                self._where,
+                limit,
+                self._page_size,
+            )
+            return None
 
     def _replace(self, items: list[Obj]) -> None:
         """Apply a full state: upsert what is there, delete only what is gone."""
@@ -195,24 +357,69 @@ class Informer:
             if not 200 <= response.status < 300:
                 raise ApiStatusError(f"watch {self.kind}: HTTP {response.status}")
             self.error = ""
-            async for line in _lines(response):
-                self._apply_event(json.loads(line))
-                delivered = True
+            async for line in _lines(response, self._settings.max_event_bytes):
+                delivered = self._apply_line(line) or delivered
         self.watch_restarts += 1
         return delivered
 
-    def _apply_event(self, event: Obj) -> None:
-        kind, obj = event.get("type"), event.get("object") or {}
+    def _skip(self, reason: str, what: str) -> bool:
+        self._faults.report(self.cluster, self.kind, reason, what)
+        return False
+
+    def _object_problem(self, obj: object) -> tuple[str, str] | None:
+        """Why `obj` is no object of this informer's kind: (reason, what it is), or None."""
+        if not isinstance(obj, dict):
+            return "bad_object", f"an object that is a JSON {_type_name(obj)}"
+        kind = obj.get("kind")
+        if kind is not None and kind not in (self.kind, METADATA_KIND):
+            return "wrong_kind", f"an object of kind {one_line(repr(kind), 60)}"
+        meta = _metadata(obj)
+        name = meta.get("name")
+        if not isinstance(name, str) or not name:
+            return "no_name", "an object without metadata.name"
+        if not isinstance(meta.get("namespace") or "", str):
+            return "no_name", "an object whose metadata.namespace is not a string"
+        return None
+
+    def _accepted(self, obj: object, where: str) -> bool:
+        problem = self._object_problem(obj)
+        if problem is not None:
+            return self._skip(problem[0], f"{where}: {problem[1]}")
+        return True
+
+    def _apply_line(self, line: bytes) -> bool:
+        """Apply one watch line; False if it was skipped (or a bookmark)."""
+        try:
+            event = json.loads(line)
+        except (ValueError, RecursionError):
+            return self._skip("not_json", "a watch line that is not JSON")
+        if not isinstance(event, dict):
+            return self._skip("not_object", f"a watch event that is a JSON {_type_name(event)}")
+        kind, obj = event.get("type"), event.get("object")
+        if kind not in EVENT_TYPES:
+            return self._skip("bad_type", f"a watch event of type {one_line(repr(kind), 60)}")
+        if not isinstance(obj, dict):
+            what = f"a {kind} event whose object is a JSON {_type_name(obj)}"
+            return self._skip("bad_object", what)
         if kind == "ERROR":
             if obj.get("code") == 410:
-                raise Expired(str(obj.get("message", "")))
-            raise ApiStatusError(f"watch {self.kind}: {obj.get('message', obj)}")
-        version = (obj.get("metadata") or {}).get("resourceVersion")
-        if kind in ("ADDED", "MODIFIED"):
-            self._known.add(_key(obj))
-            self._handler.upsert(obj)
-        elif kind == "DELETED":
+                raise Expired(one_line(str(obj.get("message", ""))))
+            raise ApiStatusError(f"watch {self.kind}: {one_line(str(obj.get('message', obj)))}")
+        version = _metadata(obj).get("resourceVersion")
+        if kind == "BOOKMARK":
+            self._advance(version)
+            return False
+        if not self._accepted(obj, f"a {kind} event"):
+            return False
+        if kind == "DELETED":
             self._known.discard(_key(obj))
             self._handler.delete(*_key(obj))
-        if version:
+        else:
+            self._known.add(_key(obj))
+            self._handler.upsert(obj)
+        self._advance(version)
+        return True
+
+    def _advance(self, version: object) -> None:
+        if isinstance(version, str | int) and version:
             self._resource_version = str(version)

@@ -3,9 +3,12 @@
 Services and EndpointSlices (or, with `--endpoints-api endpoints`, legacy v1
 Endpoints) are watched in all namespaces or in the ones named. Each object
 event becomes an upsert or delete on the `RegistryUpdater` the registry was
-given. A malformed object is logged with its name and skipped; what pilot knew
-of it before stays. Nodes (cluster-scoped) are watched for endpoint locality,
-as metadata only (`metadata.py`), and only their region and zone labels kept.
+given. A malformed object is logged with its name (rate-limited, `WatchFaults`),
+counted and skipped; what pilot knew of it before stays: whatever a parser raises
+on it (a wrong type, nesting deep enough for RecursionError) never ends the
+informer. Nodes (cluster-scoped) are watched for endpoint locality, as metadata
+only (`metadata.py`), and only their region and zone labels kept. Each informer
+runs as a task of the supervisor it is given (`Watching`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -30,22 +34,51 @@ from pilot.registry.kubernetes_objects import (
 from pilot.registry.model import DEFAULT_CLUSTER_ID, EndpointSetKey, NodeKey, ServiceKey
 from pilot.registry.updater import RegistryUpdater
 from pilot.sources.kubernetes.config import EndpointsApi, KubernetesSettings
-from pilot.sources.kubernetes.informer import Informer, Obj, Request
+from pilot.sources.kubernetes.informer import Informer, Obj, Request, WatchFaults
 from pilot.sources.kubernetes.metadata import metadata_only
+from pilot.supervisor import SupervisedTask, Supervisor, describe
 
 log = logging.getLogger("pilot.sources.kubernetes")
 
+# What the parsers may raise on objects no API server would send (a port name nested
+# 900 deep, an addressType that is a list): the object is malformed, never a crash.
+_PARSE_ERRORS = (ObjectError, TypeError, ValueError, KeyError, AttributeError, RecursionError)
 
-class _ServiceHandler:
-    def __init__(self, updater: RegistryUpdater, cluster: str) -> None:
+
+@dataclass(frozen=True)
+class Watching:
+    """What the informers of every cluster share: the supervisor that runs them and
+    the tally of what their API servers sent wrong."""
+
+    supervisor: Supervisor = field(default_factory=Supervisor)
+    faults: WatchFaults = field(default_factory=WatchFaults)
+
+
+class _Handler:
+    """Parses each object; one that does not parse is counted and logged (rate-limited)
+    as `invalid`, and what pilot knew of it before stays."""
+
+    def __init__(
+        self, updater: RegistryUpdater, kind: str, cluster: str, faults: WatchFaults
+    ) -> None:
         self._updater = updater
+        self._kind = kind
         self._cluster = cluster
+        self._faults = faults
 
+    def _report(self, obj: Obj, error: Exception) -> None:
+        what = str(error) if isinstance(error, ObjectError) else describe(error)
+        if not isinstance(error, ObjectError):
+            what = f"{object_label(obj)}: {what}"
+        self._faults.report(self._cluster, self._kind, "invalid", f"an invalid {what}")
+
+
+class _ServiceHandler(_Handler):
     def upsert(self, obj: Obj) -> None:
         try:
             service = parse_service(obj, self._cluster)
-        except ObjectError as error:
-            log.warning("cluster %s: ignoring %s", self._cluster, error)
+        except _PARSE_ERRORS as error:
+            self._report(obj, error)
             return
         self._updater.upsert(service)
 
@@ -53,12 +86,7 @@ class _ServiceHandler:
         self._updater.delete(ServiceKey(namespace or "default", name), self._cluster)
 
 
-class _EndpointsHandler:
-    def __init__(self, updater: RegistryUpdater, kind: str, cluster: str) -> None:
-        self._updater = updater
-        self._kind = kind
-        self._cluster = cluster
-
+class _EndpointsHandler(_Handler):
     def upsert(self, obj: Obj) -> None:
         try:
             parsed = (
@@ -66,8 +94,8 @@ class _EndpointsHandler:
                 if self._kind == "EndpointSlice"
                 else parse_endpoints(obj, self._cluster)
             )
-        except ObjectError as error:
-            log.warning("cluster %s: ignoring %s", self._cluster, error)
+        except _PARSE_ERRORS as error:
+            self._report(obj, error)
             return
         if parsed is None:  # an FQDN slice: nothing EDS can carry
             meta = obj.get("metadata") or {}
@@ -81,16 +109,12 @@ class _EndpointsHandler:
         self._updater.delete(key)
 
 
-class _NodeHandler:
-    def __init__(self, updater: RegistryUpdater, cluster: str) -> None:
-        self._updater = updater
-        self._cluster = cluster
-
+class _NodeHandler(_Handler):
     def upsert(self, obj: Obj) -> None:
         try:
             node = parse_node(obj, self._cluster)
-        except ObjectError as error:
-            log.warning("cluster %s: ignoring %s", self._cluster, error)
+        except _PARSE_ERRORS as error:
+            self._report(obj, error)
             return
         self._updater.upsert(node)
 
@@ -116,7 +140,8 @@ def _requests(
 
 
 class KubernetesRegistry:
-    """Runs the informers; `synced` once every one of them has listed."""
+    """Runs the informers, each a task under the supervisor named
+    `informer-CLUSTER-KIND`; `synced` once every one of them has listed."""
 
     def __init__(
         self,
@@ -125,36 +150,53 @@ class KubernetesRegistry:
         api_client: client.ApiClient,
         server: str,
         cluster: str = DEFAULT_CLUSTER_ID,
+        *,
+        watching: Watching | None = None,
     ) -> None:
         self.settings = settings
         self.cluster = cluster
         self._updater = updater
         self._api_client = api_client
         self.server = server
+        self._watching = watching if watching is not None else Watching()
         self.informers: list[Informer] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[SupervisedTask] = []
 
     @property
     def synced(self) -> bool:
-        return bool(self.informers) and all(i.synced.is_set() for i in self.informers)
+        """Every informer has listed once: what readiness waits for, as Istio's does.
+        Whether each is still in sync is its own `synced` (and `error`)."""
+        return bool(self.informers) and all(i.listed.is_set() for i in self.informers)
 
     def _build_informers(self, api_client: client.ApiClient) -> list[Informer]:
         namespaces: Sequence[str | None] = self.settings.namespaces or (None,)
+        faults = self._watching.faults
         informers = []
         for namespace in namespaces:
             for kind, request in _requests(
                 api_client, namespace, self.settings.endpoints_api
             ).items():
                 if kind == "Service":
-                    handler: Any = _ServiceHandler(self._updater, self.cluster)
+                    handler: Any = _ServiceHandler(self._updater, kind, self.cluster, faults)
                 else:
-                    handler = _EndpointsHandler(self._updater, kind, self.cluster)
+                    handler = _EndpointsHandler(self._updater, kind, self.cluster, faults)
                 selector = SERVICE_NAME_LABEL if kind == "EndpointSlice" else ""
-                informers.append(Informer(kind, request, handler, self.settings.informer, selector))
-        nodes = _NodeHandler(self._updater, self.cluster)
+                informers.append(self._informer(kind, request, handler, selector))
+        nodes = _NodeHandler(self._updater, "Node", self.cluster, faults)
         list_nodes = metadata_only(api_client, "/api/v1/nodes")
-        informers.append(Informer("Node", list_nodes, nodes, self.settings.informer))
+        informers.append(self._informer("Node", list_nodes, nodes))
         return informers
+
+    def _informer(self, kind: str, request: Request, handler: Any, selector: str = "") -> Informer:
+        return Informer(
+            kind,
+            request,
+            handler,
+            self.settings.informer,
+            selector,
+            cluster=self.cluster,
+            faults=self._watching.faults,
+        )
 
     async def start(self, previous: KubernetesRegistry | None = None) -> None:
         """Start watching; in place of `previous` (the same cluster, reached anew) if given:
@@ -163,8 +205,9 @@ class KubernetesRegistry:
         if previous is not None:  # same settings, so the same informers in the same order
             for informer, old in zip(self.informers, previous.informers, strict=True):
                 informer.inherit(old)
+        supervisor = self._watching.supervisor
         self._tasks = [
-            asyncio.create_task(informer.run(), name=f"informer-{self.cluster}-{informer.kind}")
+            supervisor.start(f"informer-{self.cluster}-{informer.kind}", informer.run)
             for informer in self.informers
         ]
         scope = ", ".join(self.settings.namespaces) or "all namespaces"
@@ -177,9 +220,9 @@ class KubernetesRegistry:
         )
 
     async def wait_synced(self) -> None:
-        await asyncio.gather(*(informer.synced.wait() for informer in self.informers))
+        await asyncio.gather(*(informer.listed.wait() for informer in self.informers))
 
     async def stop(self) -> None:
         for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._watching.supervisor.stop_task(task)
+        self._watching.faults.forget(self.cluster)

@@ -1,0 +1,236 @@
+"""API servers are hostile input too: a real `pilot discovery` subprocess on the test API
+server (tests/kubeapi), which streams what a hostile one would on pilot's open watches.
+
+* A watch line that never ends (64 MB without a newline): pilot's memory stays bounded
+  (`PILOT_MAX_WATCH_EVENT_BYTES`), the watch is dropped with a log line and a metric,
+  the informer lists again and later Services still arrive.
+* Garbage events (not JSON, a JSON list, an object that is a string, an object without
+  a name, an unknown type, an EndpointSlice whose fields break the parser): each is
+  skipped, counted by reason and logged, and the informers keep working: a Service
+  applied afterwards is served; `/ready` says the cluster is synced.
+* A task killed by an input nobody checked for (a ConfigMap `istio-ca-root-cert` whose
+  labels are a list makes the root publisher raise): logged with the task's name and
+  the traceback, counted, shown under `/ready`, started again; once the ConfigMap is
+  sane the root is published into it.
+* A remote cluster's copy of a local Service, with other ports and a port name of the
+  local one with another number, changes none of the local Service's ports: the
+  clusters served are the local ones only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+from tests.harness.envoy_process import wait_until
+from tests.integration.ca_support import write_plugged_in
+from tests.integration.kube_helpers import apply_mesh, kube_api, ready
+from tests.kubeapi import KubeAPIServer
+from tests.protocol.client import clusters
+from tests.security.pilot_process import Entry, PilotProcess, start_pilot
+from tests.support.mesh import cluster_name, endpoint_slice, service
+
+LOCAL = "Kubernetes"  # pilot's default --cluster-id
+STREAMED = 64 * 1024 * 1024
+WITHIN = 20.0
+
+
+@asynccontextmanager
+async def pilot_on(
+    tmp_path: Path, *extra: str
+) -> AsyncIterator[tuple[KubeAPIServer, PilotProcess]]:
+    """A test API server serving Service alpha, and `pilot discovery` on it."""
+    async with AsyncExitStack() as stack:
+        srv, kubeconfig = await stack.enter_async_context(kube_api(tmp_path / "local"))
+        apply_mesh(srv, {"alpha": ready("127.0.1.1")})
+        ca = write_plugged_in(tmp_path / "plugged-in-ca")
+        pilot = await start_pilot(
+            tmp_path, kubeconfig, ca.directory, ca.root.cert_pem.encode(), *extra
+        )
+        stack.push_async_callback(pilot.stop)
+        await srv.wait_for_watches(1, timeout=WITHIN, kind="Service")
+        await srv.wait_for_watches(1, timeout=WITHIN, kind="EndpointSlice")
+        yield srv, pilot
+
+
+async def served_clusters(pilot: PilotProcess) -> set[str]:
+    """The clusters pilot's plaintext port answers FetchClusters with (what Envoys get)."""
+    async with pilot.client(tls=False, token=None) as client:
+        return set(clusters(await client.fetch_clusters()))
+
+
+async def wait_served(pilot: PilotProcess, name: str, what: str) -> None:
+    await wait_until(
+        lambda: served_clusters(pilot), WITHIN, what, until=lambda found: name in found
+    )
+
+
+def memory(pid: int) -> tuple[int, int]:
+    """The process's resident memory now and at its peak so far (VmRSS, VmHWM), bytes."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    found = [re.search(rf"^{field}:\s+(\d+) kB$", status, re.M) for field in ("VmRSS", "VmHWM")]
+    assert found[0] is not None and found[1] is not None
+    return int(found[0][1]) * 1024, int(found[1][1]) * 1024
+
+
+async def metric_values(pilot: PilotProcess, name: str) -> dict[str, float]:
+    """Each sample of metric `name` by its labels' text."""
+    _status, body = await pilot.get("/metrics")
+    pattern = rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$"
+    return {m[1]: float(m[2]) for m in re.finditer(pattern, str(body), re.M)}
+
+
+async def ready_lines(pilot: PilotProcess) -> tuple[int, list[str]]:
+    status, body = await pilot.get("/ready")
+    return status, str(body).splitlines()
+
+
+def warned(text: str) -> Callable[[Entry], bool]:
+    return lambda e: e["level"].upper() == "WARNING" and text in e["msg"]
+
+
+async def test_a_watch_line_that_never_ends_is_dropped_and_memory_stays_bounded(
+    tmp_path: Path,
+) -> None:
+    async with pilot_on(tmp_path) as (srv, pilot):
+        lists_before = len(srv.requests_for("Service", watch=False))
+        rss_before, peak_before = memory(pilot.pid)
+        since = pilot.mark()
+        assert srv.stream_raw(b"x" * (1 << 20), times=STREAMED >> 20, kind="Service") == 1
+        dropped = await pilot.until_logged(
+            warned("over 8388608 bytes (PILOT_MAX_WATCH_EVENT_BYTES)"), since, WITHIN
+        )
+        rss_after, peak_after = memory(pilot.pid)
+        # The peak too: a bookmark line ending the 64 MB one would free it again.
+        growth = max(rss_after - rss_before, peak_after - peak_before)
+        assert growth < STREAMED / 4, f"RSS grew {growth / 2**20:.0f} MB with what was streamed"
+        assert dropped, f"no line said the watch was dropped; {pilot.tail()}"
+        assert srv.raw_written < STREAMED, "pilot read on after the bound"
+
+        await srv.wait_until(
+            lambda: len(srv.requests_for("Service", watch=False)) > lists_before, WITHIN
+        )
+        srv.apply(service("beta"))
+        await wait_served(pilot, cluster_name("beta"), "the Service applied after the attack")
+        rejected = await metric_values(pilot, "pilot_k8s_rejected_total")
+        assert rejected[f'cluster_id="{LOCAL}",kind="Service",reason="too_large"'] >= 1
+        status, lines = await ready_lines(pilot)
+        assert (status, lines[1]) == (200, f"cluster {LOCAL}: synced")
+
+
+GARBAGE = (  # a JSON list first: it killed the informer, silently (issue 17)
+    b"[1, 2, 3]\n",
+    b"this is not JSON\n",
+    b'{"type": "ADDED", "object": "a string"}\n',
+    b'{"type": "ADDED", "object": {"kind": "Service", "metadata": {}}}\n',
+    b'{"type": "SURPRISE", "object": {"metadata": {"name": "x"}}}\n',
+    b'{"type": "ADDED", "object": {"kind": "Secret", "metadata": {"name": "x"}}}\n',
+)
+# Parses as an event, breaks the EndpointSlice parser (an addressType that is a list).
+BROKEN_SLICE = (
+    b'{"type": "ADDED", "object": {"kind": "EndpointSlice", "addressType": [],'
+    b' "metadata": {"name": "alpha-bad", "namespace": "default",'
+    b' "labels": {"kubernetes.io/service-name": "alpha"}}}}\n'
+)
+
+
+async def test_garbage_events_are_skipped_counted_and_later_services_arrive(
+    tmp_path: Path,
+) -> None:
+    async with pilot_on(tmp_path) as (srv, pilot):
+        since = pilot.mark()
+        assert srv.stream_raw(b"".join(GARBAGE), kind="Service") == 1
+        assert srv.stream_raw(BROKEN_SLICE, kind="EndpointSlice") == 1
+        srv.apply(service("beta"))
+        srv.apply(endpoint_slice("beta", ready("127.0.2.1")))
+        await wait_served(pilot, cluster_name("beta"), "the Service applied after the garbage")
+        await pilot.wait_logged(warned("Service: the API server sent"), "the garbage", since)
+        await pilot.wait_logged(warned("an invalid EndpointSlice"), "the broken slice", since)
+        assert not pilot.logged(lambda e: e["level"].upper() == "ERROR", since)
+
+        rejected = await metric_values(pilot, "pilot_k8s_rejected_total")
+        service_reasons = {
+            reason: rejected.get(f'cluster_id="{LOCAL}",kind="Service",reason="{reason}"', 0)
+            for reason in ("not_json", "not_object", "bad_object", "no_name", "bad_type")
+        }
+        assert service_reasons == {
+            "not_json": 1,
+            "not_object": 1,
+            "bad_object": 1,
+            "no_name": 1,
+            "bad_type": 1,
+        }
+        assert rejected[f'cluster_id="{LOCAL}",kind="Service",reason="wrong_kind"'] == 1
+        assert rejected[f'cluster_id="{LOCAL}",kind="EndpointSlice",reason="invalid"'] == 1
+        status, lines = await ready_lines(pilot)
+        assert status == 200
+        assert lines[1:] == [f"cluster {LOCAL}: synced"], "no task failed, no watch is down"
+        synced = await metric_values(pilot, "pilot_cluster_synced")
+        assert synced == {f'cluster_id="{LOCAL}"': 1.0}
+
+
+def _root_configmap(labels: object) -> dict[str, object]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "istio-ca-root-cert", "namespace": "default", "labels": labels},
+        "data": {"root-cert.pem": "not pilot's root"},
+    }
+
+
+def _failed(task: str) -> Callable[[Entry], bool]:
+    def matches(entry: Entry) -> bool:
+        return entry["level"].upper() == "ERROR" and f"task {task} failed" in entry["msg"]
+
+    return matches
+
+
+async def test_a_task_killed_by_unexpected_input_is_logged_shown_and_restarted(
+    tmp_path: Path,
+) -> None:
+    async with pilot_on(tmp_path) as (srv, pilot):
+        since = pilot.mark()
+        srv.apply(_root_configmap(["not", "a", "map"]))
+        (first, *_) = await pilot.wait_logged(
+            _failed("ca-root-publisher"), "that the root publisher failed", since, WITHIN
+        )
+        assert "Traceback" in first["error"]
+        await wait_until(
+            lambda: len(pilot.logged(_failed("ca-root-publisher"), since)),
+            WITHIN,
+            "the root publisher to be started again (and to fail again)",
+            until=lambda failures: failures >= 2,
+        )
+        status, lines = await ready_lines(pilot)
+        assert status == 200, "pilot keeps serving what it has"
+        shown = [line for line in lines if line.startswith("task ca-root-publisher: ")]
+        assert len(shown) == 1 and "TypeError" in shown[0], lines
+        failures = await metric_values(pilot, "pilot_task_failures_total")
+        assert failures['task="ca-root-publisher"'] >= 2
+
+        srv.apply(_root_configmap({"team": "a"}))  # sane again: the next start publishes
+        await srv.wait_until(lambda: "BEGIN CERTIFICATE" in _root_data(srv), timeout=2 * WITHIN)
+
+
+def _root_data(srv: KubeAPIServer) -> str:
+    configmap = srv.get("ConfigMap", "default", "istio-ca-root-cert") or {}
+    return str((configmap.get("data") or {}).get("root-cert.pem", ""))
+
+
+async def test_a_remote_cluster_never_changes_a_local_services_ports(tmp_path: Path) -> None:
+    async with kube_api(tmp_path / "west") as (west, west_kubeconfig):
+        # alpha in west: http on another number, and a port the local alpha does not have.
+        west.apply(service("alpha", ports=(("http", 81), ("admin", 9999))))
+        west.apply(endpoint_slice("alpha", ready("127.0.9.1")))
+        west.apply(service("west-only", ports=(("http", 82),)))
+        async with pilot_on(tmp_path, "--remote-kubeconfig", f"west={west_kubeconfig}") as (
+            _srv,
+            pilot,
+        ):
+            await wait_served(pilot, cluster_name("west-only", 82), "west's own Service")
+            status, lines = await ready_lines(pilot)
+            assert status == 200 and "cluster west: synced" in lines, lines
+            served = await served_clusters(pilot)
+            assert served == {cluster_name("alpha", 80), cluster_name("west-only", 82)}
