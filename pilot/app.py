@@ -193,6 +193,7 @@ class Discovery:
                 updater,
                 self.settings.file_poll_interval,
                 self.settings.cluster_id,
+                rejected=self.metrics.registry_file_rejected_for,
             )
         assert self.api_client is not None
         return KubernetesRegistry(

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import re
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -382,7 +383,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 async def _run_agent(settings: AgentSettings) -> None:
-    await _run_until_signalled(Agent(settings))
+    await _run_until_signalled(Agent(settings), lambda: "while starting")
 
 
 class _Server(Protocol):
@@ -391,14 +392,32 @@ class _Server(Protocol):
     async def stop(self) -> None: ...
 
 
-async def _run_until_signalled(server: _Server) -> None:
-    stop = asyncio.Event()
+async def _run_until_signalled(server: _Server, starting: Callable[[], str]) -> None:
+    """Start `server`, run it until SIGINT or SIGTERM, then stop it.
+
+    A signal stops it at any moment, while it starts too: `start` waits for the
+    registry's first full state, which a missing or broken file never gives, and
+    Ctrl-C must still work then. `starting()` says what a start cut short was at.
+    """
     loop = asyncio.get_running_loop()
+    received: asyncio.Future[signal.Signals] = loop.create_future()
+
+    def on_signal(signum: signal.Signals) -> None:
+        if not received.done():
+            received.set_result(signum)
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    await server.start()
-    await stop.wait()
-    log.info("shutting down")
+        loop.add_signal_handler(signum, on_signal, signum)
+    started = asyncio.create_task(server.start(), name="start")
+    await asyncio.wait({started, received}, return_when=asyncio.FIRST_COMPLETED)
+    if started.done():
+        started.result()  # a start that failed raises here (a one-line error in main)
+        log.info("stopping on %s", (await received).name)
+    else:
+        log.info("stopping on %s %s", received.result().name, starting())
+        started.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await started
     await server.stop()
 
 
@@ -407,7 +426,15 @@ async def _run_discovery(settings: Settings) -> None:
     # `pilot agent` and `pilot proxy-status` never need.
     from pilot.app import Discovery  # noqa: PLC0415
 
-    await _run_until_signalled(Discovery(settings))
+    discovery = Discovery(settings)
+
+    def starting() -> str:
+        source = discovery.source
+        if source is None or not source.synced:
+            return "before the registry's first load"
+        return "while starting"
+
+    await _run_until_signalled(discovery, starting)
 
 
 def _client_status(

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -240,6 +240,13 @@ class Metrics:
             buckets=_SECONDS,
             registry=self.registry,
         )
+        self.registry_file_rejected = Counter(
+            "pilot_registry_file_rejected",
+            "Versions of the registry file (--config) not applied, by reason: unreadable,"
+            " empty (a truncated write) or invalid.",
+            ["reason"],
+            registry=self.registry,
+        )
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -264,3 +271,7 @@ class Metrics:
 
     def converged(self, seconds: float) -> None:
         self.convergence.observe(seconds)
+
+    def registry_file_rejected_for(self, reason: str) -> None:
+        """A version of the registry file was not applied (the file source says why)."""
+        self.registry_file_rejected.labels(reason).inc()
