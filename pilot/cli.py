@@ -11,7 +11,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 from envoy.service.status.v3 import csds_pb2
@@ -409,7 +409,8 @@ async def _run_until_signalled(server: _Server, starting: Callable[[], str]) -> 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
     started = asyncio.create_task(server.start(), name="start")
-    await asyncio.wait({started, received}, return_when=asyncio.FIRST_COMPLETED)
+    either: set[asyncio.Future[Any]] = {started, received}
+    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     if started.done():
         started.result()  # a start that failed raises here (a one-line error in main)
         log.info("stopping on %s", (await received).name)
