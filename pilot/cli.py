@@ -43,6 +43,7 @@ from pilot.settings import (
     SettingsError,
     csds_trusted_accounts_from_env,
     debounce_from_env,
+    is_loopback_host,
     push_from_env,
     remote_kubeconfigs,
     split_host_port,
@@ -102,18 +103,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     discovery.add_argument(
         "--grpc-addr",
-        default="0.0.0.0:15010",
-        help="xDS, gRPC health and reflection (default %(default)s)",
+        help="xDS, gRPC health and reflection (default 0.0.0.0:15010; with --xds-auth none,"
+        " 127.0.0.1:15010)",
     )
     discovery.add_argument(
         "--http-addr",
-        default="0.0.0.0:15014",
-        help="/ready and later /metrics (default %(default)s)",
+        help="/ready, /metrics and /debug (default 0.0.0.0:15014; with --xds-auth none,"
+        " 127.0.0.1:15014)",
     )
     discovery.add_argument(
         "--grpc-tls-addr",
-        default="0.0.0.0:15012",
-        help="xDS over TLS, certificate from pilot's CA ('' to disable; default %(default)s)",
+        help="xDS over TLS, certificate from pilot's CA ('' to disable; default 0.0.0.0:15012;"
+        " with --xds-auth none, 127.0.0.1:15012)",
+    )
+    discovery.add_argument(
+        "--insecure-bind-any",
+        action="store_true",
+        help="with --xds-auth none: bind all interfaces by default, and allow addresses off"
+        " loopback (anyone who reaches them gets any identity's certificate from the CA)",
     )
     discovery.add_argument(
         "--plaintext-secrets",
@@ -353,13 +360,12 @@ def _remote_kubeconfig(text: str) -> tuple[str, Path]:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    for address in (args.grpc_addr, args.http_addr):
-        split_host_port(address)
+    grpc_addr, grpc_tls_addr, http_addr = _addresses(args)
     return Settings(
-        grpc_addr=args.grpc_addr,
-        http_addr=args.http_addr,
+        grpc_addr=grpc_addr,
+        http_addr=http_addr,
         debug_addr=args.debug_addr,
-        grpc_tls_addr=args.grpc_tls_addr,
+        grpc_tls_addr=grpc_tls_addr,
         plaintext_secrets=args.plaintext_secrets,
         csds_trusted_accounts=csds_trusted_accounts_from_env(),
         limits=limits_from_env(),
@@ -380,6 +386,50 @@ def _settings(args: argparse.Namespace) -> Settings:
             endpoints_api=EndpointsApi(args.endpoints_api),
         ),
     )
+
+
+ANY_ADDRESSES = ("0.0.0.0:15010", "0.0.0.0:15012", "0.0.0.0:15014")
+LOOPBACK_ADDRESSES = ("127.0.0.1:15010", "127.0.0.1:15012", "127.0.0.1:15014")
+_ADDRESS_FLAGS = ("--grpc-addr", "--grpc-tls-addr", "--http-addr")
+
+
+def _trusts_metadata(args: argparse.Namespace) -> bool:
+    """Whether streams are who their node metadata says (--xds-auth none, or its default
+    with --config): then the CA hands any caller any identity's certificate."""
+    if args.xds_auth:
+        return XdsAuth(args.xds_auth) is XdsAuth.NONE
+    return args.config is not None
+
+
+def _addresses(args: argparse.Namespace) -> tuple[str, str, str]:
+    """--grpc-addr, --grpc-tls-addr and --http-addr, defaults filled in and checked.
+
+    With --xds-auth none pilot binds loopback by default and refuses an address off
+    loopback (SettingsError, naming the flag), unless --insecure-bind-any says the
+    operator means it: then all interfaces are the default, and pilot warns.
+    """
+    trusting = _trusts_metadata(args)
+    defaults = LOOPBACK_ADDRESSES if trusting and not args.insecure_bind_any else ANY_ADDRESSES
+    given = (args.grpc_addr, args.grpc_tls_addr, args.http_addr)
+    chosen = tuple(d if g is None else g for g, d in zip(given, defaults, strict=True))
+    exposed = [
+        f"{flag} {address}"
+        for flag, address in zip(_ADDRESS_FLAGS, chosen, strict=True)
+        if address and not is_loopback_host(split_host_port(address)[0])
+    ]
+    if trusting and exposed and not args.insecure_bind_any:
+        raise SettingsError(
+            f"{exposed[0]}: with --xds-auth none any caller gets any identity's certificate,"
+            " so pilot binds loopback only; add --insecure-bind-any to bind off loopback"
+        )
+    if trusting and exposed:
+        log.warning(
+            "--insecure-bind-any: %s off loopback with --xds-auth none: anyone who reaches"
+            " them gets any identity's certificate from pilot's CA",
+            ", ".join(exposed),
+        )
+    grpc_addr, grpc_tls_addr, http_addr = chosen
+    return grpc_addr, grpc_tls_addr, http_addr
 
 
 async def _run_agent(settings: AgentSettings) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -105,6 +106,20 @@ def split_host_port(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or int(port) > 65535:
         raise SettingsError(f"{address!r} is not HOST:PORT")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a listener's or a caller's host names loopback: `localhost` (and names
+    under `.localhost`, which resolve there), 127.0.0.0/8 or ::1 (brackets allowed)."""
+    name = host.strip("[]").rstrip(".").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(name.partition("%")[0])  # ::1%lo: a zone is allowed
+    except ValueError:
+        return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return (mapped or address).is_loopback
 
 
 def csds_trusted_accounts_from_env(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
