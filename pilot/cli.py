@@ -64,6 +64,8 @@ environment:
   PILOT_PUSH_THROTTLE        responses built and written at once (default 100)
   PILOT_XDS_SEND_TIMEOUT     close a stream whose Envoy stops reading (default 10s, 0: never)
   PILOT_MAX_LOCALITIES       proxy localities served endpoints in priorities (default 100)
+  PILOT_MAX_UNVERIFIED_LOCALITIES  the same for streams that proved no identity, a
+                             budget of their own (default 10)
   PILOT_EVENT_LOOP           asyncio or uvloop (pip install 'pilot[uvloop]') (default asyncio)
   CA_ADDR                    the CA that signs workload certificates (default: pilot's own)
   CA_ROOT_CERT               with CA_ADDR: the root its chains must lead to (required)

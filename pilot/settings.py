@@ -85,19 +85,30 @@ def debounce_from_env(env: Mapping[str, str] | None = None) -> DebounceSettings:
 
 
 def push_from_env(env: Mapping[str, str] | None = None) -> PushSettings:
-    """PILOT_PUSH_THROTTLE, PILOT_XDS_SEND_TIMEOUT and PILOT_MAX_LOCALITIES."""
+    """PILOT_PUSH_THROTTLE, PILOT_XDS_SEND_TIMEOUT, PILOT_MAX_LOCALITIES and
+    PILOT_MAX_UNVERIFIED_LOCALITIES."""
     env = os.environ if env is None else env
     defaults = PushSettings()
     raw = env.get("PILOT_PUSH_THROTTLE", str(defaults.throttle))
     if not raw.isdigit() or int(raw) < 1:
         raise SettingsError(f"PILOT_PUSH_THROTTLE: expected a positive integer, got {raw!r}")
     timeout = _env_duration(env, "PILOT_XDS_SEND_TIMEOUT", defaults.send_timeout)
-    localities = env.get("PILOT_MAX_LOCALITIES", str(defaults.max_localities))
-    if not localities.isdigit():
-        raise SettingsError(
-            f"PILOT_MAX_LOCALITIES: expected a non-negative integer, got {localities!r}"
-        )
-    return PushSettings(throttle=int(raw), send_timeout=timeout, max_localities=int(localities))
+    return PushSettings(
+        throttle=int(raw),
+        send_timeout=timeout,
+        max_localities=_env_count(env, "PILOT_MAX_LOCALITIES", defaults.max_localities),
+        max_unverified_localities=_env_count(
+            env, "PILOT_MAX_UNVERIFIED_LOCALITIES", defaults.max_unverified_localities
+        ),
+    )
+
+
+def _env_count(env: Mapping[str, str], name: str, default: int) -> int:
+    """A non-negative integer setting (0: none at all)."""
+    raw = env.get(name, str(default))
+    if not raw.isdigit():
+        raise SettingsError(f"{name}: expected a non-negative integer, got {raw!r}")
+    return int(raw)
 
 
 def split_host_port(address: str) -> tuple[str, int]:

@@ -20,7 +20,6 @@ loopback or on its own non-loopback address (tests/support/addresses.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 import socket
 import sys
@@ -184,7 +183,9 @@ async def test_the_quick_start_listens_on_loopback_only(tmp_path: Path) -> None:
         await pilot.stop()
 
 
-async def _exit(command: list[str], folder: Path) -> tuple[int, str]:
+async def _exit(command: list[str], folder: Path) -> tuple[int | None, str]:
+    """Run pilot; its exit status and stderr, or None if it still runs after 20 s
+    (then it is stopped)."""
     process = await asyncio.create_subprocess_exec(
         *command,
         cwd=folder,
@@ -194,12 +195,13 @@ async def _exit(command: list[str], folder: Path) -> tuple[int, str]:
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(20):
             _, err = await process.communicate()
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-    return process.returncode or 0, err.decode()
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        return None, ""
+    return process.returncode, err.decode()
 
 
 @pytest.mark.parametrize(
@@ -218,6 +220,7 @@ async def test_xds_auth_none_refuses_addresses_off_loopback(
     command = [sys.executable, "-m", "pilot", "discovery", "--config", str(MESH), *flags]
     command += ["--ca-state-dir", str(tmp_path / "ca")]
     code, err = await _exit(command, tmp_path)
+    assert code is not None, f"pilot started on {' '.join(flags)} instead of refusing it"
     lines = err.strip().splitlines()
     assert code == 2, err
     assert len(lines) == 1, err
