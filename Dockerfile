@@ -3,7 +3,11 @@
 # pilot discovery in a container.
 #
 #   docker build -t pilot .
-#   docker run --rm -p 15010:15010 -p 15014:15014 pilot --config /etc/pilot/mesh.yaml
+#   docker run --rm -p 15010:15010 -p 15014:15014 pilot --config /etc/pilot/mesh.yaml \
+#       --insecure-bind-any
+#
+# (With --config streams are trusted by their node metadata, so pilot listens on loopback
+# only unless --insecure-bind-any says otherwise; in a container, loopback is unreachable.)
 #
 # Stage 1 builds the wheel of pilot and of everything it depends on, resolved once.
 # Stage 2 installs them from a build-time mount: no compiler, no pip cache and no wheel

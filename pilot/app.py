@@ -206,6 +206,7 @@ class Discovery:
                 self.settings.file_poll_interval,
                 self.settings.cluster_id,
                 supervisor=self.supervisor,
+                rejected=self.metrics.registry_file_rejected_for,
             )
         assert self.api_client is not None
         return KubernetesRegistry(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 from envoy.service.status.v3 import csds_pb2
@@ -43,6 +44,7 @@ from pilot.settings import (
     csds_trusted_accounts_from_env,
     debounce_from_env,
     informer_from_env,
+    is_loopback_host,
     push_from_env,
     remote_from_env,
     remote_kubeconfigs,
@@ -64,6 +66,8 @@ environment:
   PILOT_PUSH_THROTTLE        responses built and written at once (default 100)
   PILOT_XDS_SEND_TIMEOUT     close a stream whose Envoy stops reading (default 10s, 0: never)
   PILOT_MAX_LOCALITIES       proxy localities served endpoints in priorities (default 100)
+  PILOT_MAX_UNVERIFIED_LOCALITIES  the same for streams that proved no identity, a
+                             budget of their own (default 10)
   PILOT_EVENT_LOOP           asyncio or uvloop (pip install 'pilot[uvloop]') (default asyncio)
   CA_ADDR                    the CA that signs workload certificates (default: pilot's own)
   CA_ROOT_CERT               with CA_ADDR: the root its chains must lead to (required)
@@ -110,18 +114,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     discovery.add_argument(
         "--grpc-addr",
-        default="0.0.0.0:15010",
-        help="xDS, gRPC health and reflection (default %(default)s)",
+        help="xDS, gRPC health and reflection (default 0.0.0.0:15010; with --xds-auth none,"
+        " 127.0.0.1:15010)",
     )
     discovery.add_argument(
         "--http-addr",
-        default="0.0.0.0:15014",
-        help="/ready and later /metrics (default %(default)s)",
+        help="/ready, /metrics and /debug (default 0.0.0.0:15014; with --xds-auth none,"
+        " 127.0.0.1:15014)",
     )
     discovery.add_argument(
         "--grpc-tls-addr",
-        default="0.0.0.0:15012",
-        help="xDS over TLS, certificate from pilot's CA ('' to disable; default %(default)s)",
+        help="xDS over TLS, certificate from pilot's CA ('' to disable; default 0.0.0.0:15012;"
+        " with --xds-auth none, 127.0.0.1:15012)",
+    )
+    discovery.add_argument(
+        "--insecure-bind-any",
+        action="store_true",
+        help="with --xds-auth none: bind all interfaces by default, and allow addresses off"
+        " loopback (anyone who reaches them gets any identity's certificate from the CA)",
     )
     discovery.add_argument(
         "--plaintext-secrets",
@@ -359,13 +369,12 @@ def _remote_kubeconfig(text: str) -> tuple[str, Path]:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    for address in (args.grpc_addr, args.http_addr):
-        split_host_port(address)
+    grpc_addr, grpc_tls_addr, http_addr = _addresses(args)
     return Settings(
-        grpc_addr=args.grpc_addr,
-        http_addr=args.http_addr,
+        grpc_addr=grpc_addr,
+        http_addr=http_addr,
         debug_addr=args.debug_addr,
-        grpc_tls_addr=args.grpc_tls_addr,
+        grpc_tls_addr=grpc_tls_addr,
         plaintext_secrets=args.plaintext_secrets,
         csds_trusted_accounts=csds_trusted_accounts_from_env(),
         limits=limits_from_env(),
@@ -390,8 +399,52 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
 
 
+ANY_ADDRESSES = ("0.0.0.0:15010", "0.0.0.0:15012", "0.0.0.0:15014")
+LOOPBACK_ADDRESSES = ("127.0.0.1:15010", "127.0.0.1:15012", "127.0.0.1:15014")
+_ADDRESS_FLAGS = ("--grpc-addr", "--grpc-tls-addr", "--http-addr")
+
+
+def _trusts_metadata(args: argparse.Namespace) -> bool:
+    """Whether streams are who their node metadata says (--xds-auth none, or its default
+    with --config): then the CA hands any caller any identity's certificate."""
+    if args.xds_auth:
+        return XdsAuth(args.xds_auth) is XdsAuth.NONE
+    return args.config is not None
+
+
+def _addresses(args: argparse.Namespace) -> tuple[str, str, str]:
+    """--grpc-addr, --grpc-tls-addr and --http-addr, defaults filled in and checked.
+
+    With --xds-auth none pilot binds loopback by default and refuses an address off
+    loopback (SettingsError, naming the flag), unless --insecure-bind-any says the
+    operator means it: then all interfaces are the default, and pilot warns.
+    """
+    trusting = _trusts_metadata(args)
+    defaults = LOOPBACK_ADDRESSES if trusting and not args.insecure_bind_any else ANY_ADDRESSES
+    given = (args.grpc_addr, args.grpc_tls_addr, args.http_addr)
+    chosen = tuple(d if g is None else g for g, d in zip(given, defaults, strict=True))
+    exposed = [
+        f"{flag} {address}"
+        for flag, address in zip(_ADDRESS_FLAGS, chosen, strict=True)
+        if address and not is_loopback_host(split_host_port(address)[0])
+    ]
+    if trusting and exposed and not args.insecure_bind_any:
+        raise SettingsError(
+            f"{exposed[0]}: with --xds-auth none any caller gets any identity's certificate,"
+            " so pilot binds loopback only; add --insecure-bind-any to bind off loopback"
+        )
+    if trusting and exposed:
+        log.warning(
+            "--insecure-bind-any: %s off loopback with --xds-auth none: anyone who reaches"
+            " them gets any identity's certificate from pilot's CA",
+            ", ".join(exposed),
+        )
+    grpc_addr, grpc_tls_addr, http_addr = chosen
+    return grpc_addr, grpc_tls_addr, http_addr
+
+
 async def _run_agent(settings: AgentSettings) -> None:
-    await _run_until_signalled(Agent(settings))
+    await _run_until_signalled(Agent(settings), lambda: "while starting")
 
 
 class _Server(Protocol):
@@ -400,14 +453,33 @@ class _Server(Protocol):
     async def stop(self) -> None: ...
 
 
-async def _run_until_signalled(server: _Server) -> None:
-    stop = asyncio.Event()
+async def _run_until_signalled(server: _Server, starting: Callable[[], str]) -> None:
+    """Start `server`, run it until SIGINT or SIGTERM, then stop it.
+
+    A signal stops it at any moment, while it starts too: `start` waits for the
+    registry's first full state, which a missing or broken file never gives, and
+    Ctrl-C must still work then. `starting()` says what a start cut short was at.
+    """
     loop = asyncio.get_running_loop()
+    received: asyncio.Future[signal.Signals] = loop.create_future()
+
+    def on_signal(signum: signal.Signals) -> None:
+        if not received.done():
+            received.set_result(signum)
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    await server.start()
-    await stop.wait()
-    log.info("shutting down")
+        loop.add_signal_handler(signum, on_signal, signum)
+    started = asyncio.create_task(server.start(), name="start")
+    either: set[asyncio.Future[Any]] = {started, received}
+    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    if started.done():
+        started.result()  # a start that failed raises here (a one-line error in main)
+        log.info("stopping on %s", (await received).name)
+    else:
+        log.info("stopping on %s %s", received.result().name, starting())
+        started.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await started
     await server.stop()
 
 
@@ -416,7 +488,15 @@ async def _run_discovery(settings: Settings) -> None:
     # `pilot agent` and `pilot proxy-status` never need.
     from pilot.app import Discovery  # noqa: PLC0415
 
-    await _run_until_signalled(Discovery(settings))
+    discovery = Discovery(settings)
+
+    def starting() -> str:
+        source = discovery.source
+        if source is None or not source.synced:
+            return "before the registry's first load"
+        return "while starting"
+
+    await _run_until_signalled(discovery, starting)
 
 
 def _client_status(

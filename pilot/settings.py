@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -87,19 +88,30 @@ def debounce_from_env(env: Mapping[str, str] | None = None) -> DebounceSettings:
 
 
 def push_from_env(env: Mapping[str, str] | None = None) -> PushSettings:
-    """PILOT_PUSH_THROTTLE, PILOT_XDS_SEND_TIMEOUT and PILOT_MAX_LOCALITIES."""
+    """PILOT_PUSH_THROTTLE, PILOT_XDS_SEND_TIMEOUT, PILOT_MAX_LOCALITIES and
+    PILOT_MAX_UNVERIFIED_LOCALITIES."""
     env = os.environ if env is None else env
     defaults = PushSettings()
     raw = env.get("PILOT_PUSH_THROTTLE", str(defaults.throttle))
     if not raw.isdigit() or int(raw) < 1:
         raise SettingsError(f"PILOT_PUSH_THROTTLE: expected a positive integer, got {raw!r}")
     timeout = _env_duration(env, "PILOT_XDS_SEND_TIMEOUT", defaults.send_timeout)
-    localities = env.get("PILOT_MAX_LOCALITIES", str(defaults.max_localities))
-    if not localities.isdigit():
-        raise SettingsError(
-            f"PILOT_MAX_LOCALITIES: expected a non-negative integer, got {localities!r}"
-        )
-    return PushSettings(throttle=int(raw), send_timeout=timeout, max_localities=int(localities))
+    return PushSettings(
+        throttle=int(raw),
+        send_timeout=timeout,
+        max_localities=_env_count(env, "PILOT_MAX_LOCALITIES", defaults.max_localities),
+        max_unverified_localities=_env_count(
+            env, "PILOT_MAX_UNVERIFIED_LOCALITIES", defaults.max_unverified_localities
+        ),
+    )
+
+
+def _env_count(env: Mapping[str, str], name: str, default: int) -> int:
+    """A non-negative integer setting (0: none at all)."""
+    raw = env.get(name, str(default))
+    if not raw.isdigit():
+        raise SettingsError(f"{name}: expected a non-negative integer, got {raw!r}")
+    return int(raw)
 
 
 def informer_from_env(env: Mapping[str, str] | None = None) -> InformerSettings:
@@ -120,6 +132,20 @@ def split_host_port(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or int(port) > 65535:
         raise SettingsError(f"{address!r} is not HOST:PORT")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a listener's or a caller's host names loopback: `localhost` (and names
+    under `.localhost`, which resolve there), 127.0.0.0/8 or ::1 (brackets allowed)."""
+    name = host.strip("[]").rstrip(".").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(name.partition("%")[0])  # ::1%lo: a zone is allowed
+    except ValueError:
+        return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return (mapped or address).is_loopback
 
 
 def csds_trusted_accounts_from_env(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
@@ -152,7 +178,7 @@ def remote_kubeconfigs(
     return tuple(given or ())
 
 
-def _env_count(env: Mapping[str, str], name: str, default: int) -> int:
+def _env_positive(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)
     if raw is None:
         return default
@@ -178,11 +204,11 @@ def remote_from_env(env: Mapping[str, str] | None = None) -> RemoteSettings:
         raise SettingsError("PILOT_REMOTE_CLUSTER_START_TIMEOUT: must be positive")
     return RemoteSettings(
         insecure_options=options,
-        max_clusters=_env_count(env, "PILOT_MAX_REMOTE_CLUSTERS", defaults.max_clusters),
-        max_kubeconfig_bytes=_env_count(
+        max_clusters=_env_positive(env, "PILOT_MAX_REMOTE_CLUSTERS", defaults.max_clusters),
+        max_kubeconfig_bytes=_env_positive(
             env, "PILOT_MAX_REMOTE_KUBECONFIG_BYTES", defaults.max_kubeconfig_bytes
         ),
-        max_secret_bytes=_env_count(
+        max_secret_bytes=_env_positive(
             env, "PILOT_MAX_REMOTE_SECRET_BYTES", defaults.max_secret_bytes
         ),
         start_timeout=timeout,

@@ -3,8 +3,18 @@
 Debug endpoints answer only callers on loopback, unless `--debug-addr` gives
 them a listener of their own (which then answers whoever can reach it, and
 serves `/ready` and `/metrics` too, as Envoy's admin port does, so that every
-link of the page works there). `/debug/` is the HTML page (`page.py`); `/`
-leads to it, as an Envoy admin port or Istio's ControlZ opens on their page.
+link of the page works there; pilot warns at start when that listener is off
+loopback). `/debug/` is the HTML page (`page.py`); `/` leads to it, as an
+Envoy admin port or Istio's ControlZ opens on their page.
+
+DNS rebinding: a page on `evil.example` that its DNS points at 127.0.0.1 is, to
+a browser, same-origin with it, and the browser on the operator's machine is a
+loopback caller. So every debug endpoint (and everything on the `--debug-addr`
+listener) also checks the `Host:` header: it must name loopback (`localhost`,
+127.0.0.0/8, `[::1]`, any port) or the address the caller connected to (a pod
+IP, say); anything else is 403. A request with no `Host:` is answered: no
+browser sends one. `/ready` and `/metrics` on `--http-addr` answer any Host
+(kubelet probes and Prometheus name the pod, or a Service); they show no proxy.
 """
 
 from __future__ import annotations
@@ -12,18 +22,20 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from pilot.debug import page, tasks, views
 from pilot.debug.metrics import CONTENT_TYPE, Metrics
 from pilot.debug.proxy_status import LiveProxies
+from pilot.logs import clipped
 from pilot.push.history import PushHistory
 from pilot.registry.index import EndpointIndex
-from pilot.settings import split_host_port
+from pilot.settings import is_loopback_host, split_host_port
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -46,14 +58,97 @@ def _is_loopback(remote: str | None) -> bool:
         return False
 
 
-@web.middleware
-async def _loopback_only(request: web.Request, handler: Handler) -> web.StreamResponse:
-    debug = request.path == "/debug" or request.path.startswith("/debug/")
-    if debug and not _is_loopback(request.remote):
+def _is_debug(request: web.Request) -> bool:
+    return request.path == "/debug" or request.path.startswith("/debug/")
+
+
+def host_of(header: str) -> str:
+    """The host part of a `Host:` value: `[::1]:8080` -> `::1`, `a.b:80` -> `a.b`."""
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    if header.count(":") == 1:
+        return header.partition(":")[0]
+    return header  # a name, an IPv4 address, or a bare IPv6 address
+
+
+def _same_address(host: str, local: str) -> bool:
+    try:
+        named, bound = (ipaddress.ip_address(a.partition("%")[0]) for a in (host, local))
+    except ValueError:
+        return False
+    unmapped = [
+        a.ipv4_mapped or a if isinstance(a, ipaddress.IPv6Address) else a for a in (named, bound)
+    ]
+    return unmapped[0] == unmapped[1]
+
+
+def names_this_listener(host_header: str | None, local_address: str | None) -> bool:
+    """Whether a `Host:` value may be answered: none at all, loopback, or the local
+    address of the connection (what the caller connected to)."""
+    if host_header is None:
+        return True
+    host = host_of(host_header.strip())
+    if is_loopback_host(host):
+        return True
+    return local_address is not None and _same_address(host, local_address)
+
+
+def _local_address(request: web.Request) -> str | None:
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    return str(sockname[0]) if sockname else None
+
+
+class _RefusedHosts:
+    """Logs requests refused for their Host, one line per LOG_EVERY seconds at most."""
+
+    LOG_EVERY = 10.0
+
+    def __init__(self) -> None:
+        self._logged_at: float | None = None
+        self._quiet = 0
+
+    def refused(self, request: web.Request) -> web.Response:
+        now = time.monotonic()
+        if self._logged_at is not None and now - self._logged_at < self.LOG_EVERY:
+            self._quiet += 1
+        else:
+            more = f" ({self._quiet} more since the last such line)" if self._quiet else ""
+            log.warning(
+                "refused %s from %s: Host %s names neither loopback nor this listener"
+                " (DNS rebinding?)%s",
+                clipped(request.path),
+                request.remote,
+                clipped(request.headers.get(hdrs.HOST, "")),
+                more,
+            )
+            self._logged_at, self._quiet = now, 0
         return web.json_response(
-            {"error": "debug endpoints answer on loopback only (see --debug-addr)"}, status=403
+            {"error": "the Host header must name loopback or this listener's address"},
+            status=403,
         )
-    return await handler(request)
+
+
+def _guard(
+    *, everything: bool, loopback_callers: bool
+) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """The middleware: which requests check `Host:` (debug ones, or `everything`), and
+    whether debug callers must be on loopback too (the --http-addr listener)."""
+    hosts = _RefusedHosts()
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not (everything or _is_debug(request)):
+            return await handler(request)
+        if loopback_callers and not _is_loopback(request.remote):
+            return web.json_response(
+                {"error": "debug endpoints answer on loopback only (see --debug-addr)"},
+                status=403,
+            )
+        if not names_this_listener(request.headers.get(hdrs.HOST), _local_address(request)):
+            return hosts.refused(request)
+        return await handler(request)
+
+    return guard
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
@@ -138,14 +233,18 @@ class HttpServer:
         self._is_ready = is_ready
         self._ready_detail = ready_detail  # a line per cluster, under /ready's first line
         self._metrics = metrics
-        main = web.Application(middlewares=[] if debug_address else [_loopback_only])
+        main = web.Application(
+            middlewares=[] if debug_address else [_guard(everything=False, loopback_callers=True)]
+        )
         main.add_routes(self._probe_routes())
         self._runners = [web.AppRunner(main, access_log=None)]
         self._addresses = [(self.host, self.port)]
         if debug_address is None:
             main.add_routes(debug_routes(debug))
         else:
-            separate = web.Application()
+            separate = web.Application(
+                middlewares=[_guard(everything=True, loopback_callers=False)]
+            )
             separate.add_routes([*debug_routes(debug), *self._probe_routes()])
             self._runners.append(web.AppRunner(separate, access_log=None))
             self._addresses.append(split_host_port(debug_address))
@@ -175,7 +274,15 @@ class HttpServer:
         self.debug_port = ports[-1]
         if len(self._runners) > 1:
             # The bound port, for an operator (or a test) who asked for port 0.
-            log.info("debug endpoints on %s:%d", self._addresses[-1][0], self.debug_port)
+            host = self._addresses[-1][0]
+            log.info("debug endpoints on %s:%d", host, self.debug_port)
+            if not is_loopback_host(host):
+                log.warning(
+                    "--debug-addr %s:%d is not a loopback address: anyone who reaches it"
+                    " reads every proxy's configuration (/debug/config_dump)",
+                    host,
+                    self.debug_port,
+                )
 
     async def stop(self) -> None:
         for runner in self._runners:

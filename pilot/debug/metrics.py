@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -275,6 +275,20 @@ class Metrics:
             buckets=_SECONDS,
             registry=self.registry,
         )
+        self.localities_refused = Counter(
+            "pilot_locality_refused",
+            "Streams served no locality variant of their own, by budget: proven"
+            " (PILOT_MAX_LOCALITIES) or unverified (PILOT_MAX_UNVERIFIED_LOCALITIES).",
+            ["budget"],
+            registry=self.registry,
+        )
+        self.registry_file_rejected = Counter(
+            "pilot_registry_file_rejected",
+            "Versions of the registry file (--config) not applied, by reason: unreadable,"
+            " empty (a truncated write) or invalid.",
+            ["reason"],
+            registry=self.registry,
+        )
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -299,3 +313,10 @@ class Metrics:
 
     def converged(self, seconds: float) -> None:
         self.convergence.observe(seconds)
+
+    def locality_refused(self, proven: bool) -> None:
+        self.localities_refused.labels("proven" if proven else "unverified").inc()
+
+    def registry_file_rejected_for(self, reason: str) -> None:
+        """A version of the registry file was not applied (the file source says why)."""
+        self.registry_file_rejected.labels(reason).inc()

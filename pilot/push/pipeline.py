@@ -17,7 +17,10 @@ the last to let go `unwatch` it. Streams read one consistent state through
 `view`: clusters in the flavor of the RPC they came in on, assignments in the
 variant of their proxy's locality. The first stream of a locality makes the
 generators that build per locality (`LocalityGenerator`) build its variant,
-the last to leave makes them drop it. Nothing here touches gRPC.
+the last to leave makes them drop it. Variants are rationed by what streams
+proved (`LocalityBudget`, push/localities.py): a locality is whatever a proxy
+declares, so streams that proved no identity share a small budget of their
+own and never take a proven proxy's. Nothing here touches gRPC.
 
 A new resource type plugs in as a generator (its `type_urls` and `build`)
 handed to the pipeline by the composition root.
@@ -28,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -38,6 +40,7 @@ from pilot.protocol.node import streams_to_wake
 from pilot.protocol.stream import StreamCore
 from pilot.push.debounce import Debouncer
 from pilot.push.history import PushHistory, PushRecord
+from pilot.push.localities import Joined, LocalityBudget
 from pilot.push.request import Changes, PushRequest
 from pilot.push.settings import DebounceSettings, PushSettings
 from pilot.push.subscribers import SubscriberIndex
@@ -54,6 +57,8 @@ MAX_REFUSALS_LOGGED = 16  # distinct localities refused a variant that are logge
 class Subscriber(Protocol):
     """A stream, as the pipeline drives it (the gRPC shell's connection)."""
 
+    # Who it speaks for; `proxy.identity` is what it proved (None: nothing), which
+    # decides the locality budget it draws on.
     @property
     def proxy(self) -> ProxyKey: ...
 
@@ -64,7 +69,8 @@ class Subscriber(Protocol):
     def stream(self) -> StreamCore: ...
 
     # The locality its proxy declared (empty: none); the pipeline sets it back to none
-    # when it serves that proxy no variant of its own (PILOT_MAX_LOCALITIES).
+    # when it serves that proxy no variant of its own (PILOT_MAX_LOCALITIES, or
+    # PILOT_MAX_UNVERIFIED_LOCALITIES for a stream that proved no identity).
     locality: Locality
 
     def notify(self, type_url: str, names: Iterable[str], started: float) -> bool:
@@ -116,9 +122,16 @@ class PipelineMetrics(Protocol):
 
     def debounced(self, seconds: float) -> None: ...
 
+    def locality_refused(self, proven: bool) -> None:
+        """A stream's locality got no variant: its budget (proven or not) was full."""
+        ...
+
 
 class _NoMetrics:
     def debounced(self, seconds: float) -> None:
+        pass
+
+    def locality_refused(self, proven: bool) -> None:
         pass
 
 
@@ -163,8 +176,12 @@ class Pipeline:
             for type_url in generator.type_urls & types.OWNED_TYPES
         }
         self._localized = [g for g in generators if isinstance(g, LocalityGenerator)]
-        self._localities: Counter[Locality] = Counter()  # streams joined, per locality
-        self._joined: dict[Subscriber, Locality] = {}
+        self._localities = LocalityBudget(
+            self.settings.max_localities, self.settings.max_unverified_localities
+        )
+        # Each joined stream's locality with a variant (NOWHERE: none) and whether it proved
+        # an identity, as it joined: what leaving gives back.
+        self._joined: dict[Subscriber, tuple[Locality, bool]] = {}
         self._refused: set[Locality] = set()  # localities refused a variant, as logged
         self._debouncer = Debouncer(debounce or DebounceSettings())
         self._subscribers: SubscriberIndex[Subscriber] = SubscriberIndex()
@@ -246,38 +263,41 @@ class Pipeline:
         """A stream identified its proxy (on its first request)."""
         self._subscribers.join(subscriber)
         locality = subscriber.locality
-        if locality and self._new_locality_refused(locality, subscriber):
-            locality = subscriber.locality = NOWHERE
-        self._joined[subscriber] = locality
+        proven = subscriber.proxy.identity is not None
         if locality:
-            self._localities[locality] += 1
-            if self._localities[locality] == 1:
+            joined = self._localities.join(locality, proven)
+            if joined is Joined.REFUSED:
+                self._refuse_locality(locality, subscriber, proven)
+                locality = subscriber.locality = NOWHERE
+            elif joined is Joined.NEW:
                 for generator in self._localized:
                     generator.add_locality(locality)
+        self._joined[subscriber] = (locality, proven)
 
-    def _new_locality_refused(self, locality: Locality, subscriber: Subscriber) -> bool:
-        """Whether `locality` would be one variant too many: a locality is whatever a proxy
-        declares, and each costs a copy of every assignment, rebuilt on every change."""
-        if locality in self._localities or len(self._localities) < self.settings.max_localities:
-            return False
-        if len(self._refused) < MAX_REFUSALS_LOGGED and locality not in self._refused:
-            self._refused.add(locality)
-            log.warning(
-                "proxy %s declares locality %r: pilot already builds assignments for %d"
-                " localities (PILOT_MAX_LOCALITIES); it gets them without priorities",
-                subscriber.proxy,
-                str(locality)[:200],
-                len(self._localities),
-            )
-        return True
+    def _refuse_locality(self, locality: Locality, subscriber: Subscriber, proven: bool) -> None:
+        """Count and log a stream served no variant: a locality is whatever a proxy declares,
+        and each costs a copy of every assignment, rebuilt on every change."""
+        self._metrics.locality_refused(proven)
+        if len(self._refused) >= MAX_REFUSALS_LOGGED or locality in self._refused:
+            return
+        self._refused.add(locality)
+        budget = (
+            "PILOT_MAX_LOCALITIES"
+            if proven
+            else "PILOT_MAX_UNVERIFIED_LOCALITIES, for streams that proved no identity"
+        )
+        log.warning(
+            "proxy %s declares locality %r: pilot already builds assignments for %d"
+            " localities (%s); it gets them without priorities",
+            subscriber.proxy,
+            str(locality)[:200],
+            self._localities.charged(proven),
+            budget,
+        )
 
     def _forget_locality(self, subscriber: Subscriber) -> None:
-        locality = self._joined.pop(subscriber, None)
-        if not locality:
-            return
-        self._localities[locality] -= 1
-        if self._localities[locality] == 0:
-            del self._localities[locality]
+        locality, proven = self._joined.pop(subscriber, (NOWHERE, False))
+        if locality and self._localities.leave(locality, proven):
             for generator in self._localized:
                 generator.drop_locality(locality)
 

@@ -16,9 +16,12 @@ class DebounceSettings:
 
 @dataclass(frozen=True, slots=True)
 class PushSettings:
-    """PILOT_PUSH_THROTTLE (writes in flight at once), PILOT_XDS_SEND_TIMEOUT (0: none) and
-    PILOT_MAX_LOCALITIES (proxy localities with assignments in priorities of their own)."""
+    """PILOT_PUSH_THROTTLE (writes in flight at once), PILOT_XDS_SEND_TIMEOUT (0: none),
+    PILOT_MAX_LOCALITIES (proxy localities with assignments in priorities of their own,
+    for streams that proved an identity) and PILOT_MAX_UNVERIFIED_LOCALITIES (the same,
+    a separate budget for streams that proved none)."""
 
     throttle: int = 100
     send_timeout: float = 10.0
     max_localities: int = 100
+    max_unverified_localities: int = 10

@@ -3,7 +3,11 @@
 What the file may say is `file_format`'s; parsing a large one happens off the
 event loop (`parse_worker`). Each good version of the file replaces the
 registry's state (only the difference is pushed); a broken version is reported
-with the file and what is wrong, and the last good state keeps being served.
+with the file and what is wrong, counted (`rejected`, by reason: `unreadable`,
+`empty`, `invalid`), and the last good state keeps being served. An empty file
+(zero bytes, whitespace, no document) is a broken version too: it is what a
+truncating save leaves mid-write, and applying it would withdraw every cluster
+from every Envoy. An empty registry is written as an empty `kind: List`.
 """
 
 from __future__ import annotations
@@ -13,17 +17,26 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pilot.registry.model import DEFAULT_CLUSTER_ID
 from pilot.registry.updater import RegistryUpdater
-from pilot.sources.file_format import RegistryFileError, RegistryState, parse_registry
+from pilot.sources.file_format import (
+    EmptyRegistryFile,
+    RegistryFileError,
+    RegistryState,
+    is_blank,
+    parse_registry,
+)
 from pilot.sources.parse_worker import parse_off_loop
 from pilot.supervisor import SupervisedTask, Supervisor
 
 __all__ = ["FileRegistry", "RegistryFileError", "RegistryState", "parse_registry"]
 
 log = logging.getLogger("pilot.sources.file")
+
+UNREADABLE, EMPTY, INVALID = "unreadable", "empty", "invalid"  # why a version was rejected
 
 
 class FileRegistry:
@@ -35,7 +48,9 @@ class FileRegistry:
         updater: RegistryUpdater,
         poll_interval: float = 0.5,
         cluster: str = DEFAULT_CLUSTER_ID,
+        *,
         supervisor: Supervisor | None = None,
+        rejected: Callable[[str], None] | None = None,
     ) -> None:
         self.path = path
         self.cluster = cluster  # the local cluster: documents naming none belong to it
@@ -47,7 +62,7 @@ class FileRegistry:
         self._supervisor = supervisor if supervisor is not None else Supervisor()
         self._task: SupervisedTask | None = None
         self._digest = b""
-        self._empty_seen = False
+        self._count_rejected = rejected or (lambda _reason: None)  # a metric, by reason
         self.last_error: str | None = None
 
     @property
@@ -73,20 +88,20 @@ class FileRegistry:
         try:
             data, digest = await asyncio.to_thread(_read, self.path)
         except OSError as error:
-            self._reject(f"{self.path}: cannot read: {error.strerror or error}")
+            self._reject(f"{self.path}: cannot read: {error.strerror or error}", UNREADABLE)
             return
         if digest == self._digest:
             return  # already applied, or already reported as broken
-        if not data.strip() and not self._empty_seen:
-            # Editors truncate before writing: only an emptiness that lasts is real.
-            self._empty_seen = True
-            return
-        self._empty_seen = False
         self._digest = digest
         try:
+            if is_blank(data):
+                raise EmptyRegistryFile(str(self.path))
             state = await parse_off_loop(data, str(self.path), self.cluster)
+        except EmptyRegistryFile as error:
+            self._reject(str(error), EMPTY)
+            return
         except RegistryFileError as error:
-            self._reject(str(error))
+            self._reject(str(error), INVALID)
             return
         self.last_error = None
         self._apply(state)
@@ -113,9 +128,13 @@ class FileRegistry:
             )
         self._clusters = clusters
 
-    def _reject(self, message: str) -> None:
+    def _reject(self, message: str, reason: str) -> None:
+        """Report a version that is not applied (an empty one as a warning: it is a write
+        not finished yet, most often); the last good state stays."""
+        self._count_rejected(reason)
         if message != self.last_error:
-            log.error("%s; keeping the last good registry", message)
+            level = logging.WARNING if reason == EMPTY else logging.ERROR
+            log.log(level, "%s; keeping the last good registry", message)
         self.last_error = message
 
     def _changed_on_disk(self) -> bool:
@@ -133,7 +152,7 @@ class FileRegistry:
     async def _poll(self) -> None:
         while True:
             await asyncio.sleep(self._poll_interval)
-            if self._changed_on_disk() or self._empty_seen:
+            if self._changed_on_disk():
                 await self.load()
 
 

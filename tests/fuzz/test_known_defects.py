@@ -136,14 +136,14 @@ def test_invalid_csds_regex_is_refused_cleanly(file_fuzzer: Fuzzer) -> None:
 
 def test_backtracking_csds_regex_does_not_stall_pilot(file_fuzzer: Fuzzer) -> None:
     """FetchClientStatus with a backtracking regex against the resident's node id
-    (`fuzz-resident~aaa...a~x`): /ready still answers within 100 ms."""
+    (`fuzz-resident~aaa...a~x`): /ready keeps answering."""
     observation = file_fuzzer.observe(_csds_regex("fuzz-resident~(a|a)*~y"))
     assert not _kinds(observation, SLOW_READY), observation.report()
 
 
 def test_many_names_do_not_stall_pilot(file_fuzzer: Fuzzer) -> None:
     """One delta EDS request subscribing to 200,000 names: refused, or served without
-    keeping /ready waiting more than 100 ms."""
+    leaving /ready unanswered."""
     names = [f"n{i}" for i in range(200_000)]
     request = discovery_pb2.DeltaDiscoveryRequest(type_url=ENDPOINT, resource_names_subscribe=names)
     observation = file_fuzzer.observe(Call(methods.EDS_DELTA, (XdsStep(request),)))
@@ -160,7 +160,7 @@ def test_node_id_does_not_size_log_lines(file_fuzzer: Fuzzer) -> None:
 def test_unknown_secret_names_do_not_stall_pilot(file_fuzzer: Fuzzer) -> None:
     """One delta SDS request subscribing to 10,000 secret names pilot does not serve
     (half the names that stall pilot anyway; EDS takes them in a few milliseconds):
-    /ready still answers within 100 ms."""
+    /ready keeps answering."""
     request = discovery_pb2.DeltaDiscoveryRequest(
         node=base_pb2.Node(id="fuzz-secrets", metadata=struct(RESIDENT_METADATA)),
         type_url=SECRET,

@@ -5,23 +5,19 @@ else, while /ready and /metrics answer everyone. `--debug-addr` moves them to a
 listener of their own, which answers whoever can reach it (pilot/debug/http.py).
 
 A caller off loopback is this machine calling its own non-loopback address, from
-that address: pilot sees a remote address that is not loopback, as it would for
-another host. Its ports are bound to port 0 and read back from pilot's log.
+that address (tests/support/addresses.py). Its ports are bound to port 0 and read
+back from pilot's log.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ipaddress
-import socket
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.harness.envoy_process import EXAMPLES_DIR, wait_until
 from tests.protocol.client import CLUSTER, XdsClient, node
 from tests.security.pilot_process import http_get, start_file_pilot_with_ca
+from tests.support.addresses import outside_address, url
 from tests.support.mesh import cluster_name
 
 MESH = EXAMPLES_DIR / "mesh.yaml"
@@ -37,25 +33,6 @@ DEBUG_PATHS = (
     "/debug",  # the HTML page
     "/debug/",
 )
-# Documentation addresses: a UDP socket "connected" to one sends nothing, but the
-# kernel picks the local address it would send from, if there is a route.
-_ROUTE_PROBES = ((socket.AF_INET, "198.51.100.1"), (socket.AF_INET6, "2001:db8::1"))
-
-
-def _outside_address() -> str:
-    """A non-loopback address of this machine (IPv4 first); skips the test if none."""
-    for family, probe in _ROUTE_PROBES:
-        with contextlib.suppress(OSError), socket.socket(family, socket.SOCK_DGRAM) as sock:
-            sock.connect((probe, 9))
-            address: str = sock.getsockname()[0]
-            if not ipaddress.ip_address(address).is_loopback:
-                return address
-    pytest.skip("no non-loopback address on this machine: no caller can be off loopback")
-
-
-def _url(address: str, port: int, path: str) -> str:
-    host = f"[{address}]" if ":" in address else address
-    return f"http://{host}:{port}{path}"
 
 
 def _services(registryz: Any) -> list[str]:
@@ -91,38 +68,41 @@ async def test_debug_addr_serves_the_debug_endpoints_on_their_own_port(tmp_path:
 
 
 async def test_the_http_port_answers_debug_to_loopback_only(tmp_path: Path) -> None:
-    outside = _outside_address()
+    outside = outside_address()
     v6 = ":" in outside
     wildcard, loopback = ("[::]", "::1") if v6 else ("0.0.0.0", "127.0.0.1")
-    pilot = await start_file_pilot_with_ca(tmp_path, MESH, "--http-addr", f"{wildcard}:0")
+    # --xds-auth none binds off loopback only when told to (anyone there gets certificates).
+    pilot = await start_file_pilot_with_ca(
+        tmp_path, MESH, "--http-addr", f"{wildcard}:0", "--insecure-bind-any"
+    )
     try:
         port = pilot.http_port
         for path in DEBUG_PATHS:
-            status, body = await http_get(_url(outside, port, path), source=outside)
+            status, body = await http_get(url(outside, port, path), source=outside)
             assert status == 403, f"{path} from {outside}: HTTP {status}"
             assert "loopback only" in body["error"]
-        assert await http_get(_url(outside, port, "/ready"), source=outside) == (
+        assert await http_get(url(outside, port, "/ready"), source=outside) == (
             200,
             "ready\ncluster Kubernetes: synced\n",
         )
-        status, metrics = await http_get(_url(outside, port, "/metrics"), source=outside)
+        status, metrics = await http_get(url(outside, port, "/metrics"), source=outside)
         assert status == 200 and "\npilot_services 4.0\n" in metrics
-        status, registryz = await http_get(_url(loopback, port, "/debug/registryz"), loopback)
+        status, registryz = await http_get(url(loopback, port, "/debug/registryz"), loopback)
         assert status == 200 and _services(registryz) == SERVICES
-        status, syncz = await http_get(_url(loopback, port, "/debug/syncz"), loopback)
+        status, syncz = await http_get(url(loopback, port, "/debug/syncz"), loopback)
         assert (status, syncz) == (200, [])
     finally:
         await pilot.stop()
 
 
 async def test_a_debug_addr_off_loopback_answers_whoever_reaches_it(tmp_path: Path) -> None:
-    outside = _outside_address()
+    outside = outside_address()
     listen = f"[{outside}]:0" if ":" in outside else f"{outside}:0"
     pilot = await start_file_pilot_with_ca(tmp_path, MESH, "--debug-addr", listen)
     try:
         assert pilot.debug_port not in (0, pilot.http_port)
-        url = _url(outside, pilot.debug_port, "/debug/registryz")
-        status, registryz = await http_get(url, source=outside)
+        registryz_url = url(outside, pilot.debug_port, "/debug/registryz")
+        status, registryz = await http_get(registryz_url, source=outside)
         assert status == 200, f"the debug listener refused {outside}: HTTP {status}"
         assert _services(registryz) == SERVICES
     finally:

@@ -5,12 +5,13 @@
 (`--config`, `--xds-auth none`). Both use a plugged-in CA written by the test (so that
 the test knows the root), ephemeral loopback ports and JSON logs on stderr.
 `start_command` runs any `pilot discovery` command line as given (say, the README's,
-with its addresses changed to `127.0.0.1:0`). Whatever the command, pilot binds the
-ports it is given, 0 included, and the ports it bound are read back from its "serving"
-log line (text or JSON), and the `--debug-addr` port, when given, from its "debug
-endpoints on" line; every line it logs is kept: `wait_logged` waits for one with a
-deadline. The HTTP port's JSON (`/debug/...`) is read with `get_json`; `http_get` GETs
-any URL, from a chosen local address if need be.
+with its addresses changed to `127.0.0.1:0`); `spawn` runs one without waiting for it
+to serve (a pilot whose registry file is missing never does), and `wait_serving` waits.
+Whatever the command, pilot binds the ports it is given, 0 included, and the ports it
+bound are read back from its "serving" log line (text or JSON), and the `--debug-addr`
+port, when given, from its "debug endpoints on" line; every line it logs is kept:
+`wait_logged` waits for one with a deadline. The HTTP port's JSON (`/debug/...`) is
+read with `get_json`; `http_get` GETs any URL, from a chosen local address if need be.
 `stop` sends SIGTERM and fails if pilot does not exit 0 in time.
 
 Nothing is written outside the test's folder: HOME and the CA state live there too.
@@ -231,7 +232,16 @@ async def launch(
     env: Mapping[str, str] | None = None,
 ) -> PilotProcess:
     """`pilot discovery` with the registry flags `source`, serving once it logs so."""
-    command = [
+    command = discovery_command(folder, source, ca_cert_dir, *extra)
+    return await start_command(
+        folder, command, env=pilot_environment(folder, env), root_pem=root_pem
+    )
+
+
+def discovery_command(folder: Path, source: list[str], ca_cert_dir: Path, *extra: str) -> list[str]:
+    """The `pilot discovery` command line `launch` runs: ephemeral loopback ports, JSON
+    logs, no drain, the CA from `ca_cert_dir` and its state under `folder`."""
+    return [
         sys.executable,
         "-m",
         "pilot",
@@ -253,9 +263,27 @@ async def launch(
         "json",
         *extra,
     ]
-    return await start_command(
-        folder, command, env=pilot_environment(folder, env), root_pem=root_pem
+
+
+async def spawn(
+    cwd: Path,
+    command: list[str],
+    *,
+    env: Mapping[str, str],
+    root_pem: bytes = b"",
+) -> PilotProcess:
+    """Run a `pilot discovery` command line from `cwd`, without waiting for anything: for
+    a pilot that is not meant to serve (yet). Its ports are unknown (0)."""
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        cwd=cwd,
+        env=dict(env),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        limit=_READ_LIMIT,
     )
+    return PilotProcess(process, StderrLog(process, _entry, "pilot-stderr"), root_pem)
 
 
 async def start_command(
@@ -270,29 +298,23 @@ async def start_command(
     `env` is the whole environment (`pilot_environment` makes one). Fails, and stops
     pilot, if it does not say it serves within STARTUP_TIMEOUT.
     """
-    process = await asyncio.create_subprocess_exec(
-        *command,
-        cwd=cwd,
-        env=dict(env),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-        limit=_READ_LIMIT,
-    )
-    pilot = PilotProcess(process, StderrLog(process, _entry, "pilot-stderr"), root_pem)
+    pilot = await spawn(cwd, command, env=env, root_pem=root_pem)
     try:
-        (serving,) = await pilot.wait_logged(
-            lambda e: SERVING.search(e["msg"]) is not None,
-            "that it is serving",
-            within=STARTUP_TIMEOUT,
-        )
+        await wait_serving(pilot)
     except BaseException:
-        await terminate(process, pilot.stderr, STOP_TIMEOUT)
+        await terminate(pilot.process, pilot.stderr, STOP_TIMEOUT)
         raise
+    return pilot
+
+
+async def wait_serving(pilot: PilotProcess, within: float = STARTUP_TIMEOUT) -> None:
+    """Wait for pilot's "serving" line (or fail), and read its ports from its log."""
+    (serving,) = await pilot.wait_logged(
+        lambda e: SERVING.search(e["msg"]) is not None, "that it is serving", within=within
+    )
     match = SERVING.search(serving["msg"])
     assert match is not None
     pilot.grpc_port, pilot.tls_port, pilot.http_port = (int(match[i]) for i in (1, 2, 4))
     # The debug listener starts with the HTTP port, before pilot says it is serving.
     debug = [found for e in pilot.log if (found := DEBUG_SERVING.search(e["msg"]))]
     pilot.debug_port = int(debug[-1][2]) if debug else 0
-    return pilot

@@ -7,6 +7,11 @@ locality, and then an honest third zone, get the endpoints without priorities,
 are logged (a bounded number of lines), and one endpoint change still builds
 three assignments (the shared one and the two localities'), not thirty-four.
 When a locality's last proxy leaves, its slot is free for the next one.
+
+pilot runs with `--xds-auth none`, and every proxy here names its account in its
+node metadata: the identity that mode trusts, so they all draw on the budget of
+proven proxies (PILOT_MAX_LOCALITIES). Streams that prove nothing have a budget of
+their own: tests/security/test_locality_budget.py.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ def _moved(generation: int) -> str:
 
 
 def _node(n: int, region: str, zone: str = "") -> base_pb2.Node:
-    located = node(f"sidecar~10.9.0.{n}~p{n}.default~default.svc.cluster.local")
+    metadata = {"NAMESPACE": "default", "SERVICE_ACCOUNT": f"p{n}"}  # trusted as given
+    located = node(f"sidecar~10.9.0.{n}~p{n}.default~default.svc.cluster.local", metadata)
     located.locality.region, located.locality.zone = region, zone
     return located
 
