@@ -154,7 +154,12 @@ NOT_HERE = {
     "python -m bench.fuzz                                          # 20,000 examples,"
     " 10,000 cycles": _BENCH,
     "docker build -t registry.example/pilot:0.1.0 .": (
-        "no container runtime daemon on these machines; hadolint lints the Dockerfile (.ci/run)"
+        "tagged for an example registry; tests/integration/test_container.py builds the"
+        " same Dockerfile with a plain docker build and runs the image"
+    ),
+    "python tools/lock_requirements.py": (
+        "resolves every dependency anew from the package index (a minute, and its output"
+        " is what the repository commits); the image and .ci/run install its files"
     ),
     "docker push registry.example/pilot:0.1.0": "registry.example is an example registry",
     "cd deploy && kustomize edit set image pilot=registry.example/pilot:0.1.0 && cd ..": (
