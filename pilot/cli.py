@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import sys
@@ -343,6 +344,12 @@ def _security_flags(parser: argparse.ArgumentParser) -> None:
         choices=[m.value for m in XdsAuth],
         help="how xDS callers are identified (default: none with --config, else kubernetes)",
     )
+    group.add_argument(
+        "--token-auth-file",
+        type=Path,
+        help="with --config only: service-account tokens trusted without a TokenReview,"
+        " one CSV line TOKEN,system:serviceaccount:NS:SA each (kube-apiserver's format)",
+    )
 
 
 def _security(args: argparse.Namespace) -> SecuritySettings:
@@ -350,7 +357,24 @@ def _security(args: argparse.Namespace) -> SecuritySettings:
         cert_dir=args.ca_cert_dir, state_dir=args.ca_state_dir, trust_domain=args.trust_domain
     )
     xds_auth = XdsAuth(args.xds_auth) if args.xds_auth else None
-    return security_from_env(ca, KeyType(args.key_type), xds_auth, (args.token_audience,))
+    settings = security_from_env(ca, KeyType(args.key_type), xds_auth, (args.token_audience,))
+    return dataclasses.replace(settings, token_auth_file=_token_auth_file(args))
+
+
+def _token_auth_file(args: argparse.Namespace) -> Path | None:
+    """`--token-auth-file`, where it may be used: Kubernetes mode checks tokens by TokenReview."""
+    path: Path | None = args.token_auth_file
+    if path is not None and args.config is None:
+        raise SettingsError(
+            "--token-auth-file: only with --config (in Kubernetes mode"
+            " the API server checks tokens)"
+        )
+    if path is not None and args.kubeconfig is not None:
+        raise SettingsError(
+            "--token-auth-file and --kubeconfig: tokens are checked one way,"
+            " by the file or by TokenReview; give one"
+        )
+    return path
 
 
 def _cluster_id(text: str) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from kubernetes_asyncio import client
 
 from pilot.limits import Admission
-from pilot.security.authn import Authenticator
+from pilot.security.authn import Authenticator, TokenReviewer
 from pilot.security.ca import CertificateAuthority
 from pilot.security.ca_client import CaClient, LocalCa, RemoteCa
 from pilot.security.ca_service import CaService
@@ -18,6 +18,7 @@ from pilot.security.review_cache import CachedReviewer
 from pilot.security.root_store import LEASE_NAME, SharedRoot
 from pilot.security.secrets import SecretManager
 from pilot.security.settings import SecuritySettings
+from pilot.security.static_tokens import load_token_file
 from pilot.security.token_review import KubernetesTokenReviewer
 from pilot.security.xds_auth import ProxyIdentities, XdsAuth
 
@@ -62,15 +63,7 @@ class Security:
         else:
             ca = await asyncio.to_thread(CertificateAuthority.load, settings.ca)
         admission = admission or Admission.unlimited()
-        reviewer = (
-            CachedReviewer(
-                KubernetesTokenReviewer(api_client),
-                admission.limits.token_cache,
-                admission.hits,
-            )
-            if api_client is not None
-            else None
-        )
+        reviewer = await _token_reviewer(settings, api_client, ca.settings.trust_domain, admission)
         authenticator = Authenticator(
             ca.settings.trust_domain, reviewer, settings.token_audiences, [ca.signing_cert]
         )
@@ -90,3 +83,18 @@ class Security:
         await self.secrets.close()
         if self.remote is not None:
             await self.remote.close()
+
+
+async def _token_reviewer(
+    settings: SecuritySettings,
+    api_client: client.ApiClient | None,
+    trust_domain: str,
+    admission: Admission,
+) -> TokenReviewer | None:
+    """TokenReview when there is a Kubernetes API, else --token-auth-file's tokens, if any."""
+    if api_client is not None:
+        reviewer = KubernetesTokenReviewer(api_client)
+        return CachedReviewer(reviewer, admission.limits.token_cache, admission.hits)
+    if settings.token_auth_file is not None:
+        return await asyncio.to_thread(load_token_file, settings.token_auth_file, trust_domain)
+    return None

@@ -54,6 +54,8 @@ class SecuritySettings:
     remote_ca: RemoteCaSettings | None = None
     namespace: str = "default"  # pilot's own (POD_NAMESPACE): where the shared root lives
     lease_duration: float = 15.0
+    # --token-auth-file (with --config only): tokens trusted without a TokenReview.
+    token_auth_file: Path | None = None
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:

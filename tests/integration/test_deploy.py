@@ -711,7 +711,8 @@ def test_the_image_serves_what_the_manifests_expect() -> None:
     assert final[0][1] == "python:3.11-slim"
     assert instructions["USER"].split(":")[0] == str(PILOT_UID)
     assert {int(p) for p in instructions["EXPOSE"].split()} == set(PILOT_PORTS.values())
-    assert "http://127.0.0.1:15014/ready" in instructions["HEALTHCHECK"]
+    # /ready where the container's own --http-addr points (tests/unit/test_healthcheck.py).
+    assert '"pilot.healthcheck"' in instructions["HEALTHCHECK"]
     state = re.search(r"XDG_STATE_HOME=(\S+)", instructions["ENV"])
     assert state is not None and state[1] == "/var/lib/pilot"
     copies = [rest.split() for name, rest in final if name == "COPY"]
