@@ -151,7 +151,8 @@ async def _ask(stub: ads_pb2_grpc.AggregatedDiscoveryServiceStub, index: int) ->
 async def _start_pilot(workdir: Path) -> tuple[Child, int, int]:
     """pilot on an empty registry file, on ports it picks: it, its gRPC and HTTP ports."""
     config = workdir / "empty.yaml"
-    config.write_text("")
+    # An explicit empty List: no services (an empty file would be a broken write).
+    config.write_text("apiVersion: v1\nkind: List\nitems: []\n")
     argv = [PYTHON, "-m", "pilot", "discovery", "--config", str(config)]
     argv += ["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]
     argv += newer_flags(workdir)
