@@ -270,7 +270,7 @@ async def test_the_image_runs_as_a_cluster_runs_it(
         engine.run("rm", "--force", name, check=False)
     assert stopped.returncode == 0, stopped.stderr
     assert state["ExitCode"] == 0, f"pilot exited {state['ExitCode']}:\n{logs.stderr}"
-    assert "shutting down" in logs.stdout + logs.stderr
+    assert "stopping on SIGTERM" in logs.stdout + logs.stderr
     assert "Traceback" not in logs.stdout + logs.stderr
 
 

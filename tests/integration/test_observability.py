@@ -180,7 +180,7 @@ async def test_log_format_flag_shapes_every_line_pilot_writes(
     # Lines from start-up (serving), from a stream (connected, disconnected), and exit.
     assert any("pilot discovery serving xDS" in e["msg"] for e in pilot.log)
     assert any("proxy p1" in e["msg"] and "disconnected" in e["msg"] for e in pilot.log)
-    assert any("shutting down" in e["msg"] for e in pilot.log)
+    assert any("stopping on SIGTERM" in e["msg"] for e in pilot.log)
     if log_format == "json":
         assert {e["format"] for e in pilot.log} == {"json"}, pilot.tail(len(pilot.log))
         for entry in pilot.log:
