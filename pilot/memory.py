@@ -15,22 +15,31 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+from typing import Any
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 THRESHOLD = 128 * 1024
+
+
+def _glibc(function: str) -> Any | None:
+    """A function of the C library, or None off glibc (musl has neither mallopt nor
+    malloc_trim)."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        return getattr(ctypes.CDLL(name), function)
+    except (OSError, AttributeError):
+        return None
 
 
 def map_large_buffers() -> bool:
     """Fix glibc's mmap threshold; True when it was set."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
-    name = ctypes.util.find_library("c")
-    if name is None:
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
         return False
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):
-        return False  # not glibc (musl has no mallopt)
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, THRESHOLD))
@@ -44,13 +53,9 @@ def trim_heap() -> bool:
     as ~1 MB of them) leave pages the heap keeps: 100 remote clusters gone left
     pilot 90 MB above where it started until trimmed.
     """
-    name = ctypes.util.find_library("c")
-    if name is None:
+    malloc_trim = _glibc("malloc_trim")
+    if malloc_trim is None:
         return False
-    try:
-        malloc_trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
-        return False  # not glibc
     malloc_trim.argtypes = (ctypes.c_size_t,)
     malloc_trim.restype = ctypes.c_int
     malloc_trim(0)
