@@ -166,8 +166,12 @@ class Agent:
         )
         if self.envoy is not None:
             assert self.settings.envoy is not None
-            path = write_bootstrap(self.settings.envoy.config_path, self.settings.bootstrap())
-            await self.envoy.start(path)
+            try:
+                path = write_bootstrap(self.settings.envoy.config_path, self.settings.bootstrap())
+                await self.envoy.start(path)
+            except OSError:
+                await self.stop()  # the socket goes too: nothing is left serving for no Envoy
+                raise
 
     async def stop(self) -> None:
         if self.envoy is not None:

@@ -47,12 +47,17 @@ class EnvoySettings:
 
 def write_bootstrap(config_path: Path, bootstrap: dict[str, Any]) -> Path:
     """envoy-rev.json under `config_path` (made 0755 if missing); its path."""
-    config_path.mkdir(parents=True, exist_ok=True, mode=0o755)
     path = config_path / BOOTSTRAP_FILE
     temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(bootstrap, indent=2))
-    temporary.chmod(0o644)
-    temporary.replace(path)  # Envoy never reads half a file
+    try:
+        config_path.mkdir(parents=True, exist_ok=True, mode=0o755)
+        temporary.write_text(json.dumps(bootstrap, indent=2))
+        temporary.chmod(0o644)
+        temporary.replace(path)  # Envoy never reads half a file
+    except OSError as error:
+        raise EnvoyStartError(
+            f"--config-path {config_path}: cannot write {BOOTSTRAP_FILE}: {error.strerror or error}"
+        ) from error
     return path
 
 
