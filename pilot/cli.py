@@ -359,6 +359,8 @@ environment:
                              Envoy as ROOTCA (default ./{DEFAULT_ROOT_CERT})
   CA_INSECURE                true: plaintext to the CA (chains are still verified)
   SECRET_TTL, SECRET_GRACE_PERIOD_RATIO  lifetime and rotation point
+  POD_NAME, INSTANCE_IP      with --binary-path or `bootstrap`: the pod, in Envoy's node id
+  ISTIO_META_INTERCEPTION_MODE  REDIRECT (default: traffic captured) or NONE
 """
 
 
