@@ -278,3 +278,22 @@ async def test_an_envoy_that_dies_takes_the_agent_with_it(tmp_path: Path) -> Non
                     code = await agent.process.wait()
                 assert code == 1, agent.tail()
     assert leftovers(network) == []
+
+
+async def test_envoy_goes_when_the_agent_is_killed(tmp_path: Path) -> None:
+    """SIGKILL leaves the agent no time to stop Envoy: the kernel does (PR_SET_PDEATHSIG)."""
+    async with pod_network(["a"]) as network:
+        a = network["a"]
+        async with _pilot_in(a, tmp_path) as pilot:
+            with _agent_folder(pilot.root_pem.decode(), owner=PROXY_UID) as folder:
+                env = _pod_env(a.address)
+                async with running_in(
+                    a, _agent_argv(pilot), "started Envoy", uid=PROXY_UID, cwd=folder, env=env
+                ) as agent:
+                    pid = _envoy_pid(agent)
+                    agent.process.kill()
+                    await agent.process.wait()
+                    await wait_until(
+                        lambda: not _exists(Path(f"/proc/{pid}")), 5, "Envoy to go with the agent"
+                    )
+    assert leftovers(network) == []
