@@ -10,18 +10,29 @@ Istio's `./var/run/secrets/istio/root-cert.pem`, where the `istio-ca-root-cert`
 ConfigMap is mounted); plaintext only with CA_INSECURE=true. That root, never
 one a CA hands back, is what Envoy gets as `ROOTCA` and what every chain must
 lead to. The socket's directory is private (`pilot.security.sds_socket`).
+
+With `--binary-path` the agent also brings the sidecar up, as Istio's
+pilot-agent does: once SDS serves, it writes Envoy's bootstrap
+(`pilot.agent_bootstrap`: node id from POD_NAME, INSTANCE_IP and the identity,
+ADS to the discovery address over TLS verified with the same root, SDS on this
+socket) and starts Envoy (`pilot.agent_envoy`); on SIGTERM Envoy stops first.
+`pilot agent bootstrap` prints that bootstrap instead, and `pilot agent
+iptables` (`pilot.agent_iptables`) sets the capture rules.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from grpc import aio
 
+from pilot.agent_bootstrap import Json, ProxyNode, XdsTarget, bootstrap
+from pilot.agent_envoy import EnvoyChild, EnvoySettings, write_bootstrap
 from pilot.generators.sds import SecretGenerator
 from pilot.push.pipeline import Pipeline
 from pilot.security import sds_socket
@@ -59,6 +70,17 @@ class AgentSettings:
     identity: Identity
     remote_ca: RemoteCaSettings
     key_type: KeyType = KeyType.EC
+    discovery_address: str = DEFAULT_DISCOVERY_ADDRESS
+    envoy: EnvoySettings | None = None  # --binary-path: start Envoy
+    node: ProxyNode | None = None  # with envoy, or for `pilot agent bootstrap`
+
+    def bootstrap(self) -> Json:
+        """Envoy's bootstrap for this sidecar (needs `node`)."""
+        assert self.node is not None
+        target = XdsTarget(
+            self.discovery_address, self.remote_ca.root_cert, self.remote_ca.token_file
+        )
+        return bootstrap(self.node, target, self.socket)
 
 
 def agent_settings(
@@ -67,8 +89,17 @@ def agent_settings(
     trust_domain: str,
     key_type: KeyType,
     env: Mapping[str, str] | None = None,
+    *,
+    envoy: EnvoySettings | None = None,
+    sidecar: bool = False,
+    cluster_domain: str = "cluster.local",
 ) -> AgentSettings:
-    """Resolve the agent's identity and CA from the environment."""
+    """Resolve the agent's identity and CA from the environment.
+
+    With `envoy` (or `sidecar`: the bootstrap is wanted) the pod's node too
+    (POD_NAME, INSTANCE_IP), and the discovery address must be HOST:PORT;
+    BootstrapError otherwise.
+    """
     env = os.environ if env is None else env
     identity = own_identity(env, trust_domain)
     if identity is None:
@@ -76,7 +107,13 @@ def agent_settings(
     remote = remote_ca_from_env(env, trust_domain, discovery_address, DEFAULT_ROOT_CERT)
     if remote is None:
         raise SecuritySettingsError("pilot agent needs --discovery-address or CA_ADDR")
-    return AgentSettings(socket, identity, remote, key_type)
+    node = None
+    if envoy is not None or sidecar:
+        node = ProxyNode.from_env(env, identity, cluster_domain)
+        XdsTarget(discovery_address, remote.root_cert)  # checked before anything starts
+    if envoy is not None:
+        EnvoyChild.check_user(node.interception_mode if node else "")
+    return AgentSettings(socket, identity, remote, key_type, discovery_address, envoy, node)
 
 
 class Agent:
@@ -97,6 +134,15 @@ class Agent:
         self.server = aio.server()
         self.server.add_generic_rpc_handlers(tuple(sds_handlers(self.streams)))
         self.supervisor = Supervisor()
+        self.envoy = (
+            EnvoyChild(settings.envoy, self._envoy_exited) if settings.envoy is not None else None
+        )
+        self.exit_status = 0
+
+    def _envoy_exited(self, status: int) -> None:
+        """Envoy went on its own: stop as on SIGTERM, and exit 1."""
+        self.exit_status = 1
+        signal.raise_signal(signal.SIGTERM)
 
     async def start(self) -> None:
         socket = self.settings.socket
@@ -118,8 +164,18 @@ class Agent:
             "plaintext" if remote.insecure else "TLS",
             remote.root_cert,
         )
+        if self.envoy is not None:
+            assert self.settings.envoy is not None
+            try:
+                path = write_bootstrap(self.settings.envoy.config_path, self.settings.bootstrap())
+                await self.envoy.start(path)
+            except OSError:
+                await self.stop()  # the socket goes too: nothing is left serving for no Envoy
+                raise
 
     async def stop(self) -> None:
+        if self.envoy is not None:
+            await self.envoy.stop()  # before SDS goes: Envoy drains with its certificates
         self.streams.connections.close_all()
         await self.server.stop(1.0)
         await self.supervisor.stop()

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import signal
 import sys
@@ -16,7 +17,7 @@ from typing import Any, Protocol
 import grpc
 from envoy.service.status.v3 import csds_pb2
 
-from pilot import cluster_ids, event_loop
+from pilot import agent_iptables, cluster_ids, event_loop
 from pilot.agent import (
     DEFAULT_DISCOVERY_ADDRESS,
     DEFAULT_ROOT_CERT,
@@ -25,6 +26,9 @@ from pilot.agent import (
     AgentSettings,
     agent_settings,
 )
+from pilot.agent_bootstrap import BootstrapError
+from pilot.agent_envoy import DEFAULT_CONFIG_PATH, EnvoySettings
+from pilot.agent_iptables import CaptureError, CaptureSettings
 from pilot.cluster_ids import is_cluster_id, quoted
 from pilot.debug import proxy_config, proxy_status_table, tables
 from pilot.durations import parse_duration
@@ -288,7 +292,62 @@ def _agent_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     agent.add_argument("--trust-domain", default="cluster.local")
     agent.add_argument("--key-type", choices=[k.value for k in KeyType], default=KeyType.EC.value)
+    _sidecar_flags(agent)
     _log_flags(agent)
+    steps = agent.add_subparsers(dest="agent_step", metavar="STEP")
+    steps.add_parser(
+        "bootstrap",
+        help="print the sidecar's Envoy bootstrap (JSON) and exit",
+        description="Print the bootstrap --binary-path would start Envoy with.",
+    )
+    _iptables_parser(steps)
+
+
+def _sidecar_flags(agent: argparse.ArgumentParser) -> None:
+    """`pilot agent` bringing Envoy up (Istio's ProxyConfig names: binaryPath, configPath)."""
+    group = agent.add_argument_group("sidecar (Envoy started by the agent)")
+    group.add_argument(
+        "--binary-path",
+        type=Path,
+        help="start this Envoy once SDS serves, with the bootstrap written to --config-path",
+    )
+    group.add_argument(
+        "--config-path",
+        type=Path,
+        default=DEFAULT_CONFIG_PATH,
+        help="where envoy-rev.json is written (default %(default)s)",
+    )
+    group.add_argument("--cluster-domain", default="cluster.local")
+    group.add_argument("--proxy-log-level", default="warning", help="Envoy's (default %(default)s)")
+    group.add_argument("--concurrency", type=int, default=2, help="Envoy's worker threads")
+
+
+def _iptables_parser(steps: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """istio-iptables' flags and defaults."""
+    defaults = CaptureSettings()
+    rules = steps.add_parser(
+        "iptables",
+        help="set the capture rules in this network namespace (as root, before the app)",
+        description="Redirect the pod's TCP to Envoy, as istio-iptables (REDIRECT mode).",
+    )
+    rules.add_argument("-p", dest="proxy_port", type=int, default=defaults.proxy_port,
+                       help="outbound capture port (default %(default)s)")  # fmt: skip
+    rules.add_argument("-z", dest="inbound_port", type=int,
+                       default=defaults.inbound_capture_port,
+                       help="inbound capture port (default %(default)s)")  # fmt: skip
+    rules.add_argument("-u", dest="proxy_uid", type=int, default=defaults.proxy_uid,
+                       help="Envoy's uid, never captured (default %(default)s)")  # fmt: skip
+    rules.add_argument("-g", dest="proxy_gid", type=int, default=None,
+                       help="Envoy's gid (default: -u)")  # fmt: skip
+    rules.add_argument("-b", dest="inbound_ports", default="*",
+                       help="inbound ports to capture, or '*' (default)")  # fmt: skip
+    rules.add_argument("-d", dest="exclude_inbound", default="15090,15021,15020",
+                       help="inbound ports never captured (default %(default)s)")  # fmt: skip
+    rules.add_argument("-o", dest="exclude_outbound", default="",
+                       help="outbound ports never captured (default none)")  # fmt: skip
+    action = rules.add_mutually_exclusive_group()
+    action.add_argument("--dry-run", action="store_true", help="print the rules, change nothing")
+    action.add_argument("--cleanup", action="store_true", help="remove the rules")
 
 
 _AGENT_EPILOG = f"""\
@@ -300,6 +359,8 @@ environment:
                              Envoy as ROOTCA (default ./{DEFAULT_ROOT_CERT})
   CA_INSECURE                true: plaintext to the CA (chains are still verified)
   SECRET_TTL, SECRET_GRACE_PERIOD_RATIO  lifetime and rotation point
+  POD_NAME, INSTANCE_IP      with --binary-path or `bootstrap`: the pod, in Envoy's node id
+  ISTIO_META_INTERCEPTION_MODE  REDIRECT (default: traffic captured) or NONE
 """
 
 
@@ -467,8 +528,61 @@ def _addresses(args: argparse.Namespace) -> tuple[str, str, str]:
     return grpc_addr, grpc_tls_addr, http_addr
 
 
-async def _run_agent(settings: AgentSettings) -> None:
-    await _run_until_signalled(Agent(settings), lambda: "while starting")
+async def _run_agent(settings: AgentSettings) -> int:
+    agent = Agent(settings)
+    await _run_until_signalled(agent, lambda: "while starting")
+    return agent.exit_status
+
+
+def _agent(args: argparse.Namespace) -> int:
+    """`pilot agent` and its steps (bootstrap, iptables)."""
+    if args.agent_step == "iptables":
+        return _iptables(args)
+    envoy = None
+    if args.binary_path is not None and args.agent_step is None:
+        envoy = EnvoySettings(
+            args.binary_path, args.config_path, args.proxy_log_level, args.concurrency
+        )
+    settings = agent_settings(
+        args.sds_socket,
+        args.discovery_address,
+        args.trust_domain,
+        KeyType(args.key_type),
+        envoy=envoy,
+        sidecar=args.agent_step == "bootstrap",
+        cluster_domain=args.cluster_domain,
+    )
+    if args.agent_step == "bootstrap":
+        print(json.dumps(settings.bootstrap(), indent=2))
+        return 0
+    return event_loop.run(_run_agent(settings))
+
+
+def _iptables(args: argparse.Namespace) -> int:
+    if args.cleanup:
+        removed = agent_iptables.cleanup()
+        log.info("removed capture chains: %s", ", ".join(removed) or "none were set")
+        return 0
+    settings = CaptureSettings(
+        proxy_port=args.proxy_port,
+        inbound_capture_port=args.inbound_port,
+        proxy_uid=args.proxy_uid,
+        proxy_gid=args.proxy_uid if args.proxy_gid is None else args.proxy_gid,
+        inbound_ports=agent_iptables.parse_ports("-b", args.inbound_ports, wildcard=True),
+        exclude_inbound_ports=agent_iptables.parse_ports("-d", args.exclude_inbound) or (),
+        exclude_outbound_ports=agent_iptables.parse_ports("-o", args.exclude_outbound) or (),
+    )
+    if args.dry_run:
+        print(agent_iptables.capture_rules(settings), end="")
+        return 0
+    agent_iptables.apply(settings)
+    log.info(
+        "capture rules set: outbound to %d, inbound to %d, uid %d exempt",
+        settings.proxy_port,
+        settings.inbound_capture_port,
+        settings.proxy_uid,
+    )
+    return 0
 
 
 class _Server(Protocol):
@@ -574,10 +688,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         configure_logging(args.log_level, args.log_format)
         if args.command == "agent":
-            agent = agent_settings(
-                args.sds_socket, args.discovery_address, args.trust_domain, KeyType(args.key_type)
-            )
-            event_loop.run(_run_agent(agent))
+            return _agent(args)
         else:
             map_large_buffers()
             event_loop.run(_run_discovery(_settings(args)))
@@ -590,6 +701,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         CaSetupError,
         OSError,
         KubernetesUnavailable,
+        BootstrapError,
+        CaptureError,
     ) as error:
         print(f"pilot: error: {error}", file=sys.stderr)
         return 2

@@ -7,6 +7,8 @@ Owns a small aiohttp server on an ephemeral port that answers every path with
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
@@ -49,10 +51,11 @@ BACKEND_BODY = "hello from the shop backend"
 class Backend:
     """A small HTTP server on 127.0.0.1 (ephemeral port) that records every request."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.seen: list[Seen] = []
         self._runner: web.AppRunner | None = None
-        self.port = 0
+        self.host = host
+        self.port = port
 
     async def _handle(self, request: web.Request) -> web.Response:
         self.seen.append(Seen(request.path, request.headers.get("x-forwarded-client-cert", "")))
@@ -63,7 +66,7 @@ class Backend:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         server: Any = site._server  # aiohttp has no public accessor for the bound port
         self.port = int(server.sockets[0].getsockname()[1])
@@ -72,3 +75,18 @@ class Backend:
     async def __aexit__(self, *exc: object) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+
+async def _serve(host: str, port: int) -> None:
+    """Serve until killed, saying so on stdout once bound (a pod's app, tests/support/pods)."""
+    async with Backend(host, port) as backend:
+        print(f"serving on {backend.host}:{backend.port}", flush=True)
+        await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="the test backend, as a process")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    arguments = parser.parse_args()
+    asyncio.run(_serve(arguments.host, arguments.port))

@@ -141,6 +141,10 @@ RUN_HERE = {
 
 # Run exactly as printed by another test: command -> (test file, what it must contain).
 ELSEWHERE = {
+    "pilot agent iptables": (
+        "tests/integration/test_pod_capture.py",
+        'a.run(str(PILOT), "agent", "iptables")',
+    ),
     "python -m bench.fuzz --examples 60 --cycles 40 --warmup 10    # a quick look"
     " (as CI's smoke test)": (
         "tests/integration/test_bench_smoke.py",
@@ -172,6 +176,12 @@ NOT_HERE = {
     " \\\n  pilot agent --discovery-address pilot.pilot-system.svc:15012": (
         "pilot.pilot-system.svc resolves only inside a cluster; tests/integration/test_agent.py"
         " runs this command with only the address changed"
+    ),
+    "POD_NAME=cart-7d4f9-x2x1z INSTANCE_IP=10.244.1.7 POD_NAMESPACE=shop SERVICE_ACCOUNT=cart"
+    " \\\n  CA_TOKEN_FILE=./var/run/secrets/tokens/istio-token \\\n  pilot agent"
+    " --discovery-address pilot.pilot-system.svc:15012 --binary-path /usr/local/bin/envoy": (
+        "pilot.pilot-system.svc resolves only inside a cluster; tests/integration/"
+        "test_agent_sidecar.py runs the agent with --binary-path as uid 1337 in a pod"
     ),
     "python -m bench.eds_push --services 1000 --clients 1000 --changes 200": _BENCH,
     "python -m bench.eds_push --services 100 --clients 3000 --changes 5 \\\n"

@@ -1,0 +1,299 @@
+"""`pilot agent --binary-path` brings a sidecar up; `pilot agent bootstrap` prints its bootstrap.
+
+The bootstrap is what `pilot agent bootstrap` prints, run as a user runs it, and the
+real Envoy accepts it (`envoy --mode validate`). Then a pod (tests/support/pods: a
+network namespace of its own, so Istio's fixed ports 15000/15021/15090 are the pod's)
+runs `pilot discovery` on a registry file, its xDS streams authenticated by token
+(`--xds-auth kubernetes --token-auth-file`), and the agent as Envoy's user, uid 1337
+(`setpriv`, as a pod's runAsUser), with `--binary-path`: Envoy starts as the agent's
+child and uid 1337, dials pilot's TLS port verified with the root, presents the
+token from CA_TOKEN_FILE (without it pilot would refuse the stream) and gets its
+clusters; 15021 answers readiness and 15090 Prometheus on the pod's address, the
+admin API only on loopback. SIGTERM stops Envoy and the agent (exit 0); an Envoy
+that dies on its own takes the agent with it (exit 1).
+
+Hostile input: names that are not names (a `~` or a newline in POD_NAME would forge
+the node id), an IP that is not one, and a root agent starting Envoy with capture on
+are each refused in one line, before anything starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+
+import pytest
+
+from pilot.agent import DEFAULT_ROOT_CERT
+from pilot.security.certs import cert_pem, self_signed_root
+from tests.harness.envoy_process import find_envoy_binary, validate_bootstrap, wait_until
+from tests.integration.agent_process import PILOT
+from tests.integration.ca_support import write_plugged_in
+from tests.security.pilot_process import (
+    PilotProcess,
+    discovery_command,
+    pilot_environment,
+    start_command,
+)
+from tests.support.mesh import simple_mesh, write_mesh
+from tests.support.pod_process import PodProcess, running_in
+from tests.support.pods import Pod, leftovers, pod_network
+
+PROXY_UID = 1337
+TOKEN_FILE = "./var/run/secrets/tokens/istio-token"
+TOKEN = "sidecar-token-0123456789abcdef"
+CLUSTER = "outbound|80||reviews.default.svc.cluster.local"
+_INHERITED_PREFIXES = ("PILOT_", "CA_", "SECRET_", "KUBECONFIG", "POD_", "SERVICE_ACCOUNT")
+_STARTED = re.compile(r"started Envoy \(pid (\d+), uid (\d+)\)")
+
+
+def _pod_env(ip: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_INHERITED_PREFIXES)}
+    return env | {
+        "POD_NAMESPACE": "shop",
+        "SERVICE_ACCOUNT": "cart",
+        "POD_NAME": "cart-7d4f9-x2x1z",
+        "INSTANCE_IP": ip,
+        "CA_TOKEN_FILE": TOKEN_FILE,
+        **extra,
+    }
+
+
+@contextmanager
+def _agent_folder(root_pem: str, owner: int | None = None) -> Iterator[Path]:
+    """The agent's working directory: token and root where its defaults look, owned by it."""
+    folder = Path(tempfile.mkdtemp(prefix="sidecar-"))
+    try:
+        for relative, content in ((TOKEN_FILE, TOKEN), (str(DEFAULT_ROOT_CERT), root_pem)):
+            target = folder / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+        (folder / TOKEN_FILE).chmod(0o600)
+        if owner is not None:
+            for path in (folder, *folder.rglob("*")):
+                os.chown(path, owner, owner)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _bootstrap_command(folder: Path, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(PILOT), "agent", "--discovery-address", "localhost:15012", "bootstrap"],
+        cwd=folder,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _other_root() -> str:
+    return cert_pem(self_signed_root("cluster.local")[1])
+
+
+def test_envoy_accepts_the_bootstrap_the_agent_prints(tmp_path: Path) -> None:
+    with _agent_folder(_other_root()) as folder:
+        result = _bootstrap_command(folder, _pod_env("198.18.0.2"))
+        assert result.returncode == 0, result.stderr
+        bootstrap = json.loads(result.stdout)
+        path = tmp_path / "envoy-rev.json"
+        path.write_text(result.stdout)
+        validate_bootstrap(path)
+    node = bootstrap["node"]
+    assert node["id"] == "sidecar~198.18.0.2~cart-7d4f9-x2x1z.shop~shop.svc.cluster.local"
+    assert node["metadata"]["NAMESPACE"] == "shop"
+    assert node["metadata"]["SERVICE_ACCOUNT"] == "cart"
+    assert node["metadata"]["INTERCEPTION_MODE"] == "REDIRECT"
+    dynamic = bootstrap["dynamic_resources"]
+    assert dynamic["cds_config"]["ads"] == {} and dynamic["lds_config"]["ads"] == {}
+    assert TOKEN not in result.stdout, "the token was copied into the bootstrap"
+    assert str(folder / TOKEN_FILE)[2:] in result.stdout.replace("/./", "/")
+    assert bootstrap["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"POD_NAME": "cart~1.2.3.4~evil"}, "POD_NAME='cart~1.2.3.4~evil' is not a valid pod name"),
+        ({"POD_NAME": "cart\nforged"}, "POD_NAME='cart\\nforged' is not a valid pod name"),
+        ({"POD_NAME": ""}, "the sidecar's bootstrap needs POD_NAME (the pod's name)"),
+        ({"INSTANCE_IP": "198.18.0.2~x"}, "INSTANCE_IP='198.18.0.2~x' is not an IP address"),
+        (
+            {"ISTIO_META_INTERCEPTION_MODE": "TPROXY"},
+            "ISTIO_META_INTERCEPTION_MODE='TPROXY': one of REDIRECT, NONE",
+        ),
+    ],
+    ids=["tilde", "newline", "missing", "ip", "mode"],
+)
+def test_names_that_are_not_names_are_refused(override: dict[str, str], message: str) -> None:
+    with _agent_folder(_other_root()) as folder:
+        result = _bootstrap_command(folder, _pod_env("198.18.0.2") | override)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [f"pilot: error: {message}"]
+
+
+def test_a_root_agent_does_not_start_envoy_with_capture_on() -> None:
+    if os.geteuid() != 0:
+        pytest.skip(f"the refusal is of root; these tests run as uid {os.geteuid()}")
+    with _agent_folder(_other_root()) as folder:
+        result = subprocess.run(
+            [str(PILOT), "agent", "--discovery-address", "localhost:1", "--binary-path",
+             find_envoy_binary()],
+            cwd=folder, env=_pod_env("198.18.0.2"), capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+        assert not (folder / "etc").exists(), "a bootstrap was written"
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith("pilot: error: --binary-path: pilot agent runs as root")
+
+
+@asynccontextmanager
+async def _pilot_in(pod: Pod, folder: Path) -> AsyncIterator[PilotProcess]:
+    """`pilot discovery` in the pod: a registry file, xDS streams proven by token."""
+    ca = write_plugged_in(folder / "plugged-in-ca")
+    tokens = folder / "tokens.csv"
+    tokens.write_text(f"{TOKEN},system:serviceaccount:shop:cart\n")
+    tokens.chmod(0o600)
+    mesh = folder / "mesh.yaml"
+    write_mesh(mesh, simple_mesh({"reviews": ["198.18.0.9"]}))
+    source = ["--config", str(mesh), "--xds-auth", "kubernetes", "--token-auth-file", str(tokens)]
+    command = pod.command(*discovery_command(folder, source, ca.directory))
+    root = ca.root.cert_pem.encode()
+    pilot = await start_command(folder, command, env=pilot_environment(folder), root_pem=root)
+    try:
+        yield pilot
+    finally:
+        await pilot.stop()
+
+
+async def _get(pod: Pod, url: str) -> tuple[int, str]:
+    """GET from inside the pod: (status, body); status 0 when nothing answers."""
+    script = (
+        "import sys, urllib.request, urllib.error\n"
+        "try:\n"
+        "    r = urllib.request.urlopen(sys.argv[1], timeout=5)\n"
+        "    print(r.status); print(r.read().decode())\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print(e.code)\n"
+        "except OSError:\n"
+        "    print(0)\n"
+    )
+    status, out, err = await pod.run(sys.executable, "-c", script, url)
+    assert status == 0, err
+    code, _, body = out.partition("\n")
+    return int(code), body
+
+
+def _envoy_pid(agent: PodProcess) -> int:
+    match = next(m for line in agent.lines if (m := _STARTED.search(line)))
+    return int(match[1])
+
+
+def _ids(pid: int, field: str) -> list[int]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    [line] = [line for line in status.splitlines() if line.startswith(f"{field}:")]
+    return [int(value) for value in line.split()[1:]]
+
+
+def _exists(path: Path) -> bool:
+    return path.exists()
+
+
+def _agent_argv(pilot: PilotProcess) -> list[str]:
+    return [
+        str(PILOT), "agent",
+        "--discovery-address", f"localhost:{pilot.tls_port}",
+        "--binary-path", find_envoy_binary(),
+    ]  # fmt: skip
+
+
+async def test_the_agent_starts_envoy_as_1337_and_envoy_gets_its_clusters_from_pilot(
+    tmp_path: Path,
+) -> None:
+    async with pod_network(["a"]) as network:
+        a = network["a"]
+        async with _pilot_in(a, tmp_path) as pilot:
+            root = pilot.root_pem.decode()
+            with _agent_folder(root, owner=PROXY_UID) as folder:
+                env = _pod_env(a.address)
+                async with running_in(
+                    a, _agent_argv(pilot), "started Envoy", uid=PROXY_UID, cwd=folder, env=env
+                ) as agent:
+                    pid = _envoy_pid(agent)
+                    assert _ids(pid, "Uid") == [PROXY_UID] * 4
+                    assert _ids(pid, "Gid") == [PROXY_UID] * 4
+                    written = folder / "etc/istio/proxy/envoy-rev.json"
+                    assert written.stat().st_mode & 0o777 == 0o644
+                    await wait_until(
+                        lambda: _get(a, "http://127.0.0.1:15000/clusters"),
+                        20,
+                        f"Envoy to hold {CLUSTER}",
+                        until=lambda answer: CLUSTER in answer[1],
+                    )
+                    await wait_until(
+                        lambda: _get(a, f"http://{a.address}:15021/healthz/ready"),
+                        30,
+                        "readiness on 15021",
+                        until=lambda answer: answer[0] == 200,
+                    )
+                    status, metrics = await _get(a, f"http://{a.address}:15090/stats/prometheus")
+                    assert status == 200 and "envoy_cluster_manager" in metrics
+                    assert (await _get(a, f"http://{a.address}:15090/clusters"))[0] == 404
+                    assert (await _get(a, f"http://{a.address}:15000/ready"))[0] == 0
+                    # Proven by the token Envoy read from CA_TOKEN_FILE (pilot refuses none).
+                    node = f"sidecar~{a.address}~cart-7d4f9-x2x1z.shop~shop.svc.cluster.local"
+                    proven = f"{node} (spiffe://cluster.local/ns/shop/sa/cart) connected"
+                    assert any(proven in entry["msg"] for entry in pilot.log), pilot.tail()
+                    code = await agent.stop()
+                assert code == 0, agent.tail()
+                assert not _exists(Path(f"/proc/{pid}")), "Envoy outlived the agent"
+                assert not _exists(folder / "var/run/secrets/workload-spiffe-uds/socket")
+    assert leftovers(network) == []
+
+
+async def test_an_envoy_that_dies_takes_the_agent_with_it(tmp_path: Path) -> None:
+    async with pod_network(["a"]) as network:
+        a = network["a"]
+        async with _pilot_in(a, tmp_path) as pilot:
+            with _agent_folder(pilot.root_pem.decode(), owner=PROXY_UID) as folder:
+                env = _pod_env(a.address)
+                async with running_in(
+                    a, _agent_argv(pilot), "started Envoy", uid=PROXY_UID, cwd=folder, env=env
+                ) as agent:
+                    os.kill(_envoy_pid(agent), signal.SIGKILL)
+                    await agent.wait_line("exited with status -9: stopping")
+                    code = await agent.process.wait()
+                assert code == 1, agent.tail()
+    assert leftovers(network) == []
+
+
+async def test_envoy_goes_when_the_agent_is_killed(tmp_path: Path) -> None:
+    """SIGKILL leaves the agent no time to stop Envoy: the kernel does (PR_SET_PDEATHSIG)."""
+    async with pod_network(["a"]) as network:
+        a = network["a"]
+        async with _pilot_in(a, tmp_path) as pilot:
+            with _agent_folder(pilot.root_pem.decode(), owner=PROXY_UID) as folder:
+                env = _pod_env(a.address)
+                async with running_in(
+                    a, _agent_argv(pilot), "started Envoy", uid=PROXY_UID, cwd=folder, env=env
+                ) as agent:
+                    pid = _envoy_pid(agent)
+                    agent.process.kill()
+                    await agent.process.wait()
+                    await wait_until(
+                        lambda: not _exists(Path(f"/proc/{pid}")), 5, "Envoy to go with the agent"
+                    )
+    assert leftovers(network) == []

@@ -1,0 +1,215 @@
+"""Pods as network namespaces: `ip netns`, veth pairs and a bridge, all removed at the end.
+
+`pod_network(count)` makes a namespace of the test's own holding a bridge, and
+one namespace per pod, each with loopback up and `eth0` (one end of a veth pair
+whose other end is on the bridge) at 198.18.0.N/24: the range reserved for
+network benchmarks (RFC 2544), and these addresses exist only inside those
+namespaces. The host's own namespace gets nothing but the namespace names.
+Whatever happens in the test, on the way out every process still in a pod is
+killed and every namespace deleted (which takes its links, bridge and iptables
+rules with it); `leftovers()` says what is still there.
+
+`Pod.command(*argv, uid=...)` is the command line that runs `argv` in the pod,
+as `uid` if given (`setpriv --reuid --regid --clear-groups`, as Kubernetes'
+runAsUser); `Pod.run` runs one to completion.
+
+`require_namespaces()` skips a test, saying why, where the machine cannot make
+network namespaces (no `ip`, not root, no permission); under CI=true it fails
+instead: CI must run these tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import pytest
+
+SUBNET = "198.18.0"  # 198.18.0.0/15 only: never an address that exists outside
+PREFIX = 24
+BRIDGE = "br0"
+COMMAND_TIMEOUT = 30.0
+
+
+class NamespaceError(RuntimeError):
+    """An `ip` command the harness ran failed."""
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        ["ip", *args], capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False
+    )
+    if check and result.returncode != 0:
+        raise NamespaceError(f"ip {' '.join(args)} exited {result.returncode}: {result.stderr}")
+    return result
+
+
+def namespaces() -> set[str]:
+    """Names `ip netns list` shows."""
+    return {line.split()[0] for line in _ip("netns", "list").stdout.splitlines() if line.strip()}
+
+
+def host_links() -> set[str]:
+    """Link names in the host's (this process's) namespace."""
+    return {
+        line.split()[0].split("@")[0]
+        for line in _ip("-br", "link").stdout.splitlines()
+        if line.strip()
+    }
+
+
+def _cannot_make_namespaces() -> str | None:
+    """Why this machine cannot run the harness, or None."""
+    if shutil.which("ip") is None:
+        return "no `ip` command (Debian: apt-get install iproute2)"
+    if shutil.which("setpriv") is None:
+        return "no `setpriv` (Debian: util-linux)"
+    if os.geteuid() != 0:
+        return "network namespaces need root (ip netns add), and the tests run as a user"
+    probe = f"pilot-probe-{secrets.token_hex(3)}"
+    made = _ip("netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"`ip netns add` is refused here: {made.stderr.strip()[:200]}"
+    _ip("netns", "delete", probe, check=False)
+    return None
+
+
+def require_namespaces() -> None:
+    """Skip (or, under CI=true, fail) unless this machine can make network namespaces."""
+    reason = _cannot_make_namespaces()
+    if reason is None:
+        return
+    message = f"pods as network namespaces: {reason}"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{message} (CI=true: CI must run these tests)")
+    pytest.skip(message)
+
+
+@dataclass(frozen=True)
+class Pod:
+    """One pod: its network namespace and its address on the bridge."""
+
+    name: str
+    namespace: str
+    address: str
+
+    def command(self, *argv: str, uid: int | None = None) -> list[str]:
+        """`argv` run in this pod, as `uid` (and the same gid, no other groups) if given."""
+        prefix = ["ip", "netns", "exec", self.namespace]
+        if uid is not None:
+            prefix += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+        return [*prefix, *argv]
+
+    async def run(self, *argv: str, uid: int | None = None) -> tuple[int, str, str]:
+        """Run to completion in the pod (within COMMAND_TIMEOUT): (status, stdout, stderr)."""
+        process = await asyncio.create_subprocess_exec(
+            *self.command(*argv, uid=uid),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            async with asyncio.timeout(COMMAND_TIMEOUT):
+                out, err = await process.communicate()
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise
+        assert process.returncode is not None
+        return process.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+@dataclass
+class PodNetwork:
+    """The bridge's namespace and the pods on it."""
+
+    tag: str
+    bridge_namespace: str
+    pods: dict[str, Pod] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Pod:
+        return self.pods[name]
+
+    @property
+    def link_prefix(self) -> str:
+        """The bridge-side veths' names start with this (unique to this network)."""
+        return f"v{self.tag[-6:]}-"
+
+    @property
+    def all_namespaces(self) -> list[str]:
+        return [self.bridge_namespace, *(pod.namespace for pod in self.pods.values())]
+
+
+def _in(namespace: str, *args: str) -> None:
+    _ip("-n", namespace, *args)
+
+
+def _make_bridge(network: PodNetwork) -> None:
+    _ip("netns", "add", network.bridge_namespace)
+    _in(network.bridge_namespace, "link", "set", "lo", "up")
+    _in(network.bridge_namespace, "link", "add", BRIDGE, "type", "bridge")
+    _in(network.bridge_namespace, "link", "set", BRIDGE, "up")
+
+
+def _add_pod(network: PodNetwork, name: str, index: int) -> Pod:
+    pod = Pod(name, f"{network.tag}-{name}", f"{SUBNET}.{index + 2}")
+    _ip("netns", "add", pod.namespace)
+    network.pods[name] = pod
+    bridge_side = f"{network.link_prefix}{name}"[:15]  # IFNAMSIZ
+    # Made inside the pod's namespace, the peer moved to the bridge's: nothing on the host.
+    _in(pod.namespace, "link", "add", "eth0", "type", "veth", "peer", "name", bridge_side)
+    _in(pod.namespace, "link", "set", bridge_side, "netns", network.bridge_namespace)
+    _in(network.bridge_namespace, "link", "set", bridge_side, "master", BRIDGE)
+    _in(network.bridge_namespace, "link", "set", bridge_side, "up")
+    _in(pod.namespace, "addr", "add", f"{pod.address}/{PREFIX}", "dev", "eth0")
+    _in(pod.namespace, "link", "set", "eth0", "up")
+    _in(pod.namespace, "link", "set", "lo", "up")
+    return pod
+
+
+def _kill_processes(namespace: str) -> None:
+    """Every process still in `namespace` (a pod's Envoy, agent, server) is killed."""
+    pids = _ip("netns", "pids", namespace, check=False).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            continue
+
+
+def _remove(network: PodNetwork) -> None:
+    for namespace in network.all_namespaces:
+        _kill_processes(namespace)
+    for namespace in network.all_namespaces:
+        _ip("netns", "delete", namespace, check=False)
+
+
+def leftovers(network: PodNetwork) -> list[str]:
+    """The harness's namespaces and links still on this machine (nothing, once removed)."""
+    names = namespaces()
+    left = [ns for ns in network.all_namespaces if ns in names]
+    links = host_links()
+    left += [f"link {link}" for link in links if link.startswith(network.link_prefix)]
+    return left
+
+
+@asynccontextmanager
+async def pod_network(names: Sequence[str]) -> AsyncIterator[PodNetwork]:
+    """Pods `names` (198.18.0.2, .3, ... in order) on one bridge; all gone on the way out."""
+    require_namespaces()
+    tag = f"pilot-{secrets.token_hex(3)}"
+    network = PodNetwork(tag, f"{tag}-bridge")
+    try:
+        _make_bridge(network)
+        for index, name in enumerate(names):
+            _add_pod(network, name, index)
+        yield network
+    finally:
+        _remove(network)
