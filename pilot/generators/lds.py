@@ -230,7 +230,8 @@ class ListenerGenerator:
         return changed
 
     def _store(self, mode: Interception, built: list[Resource], gone: list[str]) -> set[str]:
-        self._stats.serializations[types.LISTENER] += len(built)
+        if built:
+            self._stats.serializations[types.LISTENER] += len(built)
         return self._cache.update(types.LISTENER, built, gone, flavor=mode.value)
 
     def _note_conflict(self, listener: ListenerKey, claims: Claims) -> None:
