@@ -3,7 +3,8 @@
 Change flow (each step only calls the next, downwards):
   source (file, informers) -> `IndexUpdater` -> endpoint index -> `Pipeline.submit`
   -> debounce -> build (the generators: `ResourceBuilder` for CDS and EDS,
-  `SecretGenerator` for SDS) -> cache -> fan-out (`SubscriberIndex`)
+  `ListenerGenerator` for LDS, `RouteGenerator` for RDS, `SecretGenerator` for SDS)
+  -> cache -> fan-out (`SubscriberIndex`)
   -> each stream's writer (`server.Connection`).
 Certificates enter the same pipeline: the secret manager reports a proxy whose
 certificate was minted or rotated, and the SDS generator submits it.
@@ -42,6 +43,8 @@ from pilot.debug.http import DebugState, HttpServer
 from pilot.debug.metrics import Metrics, Sources, WatchCounts
 from pilot.debug.proxy_status import LiveProxies
 from pilot.generators.builder import ResourceBuilder
+from pilot.generators.lds import ListenerGenerator
+from pilot.generators.rds import RouteGenerator
 from pilot.generators.sds import SecretGenerator
 from pilot.limits import Admission
 from pilot.push.history import PushHistory
@@ -186,6 +189,12 @@ class Discovery:
     def _pipeline(self, security: Security) -> Pipeline:
         generators = (
             ResourceBuilder(self.index, self.cache, self.settings.build, self.stats),
+            ListenerGenerator(
+                self.index, self.cache, self.settings.outbound, self.settings.build, self.stats
+            ),
+            RouteGenerator(
+                self.index, self.cache, self.settings.outbound, self.settings.build, self.stats
+            ),
             SecretGenerator(security.secrets, self.cache, self.stats),
         )
         return Pipeline(

@@ -50,6 +50,7 @@ from pilot.settings import (
     debounce_from_env,
     informer_from_env,
     is_loopback_host,
+    outbound_from_env,
     push_from_env,
     remote_from_env,
     remote_kubeconfigs,
@@ -73,6 +74,9 @@ environment:
   PILOT_MAX_LOCALITIES       proxy localities served endpoints in priorities (default 100)
   PILOT_MAX_UNVERIFIED_LOCALITIES  the same for streams that proved no identity, a
                              budget of their own (default 10)
+  PILOT_OUTBOUND_TRAFFIC_POLICY  where sidecars send traffic to unknown hosts: ALLOW_ANY
+                             (PassthroughCluster) or REGISTRY_ONLY (BlackHoleCluster)
+                             (default ALLOW_ANY)
   PILOT_EVENT_LOOP           asyncio or uvloop (pip install 'pilot[uvloop]') (default asyncio)
   CA_ADDR                    the CA that signs workload certificates (default: pilot's own)
   CA_ROOT_CERT               with CA_ADDR: the root its chains must lead to (required)
@@ -472,6 +476,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         remote_kubeconfigs=remote_kubeconfigs(args.remote_kubeconfig, args.cluster_id),
         remote=remote_from_env(),
         build=BuildSettings(args.cluster_domain, args.xds_cluster_name),
+        outbound=outbound_from_env(),
         debounce=debounce_from_env(),
         push=push_from_env(),
         security=_security(args),

@@ -11,6 +11,7 @@ from pathlib import Path
 from pilot.cluster_ids import RULE, is_cluster_id, quoted
 from pilot.durations import parse_duration
 from pilot.generators.builder import BuildSettings
+from pilot.generators.outbound import OutboundSettings, TrafficPolicy
 from pilot.limits import Limits
 from pilot.push.settings import DebounceSettings, PushSettings
 from pilot.registry.model import DEFAULT_CLUSTER_ID
@@ -36,6 +37,7 @@ class Settings:
     remote_kubeconfigs: tuple[tuple[str, Path], ...] = ()
     remote: RemoteSettings = field(default_factory=RemoteSettings)  # PILOT_*REMOTE*
     build: BuildSettings = field(default_factory=BuildSettings)
+    outbound: OutboundSettings = field(default_factory=OutboundSettings)  # PILOT_OUTBOUND_*
     debounce: DebounceSettings = field(default_factory=DebounceSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     security: SecuritySettings = field(default_factory=SecuritySettings)
@@ -112,6 +114,18 @@ def _env_count(env: Mapping[str, str], name: str, default: int) -> int:
     if not raw.isdigit():
         raise SettingsError(f"{name}: expected a non-negative integer, got {raw!r}")
     return int(raw)
+
+
+def outbound_from_env(env: Mapping[str, str] | None = None) -> OutboundSettings:
+    """PILOT_OUTBOUND_TRAFFIC_POLICY: ALLOW_ANY (Istio's default) or REGISTRY_ONLY."""
+    env = os.environ if env is None else env
+    raw = env.get("PILOT_OUTBOUND_TRAFFIC_POLICY", TrafficPolicy.ALLOW_ANY.value)
+    try:
+        return OutboundSettings(TrafficPolicy(raw.strip().upper()))
+    except ValueError:
+        raise SettingsError(
+            f"PILOT_OUTBOUND_TRAFFIC_POLICY: expected ALLOW_ANY or REGISTRY_ONLY, got {raw[:64]!r}"
+        ) from None
 
 
 def informer_from_env(env: Mapping[str, str] | None = None) -> InformerSettings:

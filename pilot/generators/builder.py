@@ -9,6 +9,11 @@ Assignments come in variants, one per proxy locality in use (`add_locality`,
 `drop_locality`, driven by the pipeline as proxies come and go) besides the
 shared one for proxies without a locality: a service's endpoints are grouped
 once, then encoded once per variant, into that variant's cache flavor.
+
+ADS streams that read listeners read their clusters from one more table
+(`ADS_WITH_LISTENERS`): the ADS clusters, the same encoded resources, plus
+PassthroughCluster and BlackHoleCluster, which outbound listeners name. A
+proxy that reads no listener never holds those two.
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ from dataclasses import dataclass
 from pilot.generators.cds import build_cluster, served_ports
 from pilot.generators.eds import encode_groups, group_hosts
 from pilot.generators.naming import outbound_cluster_name
+from pilot.generators.outbound import fixed_clusters
 from pilot.push.request import Changes, PushRequest
 from pilot.registry.index import EndpointIndex, IndexChange
 from pilot.registry.model import Service, ServiceKey
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import SHARED, ResourceCache
-from pilot.xds.flavor import Flavor
+from pilot.xds.flavor import ADS_WITH_LISTENERS, Flavor
 from pilot.xds.locality import NOWHERE, Locality
 from pilot.xds.resource import Resource
 
@@ -59,10 +65,21 @@ class ResourceBuilder:
         self._cluster_names: dict[ServiceKey, set[str]] = {}
         self._assignment_names: dict[ServiceKey, set[str]] = {}
         self._variants: dict[str, Locality] = {SHARED: NOWHERE}  # flavor -> proxy locality
+        self._fixed_built = False
 
     def build(self, request: PushRequest) -> Changes:
         """Rebuild what the request's registry change touches."""
-        return Changes(shared=self.apply(request.registry)) if request.registry else Changes()
+        changed = self.apply(request.registry) if request.registry else {}
+        if not self._fixed_built:
+            self._fixed_built = True
+            changed.setdefault(types.CLUSTER, set()).update(self._build_fixed_clusters())
+        return Changes(shared=changed) if changed else Changes()
+
+    def _build_fixed_clusters(self) -> set[str]:
+        """PassthroughCluster and BlackHoleCluster, for the streams that read listeners."""
+        built = [Resource.from_message(types.CLUSTER, c.name, c) for c in fixed_clusters()]
+        self._stats.serializations[types.CLUSTER] += len(built)
+        return self._cache.update(types.CLUSTER, built, flavor=ADS_WITH_LISTENERS)
 
     def apply(self, change: IndexChange) -> TypeChanges:
         """Rebuild what `change` touches; returns {type_url: names that changed}."""
@@ -98,6 +115,8 @@ class ResourceBuilder:
                     built.append(Resource.from_message(types.CLUSTER, name, cluster))
             self._stats.serializations[types.CLUSTER] += len(built)
             changed |= self._cache.update(types.CLUSTER, built, stale, flavor=flavor.value)
+            if flavor is Flavor.ADS:
+                self._cache.update(types.CLUSTER, built, stale, flavor=ADS_WITH_LISTENERS)
         return changed
 
     def add_locality(self, locality: Locality) -> None:

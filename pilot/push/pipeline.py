@@ -47,6 +47,8 @@ from pilot.push.subscribers import SubscriberIndex
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import Flavors, ProxyView, ResourceCache
+from pilot.xds.flavor import ADS_WITH_LISTENERS, Flavor
+from pilot.xds.interception import Interception
 from pilot.xds.locality import NOWHERE, Locality
 from pilot.xds.proxy import ProxyKey
 
@@ -72,6 +74,10 @@ class Subscriber(Protocol):
     # when it serves that proxy no variant of its own (PILOT_MAX_LOCALITIES, or
     # PILOT_MAX_UNVERIFIED_LOCALITIES for a stream that proved no identity).
     locality: Locality
+
+    # The interception mode its node declared: which listeners and routes it reads.
+    @property
+    def interception(self) -> Interception: ...
 
     def notify(self, type_url: str, names: Iterable[str], started: float) -> bool:
         """Mark changed names; True if the stream cares (and was woken)."""
@@ -136,10 +142,17 @@ class _NoMetrics:
 
 
 def flavors_of(subscriber: Subscriber) -> Flavors:
-    """The flavor a stream reads of each type: its RPC's clusters, its locality's endpoints."""
+    """The flavor a stream reads of each type: its RPC's clusters (with the ones listeners
+    name, once it reads listeners), its locality's endpoints, its mode's listeners and routes."""
+    clusters = subscriber.kind.flavor.value
+    if subscriber.kind.flavor is Flavor.ADS and subscriber.stream.state(types.LISTENER) is not None:
+        clusters = ADS_WITH_LISTENERS
+    mode = subscriber.interception.value
     return {
-        types.CLUSTER: subscriber.kind.flavor.value,
+        types.CLUSTER: clusters,
         types.ENDPOINT: subscriber.locality.flavor,
+        types.LISTENER: mode,
+        types.ROUTE: mode,
     }
 
 
@@ -308,6 +321,7 @@ class Pipeline:
         """
         siblings = self._subscribers.streams_of(subscriber.proxy)
         unknown: list[str] = []
+        self._follow_flavors(subscriber, events)
         for event in events:
             if isinstance(event, SubscriptionChanged):
                 self._subscribers.apply(subscriber, event)
@@ -316,6 +330,16 @@ class Pipeline:
             for sibling in streams_to_wake(subscriber, event, siblings):
                 sibling.wake()
         return unknown
+
+    @staticmethod
+    def _follow_flavors(subscriber: Subscriber, events: Iterable[StreamEvent]) -> None:
+        """A stream that starts reading listeners reads other clusters (`flavors_of`):
+        every cluster it subscribes to is reconsidered against them."""
+        listens = any(
+            isinstance(e, SubscriptionChanged) and e.type_url == types.LISTENER for e in events
+        )
+        if listens and subscriber.stream.on_full_change(types.CLUSTER):
+            subscriber.wake()
 
     def leave(self, subscriber: Subscriber) -> None:
         """A stream ended: forget its subscriptions; its proxy may let go of secrets."""

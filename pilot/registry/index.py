@@ -225,14 +225,15 @@ def _merged(key: ServiceKey, copies: dict[str, Service], primary: str) -> Servic
     """One service from its copies in several clusters: the primary's ports if it has
     the service, else every copy's by name, the first cluster id's first."""
     if primary in copies:
-        return Service(key, copies[primary].ports)
+        return Service(key, copies[primary].ports, cluster_ip=copies[primary].cluster_ip)
     order = sorted(copies)
     ports: dict[str, ServicePort] = {}
     for cluster in order:
         for port in copies[cluster].ports:
             ports.setdefault(port.name, port)
     first = copies[order[0]].ports  # kept whole, as a single cluster's service is served
-    return Service(key, (*first, *(port for port in ports.values() if port not in first)))
+    merged_ports = (*first, *(port for port in ports.values() if port not in first))
+    return Service(key, merged_ports, cluster_ip=copies[order[0]].cluster_ip)
 
 
 def _nodes_of(endpoint_set: EndpointSet) -> set[NodeKey]:

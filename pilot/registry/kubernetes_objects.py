@@ -8,6 +8,7 @@ parser stamps the values with the id of the cluster the object came from.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
@@ -97,7 +98,24 @@ def parse_service(obj: Obj, cluster: str = "") -> Service:
                     app_protocol=str(raw.get("appProtocol") or ""),
                 )
             )
-    return Service(ServiceKey(namespace, name), tuple(ports), cluster)
+    cluster_ip = _cluster_ip(obj, spec.get("clusterIP"))
+    return Service(ServiceKey(namespace, name), tuple(ports), cluster, cluster_ip)
+
+
+def _cluster_ip(obj: Obj, value: Any) -> str:
+    """spec.clusterIP as an address ("" for a headless Service, "None", or none given).
+
+    It names a listener (`CLUSTERIP_PORT`) and a route domain, so anything but an
+    address is refused here rather than carried into Envoy's configuration.
+    """
+    if value is None or value in {"", "None"}:
+        return ""
+    if not isinstance(value, str) or len(value) > 64:
+        raise _fail(obj, "spec.clusterIP must be an IP address or None")
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise _fail(obj, f"spec.clusterIP must be an IP address or None, got {value!r}") from None
 
 
 def _endpoint_ports(obj: Obj, raw_ports: Any, where: str) -> tuple[EndpointPort, ...]:

@@ -53,6 +53,8 @@ class Service:
     key: ServiceKey
     ports: tuple[ServicePort, ...]
     cluster: str = ""  # the cluster id it came from
+    # spec.clusterIP, normalised; "" when it has none (headless: "None", or unset).
+    cluster_ip: str = ""
 
 
 @dataclass(frozen=True, slots=True, order=True)

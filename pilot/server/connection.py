@@ -41,6 +41,7 @@ from pilot.server import convert, intake
 from pilot.server.registry import ConnectionRegistry
 from pilot.stats import XdsStats
 from pilot.xds import types
+from pilot.xds.interception import METADATA_KEY, Interception, interception_of
 from pilot.xds.locality import NOWHERE, Locality
 from pilot.xds.proxy import PermissionDenied, ProxyAuthenticator, ProxyKey, Unauthenticated
 
@@ -99,6 +100,7 @@ class Connection:
         self.peer = peer
         self.node: base_pb2.Node | None = None
         self.locality = NOWHERE  # what its node declared: which endpoint variant it reads
+        self.interception = Interception.REDIRECT  # its node's: which listeners it reads
         self.proxy = ProxyKey(f"anonymous-{self.id}", None)
         self.stream: SotwStream | DeltaStream = kind.new_stream()
         self.pending_since: float | None = None
@@ -289,6 +291,8 @@ class Connection:
         """The first request: who the stream speaks for (node id and proven identity)."""
         self.node = node
         self.locality = Locality(node.locality.region, node.locality.zone)
+        declared = node.metadata.fields.get(METADATA_KEY)
+        self.interception = interception_of(declared.string_value if declared else "")
         auth = self._context.auth
         identity = auth.identity_of(node, self._credential) if auth is not None else None
         self.proxy = ProxyKey(node.id or self.proxy.node_id, identity)

@@ -17,3 +17,9 @@ class Flavor(StrEnum):
     ADS = "ads"
     GRPC = "grpc"
     DELTA_GRPC = "delta_grpc"
+
+
+# The clusters of ADS streams that read listeners: every ADS cluster, plus the ones
+# their listeners name beside services (PassthroughCluster, BlackHoleCluster). The
+# same resources, encoded once, in a table of their own.
+ADS_WITH_LISTENERS = "ads+listeners"

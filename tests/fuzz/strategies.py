@@ -39,10 +39,10 @@ from tests.fuzz.methods import Method
 from tests.protocol.client import CLUSTER, ENDPOINT, LISTENER, SECRET
 
 TRUST_DOMAIN = "cluster.local"
-SERVED_TYPES = (CLUSTER, ENDPOINT, SECRET)
+ROUTE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+SERVED_TYPES = (CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET)
 OTHER_TYPES = (
-    LISTENER,
-    "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
+    "type.googleapis.com/envoy.config.route.v3.ScopedRouteConfiguration",
     "type.googleapis.com/envoy.config.cluster.v3.Cluster ",
     "type.googleapis.com/",
     "type.googleapis.com/google.protobuf.Empty",

@@ -247,3 +247,101 @@ async def test_one_change_builds_one_assignment_per_locality_in_use(tmp_path: Pa
         zone_a = delta_priorities(payloads["zone-a"])
         assert zone_a == {_ip(7, 1): 0, _ip(107, 1): 1}
         assert delta_priorities(payloads["none"]) == {_ip(7, 1): 0, _ip(107, 1): 0}
+
+
+# -- listeners and routes -------------------------------------------------------------
+
+SIDECARS = 20
+PASSTHROUGH = "PassthroughCluster"
+
+
+async def _sidecar_sync(stream: DeltaStream, i: int) -> None:
+    """Subscribe like an Envoy with listeners: every cluster and listener, service i's
+    assignment, route configuration 80; until each is answered (and the clusters the
+    listeners name)."""
+    await stream.subscribe(types.CLUSTER, ["*"])
+    await stream.subscribe(types.ENDPOINT, [cluster_name(_name(i))])
+    await stream.subscribe(types.LISTENER, ["*"])
+    await stream.subscribe(types.ROUTE, ["80"])
+    seen: set[str] = set()
+    clusters: set[str] = set()
+    while seen != {types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE} or (
+        PASSTHROUGH not in clusters
+    ):
+        response = await stream.next_response(TIMEOUT)
+        if response.type_url == types.CLUSTER:
+            clusters |= set(delta_resources(response))
+        await stream.ack(response)
+        seen.add(response.type_url)
+
+
+@asynccontextmanager
+async def _sidecars(pilot: RunningPilot) -> AsyncIterator[list[DeltaStream]]:
+    async with XdsClient(pilot.grpc_target) as client:
+        streams = [client.delta_ads() for _ in range(SIDECARS)]
+        await asyncio.gather(*(_sidecar_sync(stream, i) for i, stream in enumerate(streams)))
+        yield streams
+
+
+async def test_an_endpoint_change_sends_sidecars_no_cluster_listener_or_route(
+    tmp_path: Path,
+) -> None:
+    async with running_pilot(tmp_path, _mesh()) as pilot, _sidecars(pilot) as streams:
+        stats = pilot.discovery.stats
+        stats.reset()
+        pilot.write(_mesh({7: 1}))
+        await _endpoint_update(streams[7], 7, _ip(7, 1))
+        assert dict(stats.serializations) == {types.ENDPOINT: 1}
+        assert dict(stats.responses) == {types.ENDPOINT: 1}, "no CDS, LDS or RDS"
+
+
+def _with_cluster_ip(obj: dict[str, Any], ip: str) -> dict[str, Any]:
+    obj["spec"]["clusterIP"] = ip
+    return obj
+
+
+async def test_a_new_service_pushes_clusters_then_listeners_then_routes(tmp_path: Path) -> None:
+    new = _with_cluster_ip(service("added", ports=[("http", 80), ("tcp-db", 5432)]), "10.96.0.9")
+    async with running_pilot(tmp_path, _mesh()) as pilot, _sidecars(pilot) as streams:
+        stats = pilot.discovery.stats
+        stats.reset()
+        pilot.write([*_mesh(), new])
+        for stream in streams:
+            order = []
+            for _ in range(3):
+                response = await stream.next_response(TIMEOUT)
+                order.append(response.type_url)
+                names = set(delta_resources(response))
+                if response.type_url == types.CLUSTER:
+                    assert names == {cluster_name("added"), cluster_name("added", 5432)}
+                elif response.type_url == types.LISTENER:
+                    assert names == {"10.96.0.9_5432"}, "0.0.0.0_80 did not change"
+                else:
+                    assert names == {"80"}
+                await stream.ack(response)
+            assert order == [types.CLUSTER, types.LISTENER, types.ROUTE]
+        # One route configuration 80 (500 virtual hosts and the new one), once per mode.
+        assert stats.serializations[types.ROUTE] == 2
+        assert dict(stats.responses) == {
+            types.CLUSTER: SIDECARS,
+            types.LISTENER: SIDECARS,
+            types.ROUTE: SIDECARS,
+        }
+
+
+async def test_a_route_only_change_pushes_routes_alone(tmp_path: Path) -> None:
+    """A new ClusterIP of an HTTP-only service changes its route domains, nothing else."""
+    async with running_pilot(tmp_path, _mesh()) as pilot, _sidecars(pilot) as streams:
+        stats = pilot.discovery.stats
+        stats.reset()
+        mesh = _mesh()
+        _with_cluster_ip(mesh[2 * 7], "10.96.0.7")
+        pilot.write(mesh)
+        for stream in streams:
+            response = await stream.next_response(TIMEOUT)
+            assert response.type_url == types.ROUTE
+            (config,) = delta_resources(response).values()
+            hosts = {h.name: list(h.domains) for h in config.message.virtual_hosts}
+            assert "10.96.0.7:80" in hosts[f"{_name(7)}.default.svc.cluster.local:80"]
+            await stream.ack(response)
+        assert dict(stats.responses) == {types.ROUTE: SIDECARS}

@@ -43,6 +43,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import base_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.config.route.v3 import route_pb2
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 from envoy.service.cluster.v3 import cds_pb2_grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
@@ -57,6 +59,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
+ROUTE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 SECRET = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
 
 ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
@@ -76,7 +79,13 @@ Assignment = endpoint_pb2.ClusterLoadAssignment
 Secret = secret_pb2.Secret
 ClientStatusResponse = csds_pb2.ClientStatusResponse
 
-_MESSAGE_CLASSES: dict[str, Any] = {CLUSTER: Cluster, ENDPOINT: Assignment, SECRET: Secret}
+_MESSAGE_CLASSES: dict[str, Any] = {
+    CLUSTER: Cluster,
+    ENDPOINT: Assignment,
+    LISTENER: listener_pb2.Listener,
+    ROUTE: route_pb2.RouteConfiguration,
+    SECRET: Secret,
+}
 
 Req = TypeVar("Req", DiscoveryRequest, DeltaRequest)
 Resp = TypeVar("Resp", DiscoveryResponse, DeltaResponse)

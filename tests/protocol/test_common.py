@@ -25,7 +25,6 @@ from tests.protocol.client import (
     CLUSTER,
     EDS_SERVICE,
     ENDPOINT,
-    LISTENER,
     Closed,
     Cluster,
     DeltaRequest,
@@ -48,7 +47,8 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 
 BAD_TYPE_URLS = {
     "empty": "",
-    "unserved": LISTENER,
+    # A real xDS type pilot does not serve (listeners and routes it does).
+    "unserved": "type.googleapis.com/envoy.config.route.v3.ScopedRouteConfiguration",
     "unknown": "type.googleapis.com/example.v1.Nothing",
 }
 

@@ -56,6 +56,7 @@ from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 from pilot.xds.flavor import Flavor
+from pilot.xds.interception import Interception
 from pilot.xds.locality import NOWHERE, Locality
 from pilot.xds.proxy import ProxyKey
 from tests.harness.envoy_process import wait_until
@@ -205,6 +206,7 @@ class Written:
     kind: StreamKind
     stream: SotwStream | DeltaStream = field(init=False)
     locality: Locality = NOWHERE
+    interception: Interception = Interception.REDIRECT
 
     def __post_init__(self) -> None:
         self.stream = self.kind.new_stream()

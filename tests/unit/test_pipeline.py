@@ -27,6 +27,7 @@ from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 from pilot.xds.flavor import Flavor
+from pilot.xds.interception import Interception
 from pilot.xds.locality import NOWHERE, Locality
 from pilot.xds.proxy import ProxyKey
 from tests.harness.envoy_process import wait_until
@@ -85,6 +86,7 @@ class Stream:
     stream: SotwStream | DeltaStream
     notified: list[tuple[str, frozenset[str]]] = field(default_factory=list)
     locality: Locality = NOWHERE
+    interception: Interception = Interception.REDIRECT
 
     def notify(self, type_url: str, names: Iterable[str], started: float) -> bool:
         names = frozenset(names)

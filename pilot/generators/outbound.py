@@ -1,0 +1,96 @@
+"""What a sidecar's outbound listeners and routes are made of: Istio's names and its policy.
+
+A Service port becomes, by its protocol (`pilot.generators.protocols`), either
+an HTTP port P (a listener `0.0.0.0_P` whose connection manager reads the
+route configuration `P`, one virtual host `HOST:P` per service there) or a TCP
+port (a listener `CLUSTERIP_P` straight to the cluster; none for a headless
+Service, as Istio). With `INTERCEPTION_MODE: NONE` every outbound listener
+binds `127.0.0.1_P` instead, so services on one port share one listener:
+HTTP wins over TCP there, and of two TCP services the first by namespace and
+name (Istio keeps the listener it built first and counts the conflict).
+
+Connections to nothing pilot knows go to `PassthroughCluster` (their original
+destination) under `PILOT_OUTBOUND_TRAFFIC_POLICY=ALLOW_ANY`, Istio's default,
+or to `BlackHoleCluster` under REGISTRY_ONLY.
+
+A Service whose name or namespace is not a DNS label reaches no listener or
+route: its names become Envoy domains and listener names, where a `*` or a
+duplicate would make Envoy reject the whole route configuration.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from envoy.config.cluster.v3 import cluster_pb2
+from google.protobuf import duration_pb2
+
+from pilot.generators.cds import CONNECT_TIMEOUT_SECONDS
+from pilot.generators.protocols import PortProtocol, is_http, protocol_of
+from pilot.registry.model import Service, ServicePort
+
+PASSTHROUGH_CLUSTER = "PassthroughCluster"
+BLACKHOLE_CLUSTER = "BlackHoleCluster"
+VIRTUAL_OUTBOUND = "virtualOutbound"
+VIRTUAL_OUTBOUND_PORT = 15001
+ANY_ADDRESS = "0.0.0.0"
+LOCALHOST = "127.0.0.1"
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+class TrafficPolicy(StrEnum):
+    """Istio's `outboundTrafficPolicy.mode`: where traffic to unknown destinations goes."""
+
+    ALLOW_ANY = "ALLOW_ANY"
+    REGISTRY_ONLY = "REGISTRY_ONLY"
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundSettings:
+    """What outbound listeners and routes depend on besides the registry."""
+
+    traffic_policy: TrafficPolicy = TrafficPolicy.ALLOW_ANY
+
+    @property
+    def fallback_cluster(self) -> str:
+        """Where a connection to no known service goes."""
+        if self.traffic_policy is TrafficPolicy.ALLOW_ANY:
+            return PASSTHROUGH_CLUSTER
+        return BLACKHOLE_CLUSTER
+
+
+def listener_name(address: str, port: int) -> str:
+    """Istio's outbound listener name: `ADDRESS_PORT`."""
+    return f"{address}_{port}"
+
+
+def routable(service: Service) -> bool:
+    """Whether a service's names are safe as Envoy domains and listener names."""
+    key = service.key
+    return bool(_DNS_LABEL.fullmatch(key.name) and _DNS_LABEL.fullmatch(key.namespace))
+
+
+def outbound_ports(service: Service) -> list[tuple[ServicePort, bool]]:
+    """The ports that get outbound listeners, each with whether it is HTTP."""
+    if not routable(service):
+        return []
+    return [
+        (port, is_http(port)) for port in service.ports if protocol_of(port) is not PortProtocol.UDP
+    ]
+
+
+def fixed_clusters() -> list[cluster_pb2.Cluster]:
+    """The clusters outbound listeners name beside services' own, as Istio sends them."""
+    timeout = duration_pb2.Duration(seconds=CONNECT_TIMEOUT_SECONDS)
+    passthrough = cluster_pb2.Cluster(
+        name=PASSTHROUGH_CLUSTER,
+        type=cluster_pb2.Cluster.ORIGINAL_DST,
+        lb_policy=cluster_pb2.Cluster.CLUSTER_PROVIDED,
+        connect_timeout=timeout,
+    )
+    blackhole = cluster_pb2.Cluster(
+        name=BLACKHOLE_CLUSTER, type=cluster_pb2.Cluster.STATIC, connect_timeout=timeout
+    )
+    return [passthrough, blackhole]

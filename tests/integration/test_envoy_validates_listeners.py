@@ -1,0 +1,144 @@
+"""Envoy accepts every listener, route and cluster pilot generates, from a hostile registry.
+
+The registry holds what makes names and domains go wrong: a port name with a
+newline and markup, a Service named `*`, a headless TCP Service, two services
+with one ClusterIP, one short name in two namespaces, HTTP and TCP on one port,
+1,000 services on one port. What pilot serves to a REDIRECT and a NONE proxy
+goes, as fetched over ADS, into a bootstrap (binary proto) that `envoy --mode
+validate` must accept; the routes also inline, so that Envoy checks every
+cluster they name exists.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from envoy.config.bootstrap.v3 import bootstrap_pb2
+from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2
+from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.extensions.filters.http.router.v3 import router_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import (
+    http_connection_manager_pb2 as hcm_pb2,
+)
+
+from pilot.xds import types
+from tests.harness.envoy_process import validate_bootstrap
+from tests.protocol.client import DeltaStream, XdsClient, delta_resources, node
+from tests.support.mesh import service
+from tests.support.pilot import running_pilot
+
+CROWD = 1000
+TIMEOUT = 30.0
+
+
+def _ip(obj: dict[str, Any], ip: str) -> dict[str, Any]:
+    obj["spec"]["clusterIP"] = ip
+    return obj
+
+
+def hostile_mesh() -> list[dict[str, Any]]:
+    crowd = [
+        _ip(service(f"crowd-{i:04d}"), f"10.97.{i // 250}.{1 + i % 250}") for i in range(CROWD)
+    ]
+    return [
+        *crowd,
+        _ip(service("odd-port", ports=[("http\n<script>x</script>", 7000)]), "10.96.0.1"),
+        service("*"),
+        _ip(service("headless", ports=[("tcp", 5432)]), "None"),
+        _ip(service("db-a", ports=[("tcp", 5432)]), "10.96.0.2"),
+        _ip(service("db-b", ports=[("tcp", 5432)]), "10.96.0.2"),  # the same ClusterIP
+        _ip(service("reviews", "default", [("http", 9080)]), "10.96.0.3"),
+        _ip(service("reviews", "other", [("http", 9080)]), "10.96.0.4"),
+        _ip(service("mixed-tcp", ports=[("mongo", 9080)]), "10.96.0.5"),
+        _ip(service("grpc", ports=[("grpc-web", 9090)]), "10.96.0.6"),
+    ]
+
+
+async def fetch_all(stream: DeltaStream) -> dict[str, dict[str, Any]]:
+    """Every cluster and listener, and the routes they name, as served to this stream."""
+    held: dict[str, dict[str, Any]] = {t: {} for t in (types.CLUSTER, types.LISTENER, types.ROUTE)}
+    await stream.subscribe(types.CLUSTER, ["*"])
+    await stream.subscribe(types.LISTENER, ["*"])
+    await stream.subscribe(types.ROUTE, ["80", "9080", "9090"])
+    while not (
+        held[types.ROUTE].keys() >= {"80", "9080", "9090"}
+        and "PassthroughCluster" in held[types.CLUSTER]
+    ):
+        response = await stream.next_response(TIMEOUT)
+        for name, resource in delta_resources(response).items():
+            held[response.type_url][name] = resource.message
+        await stream.ack(response)
+    return held
+
+
+def inline_routes(held: dict[str, dict[str, Any]]) -> list[listener_pb2.Listener]:
+    """A listener per route configuration with the configuration inline (clusters checked)."""
+    listeners = []
+    for i, config in enumerate(held[types.ROUTE].values()):
+        manager = hcm_pb2.HttpConnectionManager(stat_prefix="inline", route_config=config)
+        manager.route_config.validate_clusters.value = True
+        manager.http_filters.add(name="router").typed_config.Pack(router_pb2.Router())
+        chain = listener_components_pb2.FilterChain()
+        chain.filters.add(name="hcm").typed_config.Pack(manager)
+        listeners.append(
+            listener_pb2.Listener(
+                name=f"inline-{config.name}",
+                address=address_pb2.Address(
+                    socket_address=address_pb2.SocketAddress(
+                        address="127.0.0.1", port_value=40000 + i
+                    )
+                ),
+                filter_chains=[chain],
+            )
+        )
+    return listeners
+
+
+def bootstrap_of(held: dict[str, dict[str, Any]]) -> bootstrap_pb2.Bootstrap:
+    boot = bootstrap_pb2.Bootstrap(node=base_pb2.Node(id="validate", cluster="validate"))
+    ads = boot.dynamic_resources.ads_config
+    ads.api_type = config_source_pb2.ApiConfigSource.DELTA_GRPC
+    ads.transport_api_version = config_source_pb2.V3
+    ads.grpc_services.add().envoy_grpc.cluster_name = "xds-grpc"
+    xds = boot.static_resources.clusters.add(name="xds-grpc")
+    xds.connect_timeout.seconds = 1
+    xds.load_assignment.cluster_name = "xds-grpc"
+    boot.static_resources.clusters.extend(held[types.CLUSTER].values())
+    boot.static_resources.listeners.extend(held[types.LISTENER].values())
+    boot.static_resources.listeners.extend(inline_routes(held))
+    return boot
+
+
+@pytest.mark.parametrize("mode", ["REDIRECT", "NONE"])
+async def test_envoy_validates_what_pilot_generates_from_a_hostile_registry(
+    tmp_path: Path, mode: str
+) -> None:
+    metadata = {"INTERCEPTION_MODE": mode}
+    async with (
+        running_pilot(tmp_path, hostile_mesh()) as pilot,
+        XdsClient(pilot.grpc_target) as client,
+    ):
+        located = node(metadata=metadata)
+        held = await fetch_all(client.delta_ads(located))
+    listeners = set(held[types.LISTENER])
+    if mode == "REDIRECT":
+        assert {"virtualOutbound", "0.0.0.0_80", "0.0.0.0_9080", "0.0.0.0_9090"} <= listeners
+        assert "10.96.0.2_5432" in listeners, "one listener for the ClusterIP given twice"
+        assert "10.96.0.5_9080" in listeners and "10.96.0.1_7000" in listeners
+        assert not any(name.startswith("None") for name in listeners), "headless: none"
+    else:
+        assert "virtualOutbound" not in listeners
+        assert {"127.0.0.1_80", "127.0.0.1_9080", "127.0.0.1_5432", "127.0.0.1_7000"} <= listeners
+    assert not any("*" in name or "\n" in name for name in listeners)
+    crowd = held[types.ROUTE]["80"]
+    assert len(crowd.virtual_hosts) >= CROWD
+    assert len(crowd.SerializeToString()) < 400 * CROWD, "a virtual host costs a few hundred bytes"
+    domains = [d for host in held[types.ROUTE]["9080"].virtual_hosts for d in host.domains]
+    assert len(domains) == len(set(domains)), "no domain twice"
+    assert "reviews" not in domains, "a short name two namespaces use names neither"
+    assert "reviews.other:9080" in domains
+    path = tmp_path / "generated.pb"
+    path.write_bytes(bootstrap_of(held).SerializeToString())
+    validate_bootstrap(path)
