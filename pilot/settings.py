@@ -165,7 +165,7 @@ def remote_kubeconfigs(
 ) -> tuple[tuple[str, Path], ...]:
     """`--remote-kubeconfig ID=PATH` values, checked: no id twice, none the local one."""
     seen: set[str] = set()
-    for cluster, path in given or ():
+    for cluster, _path in given or ():
         if not is_cluster_id(cluster):
             raise SettingsError(f"--remote-kubeconfig {quoted(cluster)}: {RULE}")
         if cluster == local_cluster:
@@ -174,9 +174,10 @@ def remote_kubeconfigs(
             )
         if cluster in seen:
             raise SettingsError(f"--remote-kubeconfig {cluster}: the cluster is given twice")
+        seen.add(cluster)
+    for cluster, path in given or ():  # the ids first: a file cannot mend a wrong id
         if not path.is_file():
             raise SettingsError(f"--remote-kubeconfig {cluster}={path}: no such file")
-        seen.add(cluster)
     return tuple(given or ())
 
 
