@@ -8,11 +8,12 @@ import contextlib
 import dataclasses
 import json
 import logging
+import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import grpc
 from envoy.service.status.v3 import csds_pb2
@@ -35,6 +36,7 @@ from pilot.durations import parse_duration
 from pilot.event_loop import EventLoopError
 from pilot.generators.builder import BuildSettings
 from pilot.limits import LimitSettingError, limits_from_env
+from pilot.listen_check import check_address_forms, check_listen_addresses
 from pilot.logs import SCOPES, LogSpecError
 from pilot.logs import configure as configure_logging
 from pilot.memory import map_large_buffers
@@ -109,10 +111,46 @@ limits (refusals are RESOURCE_EXHAUSTED, counted in pilot_limit_hits_total{limit
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line: what is wrong, and where the flags are
+    listed (the usage of `pilot discovery` alone is twenty lines that hide the error)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# gRPC keeps durations in 32-bit milliseconds: a longer one overflows it.
+MAX_FLAG_DURATION = "24d"
+
+
+def _duration(text: str) -> float:
+    """A duration flag's value: 0 or more, at most MAX_FLAG_DURATION."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if seconds > parse_duration(MAX_FLAG_DURATION):
+        raise argparse.ArgumentTypeError(f"{text!r} is too long (at most {MAX_FLAG_DURATION})")
+    return seconds
+
+
+_DURATION_FLAGS = ("--drain-duration", "--max-connection-age")
+_NEGATIVE = re.compile(r"-[\d.]")
+
+
+def _negative_durations_joined(argv: Sequence[str]) -> list[str]:
+    """`--drain-duration -5m` as `--drain-duration=-5m`: argparse takes `-5m` for a flag and
+    says "expected one argument", where the duration's own check says what is wrong."""
+    joined = list(argv)
+    for index in range(len(joined) - 1, 0, -1):  # backwards: a join shifts what follows
+        flag, value = joined[index - 1], joined[index]
+        if flag in _DURATION_FLAGS and _NEGATIVE.match(value):
+            joined[index - 1 : index + 1] = [f"{flag}={value}"]
+    return joined
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="pilot", description="An asyncio xDS control plane for Envoy."
-    )
+    parser = _Parser(prog="pilot", description="An asyncio xDS control plane for Envoy.")
     commands = parser.add_subparsers(dest="command", required=True)
     discovery = commands.add_parser(
         "discovery",
@@ -162,15 +200,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     discovery.add_argument(
         "--drain-duration",
-        type=parse_duration,
+        type=_duration,
         default="5s",
         help="on SIGTERM, how long streams get to move elsewhere (default %(default)s)",
     )
     discovery.add_argument(
         "--max-connection-age",
-        type=parse_duration,
+        type=_duration,
         default="30m",
-        help="close connections older than this, with jitter, to spread load (0: never)",
+        help="close connections older than this, with jitter, to spread load"
+        " (default %(default)s; 0: never)",
     )
     discovery.add_argument(
         "--debug-addr",
@@ -198,7 +237,12 @@ def _parser() -> argparse.ArgumentParser:
         help="watch EndpointSlices (default) or legacy v1 Endpoints",
     )
     _security_flags(discovery)
-    discovery.add_argument("--cluster-domain", default="cluster.local")
+    discovery.add_argument(
+        "--cluster-domain",
+        default="cluster.local",
+        help="the cluster's DNS suffix, in cluster names and the TLS port's certificate"
+        " (default %(default)s)",
+    )
     discovery.add_argument(
         "--cluster-id",
         type=_cluster_id,
@@ -233,7 +277,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _csds_flags(parser: argparse.ArgumentParser) -> None:
     """How `proxy-status` and `proxy-config` reach pilot's CSDS, and what they print."""
-    parser.add_argument("--addr", default="localhost:15010", help="pilot's gRPC address")
+    parser.add_argument(
+        "--addr", default="localhost:15010", help="pilot's gRPC address (default %(default)s)"
+    )
     parser.add_argument(
         "--root-cert",
         type=Path,
@@ -260,7 +306,7 @@ _PROXY_CONFIG_KINDS = (
 )
 
 
-def _proxy_config_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _proxy_config_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
     config = commands.add_parser(
         "proxy-config",
         help="one proxy's clusters, endpoints or secrets (from CSDS)",
@@ -278,7 +324,7 @@ def _proxy_config_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
         _csds_flags(parser)
 
 
-def _agent_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _agent_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
     agent = commands.add_parser(
         "agent",
         help="serve SDS next to Envoy on a Unix socket (keys never leave the node)",
@@ -287,15 +333,27 @@ def _agent_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser])
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     agent.add_argument(
-        "--sds-socket", type=Path, default=DEFAULT_SOCKET, help="(default %(default)s)"
+        "--sds-socket",
+        type=Path,
+        default=DEFAULT_SOCKET,
+        help="the Unix socket Envoy reads its certificates from (default %(default)s)",
     )
     agent.add_argument(
         "--discovery-address",
         default=DEFAULT_DISCOVERY_ADDRESS,
         help="pilot's TLS gRPC address, the default CA_ADDR (default %(default)s)",
     )
-    agent.add_argument("--trust-domain", default="cluster.local")
-    agent.add_argument("--key-type", choices=[k.value for k in KeyType], default=KeyType.EC.value)
+    agent.add_argument(
+        "--trust-domain",
+        default="cluster.local",
+        help="SPIFFE trust domain of the workload's identity (default %(default)s)",
+    )
+    agent.add_argument(
+        "--key-type",
+        choices=[k.value for k in KeyType],
+        default=KeyType.EC.value,
+        help="workload keys: ec (ECDSA P-256, default) or rsa (RSA 2048)",
+    )
     _sidecar_flags(agent)
     _log_flags(agent)
     steps = agent.add_subparsers(dest="agent_step", metavar="STEP")
@@ -321,12 +379,18 @@ def _sidecar_flags(agent: argparse.ArgumentParser) -> None:
         default=DEFAULT_CONFIG_PATH,
         help="where envoy-rev.json is written (default %(default)s)",
     )
-    group.add_argument("--cluster-domain", default="cluster.local")
-    group.add_argument("--proxy-log-level", default="warning", help="Envoy's (default %(default)s)")
+    group.add_argument(
+        "--cluster-domain",
+        default="cluster.local",
+        help="the DNS suffix in the sidecar's node id (default %(default)s)",
+    )
+    group.add_argument(
+        "--proxy-log-level", default="warning", help="Envoy's log level (default %(default)s)"
+    )
     group.add_argument("--concurrency", type=int, default=2, help="Envoy's worker threads")
 
 
-def _iptables_parser(steps: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _iptables_parser(steps: argparse._SubParsersAction[_Parser]) -> None:
     """istio-iptables' flags and defaults."""
     defaults = CaptureSettings()
     rules = steps.add_parser(
@@ -376,7 +440,10 @@ def _log_flags(parser: argparse.ArgumentParser) -> None:
         f" (components: {', '.join(SCOPES)})",
     )
     parser.add_argument(
-        "--log-format", choices=["text", "json"], default="text", help="json: one object per line"
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="text (default) or json: one object per line",
     )
 
 
@@ -392,7 +459,11 @@ def _security_flags(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help=f"where a self-signed root is kept (default {default_state_dir()})",
     )
-    group.add_argument("--trust-domain", default="cluster.local", help="SPIFFE trust domain")
+    group.add_argument(
+        "--trust-domain",
+        default="cluster.local",
+        help="SPIFFE trust domain of the identities the CA signs (default %(default)s)",
+    )
     group.add_argument(
         "--token-audience",
         default="istio-ca",
@@ -429,6 +500,8 @@ def _security(args: argparse.Namespace) -> SecuritySettings:
 def _token_auth_file(args: argparse.Namespace) -> Path | None:
     """`--token-auth-file`, where it may be used: Kubernetes mode checks tokens by TokenReview."""
     path: Path | None = args.token_auth_file
+    if path is not None and not path.is_file():
+        raise SettingsError(f"--token-auth-file {path}: no such file")
     if path is not None and args.config is None:
         raise SettingsError(
             "--token-auth-file: only with --config (in Kubernetes mode"
@@ -458,7 +531,19 @@ def _remote_kubeconfig(text: str) -> tuple[str, Path]:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    """Every flag and variable checked; the ports last, so that a wrong flag is named
+    before a port another program holds."""
+    settings = _flag_settings(args)
+    addresses = (settings.grpc_addr, settings.grpc_tls_addr, settings.http_addr)
+    listened = zip(_ADDRESS_FLAGS, addresses, strict=True)
+    # Every address, --debug-addr's too, must resolve and be free (`pilot.listen_check`).
+    check_listen_addresses([*listened, ("--debug-addr", settings.debug_addr or "")])
+    return settings
+
+
+def _flag_settings(args: argparse.Namespace) -> Settings:
     grpc_addr, grpc_tls_addr, http_addr = _addresses(args)
+    _check_config_file(args.config)
     return Settings(
         grpc_addr=grpc_addr,
         http_addr=http_addr,
@@ -513,6 +598,8 @@ def _addresses(args: argparse.Namespace) -> tuple[str, str, str]:
     defaults = LOOPBACK_ADDRESSES if trusting and not args.insecure_bind_any else ANY_ADDRESSES
     given = (args.grpc_addr, args.grpc_tls_addr, args.http_addr)
     chosen = tuple(d if g is None else g for g, d in zip(given, defaults, strict=True))
+    flagged = [*zip(_ADDRESS_FLAGS, chosen, strict=True), ("--debug-addr", args.debug_addr or "")]
+    check_address_forms(flagged)
     exposed = [
         f"{flag} {address}"
         for flag, address in zip(_ADDRESS_FLAGS, chosen, strict=True)
@@ -531,6 +618,14 @@ def _addresses(args: argparse.Namespace) -> tuple[str, str, str]:
         )
     grpc_addr, grpc_tls_addr, http_addr = chosen
     return grpc_addr, grpc_tls_addr, http_addr
+
+
+def _check_config_file(path: Path | None) -> None:
+    """A --config that can never be a registry file is an error at start. A missing or
+    unreadable file is not: it may be written (or mounted) later, and pilot waits for it
+    unready, saying so in its log."""
+    if path is not None and path.is_dir():
+        raise SettingsError(f"--config {path}: is a directory, not a registry file")
 
 
 async def _run_agent(settings: AgentSettings) -> int:
@@ -616,6 +711,8 @@ async def _run_until_signalled(server: _Server, starting: Callable[[], str]) -> 
     either: set[asyncio.Future[Any]] = {started, received}
     await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     if started.done():
+        if started.exception() is not None:
+            await server.stop()  # close what did start: left to the collector, grpc complains
         started.result()  # a start that failed raises here (a one-line error in main)
         log.info("stopping on %s", (await received).name)
     else:
@@ -685,7 +782,8 @@ def _proxy_config(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `pilot` console script."""
-    args = _parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args = _parser().parse_args(_negative_durations_joined(given))
     if args.command == "proxy-status":
         return _proxy_status(args)
     if args.command == "proxy-config":
@@ -694,9 +792,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(args.log_level, args.log_format)
         if args.command == "agent":
             return _agent(args)
-        else:
-            map_large_buffers()
-            event_loop.run(_run_discovery(_settings(args)))
+        map_large_buffers()
+        event_loop.run(_run_discovery(_settings(args)))
     except (
         LogSpecError,
         EventLoopError,

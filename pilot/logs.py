@@ -2,7 +2,9 @@
 
 `--log-level info,xds:debug,kubernetes:warning` sets the default level, then
 per-scope levels. Scopes name pilot's components (`xds`, `push`, `file`,
-`kubernetes`, `security`, `ca`, `sds`, `agent`) or any logger name.
+`kubernetes`, `security`, `ca`, `sds`, `agent`, `limits`, `supervisor`, and
+`pilot` for all of them); any other name is an error (`LogSpecError`), as a
+typo would otherwise leave the level unchanged without a word.
 
 Clients decide many strings pilot logs (node ids, type URLs, names, NACK
 messages): `clipped` shows one escaped and cut short, and every message is cut
@@ -27,6 +29,9 @@ SCOPES: Final = {
     "ca": "pilot.security.ca",
     "sds": "pilot.security.sds",
     "agent": "pilot.agent",
+    "limits": "pilot.limits",
+    "supervisor": "pilot.supervisor",
+    "pilot": "pilot",
 }
 LEVELS: Final = ("debug", "info", "warning", "error")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -68,8 +73,13 @@ def parse_levels(spec: str) -> tuple[str, dict[str, str]]:
             raise LogSpecError(f"--log-level {part!r}: level must be one of {', '.join(LEVELS)}")
         if scope in ("", "default"):
             default = level.upper()
+        elif scope in SCOPES:
+            scoped[SCOPES[scope]] = level.upper()
         else:
-            scoped[SCOPES.get(scope, scope)] = level.upper()
+            raise LogSpecError(
+                f"--log-level {part!r}: unknown component {scope!r}"
+                f" (components: {', '.join(SCOPES)})"
+            )
     return default, scoped
 
 

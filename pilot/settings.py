@@ -189,6 +189,9 @@ def remote_kubeconfigs(
         if cluster in seen:
             raise SettingsError(f"--remote-kubeconfig {cluster}: the cluster is given twice")
         seen.add(cluster)
+    for cluster, path in given or ():  # the ids first: a file cannot mend a wrong id
+        if not path.is_file():
+            raise SettingsError(f"--remote-kubeconfig {cluster}={path}: no such file")
     return tuple(given or ())
 
 

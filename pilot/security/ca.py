@@ -170,6 +170,11 @@ class CertificateAuthority:
 
     @classmethod
     def _plugged_in(cls, directory: Path, settings: CaSettings) -> CertificateAuthority:
+        if not directory.is_dir():
+            raise CaSetupError(
+                f"--ca-cert-dir {directory}: no such directory (it holds the plugged-in CA's"
+                f" {', '.join(PLUGGED_IN_FILES)})"
+            )
         missing = [name for name in PLUGGED_IN_FILES if not (directory / name).is_file()]
         if missing:
             raise CaSetupError(f"--ca-cert-dir {directory} lacks {', '.join(missing)}")

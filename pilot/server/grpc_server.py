@@ -75,7 +75,8 @@ def _bind(server: aio.Server, address: str, credentials: grpc.ServerCredentials 
         else:
             port = server.add_secure_port(address, credentials)
     except RuntimeError as error:
-        raise OSError(f"cannot listen on {address}: {error}") from error
+        # gRPC's own message is a GRPC_VERBOSITY hint; the reason went to its log.
+        raise OSError(f"cannot listen on {address} (in use, or not an address here?)") from error
     if port == 0:
         raise OSError(f"cannot listen on {address} (in use?)")
     return port

@@ -37,6 +37,7 @@ __all__ = ["FileRegistry", "RegistryFileError", "RegistryState", "parse_registry
 log = logging.getLogger("pilot.sources.file")
 
 UNREADABLE, EMPTY, INVALID = "unreadable", "empty", "invalid"  # why a version was rejected
+_NOT_READY = "not ready until a good version is written"  # at start: no last good state
 
 
 class FileRegistry:
@@ -134,7 +135,8 @@ class FileRegistry:
         self._count_rejected(reason)
         if message != self.last_error:
             level = logging.WARNING if reason == EMPTY else logging.ERROR
-            log.log(level, "%s; keeping the last good registry", message)
+            kept = "keeping the last good registry" if self.synced else _NOT_READY
+            log.log(level, "%s; %s", message, kept)
         self.last_error = message
 
     def _changed_on_disk(self) -> bool:

@@ -3,8 +3,9 @@
 Reads Service, EndpointSlice and Endpoints objects, one per document or in a
 `kind: List` (what `kubectl get svc,endpointslices -A -o yaml` or `-o json`
 prints). JSON is parsed as JSON (fifty times faster than as YAML, which it also
-is); anything else, or JSON that does not parse, as YAML. Errors name the file,
-the document and the object.
+is); anything else, or JSON that does not parse, as YAML. Errors are one line
+naming the file and the document and object, or the line and column where the
+text stops being JSON or YAML.
 
 A document may say which cluster its objects come from (`cluster: ID` beside
 `kind`, for a `kind: List` its items'); objects of documents that name none
@@ -74,17 +75,60 @@ class RegistryState:
 
 def _loaded(text: str, origin: str) -> list[Any]:
     """The file's documents: JSON if it is JSON, else YAML."""
+    json_error: json.JSONDecodeError | None = None
     if _JSON_START.match(text):
         try:
             value = json.loads(text)
-        except ValueError:
-            pass  # YAML in flow style, or broken: YAML says which
+        except json.JSONDecodeError as error:
+            json_error = error  # YAML in flow style, or broken JSON
         else:
             return value if isinstance(value, list) else [value]
     try:
         return list(yaml.load_all(text, Loader=_Loader))
     except yaml.YAMLError as error:
-        raise RegistryFileError(f"{origin}: not valid YAML: {error}") from error
+        if json_error is not None:  # it looked like JSON: JSON's complaint is the one meant
+            raise RegistryFileError(_json_problem(origin, json_error)) from error
+        raise RegistryFileError(_yaml_problem(origin, text, error)) from error
+
+
+def _json_problem(origin: str, error: json.JSONDecodeError) -> str:
+    return f"{origin}: not valid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
+
+
+def _yaml_problem(origin: str, text: str, error: yaml.YAMLError) -> str:
+    """One line: the file, where in it (line and column, counted from 1), and what.
+
+    PyYAML's own message spans lines and names its input `<unicode string>`."""
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
+        mark = error.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}"
+        what = _one_line(error.problem or "")
+        start = error.context_mark
+        if (
+            error.context
+            and start is not None
+            and (start.line, start.column)
+            != (
+                mark.line,
+                mark.column,
+            )
+        ):
+            what += (
+                f" ({_one_line(error.context)} that starts at line {start.line + 1},"
+                f" column {start.column + 1})"
+            )
+    elif isinstance(error, yaml.reader.ReaderError):
+        before = text[: error.position]
+        line, column = before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
+        where = f"line {line}, column {column}"
+        what = _one_line(str(error).split("\n", 1)[0])
+    else:
+        return f"{origin}: not valid YAML: {_one_line(str(error))}"
+    return f"{origin}: not valid YAML at {where}: {what}"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 Located = tuple[str, str, Mapping[str, Any]]  # where, cluster, the object

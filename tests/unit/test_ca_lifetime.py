@@ -102,7 +102,15 @@ def test_invalid_trust_domain_is_a_setup_error(trust_domain: str) -> None:
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [("24h", 86400), ("1s", 1), ("1m30s", 90), ("2160h", 90 * 86400), ("1.5s", 1.5)],
+    [
+        ("24h", 86400),
+        ("1s", 1),
+        ("1m30s", 90),
+        ("2160h", 90 * 86400),
+        ("1.5s", 1.5),
+        ("30d", 30 * 86400),  # days, as the README speaks of them
+        ("90d", 90 * 86400),
+    ],
 )
 def test_secret_ttl_within_bounds(value: str, expected: float) -> None:
     sds = sds_from_env({"SECRET_TTL": value}, KeyType.EC)
@@ -111,7 +119,18 @@ def test_secret_ttl_within_bounds(value: str, expected: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "value", ["0", "0s", "500ms", "999ms", "2160h1s", "100000h", "99999999999999999999999h"]
+    "value",
+    [
+        "0",
+        "0s",
+        "500ms",
+        "999ms",
+        "2160h1s",
+        "100000h",
+        "99999999999999999999999h",
+        "100d",
+        "90d1s",
+    ],
 )
 def test_secret_ttl_out_of_range_is_refused(value: str) -> None:
     """Below a second the CA would be asked for 0s (its default); above 90 days it refuses."""
@@ -122,7 +141,7 @@ def test_secret_ttl_out_of_range_is_refused(value: str) -> None:
     )
 
 
-@pytest.mark.parametrize("value", ["", "-1h", "1d", "forever", "1e9s"])
+@pytest.mark.parametrize("value", ["", "-1h", "1w", "forever", "1e9s"])
 def test_secret_ttl_that_is_no_duration_is_refused(value: str) -> None:
     with pytest.raises(SecuritySettingsError, match=r"^SECRET_TTL: "):
         sds_from_env({"SECRET_TTL": value}, KeyType.EC)

@@ -67,9 +67,13 @@ def test_durations_like_istio() -> None:
     assert parse_duration("1m30s") == 90
     assert parse_duration("24h") == 86400
     assert parse_duration("0") == 0
-    for bad in ("", "10", "5x", "1h-2m"):
-        with pytest.raises(ValueError):
+    assert parse_duration("30d") == 30 * 86400
+    assert parse_duration("1d12h") == 36 * 3600
+    for bad in ("", "10", "5x", "1h-2m", "1w"):
+        with pytest.raises(ValueError, match=r"is not a duration|empty duration"):
             parse_duration(bad)
+    with pytest.raises(ValueError, match="'-5m' is negative"):
+        parse_duration("-5m")
 
 
 def test_debounce_settings_from_environment() -> None:
