@@ -273,7 +273,13 @@ async def test_an_envoy_that_dies_takes_the_agent_with_it(tmp_path: Path) -> Non
                 async with running_in(
                     a, _agent_argv(pilot), "started Envoy", uid=PROXY_UID, cwd=folder, env=env
                 ) as agent:
-                    os.kill(_envoy_pid(agent), signal.SIGKILL)
+                    pid = _envoy_pid(agent)
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pytest.fail(
+                            f"Envoy (pid {pid}) was gone before it was killed; {agent.tail()}"
+                        )
                     await agent.wait_line("exited with status -9: stopping")
                     code = await agent.process.wait()
                 assert code == 1, agent.tail()
