@@ -9,7 +9,9 @@ and `--http-addr` other than the default. Then, as a user would see it:
 
 * `/ready` answers 200, gRPC health says SERVING and reflection lists the xDS
   services on the plaintext port, and the TLS port completes a handshake;
-* a real Envoy on the host converges on the containerized pilot's clusters and hosts;
+* a real Envoy on the host (the one-machine sidecar bootstrap) converges on the
+  containerized pilot's clusters and hosts, and carries a request by service name
+  (`reviews`) to a real backend where the example mesh puts its endpoint;
 * the image's own HEALTHCHECK reports healthy (it reads the non-default `--http-addr`);
 * `docker stop` drains and exits 0;
 * a one-line change in pilot/ rebuilds without downloading a dependency;
@@ -37,11 +39,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from pilot.generators.naming import outbound_cluster_name
 from pilot.sources.file_format import parse_registry
 from tests.harness.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
+from tests.integration.http_backend import Backend
 from tests.support.docker_engine import (
     DockerEngine,
     ensure_base_image,
@@ -54,6 +58,10 @@ pytestmark = pytest.mark.envoy
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_TIMEOUT = 900.0
+# examples/mesh.yaml puts reviews' endpoint on 127.0.0.1:19080; in no-capture mode Envoy's
+# listener for its port 9080 binds 127.0.0.1:9080 (README, "A request through Envoy").
+REVIEWS_BACKEND_PORT = 19080
+REVIEWS_LISTENER = "http://127.0.0.1:9080/"
 GRPCURL = Path(sys.executable).parent / "grpcurl"
 PILOT_UID = "1337"
 # What is not part of a build context, when the checkout is copied to change a file.
@@ -238,8 +246,11 @@ async def test_the_image_runs_as_a_cluster_runs_it(
         await asyncio.to_thread(_tls_certificate, ports.tls)
 
         expected = _example_clusters()
-        bootstrap = load_example_bootstrap("envoy-ads-delta.yaml", ports.grpc, "node-1")
-        async with EnvoyProcess(bootstrap, tmp_path, "node-1", log_level="warning") as envoy:
+        bootstrap = load_example_bootstrap("envoy-sidecar-local.yaml", ports.grpc, "node-1")
+        async with (
+            Backend("127.0.0.1", REVIEWS_BACKEND_PORT) as backend,
+            EnvoyProcess(bootstrap, tmp_path, "node-1", log_level="warning") as envoy,
+        ):
             await wait_until(
                 envoy.cluster_names,
                 timeout=30,
@@ -253,6 +264,10 @@ async def test_the_image_runs_as_a_cluster_runs_it(
                 what="frontend's hosts",
                 until=bool,
             )
+            status = await wait_until(
+                _through_envoy, timeout=30, what="a request through Envoy", until=(200).__eq__
+            )
+            assert status == 200 and backend.seen, "the backend saw no request"
 
         _wait(
             lambda: _health(engine, name) == "healthy",
@@ -272,6 +287,16 @@ async def test_the_image_runs_as_a_cluster_runs_it(
     assert state["ExitCode"] == 0, f"pilot exited {state['ExitCode']}:\n{logs.stderr}"
     assert "stopping on SIGTERM" in logs.stdout + logs.stderr
     assert "Traceback" not in logs.stdout + logs.stderr
+
+
+async def _through_envoy() -> int:
+    """GET reviews through Envoy's no-capture listener (127.0.0.1:9080), by its name."""
+    timeout = aiohttp.ClientTimeout(total=5)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.get(REVIEWS_LISTENER, headers={"Host": "reviews.default:9080"}) as reply,
+    ):
+        return reply.status
 
 
 def outbound_cluster_name_of(names: set[str], service: str) -> str:
