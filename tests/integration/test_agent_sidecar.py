@@ -198,8 +198,13 @@ async def _get(pod: Pod, url: str) -> tuple[int, str]:
 
 
 def _envoy_pid(agent: PodProcess) -> int:
+    """The pid of the Envoy the agent says it started (failing, with the agent's last
+    lines, if that Envoy is already gone)."""
     match = next(m for line in agent.lines if (m := _STARTED.search(line)))
-    return int(match[1])
+    pid = int(match[1])
+    if not _exists(Path(f"/proc/{pid}")):
+        pytest.fail(f"the agent's Envoy (pid {pid}) is gone; {agent.tail()}")
+    return pid
 
 
 def _ids(pid: int, field: str) -> list[int]:
@@ -212,7 +217,22 @@ def _exists(path: Path) -> bool:
     return path.exists()
 
 
+def _check_proxy_can_run(*paths: str) -> None:
+    """uid 1337 runs the agent and Envoy from this virtual environment: say so plainly when
+    a directory above it is closed to others (a venv under `mktemp -d`, mode 0700)."""
+    for path in paths:
+        probe = ["setpriv", f"--reuid={PROXY_UID}", f"--regid={PROXY_UID}", "--clear-groups"]
+        done = subprocess.run([*probe, "--", "test", "-r", path], check=False, timeout=10)
+        if done.returncode != 0:
+            pytest.fail(
+                f"uid {PROXY_UID} cannot read {path}: the virtual environment and the"
+                " checkout must be readable by others (`.ci/run` makes its venv's directory"
+                " 0755)"
+            )
+
+
 def _agent_argv(pilot: PilotProcess) -> list[str]:
+    _check_proxy_can_run(str(PILOT), find_envoy_binary())
     return [
         str(PILOT), "agent",
         "--discovery-address", f"localhost:{pilot.tls_port}",
