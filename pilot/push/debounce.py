@@ -105,7 +105,12 @@ class Debouncer:
         if self._window and self._clock() >= self._deadline():
             window, opened = self._take_window()
             request, since = request.merge(window), min(since, opened)
-        if not self._window:
+        if self._window:
+            # Not due yet by our clock, though the loop's timer fired: a loop whose timers
+            # read a coarser clock (uvloop's is in milliseconds) wakes a hair early. Wait
+            # again for what is left, rather than for a change that may never come.
+            self._arrived.set()
+        else:
             self._arrived.clear()
         return request, since
 

@@ -174,3 +174,30 @@ def test_take_returns_everything_pending_at_once() -> None:
     assert request.registry.endpoints == {ServiceKey("ns", "b")}
     assert len(request.certificates) == 1
     assert not debouncer.take()[0]
+
+
+def test_a_timer_that_fires_early_still_flushes() -> None:
+    # pilot's debouncer reads time.monotonic; uvloop's timers read a millisecond clock and
+    # may wake it a hair before its deadline. Here the loop's timer fires at 1.0 while the
+    # debouncer's clock still reads 0.999 (it lags by 1 ms in that millisecond only): it
+    # must wait out the rest and flush, not wait for another change (there is none).
+    # Before, a file edit under uvloop was pushed only with the next change, one run in 9.
+    async def lagging() -> list[Flushed]:
+        loop = asyncio.get_running_loop()
+
+        def clock() -> float:
+            now = loop.time()
+            return now - 0.001 if 1.0 <= now < 1.001 else now
+
+        debouncer = Debouncer(DebounceSettings(after=1.0, max_delay=10.0), clock=clock)
+        flushes = Flushes()
+        task = asyncio.create_task(debouncer.run(flushes))
+        try:
+            debouncer.submit(_full("a"))
+            await _until(SETTLE)
+        finally:
+            task.cancel()
+        return flushes.seen
+
+    flushes = run_in_virtual_time(lagging())
+    assert [round(f.at, 3) for f in flushes] == [1.001], "flushed once the lag had passed"
