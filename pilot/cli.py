@@ -348,12 +348,7 @@ def _agent_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
         default="cluster.local",
         help="SPIFFE trust domain of the workload's identity (default %(default)s)",
     )
-    agent.add_argument(
-        "--key-type",
-        choices=[k.value for k in KeyType],
-        default=KeyType.EC.value,
-        help="workload keys: ec (ECDSA P-256, default) or rsa (RSA 2048)",
-    )
+    _key_type_flag(agent)
     _sidecar_flags(agent)
     _log_flags(agent)
     steps = agent.add_subparsers(dest="agent_step", metavar="STEP")
@@ -447,6 +442,16 @@ def _log_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _key_type_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--key-type`: the workload keys pilot discovery and pilot agent make."""
+    parser.add_argument(
+        "--key-type",
+        choices=[k.value for k in KeyType],
+        default=KeyType.EC.value,
+        help="workload keys: ec (ECDSA P-256, default) or rsa (RSA 2048)",
+    )
+
+
 def _security_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("security (CA and SDS)")
     group.add_argument(
@@ -469,12 +474,7 @@ def _security_flags(parser: argparse.ArgumentParser) -> None:
         default="istio-ca",
         help="audience service-account tokens must carry (default %(default)s)",
     )
-    group.add_argument(
-        "--key-type",
-        choices=[k.value for k in KeyType],
-        default=KeyType.EC.value,
-        help="workload keys: ec (ECDSA P-256, default) or rsa (RSA 2048)",
-    )
+    _key_type_flag(group)
     group.add_argument(
         "--xds-auth",
         choices=[m.value for m in XdsAuth],
