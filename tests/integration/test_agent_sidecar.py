@@ -29,6 +29,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -240,51 +241,19 @@ def _agent_argv(pilot: PilotProcess) -> list[str]:
     ]  # fmt: skip
 
 
-async def test_the_agent_starts_envoy_as_1337_and_envoy_gets_its_clusters_from_pilot(
-    tmp_path: Path,
-) -> None:
-    async with pod_network(["a"]) as network:
-        a = network["a"]
-        async with _pilot_in(a, tmp_path) as pilot:
-            root = pilot.root_pem.decode()
-            with _agent_folder(root, owner=PROXY_UID) as folder:
-                env = _pod_env(a.address)
-                async with running_in(
-                    a, _agent_argv(pilot), "started Envoy", uid=PROXY_UID, cwd=folder, env=env
-                ) as agent:
-                    pid = _envoy_pid(agent)
-                    assert _ids(pid, "Uid") == [PROXY_UID] * 4
-                    assert _ids(pid, "Gid") == [PROXY_UID] * 4
-                    written = folder / "etc/istio/proxy/envoy-rev.json"
-                    assert written.stat().st_mode & 0o777 == 0o644
-                    await wait_until(
-                        lambda: _get(a, "http://127.0.0.1:15000/clusters"),
-                        20,
-                        f"Envoy to hold {CLUSTER}",
-                        until=lambda answer: CLUSTER in answer[1],
-                    )
-                    await wait_until(
-                        lambda: _get(a, f"http://{a.address}:15021/healthz/ready"),
-                        30,
-                        "readiness on 15021",
-                        until=lambda answer: answer[0] == 200,
-                    )
-                    status, metrics = await _get(a, f"http://{a.address}:15090/stats/prometheus")
-                    assert status == 200 and "envoy_cluster_manager" in metrics
-                    assert (await _get(a, f"http://{a.address}:15090/clusters"))[0] == 404
-                    assert (await _get(a, f"http://{a.address}:15000/ready"))[0] == 0
-                    # Proven by the token Envoy read from CA_TOKEN_FILE (pilot refuses none).
-                    node = f"sidecar~{a.address}~cart-7d4f9-x2x1z.shop~shop.svc.cluster.local"
-                    proven = f"{node} (spiffe://cluster.local/ns/shop/sa/cart) connected"
-                    assert any(proven in entry["msg"] for entry in pilot.log), pilot.tail()
-                    code = await agent.stop()
-                assert code == 0, agent.tail()
-                assert not _exists(Path(f"/proc/{pid}")), "Envoy outlived the agent"
-                assert not _exists(folder / "var/run/secrets/workload-spiffe-uds/socket")
-    assert leftovers(network) == []
+@dataclass
+class Sidecar:
+    """Pod a, pilot inside it, and `pilot agent` (as uid 1337) with the Envoy it started."""
+
+    pod: Pod
+    pilot: PilotProcess
+    folder: Path
+    agent: PodProcess
 
 
-async def test_an_envoy_that_dies_takes_the_agent_with_it(tmp_path: Path) -> None:
+@asynccontextmanager
+async def _sidecar(tmp_path: Path) -> AsyncIterator[Sidecar]:
+    """The agent in its pod, once it says it started Envoy; the pod is gone afterwards."""
     async with pod_network(["a"]) as network:
         a = network["a"]
         async with _pilot_in(a, tmp_path) as pilot:
@@ -293,33 +262,59 @@ async def test_an_envoy_that_dies_takes_the_agent_with_it(tmp_path: Path) -> Non
                 async with running_in(
                     a, _agent_argv(pilot), "started Envoy", uid=PROXY_UID, cwd=folder, env=env
                 ) as agent:
-                    pid = _envoy_pid(agent)
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pytest.fail(
-                            f"Envoy (pid {pid}) was gone before it was killed; {agent.tail()}"
-                        )
-                    await agent.wait_line("exited with status -9: stopping")
-                    code = await agent.process.wait()
-                assert code == 1, agent.tail()
+                    yield Sidecar(a, pilot, folder, agent)
     assert leftovers(network) == []
+
+
+async def test_the_agent_starts_envoy_as_1337_and_envoy_gets_its_clusters_from_pilot(
+    tmp_path: Path,
+) -> None:
+    async with _sidecar(tmp_path) as sidecar:
+        a, pilot, folder, agent = sidecar.pod, sidecar.pilot, sidecar.folder, sidecar.agent
+        pid = _envoy_pid(agent)
+        assert _ids(pid, "Uid") == [PROXY_UID] * 4
+        assert _ids(pid, "Gid") == [PROXY_UID] * 4
+        written = folder / "etc/istio/proxy/envoy-rev.json"
+        assert written.stat().st_mode & 0o777 == 0o644
+        await wait_until(
+            lambda: _get(a, "http://127.0.0.1:15000/clusters"),
+            20,
+            f"Envoy to hold {CLUSTER}",
+            until=lambda answer: CLUSTER in answer[1],
+        )
+        await wait_until(
+            lambda: _get(a, f"http://{a.address}:15021/healthz/ready"),
+            30,
+            "readiness on 15021",
+            until=lambda answer: answer[0] == 200,
+        )
+        status, metrics = await _get(a, f"http://{a.address}:15090/stats/prometheus")
+        assert status == 200 and "envoy_cluster_manager" in metrics
+        assert (await _get(a, f"http://{a.address}:15090/clusters"))[0] == 404
+        assert (await _get(a, f"http://{a.address}:15000/ready"))[0] == 0
+        # Proven by the token Envoy read from CA_TOKEN_FILE (pilot refuses none).
+        node = f"sidecar~{a.address}~cart-7d4f9-x2x1z.shop~shop.svc.cluster.local"
+        proven = f"{node} (spiffe://cluster.local/ns/shop/sa/cart) connected"
+        assert any(proven in entry["msg"] for entry in pilot.log), pilot.tail()
+        code = await agent.stop()
+        assert code == 0, agent.tail()
+        assert not _exists(Path(f"/proc/{pid}")), "Envoy outlived the agent"
+        assert not _exists(folder / "var/run/secrets/workload-spiffe-uds/socket")
+
+
+async def test_an_envoy_that_dies_takes_the_agent_with_it(tmp_path: Path) -> None:
+    async with _sidecar(tmp_path) as sidecar:
+        agent = sidecar.agent
+        os.kill(_envoy_pid(agent), signal.SIGKILL)
+        await agent.wait_line("exited with status -9: stopping")
+        code = await agent.process.wait()
+        assert code == 1, agent.tail()
 
 
 async def test_envoy_goes_when_the_agent_is_killed(tmp_path: Path) -> None:
     """SIGKILL leaves the agent no time to stop Envoy: the kernel does (PR_SET_PDEATHSIG)."""
-    async with pod_network(["a"]) as network:
-        a = network["a"]
-        async with _pilot_in(a, tmp_path) as pilot:
-            with _agent_folder(pilot.root_pem.decode(), owner=PROXY_UID) as folder:
-                env = _pod_env(a.address)
-                async with running_in(
-                    a, _agent_argv(pilot), "started Envoy", uid=PROXY_UID, cwd=folder, env=env
-                ) as agent:
-                    pid = _envoy_pid(agent)
-                    agent.process.kill()
-                    await agent.process.wait()
-                    await wait_until(
-                        lambda: not _exists(Path(f"/proc/{pid}")), 5, "Envoy to go with the agent"
-                    )
-    assert leftovers(network) == []
+    async with _sidecar(tmp_path) as sidecar:
+        pid = _envoy_pid(sidecar.agent)
+        sidecar.agent.process.kill()
+        await sidecar.agent.process.wait()
+        await wait_until(lambda: not _exists(Path(f"/proc/{pid}")), 5, "Envoy to go with the agent")
