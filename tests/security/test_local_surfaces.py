@@ -167,7 +167,7 @@ def _reachable(address: str, port: int) -> bool:
 async def test_the_quick_start_listens_on_loopback_only(tmp_path: Path) -> None:
     outside = outside_address()
     if not _ports_free(QUICK_START_PORTS):
-        pytest.skip("another process holds 15010, 15012 or 15014: the Quick start cannot run")
+        pytest.fail("another process holds 15010, 15012 or 15014: the Quick start cannot run")
     shutil.copytree(EXAMPLES_DIR, tmp_path / "examples")
     # The README's command, exactly (the installed console script is `python -m pilot`).
     command = [sys.executable, "-m", "pilot", "discovery", "--config", "examples/mesh.yaml"]
