@@ -3,14 +3,19 @@
 Owns a small aiohttp server on an ephemeral port that answers every path with
 `BACKEND_BODY` and records each request as `Seen` (its path and the
 `x-forwarded-client-cert` header the server Envoy set, with a field reader).
+Run as a process (a pod's app, `python -m tests.integration.http_backend`), it
+also prints each request as one line, `seen {"path": ..., "xfcc": ...}`, for
+the test reading its output.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import urllib.parse
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from aiohttp import web
@@ -46,19 +51,40 @@ def _split_xfcc(header: str) -> list[str]:
 
 
 BACKEND_BODY = "hello from the shop backend"
+SEEN_PREFIX = "seen "
+
+
+def seen_line(seen: Seen) -> str:
+    return SEEN_PREFIX + json.dumps(asdict(seen))
+
+
+def parse_seen(line: str) -> Seen | None:
+    """The request a `seen_line` records, None for any other line."""
+    if not line.startswith(SEEN_PREFIX):
+        return None
+    return Seen(**json.loads(line.removeprefix(SEEN_PREFIX)))
 
 
 class Backend:
     """A small HTTP server on 127.0.0.1 (ephemeral port) that records every request."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        on_request: Callable[[Seen], None] | None = None,
+    ) -> None:
         self.seen: list[Seen] = []
+        self._on_request = on_request
         self._runner: web.AppRunner | None = None
         self.host = host
         self.port = port
 
     async def _handle(self, request: web.Request) -> web.Response:
-        self.seen.append(Seen(request.path, request.headers.get("x-forwarded-client-cert", "")))
+        seen = Seen(request.path, request.headers.get("x-forwarded-client-cert", ""))
+        self.seen.append(seen)
+        if self._on_request is not None:
+            self._on_request(seen)
         return web.Response(text=f"{BACKEND_BODY} {request.path}")
 
     async def __aenter__(self) -> Backend:
@@ -79,7 +105,11 @@ class Backend:
 
 async def _serve(host: str, port: int) -> None:
     """Serve until killed, saying so on stdout once bound (a pod's app, tests/support/pods)."""
-    async with Backend(host, port) as backend:
+
+    def report(seen: Seen) -> None:
+        print(seen_line(seen), flush=True)
+
+    async with Backend(host, port, report) as backend:
         print(f"serving on {backend.host}:{backend.port}", flush=True)
         await asyncio.Event().wait()
 

@@ -21,24 +21,29 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from pilot.agent import DEFAULT_ROOT_CERT
 from pilot.security.certs import cert_pem, self_signed_root
 from tests.harness.envoy_process import find_envoy_binary, validate_bootstrap, wait_until
 from tests.integration.agent_process import PILOT
 from tests.integration.ca_support import write_plugged_in
+from tests.integration.sidecar_support import (
+    PROXY_UID,
+    TOKEN_FILE,
+    Workload,
+    agent_argv,
+    agent_folder,
+    envoy_pid,
+    sidecar_env,
+)
 from tests.security.pilot_process import (
     PilotProcess,
     discovery_command,
@@ -49,42 +54,17 @@ from tests.support.mesh import simple_mesh, write_mesh
 from tests.support.pod_process import PodProcess, running_in
 from tests.support.pods import Pod, leftovers, pod_network
 
-PROXY_UID = 1337
-TOKEN_FILE = "./var/run/secrets/tokens/istio-token"
 TOKEN = "sidecar-token-0123456789abcdef"
 CLUSTER = "outbound|80||reviews.default.svc.cluster.local"
-_INHERITED_PREFIXES = ("PILOT_", "CA_", "SECRET_", "KUBECONFIG", "POD_", "SERVICE_ACCOUNT")
-_STARTED = re.compile(r"started Envoy \(pid (\d+), uid (\d+)\)")
+CART = Workload("shop", "cart", "cart-7d4f9-x2x1z")
 
 
 def _pod_env(ip: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_INHERITED_PREFIXES)}
-    return env | {
-        "POD_NAMESPACE": "shop",
-        "SERVICE_ACCOUNT": "cart",
-        "POD_NAME": "cart-7d4f9-x2x1z",
-        "INSTANCE_IP": ip,
-        "CA_TOKEN_FILE": TOKEN_FILE,
-        **extra,
-    }
+    return sidecar_env(ip, CART, **extra)
 
 
-@contextmanager
-def _agent_folder(root_pem: str, owner: int | None = None) -> Iterator[Path]:
-    """The agent's working directory: token and root where its defaults look, owned by it."""
-    folder = Path(tempfile.mkdtemp(prefix="sidecar-"))
-    try:
-        for relative, content in ((TOKEN_FILE, TOKEN), (str(DEFAULT_ROOT_CERT), root_pem)):
-            target = folder / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(content)
-        (folder / TOKEN_FILE).chmod(0o600)
-        if owner is not None:
-            for path in (folder, *folder.rglob("*")):
-                os.chown(path, owner, owner)
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+def _agent_folder(root_pem: str, owner: int | None = None) -> AbstractContextManager[Path]:
+    return agent_folder(root_pem, TOKEN, owner)
 
 
 def _bootstrap_command(folder: Path, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
@@ -198,16 +178,6 @@ async def _get(pod: Pod, url: str) -> tuple[int, str]:
     return int(code), body
 
 
-def _envoy_pid(agent: PodProcess) -> int:
-    """The pid of the Envoy the agent says it started (failing, with the agent's last
-    lines, if that Envoy is already gone)."""
-    match = next(m for line in agent.lines if (m := _STARTED.search(line)))
-    pid = int(match[1])
-    if not _exists(Path(f"/proc/{pid}")):
-        pytest.fail(f"the agent's Envoy (pid {pid}) is gone; {agent.tail()}")
-    return pid
-
-
 def _ids(pid: int, field: str) -> list[int]:
     status = Path(f"/proc/{pid}/status").read_text()
     [line] = [line for line in status.splitlines() if line.startswith(f"{field}:")]
@@ -218,27 +188,8 @@ def _exists(path: Path) -> bool:
     return path.exists()
 
 
-def _check_proxy_can_run(*paths: str) -> None:
-    """uid 1337 runs the agent and Envoy from this virtual environment: say so plainly when
-    a directory above it is closed to others (a venv under `mktemp -d`, mode 0700)."""
-    for path in paths:
-        probe = ["setpriv", f"--reuid={PROXY_UID}", f"--regid={PROXY_UID}", "--clear-groups"]
-        done = subprocess.run([*probe, "--", "test", "-r", path], check=False, timeout=10)
-        if done.returncode != 0:
-            pytest.fail(
-                f"uid {PROXY_UID} cannot read {path}: the virtual environment and the"
-                " checkout must be readable by others (`.ci/run` makes its venv's directory"
-                " 0755)"
-            )
-
-
 def _agent_argv(pilot: PilotProcess) -> list[str]:
-    _check_proxy_can_run(str(PILOT), find_envoy_binary())
-    return [
-        str(PILOT), "agent",
-        "--discovery-address", f"localhost:{pilot.tls_port}",
-        "--binary-path", find_envoy_binary(),
-    ]  # fmt: skip
+    return agent_argv(f"localhost:{pilot.tls_port}")
 
 
 @dataclass
@@ -271,7 +222,7 @@ async def test_the_agent_starts_envoy_as_1337_and_envoy_gets_its_clusters_from_p
 ) -> None:
     async with _sidecar(tmp_path) as sidecar:
         a, pilot, folder, agent = sidecar.pod, sidecar.pilot, sidecar.folder, sidecar.agent
-        pid = _envoy_pid(agent)
+        pid = envoy_pid(agent)
         assert _ids(pid, "Uid") == [PROXY_UID] * 4
         assert _ids(pid, "Gid") == [PROXY_UID] * 4
         written = folder / "etc/istio/proxy/envoy-rev.json"
@@ -305,7 +256,7 @@ async def test_the_agent_starts_envoy_as_1337_and_envoy_gets_its_clusters_from_p
 async def test_an_envoy_that_dies_takes_the_agent_with_it(tmp_path: Path) -> None:
     async with _sidecar(tmp_path) as sidecar:
         agent = sidecar.agent
-        os.kill(_envoy_pid(agent), signal.SIGKILL)
+        os.kill(envoy_pid(agent), signal.SIGKILL)
         await agent.wait_line("exited with status -9: stopping")
         code = await agent.process.wait()
         assert code == 1, agent.tail()
@@ -314,7 +265,7 @@ async def test_an_envoy_that_dies_takes_the_agent_with_it(tmp_path: Path) -> Non
 async def test_envoy_goes_when_the_agent_is_killed(tmp_path: Path) -> None:
     """SIGKILL leaves the agent no time to stop Envoy: the kernel does (PR_SET_PDEATHSIG)."""
     async with _sidecar(tmp_path) as sidecar:
-        pid = _envoy_pid(sidecar.agent)
+        pid = envoy_pid(sidecar.agent)
         sidecar.agent.process.kill()
         await sidecar.agent.process.wait()
         await wait_until(lambda: not _exists(Path(f"/proc/{pid}")), 5, "Envoy to go with the agent")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import socket
 import ssl
 from collections.abc import Callable, Iterable, Sequence
 
@@ -58,7 +59,12 @@ class KubeAPIServer:
         system_namespaces: bool = True,
         extra_routes: Sequence[web.AbstractRouteDef] = (),
         ssl_context: ssl.SSLContext | None = None,
+        sock: socket.socket | None = None,
     ) -> None:
+        # Serve on this listening socket (say, one made in a pod) instead; stop() closes it.
+        self.sock = sock
+        if sock is not None:
+            host, port = sock.getsockname()[:2]
         self.host = host
         self.ssl_context = ssl_context  # serve HTTPS with it (client certificates too)
         self.port = port
@@ -102,9 +108,13 @@ class KubeAPIServer:
             self._router.app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0
         )
         await runner.setup()
-        site = web.TCPSite(
-            runner, self.host, self.port, reuse_address=True, ssl_context=self.ssl_context
-        )
+        site: web.BaseSite
+        if self.sock is not None:
+            site = web.SockSite(runner, self.sock, ssl_context=self.ssl_context)
+        else:
+            site = web.TCPSite(
+                runner, self.host, self.port, reuse_address=True, ssl_context=self.ssl_context
+            )
         try:
             await site.start()
         except BaseException:

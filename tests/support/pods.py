@@ -4,10 +4,23 @@
 one namespace per pod, each with loopback up and `eth0` (one end of a veth pair
 whose other end is on the bridge) at 198.18.0.N/24: the range reserved for
 network benchmarks (RFC 2544), and these addresses exist only inside those
-namespaces. The host's own namespace gets nothing but the namespace names.
+namespaces. The host's own namespace gets nothing but the namespace names (and
+the hosts files below).
 Whatever happens in the test, on the way out every process still in a pod is
 killed and every namespace deleted (which takes its links, bridge and iptables
 rules with it); `leftovers()` says what is still there.
+
+`pod_network(names, hosts=...)` gives every pod the same hosts entries (name ->
+address, as cluster DNS would answer): `ip netns exec NAME` bind-mounts
+/etc/netns/NAME/hosts over /etc/hosts for whatever it runs, so curl, Envoy and
+the agent resolve `reviews.ns` there. Each pod also routes SERVICE_RANGE (the
+ClusterIPs, 198.19.0.0/16) out of eth0, as a pod's default route would: a
+connection to a ClusterIP needs a route before the capture rules rewrite it.
+Those files go with the namespaces.
+
+`socket_in(namespace, host, port)` makes a listening socket inside a pod's
+namespace for a server of this process (a socket keeps the namespace it was
+made in): the test's in-process API server listens inside the control pod.
 
 `Pod.command(*argv, uid=...)` is the command line that runs `argv` in the pod,
 as `uid` if given (`setpriv --reuid --regid --clear-groups`, as Kubernetes'
@@ -21,21 +34,27 @@ instead: CI must run these tests.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
 SUBNET = "198.18.0"  # 198.18.0.0/15 only: never an address that exists outside
 PREFIX = 24
 BRIDGE = "br0"
+SERVICE_RANGE = "198.19.0.0/16"  # ClusterIPs: still inside 198.18.0.0/15
 COMMAND_TIMEOUT = 30.0
+NETNS_ETC = Path("/etc/netns")  # `ip netns exec` bind-mounts NETNS_ETC/NAME/* over /etc/*
+_CLONE_NEWNET = 0x40000000
 
 
 class NamespaceError(RuntimeError):
@@ -158,7 +177,14 @@ def _make_bridge(network: PodNetwork) -> None:
     _in(network.bridge_namespace, "link", "set", BRIDGE, "up")
 
 
-def _add_pod(network: PodNetwork, name: str, index: int) -> Pod:
+def _write_hosts(namespace: str, hosts: Mapping[str, str]) -> None:
+    folder = NETNS_ETC / namespace
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = ["127.0.0.1 localhost", *(f"{address} {name}" for name, address in hosts.items())]
+    (folder / "hosts").write_text("\n".join(lines) + "\n")
+
+
+def _add_pod(network: PodNetwork, name: str, index: int, hosts: Mapping[str, str]) -> Pod:
     pod = Pod(name, f"{network.tag}-{name}", f"{SUBNET}.{index + 2}")
     _ip("netns", "add", pod.namespace)
     network.pods[name] = pod
@@ -171,6 +197,9 @@ def _add_pod(network: PodNetwork, name: str, index: int) -> Pod:
     _in(pod.namespace, "addr", "add", f"{pod.address}/{PREFIX}", "dev", "eth0")
     _in(pod.namespace, "link", "set", "eth0", "up")
     _in(pod.namespace, "link", "set", "lo", "up")
+    _in(pod.namespace, "route", "add", SERVICE_RANGE, "dev", "eth0")
+    if hosts:
+        _write_hosts(pod.namespace, hosts)
     return pod
 
 
@@ -189,27 +218,55 @@ def _remove(network: PodNetwork) -> None:
         _kill_processes(namespace)
     for namespace in network.all_namespaces:
         _ip("netns", "delete", namespace, check=False)
+        shutil.rmtree(NETNS_ETC / namespace, ignore_errors=True)
 
 
 def leftovers(network: PodNetwork) -> list[str]:
     """The harness's namespaces and links still on this machine (nothing, once removed)."""
     names = namespaces()
     left = [ns for ns in network.all_namespaces if ns in names]
+    left += [f"{NETNS_ETC / ns}" for ns in network.all_namespaces if (NETNS_ETC / ns).exists()]
     links = host_links()
     left += [f"link {link}" for link in links if link.startswith(network.link_prefix)]
     return left
 
 
 @asynccontextmanager
-async def pod_network(names: Sequence[str]) -> AsyncIterator[PodNetwork]:
-    """Pods `names` (198.18.0.2, .3, ... in order) on one bridge; all gone on the way out."""
+async def pod_network(
+    names: Sequence[str], hosts: Mapping[str, str] | None = None
+) -> AsyncIterator[PodNetwork]:
+    """Pods `names` (198.18.0.2, .3, ... in order) on one bridge, each resolving `hosts`
+    (name -> address); all gone on the way out."""
     require_namespaces()
     tag = f"pilot-{secrets.token_hex(3)}"
     network = PodNetwork(tag, f"{tag}-bridge")
     try:
         _make_bridge(network)
         for index, name in enumerate(names):
-            _add_pod(network, name, index)
+            _add_pod(network, name, index, hosts or {})
         yield network
     finally:
         _remove(network)
+
+
+def socket_in(namespace: str, host: str, port: int = 0) -> socket.socket:
+    """A listening TCP socket made inside network namespace `namespace`.
+
+    setns(2) moves only the calling thread, and only for the lines between the two
+    calls: nothing awaits there, so no other task of the event loop runs in the pod.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{namespace}", os.O_RDONLY)
+    try:
+        if libc.setns(target, _CLONE_NEWNET) != 0:
+            raise NamespaceError(f"setns({namespace}): {os.strerror(ctypes.get_errno())}")
+        try:
+            return socket.create_server((host, port))
+        finally:
+            if libc.setns(own, _CLONE_NEWNET) != 0:
+                # A thread left in the pod's namespace would make every later socket there.
+                os.abort()
+    finally:
+        os.close(own)
+        os.close(target)
