@@ -221,6 +221,41 @@ class PodEnvoy:
             if "active_state" in entry
         }
 
+    async def clusters(self) -> dict[str, Obj]:
+        """Name -> the active cluster pilot gave this Envoy."""
+        dump = await self.admin_json("/config_dump", resource="dynamic_active_clusters")
+        return {entry["cluster"]["name"]: entry["cluster"] for entry in dump.get("configs", [])}
+
+    async def endpoint_metadata(self, cluster: str) -> dict[str, Obj]:
+        """ip -> the filter metadata EDS gave that endpoint of `cluster`."""
+        dump = await self.admin_json(
+            "/config_dump", resource="dynamic_endpoint_configs", include_eds=""
+        )
+        return {
+            endpoint["endpoint"]["address"]["socket_address"]["address"]: endpoint.get(
+                "metadata", {}
+            ).get("filter_metadata", {})
+            for entry in dump.get("configs", [])
+            if entry.get("endpoint_config", {}).get("cluster_name") == cluster
+            for locality in entry["endpoint_config"].get("endpoints", [])
+            for endpoint in locality.get("lb_endpoints", [])
+        }
+
+    async def cluster_stat(self, cluster: str, stat: str) -> int:
+        """`cluster.NAME.STAT` (NAME: its alt_stat_name if pilot set one), 0 when absent."""
+        config = (await self.clusters()).get(cluster, {})
+        return await self.stat(f"cluster.{config.get('alt_stat_name') or cluster}.{stat}") or 0
+
+    async def listener_stat(self, listener: str, stat: str) -> int:
+        """`listener.PREFIX.STAT`: PREFIX is the listener's stat_prefix, else its address
+        (`0.0.0.0_15006`), as Envoy names them; 0 when absent."""
+        config = (await self.listeners()).get(listener, {})
+        address = config.get("address", {}).get("socket_address", {})
+        prefix = config.get("stat_prefix") or "{}_{}".format(
+            address.get("address"), address.get("port_value")
+        )
+        return await self.stat(f"listener.{prefix}.{stat}") or 0
+
     async def route_domains(self, route: str) -> set[str]:
         """Every domain of every virtual host of RDS route configuration `route`."""
         dump = await self.admin_json("/config_dump", resource="dynamic_route_configs")
