@@ -13,13 +13,16 @@ stand where Envoy would: 15001, 15006, 15021, 15090 and the app port 9080. Then:
 - the app dialling 127.0.0.1 stays on loopback;
 - a second run refuses (the rules are already there), and B has no rules at all.
 
-The full request path through two Envoys needs pilot's listeners; this is the
-capture under it. Nothing the harness made outlives the test, failing or not.
+The full request path through two Envoys is test_mesh_traffic.py; this is the
+capture under it. Nothing the harness made outlives the test, failing or not, and
+what would leave the harness (a pod name that is a path, a hosts entry that is two
+lines or an address outside 198.18.0.0/15) is refused before anything is made.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any
 
@@ -124,3 +127,24 @@ async def test_nothing_is_left_when_a_test_fails() -> None:
             async with running_in(network["a"], listen, "listening"):
                 raise RuntimeError("the test failed")
     assert leftovers(made[0]) == []
+
+
+@pytest.mark.parametrize(
+    ("names", "hosts", "message"),
+    [
+        (["../../etc"], {}, "pod name '../../etc'"),
+        (["a", "a"], {}, "each name once"),
+        (["a"], {"pilot\n198.51.100.1 evil": "198.18.0.2"}, "not a host name"),
+        (["a"], {"pilot": "198.18.0.2 evil"}, "not an address in 198.18.0.0/15"),
+        (["a"], {"pilot": "10.0.0.1"}, "not an address in 198.18.0.0/15"),
+    ],
+    ids=["path", "twice", "newline", "two-words", "outside"],
+)
+async def test_what_would_leave_the_harness_is_refused_before_anything_is_made(
+    names: list[str], hosts: dict[str, str], message: str
+) -> None:
+    """A pod name becomes a path under /etc/netns and a namespace; a hosts entry, a line.
+    The check comes first: it holds on machines that cannot make namespaces too."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        async with pod_network(names, hosts=hosts):
+            pytest.fail("the harness made pods")

@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import ipaddress
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -55,6 +57,10 @@ SERVICE_RANGE = "198.19.0.0/16"  # ClusterIPs: still inside 198.18.0.0/15
 COMMAND_TIMEOUT = 30.0
 NETNS_ETC = Path("/etc/netns")  # `ip netns exec` bind-mounts NETNS_ETC/NAME/* over /etc/*
 _CLONE_NEWNET = 0x40000000
+_RANGE = ipaddress.ip_network("198.18.0.0/15")
+_POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,14}[a-z0-9])?")  # part of a namespace's name
+_HOST_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_MAX_PODS = 250  # 198.18.0.2 ... .251 on one /24
 
 
 class NamespaceError(RuntimeError):
@@ -177,6 +183,26 @@ def _make_bridge(network: PodNetwork) -> None:
     _in(network.bridge_namespace, "link", "set", BRIDGE, "up")
 
 
+def check_pods(names: Sequence[str], hosts: Mapping[str, str]) -> None:
+    """Refuse, before anything is made, what would not stay inside the harness: a pod name
+    that is not a plain name (it becomes a namespace and a path under /etc/netns), a hosts
+    entry that is not one name and one address in 198.18.0.0/15."""
+    if len(names) > _MAX_PODS or len(set(names)) != len(names):
+        raise ValueError(f"pods {list(names)[:5]}...: at most {_MAX_PODS}, each name once")
+    for name in names:
+        if not _POD_NAME.fullmatch(name):
+            raise ValueError(f"pod name {name!r}: lower-case letters, digits, '-' (16 at most)")
+    for host, address in hosts.items():
+        if not _HOST_NAME.fullmatch(host):
+            raise ValueError(f"hosts entry {host!r}: not a host name")
+        try:
+            inside = ipaddress.ip_address(address) in _RANGE
+        except ValueError:
+            inside = False
+        if not inside:
+            raise ValueError(f"hosts entry {host!r} -> {address!r}: not an address in {_RANGE}")
+
+
 def _write_hosts(namespace: str, hosts: Mapping[str, str]) -> None:
     folder = NETNS_ETC / namespace
     folder.mkdir(parents=True, exist_ok=True)
@@ -237,6 +263,7 @@ async def pod_network(
 ) -> AsyncIterator[PodNetwork]:
     """Pods `names` (198.18.0.2, .3, ... in order) on one bridge, each resolving `hosts`
     (name -> address); all gone on the way out."""
+    check_pods(names, hosts or {})
     require_namespaces()
     tag = f"pilot-{secrets.token_hex(3)}"
     network = PodNetwork(tag, f"{tag}-bridge")
