@@ -296,10 +296,14 @@ class Backend:
         return next(seen for seen in self.seen() if seen.path == path)
 
 
-async def requests_from(pod: Pod, urls: Sequence[str], uid: int = APP_UID) -> list[int]:
-    """GET each URL with curl in `pod` as `uid` (one connection where it can): each status,
-    0 where nothing answered (refused, reset, timed out)."""
+async def requests_from(
+    pod: Pod, urls: Sequence[str], uid: int = APP_UID, headers: Sequence[str] = ()
+) -> list[int]:
+    """GET each URL with curl in `pod` as `uid` (one connection where it can), with
+    `headers` ("Name: value"): each status, 0 where nothing answered (refused, reset)."""
     argv = ["curl", "-sS", "--max-time", "5", "-w", "%{http_code}\\n"]
+    for header in headers:
+        argv += ["-H", header]
     for url in urls:
         argv += ["-o", "/dev/null", url]
     _, out, _ = await pod.run(*argv, uid=uid)
@@ -307,8 +311,8 @@ async def requests_from(pod: Pod, urls: Sequence[str], uid: int = APP_UID) -> li
     return codes + [0] * (len(urls) - len(codes))
 
 
-async def request_from(pod: Pod, url: str, uid: int = APP_UID) -> int:
-    [code] = await requests_from(pod, [url], uid)
+async def request_from(pod: Pod, url: str, uid: int = APP_UID, headers: Sequence[str] = ()) -> int:
+    [code] = await requests_from(pod, [url], uid, headers)
     return code
 
 

@@ -26,18 +26,20 @@ and their messages say what is missing.
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
 from tests.harness.envoy_process import wait_until
+from tests.integration.http_backend import Seen
 from tests.integration.mesh_pods import (
     APP_NAMESPACE,
     CONVERGE_TIMEOUT,
     FRONTEND,
     PORT,
+    REVIEWS,
     Mesh,
     PodEnvoy,
     cluster_of,
@@ -110,10 +112,10 @@ async def _why(mesh: Mesh, cluster: str) -> str:
     return "; ".join(reason for reason in reasons if reason) or "nothing known missing"
 
 
-async def _frontend_to_reviews(mesh: Mesh, step: str) -> Any:
+async def _frontend_to_reviews(mesh: Mesh, step: str, headers: Sequence[str] = ()) -> Seen:
     """a's app GETs reviews by name; b's backend must see it, with a's SPIFFE id."""
     path = _path(step)
-    status = await request_from(mesh.pod("a"), _url("reviews", path))
+    status = await request_from(mesh.pod("a"), _url("reviews", path), headers=headers)
     assert status == 200, (
         f"GET {_url('reviews', path)} from pod a (uid 1000, captured) answered {status}:"
         f" {await _why(mesh, cluster_of('reviews'))}"
@@ -124,6 +126,8 @@ async def _frontend_to_reviews(mesh: Mesh, step: str) -> Any:
         f"reviews' backend saw x-forwarded-client-cert {seen.xfcc!r}: URI {uri!r}, not"
         f" a's identity {FRONTEND.spiffe_id}"
     )
+    by = seen.xfcc_field("By")
+    assert by == REVIEWS.spiffe_id, f"XFCC {seen.xfcc!r}: By {by!r}, not b's {REVIEWS.spiffe_id}"
     return seen
 
 
@@ -135,6 +139,25 @@ async def test_frontend_reaches_reviews_through_both_envoys_with_its_identity(me
     assert handshakes > 0, f"b's Envoy counts no TLS handshake on {INBOUND_LISTENER}"
     upstream = await mesh.frontend.cluster_stat(reviews, "ssl.handshake")
     assert upstream > 0, f"a's Envoy counts no TLS handshake to {reviews}"
+
+
+FORGED = (
+    "x-forwarded-client-cert: By=spiffe://cluster.local/ns/bookinfo/sa/reviews;"
+    "URI=spiffe://cluster.local/ns/istio-system/sa/admin"
+)
+
+
+@NEEDS_INBOUND_AND_MTLS
+async def test_an_app_cannot_forge_the_client_certificate_header(mesh: Mesh) -> None:
+    """The identity b's app sees is what the peer proved, never what its request said."""
+    seen = await _frontend_to_reviews(mesh, "forged", headers=[FORGED])
+    assert "admin" not in seen.xfcc, f"a's forged XFCC reached reviews: {seen.xfcc!r}"
+    path = _path("forged-plaintext")
+    url = f"http://{pod_address('b')}:{PORT}{path}"
+    status = await request_from(mesh.pod("c"), url, headers=[FORGED])
+    assert status == 200, f"PERMISSIVE: plaintext from c to b's pod answered {status}"
+    plaintext = await mesh.backends["b"].wait_seen(path)
+    assert plaintext.xfcc == "", f"c proved nothing, yet reviews saw XFCC {plaintext.xfcc!r}"
 
 
 async def test_a_pod_without_a_sidecar_is_reached_in_plaintext(mesh: Mesh) -> None:
