@@ -193,13 +193,19 @@ class PodEnvoy:
     async def admin_json(self, path: str, **params: str) -> Any:
         return json.loads(await self.admin(path, **params))
 
+    async def stats(self, regex: str) -> dict[str, int]:
+        """Every counter and gauge whose name matches `regex` (RE2, Envoy's filter)."""
+        stats = await self.admin_json("/stats", format="json", filter=regex)
+        return {
+            entry["name"]: int(entry["value"])
+            for entry in stats.get("stats", [])
+            if isinstance(entry.get("value"), int)
+        }
+
     async def stat(self, name: str) -> int | None:
         """One counter by exact name (None when Envoy has no such stat)."""
         escaped = "".join(f"\\{c}" if not c.isalnum() and c != "_" else c for c in name)
-        stats = await self.admin_json("/stats", format="json", filter=f"^{escaped}$")
-        values = {entry["name"]: entry.get("value") for entry in stats.get("stats", [])}
-        value = values.get(name)
-        return None if value is None else int(value)
+        return (await self.stats(f"^{escaped}$")).get(name)
 
     async def hosts(self, cluster: str) -> set[tuple[str, int]]:
         """(ip, port) of every host Envoy holds for `cluster`."""

@@ -256,20 +256,33 @@ async def _until_each_backend_answers(mesh: Mesh, pods: list[str]) -> None:
     await wait_until(answered, CONVERGE_TIMEOUT, f"each of {pods} to answer a request")
 
 
+async def _wait_route(mesh: Mesh, service_name: str) -> None:
+    domain = f"{service_name}.{APP_NAMESPACE}"
+    await wait_until(
+        lambda: mesh.frontend.route_domains(str(PORT)), CONVERGE_TIMEOUT,
+        f"a's route {PORT} to name {domain}", until=lambda domains: domain in domains,
+    )  # fmt: skip
+
+
 async def test_a_new_service_is_reachable_without_a_restart(mesh: Mesh) -> None:
     for obj in details_objects(["d", "e"]):
         mesh.api.apply(obj)
     await _wait_details(mesh, ["d", "e"], "the new service's endpoints")
-    domains = await mesh.frontend.route_domains(str(PORT))
-    assert f"details.{APP_NAMESPACE}" in domains, f"route {PORT} lacks details: {domains}"
+    await _wait_route(mesh, "details")
     await _until_each_backend_answers(mesh, ["d", "e"])
     mesh.assert_nothing_restarted()
+
+
+# What a push of each type counts at Envoy (SotW ADS): CDS, LDS, and RDS of every route.
+PUSH_COUNTERS = r"^(cluster_manager\.cds|listener_manager\.lds|http\..*\.rds\..*)\.update_attempt$"
 
 
 async def test_an_endpoint_removed_from_its_slice_gets_no_more_requests(mesh: Mesh) -> None:
     for obj in details_objects(["d", "e"]):
         mesh.api.apply(obj)
     await _wait_details(mesh, ["d", "e"], "both endpoints")
+    await _wait_route(mesh, "details")  # RDS comes last: nothing of the service is in flight
+    before = await mesh.frontend.stats(PUSH_COUNTERS)
     mesh.api.apply(slice_object("details", ["d"]))
     await _wait_details(mesh, ["d"], "e removed from the slice")
     paths = [_path("after-removal") for _ in range(12)]
@@ -279,4 +292,6 @@ async def test_an_endpoint_removed_from_its_slice_gets_no_more_requests(mesh: Me
         await mesh.backends["d"].wait_seen(path)
     got = set(paths) & mesh.backends["e"].paths()
     assert got == set(), f"e, removed from the slice, still got {len(got)} requests"
+    after = await mesh.frontend.stats(PUSH_COUNTERS)
+    assert after == before, f"an endpoint change pushed more than EDS: {before} -> {after}"
     mesh.assert_nothing_restarted()
