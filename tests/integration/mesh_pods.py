@@ -414,5 +414,7 @@ async def mesh_pods(folder: Path) -> AsyncIterator[Mesh]:
         reviews = await _sidecar(stack, network["b"], REVIEWS, pilot, tokens[REVIEWS])
         for sidecar in (frontend, reviews):
             await _ready(sidecar)
+        for name, pod in (("reviews", "b"), ("ratings", "c")):
+            await frontend.wait_hosts(cluster_of(name), {(pod_address(pod), PORT)}, name)
         yield Mesh(network, api, pilot, frontend, reviews, backends)
     assert leftovers(network) == [], "the pods' namespaces or links outlived the test"
