@@ -273,6 +273,15 @@ class PodEnvoy:
             for domain in host.get("domains", [])
         }
 
+    async def wait_route(self, service_name: str) -> None:
+        """Until RDS route configuration PORT names the service (RDS is pushed last)."""
+        domain = f"{service_name}.{APP_NAMESPACE}"
+        await wait_until(
+            lambda: self.route_domains(str(PORT)), CONVERGE_TIMEOUT,
+            f"pod {self.pod.name}'s route {PORT} to name {domain}",
+            until=lambda domains: domain in domains, context=self.agent.tail,
+        )  # fmt: skip
+
     async def wait_hosts(self, cluster: str, expected: set[tuple[str, int]], what: str) -> None:
         await wait_until(
             lambda: self.hosts(cluster),
@@ -416,5 +425,6 @@ async def mesh_pods(folder: Path) -> AsyncIterator[Mesh]:
             await _ready(sidecar)
         for name, pod in (("reviews", "b"), ("ratings", "c")):
             await frontend.wait_hosts(cluster_of(name), {(pod_address(pod), PORT)}, name)
+            await frontend.wait_route(name)
         yield Mesh(network, api, pilot, frontend, reviews, backends)
     assert leftovers(network) == [], "the pods' namespaces or links outlived the test"

@@ -256,19 +256,11 @@ async def _until_each_backend_answers(mesh: Mesh, pods: list[str]) -> None:
     await wait_until(answered, CONVERGE_TIMEOUT, f"each of {pods} to answer a request")
 
 
-async def _wait_route(mesh: Mesh, service_name: str) -> None:
-    domain = f"{service_name}.{APP_NAMESPACE}"
-    await wait_until(
-        lambda: mesh.frontend.route_domains(str(PORT)), CONVERGE_TIMEOUT,
-        f"a's route {PORT} to name {domain}", until=lambda domains: domain in domains,
-    )  # fmt: skip
-
-
 async def test_a_new_service_is_reachable_without_a_restart(mesh: Mesh) -> None:
     for obj in details_objects(["d", "e"]):
         mesh.api.apply(obj)
     await _wait_details(mesh, ["d", "e"], "the new service's endpoints")
-    await _wait_route(mesh, "details")
+    await mesh.frontend.wait_route("details")
     await _until_each_backend_answers(mesh, ["d", "e"])
     mesh.assert_nothing_restarted()
 
@@ -281,7 +273,7 @@ async def test_an_endpoint_removed_from_its_slice_gets_no_more_requests(mesh: Me
     for obj in details_objects(["d", "e"]):
         mesh.api.apply(obj)
     await _wait_details(mesh, ["d", "e"], "both endpoints")
-    await _wait_route(mesh, "details")  # RDS comes last: nothing of the service is in flight
+    await mesh.frontend.wait_route("details")  # RDS comes last: nothing of the service is in flight
     before = await mesh.frontend.stats(PUSH_COUNTERS)
     mesh.api.apply(slice_object("details", ["d"]))
     await _wait_details(mesh, ["d"], "e removed from the slice")
