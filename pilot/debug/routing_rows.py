@@ -17,7 +17,7 @@ as Envoy does, not by the name a control plane gave them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 from envoy.config.core.v3 import address_pb2
@@ -103,10 +103,13 @@ def cluster_cell(cluster: str) -> str:
     return cluster if "Cluster" in cluster else f"Cluster: {cluster}"
 
 
+def _weighted(names: Iterable[str]) -> str:
+    return f"Clusters: {','.join(names)}"
+
+
 def _tcp_destination(proxy: tcp_proxy_pb2.TcpProxy) -> str:
     if proxy.WhichOneof("cluster_specifier") == "weighted_clusters":
-        weighted = ",".join(c.name for c in proxy.weighted_clusters.clusters)
-        return f"Clusters: {weighted}"
+        return _weighted(c.name for c in proxy.weighted_clusters.clusters)
     return cluster_cell(proxy.cluster)
 
 
@@ -134,20 +137,19 @@ def chain_destination(chain: listener_components_pb2.FilterChain) -> str:
 # --- routes ------------------------------------------------------------------------------
 
 
+_PATHS: dict[str, Callable[[rc_pb2.RouteMatch], str]] = {
+    "prefix": lambda match: f"{match.prefix}*",
+    "path": lambda match: str(match.path),
+    "safe_regex": lambda match: f"regex {match.safe_regex.regex}",
+    "path_separated_prefix": lambda match: f"{match.path_separated_prefix}/*",
+    "connect_matcher": lambda match: "CONNECT",
+}
+
+
 def route_match(match: rc_pb2.RouteMatch) -> str:
     """A route's path condition: `/*` for prefix `/`, the path, or the regex (headers aside)."""
-    which = match.WhichOneof("path_specifier")
-    if which == "prefix":
-        return f"{match.prefix}*"
-    if which == "path":
-        return str(match.path)
-    if which == "safe_regex":
-        return f"regex {match.safe_regex.regex}"
-    if which == "path_separated_prefix":
-        return f"{match.path_separated_prefix}/*"
-    if which == "connect_matcher":
-        return "CONNECT"
-    return ""
+    describe = _PATHS.get(match.WhichOneof("path_specifier") or "")
+    return describe(match) if describe is not None else ""
 
 
 def route_destination(route: rc_pb2.Route) -> str:
@@ -158,7 +160,7 @@ def route_destination(route: rc_pb2.Route) -> str:
         if specifier == "cluster":
             return cluster_cell(route.route.cluster)
         if specifier == "weighted_clusters":
-            return f"Clusters: {','.join(c.name for c in route.route.weighted_clusters.clusters)}"
+            return _weighted(c.name for c in route.route.weighted_clusters.clusters)
         if specifier == "cluster_header":
             return f"Cluster header: {route.route.cluster_header}"
         return "Route"

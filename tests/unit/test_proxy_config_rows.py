@@ -347,3 +347,20 @@ def test_an_error_names_a_hostile_node_id_escaped_and_cut_short() -> None:
         proxy_config.select(csds_pb2.ClientStatusResponse(), HOSTILE + "y" * 10_000)
     message = str(raised.value)
     assert "\x1b" not in message and "\n" not in message and len(message) < 600, message
+
+
+def test_route_paths_and_actions_are_worded_as_istioctl_words_them() -> None:
+    regex = rc_pb2.RouteMatch()
+    regex.safe_regex.regex = "/api/v[0-9]+"
+    assert [routing_rows.route_match(m) for m in (regex, rc_pb2.RouteMatch())] == [
+        "regex /api/v[0-9]+",
+        "",
+    ]
+    weighted = rc_pb2.Route()
+    for name in ("outbound|80||a.ns.svc.cluster.local", "outbound|80||b.ns.svc.cluster.local"):
+        weighted.route.weighted_clusters.clusters.add(name=name)
+    redirect = rc_pb2.Route(redirect=rc_pb2.RedirectAction(host_redirect="x"))
+    assert [routing_rows.route_destination(r) for r in (weighted, redirect)] == [
+        "Clusters: outbound|80||a.ns.svc.cluster.local,outbound|80||b.ns.svc.cluster.local",
+        "Redirect",
+    ]
