@@ -11,7 +11,8 @@ each of `-o table|json|yaml`, the listeners Envoy holds, a row per filter
 chain in istioctl's words (`Route: PORT`, `Cluster: outbound|...`,
 `0.0.0.0 15001 ALL PassthroughCluster`), and `routes` the virtual hosts with
 their domains shortened as istioctl does. The /debug page and /debug/syncz
-show LDS and RDS beside CDS, EDS and SDS.
+show LDS and RDS beside CDS, EDS and SDS, /debug/config_dump the listeners and
+routes themselves.
 
 Hostile input: a proxy whose node id carries terminal escapes, a newline and
 30,000 characters reaches `proxy-status` and `proxy-config` tables escaped,
@@ -24,6 +25,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import pytest_asyncio
@@ -203,6 +205,10 @@ async def test_proxy_status_and_debug_show_lds_and_rds(proxies: Proxies) -> None
     syncz = await proxies.pilot.get_json("/debug/syncz")
     [entry] = [e for e in syncz if e["proxy"] == LOCAL]
     assert set(entry["types"]["lds"]) == set(entry["types"]["rds"]) == {"SYNCED"}, entry
+    dump = await proxies.pilot.get_json(f"/debug/config_dump?proxyID={quote(LOCAL)}")
+    held = {(r["type"], r["name"]) for r in dump["resources"] if r["resource"] is not None}
+    http = proxies.ports.http
+    assert {(LISTENER, f"127.0.0.1_{http}"), (ROUTE, str(http))} <= held, sorted(held)
 
 
 def _assert_harmless(text: str) -> None:

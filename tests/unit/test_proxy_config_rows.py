@@ -364,3 +364,16 @@ def test_route_paths_and_actions_are_worded_as_istioctl_words_them() -> None:
         "Clusters: outbound|80||a.ns.svc.cluster.local,outbound|80||b.ns.svc.cluster.local",
         "Redirect",
     ]
+
+
+def test_contents_that_do_not_decode_are_a_row_of_name_and_state() -> None:
+    config = _config()
+    for type_url, name in ((types.LISTENER, "l"), (types.ROUTE, "r")):
+        generic = config.generic_xds_configs.add(type_url=type_url, name=name)
+        generic.xds_config.type_url = type_url
+        generic.xds_config.value = b"\xff\xff\xff"  # not a message: no traceback, no rows made up
+    assert proxy_config.listeners(config).listed()[0]["name"] == "l"
+    assert [r["match"] for r in proxy_config.listeners(config).listed()] == [None]
+    assert [(r["name"], r["vhost_name"]) for r in proxy_config.routes(config).listed()] == [
+        ("r", None)
+    ]
