@@ -8,10 +8,11 @@ behind one node id are two proxies: `select` wants `--identity` then.
 
 Each table has a row per resource (per endpoint for endpoints, per filter
 chain for listeners, per route for routes, per certificate for secrets) and
-says what CSDS says of it: its state (SYNCED, STALE, NOT_SENT, ERROR), and
-what its contents hold where CSDS sent them (`routing_rows` words listeners
-and routes as istioctl does). A resource CSDS sent no contents of is one row
-with its name and state. Secrets come from CSDS with their private keys already redacted
+says what CSDS says of it: its state (SYNCED, STALE, NOT_SENT, ERROR; and
+version, for clusters), and what its contents hold where CSDS sent them
+(`routing_rows` words listeners and routes as istioctl does). A resource CSDS
+sent no contents of (or none that decode) is one row of its name and state.
+Secrets come from CSDS with their private keys already redacted
 (`proxy_status.packed`); `secrets` reads only the certificates, and only
 public facts of them (SANs, serial, validity) reach a row.
 """
