@@ -7,8 +7,9 @@ What Istio's pilot-agent puts in `envoy-rev.json`, reduced to what pilot serves:
   INTERCEPTION_MODE (REDIRECT, or NONE for a sidecar without capture rules) and
   ISTIO_VERSION (pilot's version);
 - ADS to pilot at the discovery address over TLS verified with the agent's root
-  (CA_ROOT_CERT) and the address's host name, CDS and LDS over it (`ads`; Envoy
-  waits for clusters, and 10s at most for listeners before it starts with its own); the
+  (CA_ROOT_CERT) and the address's host name, CDS and LDS over it (`ads`; as
+  Istio's bootstrap, `initial_fetch_timeout: 0s` for both: Envoy waits for pilot's
+  clusters and listeners before it goes LIVE and answers readiness); the
   stream carries the service-account token from CA_TOKEN_FILE, read by Envoy
   from that file (`file_based_metadata`), so the token is never copied into the
   bootstrap;
@@ -41,7 +42,6 @@ ADMIN_PORT = 15000
 PROMETHEUS_PORT = 15090
 STATUS_PORT = 15021
 XDS_CLUSTER = "xds-grpc"
-LDS_INITIAL_FETCH_TIMEOUT = "10s"
 SDS_CLUSTER = "sds-grpc"
 INTERCEPTION_MODES = ("REDIRECT", "NONE")
 HCM = "envoy.filters.network.http_connection_manager"
@@ -183,11 +183,10 @@ def _ads(target: XdsTarget) -> Json:
 
 
 def _dynamic(target: XdsTarget) -> Json:
+    # Istio's 0s: wait for pilot however long it takes. A sidecar that went LIVE on a
+    # timeout would answer readiness holding no listener (or no cluster) of pilot's.
     ads = {"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"}
-    # Istio waits for listeners forever (0s); a pilot that serves no listeners would then
-    # keep Envoy's own (15021, 15090) unbound, so listeners get LDS_INITIAL_FETCH_TIMEOUT.
-    lds = dict(ads, initial_fetch_timeout=LDS_INITIAL_FETCH_TIMEOUT)
-    return {"ads_config": _ads(target), "cds_config": ads, "lds_config": lds}
+    return {"ads_config": _ads(target), "cds_config": ads, "lds_config": dict(ads)}
 
 
 def _static_cluster(name: str, address: Json, http2: bool = False) -> Json:

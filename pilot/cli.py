@@ -37,7 +37,7 @@ from pilot.event_loop import EventLoopError
 from pilot.generators.builder import BuildSettings
 from pilot.limits import LimitSettingError, limits_from_env
 from pilot.listen_check import check_address_forms, check_listen_addresses
-from pilot.logs import SCOPES, LogSpecError
+from pilot.logs import SCOPES, LogSpecError, clipped
 from pilot.logs import configure as configure_logging
 from pilot.memory import map_large_buffers
 from pilot.registry.model import DEFAULT_CLUSTER_ID
@@ -268,7 +268,7 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser(
         "proxy-status",
         help="what each connected Envoy holds (from CSDS)",
-        description="One row per connected proxy: CDS, EDS and SDS state (like istioctl).",
+        description="One row per connected proxy: CDS, LDS, EDS, RDS, SDS state (like istioctl).",
     )
     _csds_flags(status)
     _proxy_config_parser(commands)
@@ -302,6 +302,12 @@ def _csds_flags(parser: argparse.ArgumentParser) -> None:
 _PROXY_CONFIG_KINDS = (
     ("clusters", ("cluster", "c"), "a row per cluster: name, type, state, version"),
     ("endpoints", ("endpoint", "ep"), "a row per endpoint: address, health, cluster, locality"),
+    (
+        "listeners",
+        ("listener", "l"),
+        "a row per filter chain: addresses, port, what it matches, where it sends",
+    ),
+    ("routes", ("route", "r"), "a row per route: configuration, virtual host, domains, path"),
     ("secrets", ("secret", "s"), "a row per certificate: SPIFFE SAN, serial, validity"),
 )
 
@@ -309,7 +315,7 @@ _PROXY_CONFIG_KINDS = (
 def _proxy_config_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
     config = commands.add_parser(
         "proxy-config",
-        help="one proxy's clusters, endpoints or secrets (from CSDS)",
+        help="one proxy's clusters, endpoints, listeners, routes or secrets (from CSDS)",
         description="What pilot sent one proxy, and its state (like istioctl proxy-config).",
     )
     kinds = config.add_subparsers(dest="kind_given", required=True, metavar="KIND")
@@ -751,8 +757,10 @@ def _client_status(
         print(f"pilot: error: {error}", file=sys.stderr)
     except grpc.RpcError as error:
         hint = proxy_status_table.hint(error.code())
+        # The details are the server's words: escaped and cut short like a client's.
+        details = clipped(error.details() or "", 1000)
         print(
-            f"pilot: error: {address}: {error.code().name}: {error.details()}{hint}",
+            f"pilot: error: {address}: {error.code().name}: {details}{hint}",
             file=sys.stderr,
         )
     return None

@@ -146,7 +146,7 @@ class PilotCollector(Collector):
         yield _by_type("pilot_xds_pushes", "xDS responses sent, by type.", dict(stats.responses))
         rejects = sum(stats.nacks.values())
         yield _istio_counter("pilot_total_xds_rejects", "xDS responses rejected.", value=rejects)
-        for type_url in (types.CLUSTER, types.ENDPOINT, types.SECRET):
+        for type_url in types.PUSH_ORDER:  # Istio's pilot_xds_{cds,eds,lds,rds}_reject
             short = types.short_name(type_url)
             yield _istio_counter(
                 f"pilot_xds_{short}_reject",

@@ -1,6 +1,6 @@
 """The /debug page: one server-rendered HTML page for an operator, like Envoy's admin page.
 
-It shows the connected proxies with their CDS / EDS / SDS state (the cells
+It shows the connected proxies with their CDS / LDS / EDS / RDS / SDS state (the cells
 `pilot proxy-status` prints), the registry's size, the last pushes, and links
 to every JSON endpoint. No JavaScript: the page reloads itself every
 `REFRESH_SECONDS` (`?refresh=0` stops it, to read or copy in peace).
@@ -136,7 +136,7 @@ def _proxies(proxies: LiveProxies) -> str:
     header = _row(map(_th, names))
     rows = [_proxy_row(status) for status in statuses]
     if not rows:
-        rows = ['<tr><td class="none" colspan="7">No proxy is connected.</td></tr>']
+        rows = [f'<tr><td class="none" colspan="{len(names)}">No proxy is connected.</td></tr>']
     more = ""
     if total > len(statuses):
         more = f'<p class="meta">The first {len(statuses)} of {total}: all of them in '

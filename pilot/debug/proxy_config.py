@@ -1,4 +1,4 @@
-"""`pilot proxy-config clusters|endpoints|secrets NODE_ID`: one proxy's resources, from CSDS.
+"""`pilot proxy-config clusters|endpoints|listeners|routes|secrets NODE_ID`: from CSDS.
 
 Like `istioctl proxy-config`. The proxy is asked of pilot's CSDS by its exact
 node id (`request_for`), with resource contents, and CSDS answers as it does
@@ -6,10 +6,13 @@ node id (`request_for`), with resource contents, and CSDS answers as it does
 A proxy is a node id and the identity its streams proved, so two identities
 behind one node id are two proxies: `select` wants `--identity` then.
 
-Each table has a row per resource (per endpoint for endpoints, per
-certificate for secrets) and says what CSDS says of it: its version and its
-state (SYNCED, STALE, NOT_SENT, ERROR), and what its contents hold where CSDS
-sent them. Secrets come from CSDS with their private keys already redacted
+Each table has a row per resource (per endpoint for endpoints, per filter
+chain for listeners, per route for routes, per certificate for secrets) and
+says what CSDS says of it: its state (SYNCED, STALE, NOT_SENT, ERROR; and
+version, for clusters), and what its contents hold where CSDS sent them
+(`routing_rows` words listeners and routes as istioctl does). A resource CSDS
+sent no contents of (or none that decode) is one row of its name and state.
+Secrets come from CSDS with their private keys already redacted
 (`proxy_status.packed`); `secrets` reads only the certificates, and only
 public facts of them (SANs, serial, validity) reach a row.
 """
@@ -24,11 +27,15 @@ from cryptography import x509
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import base_pb2, health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.config.route.v3 import route_pb2
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 from envoy.service.status.v3 import csds_pb2
 from google.protobuf import message
 
+from pilot.debug import routing_rows
 from pilot.debug.tables import Cell, Table
+from pilot.logs import clipped
 from pilot.security.certs import uri_sans
 from pilot.xds import types
 
@@ -64,18 +71,25 @@ def select(
         if config.node.id == node_id and identity in (None, config.client_scope)
     ]
     if not found:
-        which = f"node id {node_id!r}" + (f" and identity {identity!r}" if identity else "")
+        which = f"node id {_quoted(node_id)}"
+        which += f" and identity {_quoted(identity)}" if identity else ""
         raise ProxyNotFound(
             f"no proxy with {which} is connected to pilot (among those this caller may read;"
             " `pilot proxy-status` lists them)"
         )
     if len(found) > 1:
-        identities = ", ".join(sorted(config.client_scope or "(none)" for config in found))
+        scopes = sorted(clipped(config.client_scope) or "(none)" for config in found)
         raise AmbiguousProxy(
-            f"{len(found)} proxies use node id {node_id!r}, with identities {identities}:"
+            f"{len(found)} proxies use node id {_quoted(node_id)}, with identities"
+            f" {', '.join(scopes)}:"
             " pick one with --identity"
         )
     return found[0]
+
+
+def _quoted(text: str) -> str:
+    """A node id or identity for an error line: quoted, control characters escaped, cut short."""
+    return f"'{clipped(text)}'"
 
 
 def _held(
@@ -90,8 +104,7 @@ def _contents(generic: csds_pb2.ClientConfig.GenericXdsConfig, message_class: ty
     """The resource as CSDS sent it; None when it sent none (NOT_SENT, or excluded)."""
     if not generic.HasField("xds_config"):
         return None
-    resource = message_class()
-    return resource if generic.xds_config.Unpack(resource) else None
+    return routing_rows.unpacked(generic.xds_config, message_class)
 
 
 def _status(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> str:
@@ -218,8 +231,91 @@ def secrets(config: csds_pb2.ClientConfig, now: datetime.datetime | None = None)
     return Table.of((*headers, "NOT AFTER", "NOT BEFORE"), records)
 
 
+# --- listeners -------------------------------------------------------------------------
+
+
+def _listener_records(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> list[dict[str, Cell]]:
+    """A row per filter chain (the default one last); one row of name and state without
+    contents."""
+    known: dict[str, Cell] = {"name": generic.name, "status": _status(generic)}
+    listener = _contents(generic, listener_pb2.Listener)
+    if listener is None:
+        return [known]
+    where: dict[str, Cell] = {
+        "addresses": routing_rows.addresses(listener),
+        "port": routing_rows.port(listener),
+    }
+    chains = routing_rows.filter_chains(listener)
+    if not chains:
+        return [where | known]
+    return [
+        where
+        | {
+            "match": routing_rows.chain_match(chain.filter_chain_match),
+            "destination": routing_rows.chain_destination(chain),
+        }
+        | known
+        for chain in chains
+    ]
+
+
+def _by_port(records: list[dict[str, Cell]]) -> tuple[bool, int, str, str]:
+    port = records[0].get("port")
+    where = (port is None, port if isinstance(port, int) else 0, str(records[0].get("addresses")))
+    return (*where, str(records[0]["name"]))
+
+
+def listeners(config: csds_pb2.ClientConfig) -> Table:
+    """A row per filter chain of every listener, by port then address, as istioctl prints."""
+    per_listener = sorted(
+        (_listener_records(generic) for generic in _held(config, types.LISTENER)), key=_by_port
+    )
+    records = [record for rows in per_listener for record in rows]
+    return Table.of(("ADDRESSES", "PORT", "MATCH", "DESTINATION", "NAME", "STATUS"), records)
+
+
+# --- routes ----------------------------------------------------------------------------
+
+
+def _route_records(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> list[dict[str, Cell]]:
+    """A row per route of every virtual host; one row of name and state without contents."""
+    known: dict[str, Cell] = {"name": generic.name}
+    state: dict[str, Cell] = {"status": _status(generic)}
+    config = _contents(generic, route_pb2.RouteConfiguration)
+    if config is None:
+        return [known | state]
+    return [
+        known
+        | {
+            "vhost_name": host.name,
+            "domains": routing_rows.domains(host.domains),
+            "match": match,
+            "destination": destination,
+        }
+        | state
+        for host in config.virtual_hosts
+        for match, destination in routing_rows.virtual_host_routes(host)
+    ] or [known | state]
+
+
+def _route_order(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> tuple[bool, int, str]:
+    """Numeric names (Istio's ports) in numeric order, then the others by name."""
+    numeric = generic.name.isdecimal() and len(generic.name) < 10
+    return (not numeric, int(generic.name) if numeric else 0, generic.name)
+
+
+def routes(config: csds_pb2.ClientConfig) -> Table:
+    """A row per route of every route configuration: its virtual host, domains, path, target."""
+    held = sorted(_held(config, types.ROUTE), key=_route_order)
+    records = [record for generic in held for record in _route_records(generic)]
+    headers = ("NAME", "VHOST NAME", "DOMAINS", "MATCH", "DESTINATION", "STATUS")
+    return Table.of(headers, records)
+
+
 TABLES: dict[str, Callable[[csds_pb2.ClientConfig], Table]] = {
     "clusters": clusters,
     "endpoints": endpoints,
+    "listeners": listeners,
+    "routes": routes,
     "secrets": secrets,
 }

@@ -20,7 +20,14 @@ from pilot.debug.csds import CSDS_SERVICE
 from pilot.debug.tables import Cell, Table
 from pilot.xds import types
 
-COLUMNS = (("CDS", types.CLUSTER), ("EDS", types.ENDPOINT), ("SDS", types.SECRET))
+# istioctl's order (CDS, LDS, EDS, RDS), then the secrets pilot serves too.
+COLUMNS = (
+    ("CDS", types.CLUSTER),
+    ("LDS", types.LISTENER),
+    ("EDS", types.ENDPOINT),
+    ("RDS", types.ROUTE),
+    ("SDS", types.SECRET),
+)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,13 @@ A `Table` is named columns and one record per row. `-o table` (the default)
 prints the headers and aligned cells, `-` where a cell is empty; `-o json` and
 `-o yaml` print the records as a list of objects whose keys are the columns'
 keys (the headers in snake_case), with numbers and booleans as such.
+
+Cells hold what proxies and registries chose (node ids, listener and service
+names), so none reaches a terminal raw: `-o table` escapes control characters
+(an escape sequence, a newline that would forge a row) and cuts a cell at
+`CELL_CHARS` characters, saying how many more there were; `-o json` and `-o
+yaml` escape every control character as their formats do, and keep the whole
+value.
 """
 
 from __future__ import annotations
@@ -14,10 +21,16 @@ from dataclasses import dataclass
 
 import yaml
 
+from pilot.logs import clipped
+
 FORMATS = ("table", "json", "yaml")
 
 Cell = str | int | bool | None
 Record = Mapping[str, Cell]
+
+# Wider than any name Istio makes (a node id is at most ~700 characters of DNS names)
+# would be a table nobody reads; -o json has the whole value.
+CELL_CHARS = 1000
 
 
 @dataclass(frozen=True)
@@ -50,7 +63,7 @@ def _shown(cell: Cell) -> str:
         return "-"
     if isinstance(cell, bool):
         return str(cell).lower()
-    return str(cell)
+    return clipped(str(cell), CELL_CHARS)
 
 
 def aligned(rows: Sequence[Sequence[str]]) -> str:
@@ -65,7 +78,7 @@ def aligned(rows: Sequence[Sequence[str]]) -> str:
 def formatted(table: Table, output: str) -> str:
     """The table as `output` (one of FORMATS) says, without a final newline."""
     if output == "json":
-        return json.dumps(table.listed(), indent=2)
+        return json.dumps(table.listed(), indent=2, ensure_ascii=True)
     if output == "yaml":
         text: str = yaml.safe_dump(table.listed(), sort_keys=False, default_flow_style=False)
         return text.rstrip("\n")

@@ -98,6 +98,9 @@ def test_envoy_accepts_the_bootstrap_the_agent_prints(tmp_path: Path) -> None:
     assert node["metadata"]["INTERCEPTION_MODE"] == "REDIRECT"
     dynamic = bootstrap["dynamic_resources"]
     assert dynamic["cds_config"]["ads"] == {} and dynamic["lds_config"]["ads"] == {}
+    # Istio's: no timeout on the first clusters and listeners, so LIVE means pilot's are there.
+    assert dynamic["cds_config"]["initial_fetch_timeout"] == "0s"
+    assert dynamic["lds_config"]["initial_fetch_timeout"] == "0s"
     assert TOKEN not in result.stdout, "the token was copied into the bootstrap"
     assert str(folder / TOKEN_FILE)[2:] in result.stdout.replace("/./", "/")
     assert bootstrap["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
@@ -239,6 +242,9 @@ async def test_the_agent_starts_envoy_as_1337_and_envoy_gets_its_clusters_from_p
             "readiness on 15021",
             until=lambda answer: answer[0] == 200,
         )
+        # Ready only once pilot's listeners came: Envoy waits for LDS without a timeout.
+        _, held = await _get(a, "http://127.0.0.1:15000/listeners")
+        assert "virtualOutbound::0.0.0.0:15001" in held, held
         status, metrics = await _get(a, f"http://{a.address}:15090/stats/prometheus")
         assert status == 200 and "envoy_cluster_manager" in metrics
         assert (await _get(a, f"http://{a.address}:15090/clusters"))[0] == 404

@@ -213,7 +213,9 @@ async def test_proxy_status_command_prints_one_row_per_proxy(tmp_path: Path) -> 
             "NAME": "sidecar-1",
             "IDENTITY": identity,
             "CDS": "ERROR (2/2)",
+            "LDS": "-",
             "EDS": "SYNCED (2)",
+            "RDS": "-",
             "SDS": "-",
         }
 

@@ -37,6 +37,8 @@ from typing import TypeVar
 import pytest
 import yaml
 
+from tests.support.cli import split_row
+
 ROOT = Path(__file__).resolve().parents[2]
 READMES = (ROOT / "README.md", ROOT / "deploy" / "README.md")
 PORTS = (15000, 15010, 15012, 15014)  # Envoy's admin, pilot's gRPC, TLS gRPC and HTTP
@@ -61,6 +63,11 @@ PROXY_CONFIG = (
     "pilot proxy-config clusters  NODE_ID --addr localhost:15010",
     "pilot proxy-config endpoints NODE_ID --addr localhost:15010",
     "pilot proxy-config secrets   NODE_ID --addr localhost:15010 -o yaml",
+)
+# Run against the sidecar Envoy of "A request through Envoy" (the same node id).
+PROXY_CONFIG_ROUTING = (
+    "pilot proxy-config listeners NODE_ID --addr localhost:15010",
+    "pilot proxy-config routes    NODE_ID --addr localhost:15010",
 )
 GRPCURL_LIST = "grpcurl -plaintext localhost:15010 list"
 GRPCURL_DESCRIBE = (
@@ -136,6 +143,7 @@ RUN_HERE = {
     CLUSTER_COUNT,
     PROXY_STATUS,
     *PROXY_CONFIG,
+    *PROXY_CONFIG_ROUTING,
     GRPCURL_LIST,
     *GRPCURL_DESCRIBE,
     GRPCURL_HEALTH,
@@ -492,6 +500,27 @@ class TestRequestThroughEnvoy:
 
         printed = eventually("200 from the backend through Envoy", answered, *sidecar_servers)
         assert printed == "200\n"
+
+    def test_proxy_config_shows_the_listener_and_route_that_carried_it(
+        self, shell: Shell, sidecar_servers: list[Background]
+    ) -> None:
+        listed, routed = (command.replace("NODE_ID", NODE_ID) for command in PROXY_CONFIG_ROUTING)
+        http = ["127.0.0.1", "9080", "ALL", "Route: 9080", "127.0.0.1_9080", "SYNCED"]
+
+        def listed_rows() -> list[list[str]] | None:
+            rows = [split_row(line) for line in shell.run(listed).splitlines()]
+            return rows if http in rows else None  # until Envoy has ACKed it
+
+        rows = eventually("reviews' listener in proxy-config", listed_rows, *sidecar_servers)
+        assert rows[0] == ["ADDRESSES", "PORT", "MATCH", "DESTINATION", "NAME", "STATUS"]
+        routes = shell.run(routed)
+        reviews = "reviews.default.svc.cluster.local:9080"
+        route = next(split_row(line) for line in routes.splitlines() if reviews in line)
+        assert route[0] == "9080" and route[3:] == [
+            "/*",
+            "Cluster: outbound|9080||reviews.default.svc.cluster.local",
+            "SYNCED",
+        ], routes
 
 
 class TestAgentOnOneMachine:

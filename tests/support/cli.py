@@ -1,7 +1,8 @@
 """The `pilot` command run as a user runs it: a subprocess, what it printed, its exit status.
 
 `run_pilot("proxy-status", "--addr", ...)` runs `python -m pilot ...` and returns
-an `Output`, which reads back what `-o json`, `-o yaml` or `-o table` printed.
+an `Output`, which reads back what `-o json`, `-o yaml` or `-o table` printed;
+`assert_formats_agree` checks that the three formats print the same rows.
 """
 
 from __future__ import annotations
@@ -66,3 +67,24 @@ async def run_pilot(*argv: str) -> Output:
     out, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
     assert process.returncode is not None
     return Output(tuple(argv), process.returncode, out.decode(), err.decode())
+
+
+def shown(value: Any) -> str:
+    """A JSON value as -o table prints it: `-` when empty, booleans in lower case."""
+    if value is None or value == "":
+        return "-"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def assert_formats_agree(outputs: dict[str, Output], headers: list[str]) -> list[dict[str, Any]]:
+    """-o json and -o yaml print the same records, -o table the same rows; the records."""
+    records = outputs["json"].records()
+    assert outputs["yaml"].records() == records, str(outputs["yaml"])
+    printed_headers, rows = outputs["table"].table()
+    assert printed_headers == headers, str(outputs["table"])
+    keys = [header.lower().replace(" ", "_") for header in headers]
+    assert all(list(record) == keys for record in records), records
+    assert rows == [[shown(record[key]) for key in keys] for record in records], (
+        f"{outputs['table']}\n--- json\n{outputs['json'].stdout}"
+    )
+    return records

@@ -10,16 +10,26 @@ without a region, resources CSDS sent no contents for.
 from __future__ import annotations
 
 import datetime
+import json
 
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.config.route.v3 import route_components_pb2 as rc_pb2
+from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import (
+    http_connection_manager_pb2 as hcm_pb2,
+)
+from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 from envoy.service.status.v3 import csds_pb2
+from google.protobuf import any_pb2
+from google.protobuf.message import Message
 
-from pilot.debug import proxy_config
-from pilot.debug.tables import FORMATS, formatted
+from pilot.debug import proxy_config, routing_rows
+from pilot.debug.tables import CELL_CHARS, FORMATS, formatted
 from pilot.xds import types
 from tests.integration.ca_support import issue_leaf, new_ca
 
@@ -143,3 +153,227 @@ def test_times_are_utc_seconds() -> None:
     assert record["type"] == "CA"
     after = ca.cert.not_valid_after_utc.strftime("%Y-%m-%dT%H:%M:%SZ")
     assert record["not_after"] == after
+
+
+# --- listeners and routes ----------------------------------------------------------------
+
+
+def _packed(message: Message) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)
+    return packed
+
+
+def _tcp_chain(cluster: str) -> listener_components_pb2.FilterChain:
+    proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=cluster, cluster=cluster)
+    # A name that says nothing: the rows go by the config's type, as Envoy does.
+    return listener_components_pb2.FilterChain(
+        filters=[listener_components_pb2.Filter(name="f", typed_config=_packed(proxy))]
+    )
+
+
+def _http_chain(route_config: str) -> listener_components_pb2.FilterChain:
+    manager = hcm_pb2.HttpConnectionManager(stat_prefix="s")
+    manager.rds.route_config_name = route_config
+    return listener_components_pb2.FilterChain(
+        filters=[listener_components_pb2.Filter(name="hcm", typed_config=_packed(manager))]
+    )
+
+
+def _listener(name: str, address: str, port: int) -> listener_pb2.Listener:
+    listener = listener_pb2.Listener(name=name)
+    listener.address.socket_address.address = address
+    listener.address.socket_address.port_value = port
+    return listener
+
+
+def _inbound_chain(
+    port: int, transport: str, alpn: list[str]
+) -> listener_components_pb2.FilterChain:
+    chain = _tcp_chain(f"inbound|{port}||")
+    chain.filter_chain_match.destination_port.value = port
+    chain.filter_chain_match.transport_protocol = transport
+    chain.filter_chain_match.application_protocols.extend(alpn)
+    return chain
+
+
+def _sidecar_listeners() -> csds_pb2.ClientConfig:
+    """What a captured sidecar holds: virtualOutbound, an HTTP and a TCP port, and a
+    virtualInbound with mTLS and plaintext chains per port and a default chain."""
+    outbound = _listener("virtualOutbound", "0.0.0.0", 15001)
+    outbound.filter_chains.append(_tcp_chain("PassthroughCluster"))
+    http = _listener("0.0.0.0_9080", "0.0.0.0", 9080)
+    http.filter_chains.append(_http_chain("9080"))
+    tcp = _listener("10.96.0.7_5432", "10.96.0.7", 5432)
+    tcp.filter_chains.append(_tcp_chain("outbound|5432||db.shop.svc.cluster.local"))
+    inbound = _listener("virtualInbound", "0.0.0.0", 15006)
+    for port in (9080, 8443):
+        inbound.filter_chains.append(_inbound_chain(port, "tls", ["istio-peer-exchange", "istio"]))
+        inbound.filter_chains.append(_inbound_chain(port, "raw_buffer", []))
+    inbound.default_filter_chain.CopyFrom(_tcp_chain("InboundPassthroughClusterIpv4"))
+    config = _config()
+    for listener in (inbound, tcp, http, outbound):
+        _add(config, types.LISTENER, listener.name, listener)
+    _add(config, types.LISTENER, "asked-for-not-sent", None)
+    return config
+
+
+def test_listeners_are_a_row_per_filter_chain_by_port() -> None:
+    rows = [
+        (r["addresses"], r["port"], r["match"], r["destination"], r["name"])
+        for r in proxy_config.listeners(_sidecar_listeners()).listed()
+    ]
+    inbound = "virtualInbound"
+    mtls = "Trans: tls; App: istio-peer-exchange,istio; Addr: *:"
+    db = "outbound|5432||db.shop.svc.cluster.local"
+    assert rows == [
+        ("10.96.0.7", 5432, "ALL", f"Cluster: {db}", "10.96.0.7_5432"),
+        ("0.0.0.0", 9080, "ALL", "Route: 9080", "0.0.0.0_9080"),
+        ("0.0.0.0", 15001, "ALL", "PassthroughCluster", "virtualOutbound"),
+        ("0.0.0.0", 15006, f"{mtls}9080", "Cluster: inbound|9080||", inbound),
+        ("0.0.0.0", 15006, "Trans: raw_buffer; Addr: *:9080", "Cluster: inbound|9080||", inbound),
+        ("0.0.0.0", 15006, f"{mtls}8443", "Cluster: inbound|8443||", inbound),
+        ("0.0.0.0", 15006, "Trans: raw_buffer; Addr: *:8443", "Cluster: inbound|8443||", inbound),
+        ("0.0.0.0", 15006, "ALL", "InboundPassthroughClusterIpv4", inbound),
+        (None, None, None, None, "asked-for-not-sent"),
+    ]
+    table = formatted(proxy_config.listeners(_sidecar_listeners()), "table").splitlines()
+    assert table[0].split() == ["ADDRESSES", "PORT", "MATCH", "DESTINATION", "NAME", "STATUS"]
+    assert table[2].split()[:4] == ["0.0.0.0", "9080", "ALL", "Route:"]
+
+
+def test_filter_chain_matches_are_worded_as_istioctl_words_them() -> None:
+    match = listener_components_pb2.FilterChainMatch(
+        server_names=["a.example", "b.example"], transport_protocol="tls"
+    )
+    match.prefix_ranges.add(address_prefix="10.0.0.0").prefix_len.value = 8
+    match.destination_port.value = 443
+    assert routing_rows.chain_match(match) == (
+        "SNI: a.example,b.example; Trans: tls; Addr: 10.0.0.0/8:443"
+    )
+    assert routing_rows.chain_match(listener_components_pb2.FilterChainMatch()) == "ALL"
+    inline = hcm_pb2.HttpConnectionManager(stat_prefix="s")
+    host = inline.route_config.virtual_hosts.add(name="backend", domains=["*"])
+    host.routes.add(match=rc_pb2.RouteMatch(prefix="/healthz/ready"))
+    chain = listener_components_pb2.FilterChain(
+        filters=[listener_components_pb2.Filter(name="x", typed_config=_packed(inline))]
+    )
+    assert routing_rows.chain_destination(chain) == "Inline Route: /healthz/ready*"
+    assert routing_rows.chain_destination(listener_components_pb2.FilterChain()) == (
+        "Non-HTTP/Non-TCP"
+    )
+
+
+def _route_config() -> route_pb2.RouteConfiguration:
+    config = route_pb2.RouteConfiguration(name="9080")
+    fqdn = "reviews.shop.svc.cluster.local"
+    bare = [fqdn, "reviews.shop.svc", "reviews.shop", "reviews", "10.96.0.9"]
+    host = config.virtual_hosts.add(
+        name=f"{fqdn}:9080", domains=[d for b in bare for d in (b, f"{b}:9080")]
+    )
+    host.routes.add(
+        name="default",
+        match=rc_pb2.RouteMatch(prefix="/"),
+        route=rc_pb2.RouteAction(cluster=f"outbound|9080||{fqdn}"),
+    )
+    config.virtual_hosts.add(name="allow_any", domains=["*"]).routes.add(
+        match=rc_pb2.RouteMatch(prefix="/"), route=rc_pb2.RouteAction(cluster="PassthroughCluster")
+    )
+    config.virtual_hosts.add(name="block_all", domains=["*"]).routes.add(
+        match=rc_pb2.RouteMatch(path="/x"),
+        direct_response=rc_pb2.DirectResponseAction(status=502),
+    )
+    config.virtual_hosts.add(name="empty", domains=["[fd00::1]", "[fd00::1]:80"])
+    return config
+
+
+def test_routes_are_a_row_per_route_with_domains_shortened() -> None:
+    config = _config()
+    _add(config, types.ROUTE, "9080", _route_config())
+    _add(config, types.ROUTE, "80", route_pb2.RouteConfiguration(name="80"))
+    _add(config, types.ROUTE, "inbound|8080||", None)
+    rows = [
+        (r["name"], r["vhost_name"], r["domains"], r["match"], r["destination"])
+        for r in proxy_config.routes(config).listed()
+    ]
+    assert rows == [
+        ("80", None, None, None, None),
+        ("9080", "reviews.shop.svc.cluster.local:9080", "reviews.shop, reviews + 1 more...", "/*",
+         "Cluster: outbound|9080||reviews.shop.svc.cluster.local"),
+        ("9080", "allow_any", "*", "/*", "PassthroughCluster"),
+        ("9080", "block_all", "*", "/x", "Direct response: 502"),
+        ("9080", "empty", "[fd00::1]", "/*", "404"),
+        ("inbound|8080||", None, None, None, None),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("domains", "shown"),
+    [
+        ([], None),
+        (["*"], "*"),
+        (["a.ns.svc.example.org", "a.ns.svc", "a.ns"], "a.ns"),
+        (["only:80", "ports:80"], "only:80, ports:80"),
+        (["a", "b", "c", "d"], "a, b + 2 more..."),
+    ],
+)
+def test_domains_keep_the_short_names(domains: list[str], shown: str | None) -> None:
+    assert routing_rows.domains(domains) == shown
+
+
+HOSTILE = "evil\x1b[2J\x1b]0;owned\x07\nforged row\u202e"
+
+
+def test_names_reach_a_table_escaped_and_cut_short() -> None:
+    listener = _listener(HOSTILE, "0.0.0.0", 1)
+    listener.filter_chains.append(_tcp_chain("outbound|1||" + "x" * 5000))
+    config = _config(HOSTILE)
+    _add(config, types.LISTENER, listener.name, listener)
+    text = formatted(proxy_config.listeners(config), "table")
+    assert not any(ch in text for ch in "\x1b\x07\u202e"), repr(text)
+    assert len(text.splitlines()) == 2, "a newline in a name forged a row"
+    assert "evil\\x1b[2J" in text and "(+" in text and len(text) < 2 * CELL_CHARS + 200
+    for output in ("json", "yaml"):
+        shown = formatted(proxy_config.listeners(config), output)
+        assert not any(ch in shown for ch in "\x1b\x07\u202e"), output
+        lines = shown.splitlines()
+        assert not any(line.lstrip().startswith("forged") for line in lines), output
+    records = json.loads(formatted(proxy_config.listeners(config), "json"))
+    assert records[0]["name"] == HOSTILE, "-o json keeps the whole value"
+
+
+def test_an_error_names_a_hostile_node_id_escaped_and_cut_short() -> None:
+    with pytest.raises(proxy_config.ProxyNotFound) as raised:
+        proxy_config.select(csds_pb2.ClientStatusResponse(), HOSTILE + "y" * 10_000)
+    message = str(raised.value)
+    assert "\x1b" not in message and "\n" not in message and len(message) < 600, message
+
+
+def test_route_paths_and_actions_are_worded_as_istioctl_words_them() -> None:
+    regex = rc_pb2.RouteMatch()
+    regex.safe_regex.regex = "/api/v[0-9]+"
+    assert [routing_rows.route_match(m) for m in (regex, rc_pb2.RouteMatch())] == [
+        "regex /api/v[0-9]+",
+        "",
+    ]
+    weighted = rc_pb2.Route()
+    for name in ("outbound|80||a.ns.svc.cluster.local", "outbound|80||b.ns.svc.cluster.local"):
+        weighted.route.weighted_clusters.clusters.add(name=name)
+    redirect = rc_pb2.Route(redirect=rc_pb2.RedirectAction(host_redirect="x"))
+    assert [routing_rows.route_destination(r) for r in (weighted, redirect)] == [
+        "Clusters: outbound|80||a.ns.svc.cluster.local,outbound|80||b.ns.svc.cluster.local",
+        "Redirect",
+    ]
+
+
+def test_contents_that_do_not_decode_are_a_row_of_name_and_state() -> None:
+    config = _config()
+    for type_url, name in ((types.LISTENER, "l"), (types.ROUTE, "r")):
+        generic = config.generic_xds_configs.add(type_url=type_url, name=name)
+        generic.xds_config.type_url = type_url
+        generic.xds_config.value = b"\xff\xff\xff"  # not a message: no traceback, no rows made up
+    assert proxy_config.listeners(config).listed()[0]["name"] == "l"
+    assert [r["match"] for r in proxy_config.listeners(config).listed()] == [None]
+    assert [(r["name"], r["vhost_name"]) for r in proxy_config.routes(config).listed()] == [
+        ("r", None)
+    ]
