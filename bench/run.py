@@ -28,7 +28,7 @@ import aiohttp
 
 from bench import pilot_cli, wire
 from bench.fleet import Expected, Fleet, FleetSpec, Report
-from bench.kube import KubeApi, SliceWatch
+from bench.kube import SERVICE_NAME_LABEL, SLICES, KubeApi, Watch
 from bench.procs import (
     PYTHON,
     ROOT,
@@ -62,6 +62,7 @@ class Config:
     pilot_env: dict[str, str] = field(default_factory=dict)
     pilot_log_level: str = "info"
     idle_seconds: float = 0.0  # after the sync: the server's CPU over this quiet window
+    pilot_flags: tuple[str, ...] = ()  # more of pilot's flags, after the bench's own
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,21 @@ class Run:
             url = await read_line_starting(child, "kubeapi listening on")
         return url, kubeconfig
 
+    async def start_mesh(self, mesh_yaml: str) -> tuple[KubeApi, Path]:
+        """The API server loaded with the mesh: a session to it (closed with the run), a
+        kubeconfig for pilot."""
+        url, kubeconfig = await self.start_kubeapi(mesh_yaml)
+        api = KubeApi(url)
+        self.stack.push_async_callback(api.close)
+        return api, kubeconfig
+
+    async def watch(self, api: KubeApi, path: str, label_selector: str | None = None) -> Watch:
+        """A watch of the bench's own (stopped with the run)."""
+        watch = Watch(api, path, label_selector)
+        await watch.start()
+        self.stack.push_async_callback(watch.stop)
+        return watch
+
     async def start_pilot(self, kubeconfig: Path) -> tuple[Child, str, int]:
         """Pilot on the Kubernetes registry, once /ready: it, its xDS address, its HTTP port.
 
@@ -182,7 +198,7 @@ class Run:
     ) -> tuple[Child, str, int] | None:
         """None if pilot exits refusing the extra flags."""
         self.pilot_flags = ["--log-level", pilot_cli.log_level(self.config.pilot_log_level)]
-        self.pilot_flags += extra
+        self.pilot_flags += [*extra, *self.config.pilot_flags]
         argv = [PYTHON, "-m", "pilot", "discovery", "--kubeconfig", str(kubeconfig)]
         argv += ["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]
         argv += self.pilot_flags
@@ -371,7 +387,7 @@ async def _wait_ready(child: Child, url: str) -> bool:
 class ApiTrigger:
     """Changes go through the API server; one reaches pilot with its watch event."""
 
-    def __init__(self, api: KubeApi, watch: SliceWatch) -> None:
+    def __init__(self, api: KubeApi, watch: Watch) -> None:
         self.api = api
         self.watch = watch
         self.sent: list[float] = []  # when each apply request was sent
@@ -404,12 +420,8 @@ async def measure(config: Config, workdir: Path) -> Measured:
     run = Run(config, workdir)
     try:
         knobs = asyncio.create_task(run.pilot_knobs())  # only for the report: not waited on
-        url, kubeconfig = await run.start_kubeapi(mesh_yaml)
-        api = KubeApi(url)
-        run.stack.push_async_callback(api.close)
-        watch = SliceWatch(api)
-        await watch.start()
-        run.stack.push_async_callback(watch.stop)
+        api, kubeconfig = await run.start_mesh(mesh_yaml)
+        watch = await run.watch(api, SLICES, SERVICE_NAME_LABEL)
         pilot, pilot_target, http_port = await run.start_pilot(kubeconfig)
         trigger = ApiTrigger(api, watch)
         initial = workdir / "initial.bin"

@@ -31,10 +31,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.eds_push import DEFAULT_PILOT_ENV
 from bench.fleet import FleetSpec
 from bench.report import PhaseResult, percentile
 from bench.run import Config, measure
+from bench.runner import DEFAULT_PILOT_ENV
 
 
 @dataclass(frozen=True)

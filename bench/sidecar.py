@@ -1,0 +1,251 @@
+"""`python -m bench.sidecar`: the full sidecar config (CDS, EDS, LDS, RDS) for N sidecars.
+
+One run, every process on 127.0.0.1 with ephemeral ports:
+
+1. The test API server starts with `bench.sidecar_mesh`'s mesh of S services
+   (ClusterIPs, one in ten with a TCP port too, a Pod with
+   `security.istio.io/tlsMode: istio` behind every endpoint); pilot
+   (`pilot discovery --kubeconfig`) syncs from it.
+2. N `bench.clients` streams connect as sidecars, Pods of the mesh, and do what
+   Envoy does on delta ADS: CDS `*`; EDS for every EDS cluster; once those are
+   in, LDS `*`; RDS for the route configurations the listeners name; every
+   response ACKed. Initial sync: until every sidecar has ACKed all four types.
+   Secrets (SDS) are not asked for: in Istio's split the agent serves them.
+3. A services are added one at a time (the EndpointSlice first, then, pilot
+   idle again, the Service), each timed until every sidecar has received its
+   clusters, their assignments, its listener and route configuration 80.
+4. K endpoint changes one at a time (the EndpointSlice alone, the new address's
+   Pod already there), each timed until every sidecar has its new assignment.
+
+Figures: the initial sync time; bytes received per sidecar, per type (the
+DeltaDiscoveryResponse messages, without gRPC's framing); pilot's RSS per
+sidecar ((RSS with all synced - RSS before any) / N); pilot's CPU per service
+added and per endpoint changed (user+system CPU over each series / its length,
+the waits for idleness between items included) and their ratio; the
+responses each sidecar got per item, by type (an endpoint change: EDS alone).
+
+There is no floor phase: `bench.eds_push` measures what pilot adds to
+grpc.aio writing the same bytes; here the figures are sizes, memory and the
+cost of one kind of change against another, in the same pilot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import math
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import pilot_cli, wire
+from bench.kube import SERVICE_NAME_LABEL, SERVICES, SLICES, KubeApi, Watch
+from bench.procs import Child, wait_idle
+from bench.report import percentile
+from bench.run import ApiTrigger, Config, Run, Series, Synced
+from bench.runner import Machine, add_run_flags, config_of, pilot_log_summary, run_main
+from bench.sidecar_mesh import TCP_EVERY, Addition, SidecarMesh
+
+TYPES = list(wire.SHORT)  # Istio's push order: CDS, EDS, LDS, RDS
+# In Kubernetes mode pilot's plaintext port serves CDS and EDS only, LDS and RDS on
+# the TLS port (with a token); this flag has the plaintext port serve every type.
+LISTENERS_ON_PLAINTEXT = ("--plaintext-secrets",)
+
+
+@dataclass
+class SidecarMeasured:
+    """The sync, both series, and how pilot ran."""
+
+    sync: Synced
+    added: Series
+    changed: Series
+    pilot_knobs: dict[str, str]
+    pilot_flags: list[str]
+
+
+class AdditionTrigger:
+    """A service added: its EndpointSlice, then (pilot idle again) the Service; it reached
+    pilot with the Service's watch event."""
+
+    def __init__(self, api: KubeApi, slices: Watch, services: Watch, pilot: Child) -> None:
+        self.api = api
+        self.slices = slices
+        self.services = services
+        self.pilot = pilot
+
+    async def __call__(self, index: int, addition: Addition) -> float:
+        await self.slices.arrival(await self.api.apply(addition.slice))
+        await wait_idle([self.pilot.pid])
+        return await self.services.arrival(await self.api.apply(addition.service))
+
+
+async def measure(config: Config, additions: int, workdir: Path) -> SidecarMeasured:
+    """Start the processes, sync the sidecars, run both series, stop everything."""
+    mesh = SidecarMesh(
+        config.services,
+        config.endpoints,
+        sidecars=config.clients,
+        additions=additions,
+        changes=config.changes,
+        seed=config.seed,
+    )
+    nodes = workdir / "nodes.jsonl"
+    mesh.write_nodes(nodes)
+    fleet = dataclasses.replace(config.fleet, nodes=nodes)
+    config = dataclasses.replace(config, fleet=fleet, pilot_flags=LISTENERS_ON_PLAINTEXT)
+    run = Run(config, workdir)
+    try:
+        knobs = asyncio.create_task(run.pilot_knobs())  # only for the report: not waited on
+        api, kubeconfig = await run.start_mesh(mesh.yaml())
+        slices = await run.watch(api, SLICES, SERVICE_NAME_LABEL)
+        services = await run.watch(api, SERVICES)
+        pilot, target, http_port = await run.start_pilot(kubeconfig)
+        synced = run.synced_fleet("pilot", pilot, target, ready_port=http_port)
+        async with synced as (fleet, sync):
+            add = AdditionTrigger(api, slices, services, pilot)
+            added = await run.series(fleet, pilot, add, mesh.additions)
+            changed = await run.series(fleet, pilot, ApiTrigger(api, slices), mesh.changes)
+        await pilot.stop()  # before the API server: its log ends with the run, not with retries
+        return SidecarMeasured(sync, added, changed, await knobs, run.pilot_flags)
+    except Exception:
+        run.report_logs()
+        raise
+    finally:
+        await run.close()
+
+
+def _kib(value: float) -> str:
+    return f"{value / 1024:.1f}"
+
+
+def _by_type(counts: Counter[str], per: float, fmt: str = "{:.2f}") -> str:
+    cells = [f"{wire.SHORT[t]} {fmt.format(counts[t] / per)}" for t in TYPES if counts[t]]
+    others = sum(v for t, v in counts.items() if t not in wire.SHORT)
+    if others:
+        cells.append(f"other {fmt.format(others / per)}")
+    return ", ".join(cells) or "none"
+
+
+def _traffic_table(sync: Synced, clients: int) -> str:
+    lines = [f"{'per sidecar, initial sync':<30}" + "".join(f"{wire.SHORT[t]:>10}" for t in TYPES)]
+    lines[0] += f"{'total':>10}"
+    sizes = [sync.sent[t] / clients for t in TYPES]
+    lines.append(
+        f"{'bytes received (KiB)':<30}"
+        + "".join(f"{_kib(v):>10}" for v in sizes)
+        + f"{_kib(sum(sizes)):>10}"
+    )
+    counts = [sync.responses[t] / clients for t in TYPES]
+    lines.append(
+        f"{'responses':<30}" + "".join(f"{v:>10.2f}" for v in counts) + f"{sum(counts):>10.2f}"
+    )
+    return "\n".join(lines)
+
+
+def _series_table(measured: SidecarMeasured, clients: int) -> str:
+    added, changed = measured.added, measured.changed
+    adds, changes = max(1, len(added.latencies)), max(1, len(changed.latencies))
+    rows = [
+        ("pilot CPU (ms)", added.server_cpu / adds * 1e3, changed.server_cpu / changes * 1e3),
+        (
+            "latency p50 (ms)",
+            percentile(added.latencies, 50) * 1e3,
+            percentile(changed.latencies, 50) * 1e3,
+        ),
+        (
+            "latency p99 (ms)",
+            percentile(added.latencies, 99) * 1e3,
+            percentile(changed.latencies, 99) * 1e3,
+        ),
+        ("client CPU (ms)", added.client_cpu / adds * 1e3, changed.client_cpu / changes * 1e3),
+    ]
+    lines = [f"{'per item':<26}{'service added':>15}{'endpoint changed':>18}{'ratio':>8}"]
+    for label, one, other in rows:
+        ratio = one / other if other > 0 else float("nan")
+        lines.append(f"{label:<26}{one:>15.2f}{other:>18.2f}{ratio:>8.2f}")
+    return "\n".join(lines)
+
+
+def render(
+    config: Config, additions: int, measured: SidecarMeasured, machine: Machine, workdir: str
+) -> str:
+    """The report: setup, the sync's figures, the two series side by side, context lines."""
+    sync, clients = measured.sync, config.clients
+    changed_responses = measured.changed.responses - measured.added.responses
+    adds, changes = max(1, additions), max(1, config.changes)
+    tcp = len(range(0, config.services, TCP_EVERY))
+    return "\n".join(
+        [
+            f"S={config.services} services ({tcp} with a TCP port too) x {config.endpoints} "
+            f"endpoints, each a Pod with security.istio.io/tlsMode: istio; N={clients} sidecars "
+            f"({len(config.fleet.shares())} client process(es), {config.fleet.channels} channels "
+            f"each), A={additions} services added, K={config.changes} endpoint changes",
+            "pilot: "
+            + pilot_cli.describe(measured.pilot_knobs, measured.pilot_flags).replace(
+                workdir, "$RUN"
+            ),
+            "",
+            f"initial sync of all sidecars (CDS, EDS, LDS, RDS all ACKed): {sync.seconds:.2f} s"
+            f" ({sync.retried_streams} streams retried)",
+            _traffic_table(sync, clients),
+            f"pilot RSS per sidecar: {_kib((sync.rss_synced - sync.rss_before) / clients)} KiB"
+            f" ({sync.rss_before / 2**20:.1f} MiB before any, {sync.rss_synced / 2**20:.1f} MiB"
+            " with all synced)",
+            "",
+            _series_table(measured, clients),
+            "responses per sidecar per service added: "
+            + _by_type(measured.added.responses, clients * adds),
+            "responses per sidecar per endpoint changed: "
+            + _by_type(changed_responses, clients * changes),
+            "",
+            "CPU: pilot's user+system CPU over each series / its length (a service added: its "
+            "slice applied, pilot idle again, the Service applied, its push); latency: from the "
+            "Service's (added) or EndpointSlice's (changed) watch event reaching the API "
+            "server's watchers to the last sidecar receiving the last of what it is sent.",
+            pilot_log_summary(Path(workdir) / "pilot.log"),
+            machine.describe(os.cpu_count() or 1),
+        ]
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[Config, int]:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.sidecar",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--services", type=int, default=1000, help="S (default %(default)s)")
+    parser.add_argument("--clients", type=int, default=1000, help="N sidecars (%(default)s)")
+    parser.add_argument("--additions", type=int, default=10, help="A (default %(default)s)")
+    parser.add_argument("--changes", type=int, default=50, help="K (default %(default)s)")
+    parser.add_argument("--endpoints", type=int, default=3, help="per service (%(default)s)")
+    add_run_flags(parser)
+    args = parser.parse_args(argv)
+    sizes = (args.services, args.clients, args.additions, args.changes, args.client_procs)
+    if min(sizes) < 1:
+        parser.error("counts must be positive")
+    if math.ceil(args.clients / args.services) >= args.endpoints:
+        parser.error("each service needs an endpoint no sidecar sits on: more --endpoints")
+    config = config_of(
+        args,
+        services=args.services,
+        clients=args.clients,
+        changes=args.changes,
+        endpoints=args.endpoints,
+    )
+    return config, args.additions
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, additions = parse_args(argv)
+    return run_main(
+        lambda workdir: measure(config, additions, workdir),
+        lambda measured, machine, workdir: render(config, additions, measured, machine, workdir),
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
