@@ -6,8 +6,8 @@ assignment, and writes pre-built bytes. The bytes are the ones pilot sent to one
 of its clients in the same run:
 
 - `--initial FILE`: the responses of a stream's initial sync, replayed by type
-  when a stream subscribes to clusters (`*`) and when it first subscribes to
-  assignments;
+  when a stream first subscribes to that type: clusters (`*`), assignments, and
+  for sidecars listeners (`*`) and route configurations;
 - `--changes FILE`: one response per endpoint change, in order; the standard
   input line `K` writes change K's bytes to every stream subscribed to the
   assignment it carries.
@@ -35,21 +35,20 @@ _SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.max_receive_message_length",
 
 
 class FloorStream:
-    """One client stream: its pending writes and whether it was sent its initial state."""
+    """One client stream: its pending writes and the types it was sent the initial state of."""
 
-    __slots__ = ("got_assignments", "got_clusters", "queue")
+    __slots__ = ("queue", "sent")
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self.got_clusters = False
-        self.got_assignments = False
+        self.sent: set[str] = set()
 
 
 class Floor:
     """Subscriptions per assignment name, and the pre-built bytes to write."""
 
     def __init__(self, initial: list[bytes], changes: list[bytes]) -> None:
-        self.initial: dict[str, list[bytes]] = {wire.CLUSTER: [], wire.ENDPOINT: []}
+        self.initial: dict[str, list[bytes]] = {}
         for raw in initial:
             self.initial.setdefault(wire.DeltaResponse.FromString(raw).type_url, []).append(raw)
         self.changes = [(_names(raw), raw) for raw in changes]
@@ -77,15 +76,13 @@ class Floor:
             stream.queue.put_nowait(None)
 
     def _subscribe(self, stream: FloorStream, request: wire.DeltaRequest) -> None:
-        if request.type_url == wire.CLUSTER and not stream.got_clusters:
-            stream.got_clusters = True
-            self._send(stream, self.initial[wire.CLUSTER])
-        elif request.type_url == wire.ENDPOINT:
+        kind = request.type_url
+        if kind == wire.ENDPOINT:
             for name in request.resource_names_subscribe:
                 self.subscribers.setdefault(sys.intern(name), set()).add(stream)
-            if not stream.got_assignments:
-                stream.got_assignments = True
-                self._send(stream, self.initial[wire.ENDPOINT])
+        if kind not in stream.sent:
+            stream.sent.add(kind)
+            self._send(stream, self.initial.get(kind, []))
 
     @staticmethod
     def _send(stream: FloorStream, responses: list[bytes]) -> None:

@@ -24,9 +24,11 @@ added and per endpoint changed (user+system CPU over each series / its length,
 the waits for idleness between items included) and their ratio; the
 responses each sidecar got per item, by type (an endpoint change: EDS alone).
 
-There is no floor phase: `bench.eds_push` measures what pilot adds to
-grpc.aio writing the same bytes; here the figures are sizes, memory and the
-cost of one kind of change against another, in the same pilot.
+5. Floor: pilot stops; `bench.floor`, a bare grpc.aio server, serves the same
+   sidecars the responses pilot sent sidecar 0 during its sync (each type's at
+   its first subscription), for the initial sync time and RSS per sidecar
+   against pilot's. The CPU ratio compares two kinds of change within pilot, so
+   it has no floor; `bench.eds_push` has the floor of an endpoint change.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class SidecarMeasured:
     """The sync, both series, and how pilot ran."""
 
     sync: Synced
+    floor: Synced  # the same sidecars synced from the floor, with the bytes pilot sent
     added: Series
     changed: Series
     pilot_knobs: dict[str, str]
@@ -103,18 +106,31 @@ async def measure(config: Config, additions: int, workdir: Path) -> SidecarMeasu
         slices = await run.watch(api, SLICES, SERVICE_NAME_LABEL)
         services = await run.watch(api, SERVICES)
         pilot, target, http_port = await run.start_pilot(kubeconfig)
-        synced = run.synced_fleet("pilot", pilot, target, ready_port=http_port)
+        initial = workdir / "initial.bin"
+        synced = run.synced_fleet("pilot", pilot, target, capture=initial, ready_port=http_port)
         async with synced as (fleet, sync):
             add = AdditionTrigger(api, slices, services, pilot)
             added = await run.series(fleet, pilot, add, mesh.additions)
             changed = await run.series(fleet, pilot, ApiTrigger(api, slices), mesh.changes)
         await pilot.stop()  # before the API server: its log ends with the run, not with retries
-        return SidecarMeasured(sync, added, changed, await knobs, run.pilot_flags)
+        nothing = workdir / "no-changes.bin"
+        wire.write_records(nothing, [])
+        floor, floor_target = await run.start_floor(initial, nothing)
+        async with run.synced_fleet("floor", floor, floor_target) as (_, floor_sync):
+            pass
+        return SidecarMeasured(sync, floor_sync, added, changed, await knobs, run.pilot_flags)
     except Exception:
         run.report_logs()
         raise
     finally:
         await run.close()
+
+
+def _ready(sync: Synced) -> str:
+    lags = sync.ready_latencies
+    if not lags:
+        return ": not probed"
+    return f" p99 {percentile(lags, 99) * 1e3:.0f} ms, worst {max(lags) * 1e3:.0f} ms"
 
 
 def _kib(value: float) -> str:
@@ -127,6 +143,23 @@ def _by_type(counts: Counter[str], per: float, fmt: str = "{:.2f}") -> str:
     if others:
         cells.append(f"other {fmt.format(others / per)}")
     return ", ".join(cells) or "none"
+
+
+def _floor_table(pilot: Synced, floor: Synced, clients: int) -> str:
+    """Initial sync and RSS per sidecar: pilot, the floor (the same bytes), the ratio."""
+    rows = [
+        ("initial sync (s)", pilot.seconds, floor.seconds),
+        (
+            "RSS per sidecar (KiB)",
+            (pilot.rss_synced - pilot.rss_before) / clients / 1024,
+            (floor.rss_synced - floor.rss_before) / clients / 1024,
+        ),
+    ]
+    lines = [f"{'':<30}{'pilot':>10}{'floor':>10}{'ratio':>8}"]
+    for label, ours, base in rows:
+        ratio = ours / base if base > 0 else float("nan")
+        lines.append(f"{label:<30}{ours:>10.2f}{base:>10.2f}{ratio:>8.2f}")
+    return "\n".join(lines)
 
 
 def _traffic_table(sync: Synced, clients: int) -> str:
@@ -193,7 +226,11 @@ def render(
             _traffic_table(sync, clients),
             f"pilot RSS per sidecar: {_kib((sync.rss_synced - sync.rss_before) / clients)} KiB"
             f" ({sync.rss_before / 2**20:.1f} MiB before any, {sync.rss_synced / 2**20:.1f} MiB"
-            " with all synced)",
+            f" with all synced); /ready during the sync{_ready(sync)}",
+            "",
+            _floor_table(sync, measured.floor, clients),
+            f"floor: {measured.floor.retried_streams} streams retried; it replays pilot's"
+            " responses to sidecar 0 at each type's first subscription",
             "",
             _series_table(measured, clients),
             "responses per sidecar per service added: "
