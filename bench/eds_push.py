@@ -37,7 +37,14 @@ from pathlib import Path
 from bench import pilot_cli
 from bench.report import details, percentile, table
 from bench.run import Config, Measured, measure
-from bench.runner import Machine, add_run_flags, config_of, pilot_log_summary, run_main
+from bench.runner import (
+    Machine,
+    add_mesh_flags,
+    add_run_flags,
+    config_of,
+    pilot_log_summary,
+    run_main,
+)
 
 
 def render(config: Config, measured: Measured, machine: Machine, workdir: str) -> str:
@@ -77,25 +84,13 @@ def parse_args(argv: list[str] | None = None) -> Config:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--services", type=int, default=1000, help="S (default %(default)s)")
-    parser.add_argument("--clients", type=int, default=1000, help="N (default %(default)s)")
-    parser.add_argument("--changes", type=int, default=200, help="K (default %(default)s)")
-    parser.add_argument("--endpoints", type=int, default=3, help="per service (%(default)s)")
+    add_mesh_flags(parser, changes=200, clients_are="delta ADS clients")
     add_run_flags(parser)
     parser.add_argument(
         "--idle", type=float, default=0.0, help="seconds of quiet CPU measured after the sync (0)"
     )
     args = parser.parse_args(argv)
-    if min(args.services, args.clients, args.changes, args.endpoints, args.client_procs) < 1:
-        parser.error("counts must be positive")
-    config = config_of(
-        args,
-        services=args.services,
-        clients=args.clients,
-        changes=args.changes,
-        endpoints=args.endpoints,
-    )
-    return dataclasses.replace(config, idle_seconds=args.idle)
+    return dataclasses.replace(config_of(parser, args), idle_seconds=args.idle)
 
 
 def main(argv: list[str] | None = None) -> int:

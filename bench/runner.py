@@ -17,10 +17,10 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from bench.fleet import FleetSpec
 from bench.procs import machine_busy_seconds, own_cpu_seconds
@@ -75,6 +75,16 @@ def _env_pair(text: str) -> tuple[str, str]:
     return key, value
 
 
+def add_mesh_flags(parser: argparse.ArgumentParser, *, changes: int, clients_are: str) -> None:
+    """S services of E endpoints, N clients, K endpoint changes."""
+    parser.add_argument("--services", type=int, default=1000, help="S (default %(default)s)")
+    parser.add_argument(
+        "--clients", type=int, default=1000, help=f"N {clients_are} (default %(default)s)"
+    )
+    parser.add_argument("--changes", type=int, default=changes, help="K (default %(default)s)")
+    parser.add_argument("--endpoints", type=int, default=3, help="per service (%(default)s)")
+
+
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     """The clients' processes and channels, retries, seed, patience, pilot's environment."""
     parser.add_argument("--client-procs", type=int, default=1, help="client processes (1)")
@@ -95,16 +105,17 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pilot-log-level", default="info", help="(info)")
 
 
-def config_of(
-    args: argparse.Namespace, *, services: int, clients: int, changes: int, endpoints: int
-) -> Config:
-    """The run's Config from the flags of `add_run_flags` and the mesh's sizes."""
+def config_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Config:
+    """The run's Config from the flags of `add_mesh_flags` and `add_run_flags`."""
+    sizes = (args.services, args.clients, args.changes, args.endpoints, args.client_procs)
+    if min(sizes) < 1:
+        parser.error("counts must be positive")
     return Config(
-        services=services,
-        clients=clients,
-        changes=changes,
-        endpoints=endpoints,
-        fleet=FleetSpec(clients, args.client_procs, args.channels, args.retries),
+        services=args.services,
+        clients=args.clients,
+        changes=args.changes,
+        endpoints=args.endpoints,
+        fleet=FleetSpec(args.clients, args.client_procs, args.channels, args.retries),
         seed=args.seed,
         timeout=args.timeout,
         pilot_env={**DEFAULT_PILOT_ENV, **dict(args.pilot_env)},
@@ -141,12 +152,17 @@ def run_main(
     measure: Callable[[Path], Awaitable[M]], render: Callable[[M, Machine, str], str]
 ) -> int:
     """Measure in a fresh directory, print the report; the exit status."""
+    _, status = run_reporting(_in_workdir(measure, render))
+    return status
+
+
+def run_reporting(main: Coroutine[Any, Any, M], name: str = "bench") -> tuple[M | None, int]:
+    """Run `main`; its result and 0, or None and the exit status of how it failed, said."""
     try:
-        asyncio.run(_in_workdir(measure, render))
+        return asyncio.run(main), 0
     except (KeyboardInterrupt, asyncio.CancelledError):
-        print("bench: interrupted", file=sys.stderr)
-        return 130
+        print(f"{name}: interrupted", file=sys.stderr)
+        return None, 130
     except (RuntimeError, TimeoutError, OSError) as error:
-        print(f"bench failed: {error}", file=sys.stderr)
-        return 1
-    return 0
+        print(f"{name} failed: {error}", file=sys.stderr)
+        return None, 1

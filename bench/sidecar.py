@@ -46,9 +46,16 @@ from pathlib import Path
 from bench import pilot_cli, wire
 from bench.kube import SERVICE_NAME_LABEL, SERVICES, SLICES, KubeApi, Watch
 from bench.procs import Child, wait_idle
-from bench.report import percentile
+from bench.report import latency_rows, percentile, ratio_table
 from bench.run import ApiTrigger, Config, Run, Series, Synced
-from bench.runner import Machine, add_run_flags, config_of, pilot_log_summary, run_main
+from bench.runner import (
+    Machine,
+    add_mesh_flags,
+    add_run_flags,
+    config_of,
+    pilot_log_summary,
+    run_main,
+)
 from bench.sidecar_mesh import TCP_EVERY, Addition, SidecarMesh
 
 TYPES = list(wire.SHORT)  # Istio's push order: CDS, EDS, LDS, RDS
@@ -155,11 +162,7 @@ def _floor_table(pilot: Synced, floor: Synced, clients: int) -> str:
             (floor.rss_synced - floor.rss_before) / clients / 1024,
         ),
     ]
-    lines = [f"{'':<30}{'pilot':>10}{'floor':>10}{'ratio':>8}"]
-    for label, ours, base in rows:
-        ratio = ours / base if base > 0 else float("nan")
-        lines.append(f"{label:<30}{ours:>10.2f}{base:>10.2f}{ratio:>8.2f}")
-    return "\n".join(lines)
+    return ratio_table(("pilot", "floor"), rows)
 
 
 def _traffic_table(sync: Synced, clients: int) -> str:
@@ -183,23 +186,10 @@ def _series_table(measured: SidecarMeasured, clients: int) -> str:
     adds, changes = max(1, len(added.latencies)), max(1, len(changed.latencies))
     rows = [
         ("pilot CPU (ms)", added.server_cpu / adds * 1e3, changed.server_cpu / changes * 1e3),
-        (
-            "latency p50 (ms)",
-            percentile(added.latencies, 50) * 1e3,
-            percentile(changed.latencies, 50) * 1e3,
-        ),
-        (
-            "latency p99 (ms)",
-            percentile(added.latencies, 99) * 1e3,
-            percentile(changed.latencies, 99) * 1e3,
-        ),
+        *latency_rows(added.latencies, changed.latencies),
         ("client CPU (ms)", added.client_cpu / adds * 1e3, changed.client_cpu / changes * 1e3),
     ]
-    lines = [f"{'per item':<26}{'service added':>15}{'endpoint changed':>18}{'ratio':>8}"]
-    for label, one, other in rows:
-        ratio = one / other if other > 0 else float("nan")
-        lines.append(f"{label:<26}{one:>15.2f}{other:>18.2f}{ratio:>8.2f}")
-    return "\n".join(lines)
+    return ratio_table(("service added", "endpoint changed"), rows, width=18)
 
 
 def render(
@@ -254,26 +244,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, int]:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--services", type=int, default=1000, help="S (default %(default)s)")
-    parser.add_argument("--clients", type=int, default=1000, help="N sidecars (%(default)s)")
+    add_mesh_flags(parser, changes=50, clients_are="sidecars")
     parser.add_argument("--additions", type=int, default=10, help="A (default %(default)s)")
-    parser.add_argument("--changes", type=int, default=50, help="K (default %(default)s)")
-    parser.add_argument("--endpoints", type=int, default=3, help="per service (%(default)s)")
     add_run_flags(parser)
     args = parser.parse_args(argv)
-    sizes = (args.services, args.clients, args.additions, args.changes, args.client_procs)
-    if min(sizes) < 1:
+    if args.additions < 1:
         parser.error("counts must be positive")
     if math.ceil(args.clients / args.services) >= args.endpoints:
         parser.error("each service needs an endpoint no sidecar sits on: more --endpoints")
-    config = config_of(
-        args,
-        services=args.services,
-        clients=args.clients,
-        changes=args.changes,
-        endpoints=args.endpoints,
-    )
-    return config, args.additions
+    return config_of(parser, args), args.additions
 
 
 def main(argv: list[str] | None = None) -> int:
