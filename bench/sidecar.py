@@ -188,8 +188,23 @@ def _series_table(measured: SidecarMeasured, clients: int) -> str:
         ("pilot CPU (ms)", added.server_cpu / adds * 1e3, changed.server_cpu / changes * 1e3),
         *latency_rows(added.latencies, changed.latencies),
         ("client CPU (ms)", added.client_cpu / adds * 1e3, changed.client_cpu / changes * 1e3),
+        ("bytes per sidecar (KiB)", _item_bytes(added) / 1024, _item_bytes(changed) / 1024),
     ]
     return ratio_table(("service added", "endpoint changed"), rows, width=18)
+
+
+def _item_bytes(series: Series) -> float:
+    """The bytes a sidecar is sent per item, on average: per item and type, the response
+    that carried that type's resources (one each, as the responses per sidecar show)."""
+    if not series.reports:
+        return math.nan
+    total = 0
+    for reports in series.reports:
+        largest: dict[str, int] = {}
+        for report in reports:
+            largest[report["type"]] = max(largest.get(report["type"], 0), int(report["bytes"]))
+        total += sum(largest.values())
+    return total / len(series.reports)
 
 
 def render(
