@@ -399,15 +399,18 @@ class ApiTrigger:
 
 
 class PipeTrigger:
-    """Changes reach the floor as a line on its stdin."""
+    """Changes reach the floor as a line on its stdin: change K's responses, by default
+    response K alone."""
 
-    def __init__(self, floor: Child) -> None:
+    def __init__(self, floor: Child, responses: Sequence[Sequence[int]] | None = None) -> None:
         assert floor.process.stdin is not None
         self.stdin = floor.process.stdin
+        self.responses = responses
 
-    async def __call__(self, index: int, change: Change) -> float:
+    async def __call__(self, index: int, change: Expectation) -> float:
+        line = " ".join(map(str, self.responses[index])) if self.responses else str(index)
         now = time.monotonic()
-        self.stdin.write(f"{index}\n".encode())
+        self.stdin.write(f"{line}\n".encode())
         await self.stdin.drain()
         return now
 

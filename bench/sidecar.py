@@ -17,24 +17,27 @@ One run, every process on 127.0.0.1 with ephemeral ports:
 4. K endpoint changes one at a time (the EndpointSlice alone, the new address's
    Pod already there), each timed until every sidecar has its new assignment.
 
-Figures: the initial sync time; bytes received per sidecar, per type (the
-DeltaDiscoveryResponse messages, without gRPC's framing); pilot's RSS per
-sidecar ((RSS with all synced - RSS before any) / N); pilot's CPU per service
-added and per endpoint changed (user+system CPU over each series / its length,
-the waits for idleness between items included) and their ratio; the
-responses each sidecar got per item, by type (an endpoint change: EDS alone).
+5. Floor: pilot stops; `bench.floor`, a bare grpc.aio server, serves new
+   sidecars of the same kind the responses pilot sent sidecar 0: those of its
+   sync (each type's at its first subscription), then, on each trigger, those
+   of one service added (all four at once) or of one endpoint changed.
 
-5. Floor: pilot stops; `bench.floor`, a bare grpc.aio server, serves the same
-   sidecars the responses pilot sent sidecar 0 during its sync (each type's at
-   its first subscription), for the initial sync time and RSS per sidecar
-   against pilot's. The CPU ratio compares two kinds of change within pilot, so
-   it has no floor; `bench.eds_push` has the floor of an endpoint change.
+Figures, for pilot and the floor: the initial sync time; bytes received per
+sidecar, per type (the DeltaDiscoveryResponse messages, without gRPC's
+framing); RSS per sidecar ((RSS with all synced - RSS before any) / N); CPU
+per service added and per endpoint changed (user+system CPU over each series /
+its length, the waits for idleness between items included) and their ratio;
+the responses each sidecar got per item, by type (an endpoint change: EDS
+alone). pilot's latency runs from the Service's (added) or EndpointSlice's
+(changed) watch event reaching the API server's watchers, the floor's from its
+trigger, to the last sidecar receiving the last of what it is sent.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import dataclasses
 import math
 import os
@@ -47,7 +50,7 @@ from bench import pilot_cli, wire
 from bench.kube import SERVICE_NAME_LABEL, SERVICES, SLICES, KubeApi, Watch
 from bench.procs import Child, wait_idle
 from bench.report import latency_rows, percentile, ratio_table
-from bench.run import ApiTrigger, Config, Run, Series, Synced
+from bench.run import ApiTrigger, Config, PipeTrigger, Run, Series, Synced
 from bench.runner import (
     Machine,
     add_mesh_flags,
@@ -65,13 +68,20 @@ LISTENERS_ON_PLAINTEXT = ("--plaintext-secrets",)
 
 
 @dataclass
-class SidecarMeasured:
-    """The sync, both series, and how pilot ran."""
+class Phase:
+    """One server's figures: the sidecars' sync, then both series."""
 
     sync: Synced
-    floor: Synced  # the same sidecars synced from the floor, with the bytes pilot sent
     added: Series
     changed: Series
+
+
+@dataclass
+class SidecarMeasured:
+    """pilot's phase, the floor's, and how pilot ran."""
+
+    pilot: Phase
+    floor: Phase
     pilot_knobs: dict[str, str]
     pilot_flags: list[str]
 
@@ -119,18 +129,44 @@ async def measure(config: Config, additions: int, workdir: Path) -> SidecarMeasu
             add = AdditionTrigger(api, slices, services, pilot)
             added = await run.series(fleet, pilot, add, mesh.additions)
             changed = await run.series(fleet, pilot, ApiTrigger(api, slices), mesh.changes)
+        ours = Phase(sync, added, changed)
         await pilot.stop()  # before the API server: its log ends with the run, not with retries
-        nothing = workdir / "no-changes.bin"
-        wire.write_records(nothing, [])
-        floor, floor_target = await run.start_floor(initial, nothing)
-        async with run.synced_fleet("floor", floor, floor_target) as (_, floor_sync):
-            pass
-        return SidecarMeasured(sync, floor_sync, added, changed, await knobs, run.pilot_flags)
+        base = await _floor_phase(run, mesh, initial, ours)
+        return SidecarMeasured(ours, base, await knobs, run.pilot_flags)
     except Exception:
         run.report_logs()
         raise
     finally:
         await run.close()
+
+
+async def _floor_phase(run: Run, mesh: SidecarMesh, initial: Path, ours: Phase) -> Phase:
+    """The floor, replaying what pilot sent sidecar 0, to sidecars of the same kind."""
+    records: list[bytes] = []
+    adding = _replay(ours.added, records)
+    changing = _replay(ours.changed, records)
+    replay = run.workdir / "changes.bin"
+    wire.write_records(replay, records)
+    floor, target = await run.start_floor(initial, replay)
+    async with run.synced_fleet("floor", floor, target) as (fleet, sync):
+        added = await run.series(fleet, floor, PipeTrigger(floor, adding), mesh.additions)
+        changed = await run.series(fleet, floor, PipeTrigger(floor, changing), mesh.changes)
+    await floor.stop()
+    return Phase(sync, added, changed)
+
+
+def _replay(series: Series, records: list[bytes]) -> list[list[int]]:
+    """Per item, the responses sidecar 0 got for it (appended to records), in push order:
+    their indices in records."""
+    per_item = []
+    for reports in series.reports:
+        kinds: dict[bytes, str] = {}
+        for report in reports:
+            kinds.setdefault(base64.b64decode(report["raw"]), report["type"])
+        ordered = sorted(kinds, key=lambda raw: TYPES.index(kinds[raw]))
+        per_item.append(list(range(len(records), len(records) + len(ordered))))
+        records.extend(ordered)
+    return per_item
 
 
 def _ready(sync: Synced) -> str:
@@ -152,17 +188,17 @@ def _by_type(counts: Counter[str], per: float, fmt: str = "{:.2f}") -> str:
     return ", ".join(cells) or "none"
 
 
-def _floor_table(pilot: Synced, floor: Synced, clients: int) -> str:
+def _sync_table(pilot: Synced, floor: Synced, clients: int) -> str:
     """Initial sync and RSS per sidecar: pilot, the floor (the same bytes), the ratio."""
     rows = [
         ("initial sync (s)", pilot.seconds, floor.seconds),
-        (
-            "RSS per sidecar (KiB)",
-            (pilot.rss_synced - pilot.rss_before) / clients / 1024,
-            (floor.rss_synced - floor.rss_before) / clients / 1024,
-        ),
+        ("RSS per sidecar (KiB)", _per_sidecar(pilot, clients), _per_sidecar(floor, clients)),
     ]
     return ratio_table(("pilot", "floor"), rows)
+
+
+def _per_sidecar(sync: Synced, clients: int) -> float:
+    return (sync.rss_synced - sync.rss_before) / clients / 1024
 
 
 def _traffic_table(sync: Synced, clients: int) -> str:
@@ -181,16 +217,31 @@ def _traffic_table(sync: Synced, clients: int) -> str:
     return "\n".join(lines)
 
 
-def _series_table(measured: SidecarMeasured, clients: int) -> str:
-    added, changed = measured.added, measured.changed
-    adds, changes = max(1, len(added.latencies)), max(1, len(changed.latencies))
+def _series_table(title: str, ours: Series, base: Series) -> str:
+    """One kind of item, pilot against the floor: CPU, latency, client CPU."""
+    count = max(1, len(ours.latencies))
     rows = [
-        ("pilot CPU (ms)", added.server_cpu / adds * 1e3, changed.server_cpu / changes * 1e3),
-        *latency_rows(added.latencies, changed.latencies),
-        ("client CPU (ms)", added.client_cpu / adds * 1e3, changed.client_cpu / changes * 1e3),
-        ("bytes per sidecar (KiB)", _item_bytes(added) / 1024, _item_bytes(changed) / 1024),
+        ("CPU (ms)", ours.server_cpu / count * 1e3, base.server_cpu / count * 1e3),
+        *latency_rows(ours.latencies, base.latencies),
+        ("client CPU (ms)", ours.client_cpu / count * 1e3, base.client_cpu / count * 1e3),
     ]
-    return ratio_table(("service added", "endpoint changed"), rows, width=18)
+    table = ratio_table(("pilot", "floor"), rows)
+    return f"{title:<30}" + table[30:]
+
+
+def _cpu(series: Series) -> float:
+    return series.server_cpu / max(1, len(series.latencies))
+
+
+def _against(ours: Phase, base: Phase) -> str:
+    """A service added against an endpoint changed: CPU on each server, bytes per sidecar."""
+    pilot = _cpu(ours.added) / _cpu(ours.changed)
+    floor = _cpu(base.added) / _cpu(base.changed)
+    added, changed = _item_bytes(ours.added) / 1024, _item_bytes(ours.changed) / 1024
+    return (
+        f"service added / endpoint changed, CPU: pilot {pilot:.2f}, floor {floor:.2f};"
+        f" bytes per sidecar {added:.1f} KiB / {changed:.2f} KiB"
+    )
 
 
 def _item_bytes(series: Series) -> float:
@@ -211,8 +262,8 @@ def render(
     config: Config, additions: int, measured: SidecarMeasured, machine: Machine, workdir: str
 ) -> str:
     """The report: setup, the sync's figures, the two series side by side, context lines."""
-    sync, clients = measured.sync, config.clients
-    changed_responses = measured.changed.responses - measured.added.responses
+    ours, base, clients = measured.pilot, measured.floor, config.clients
+    sync = ours.sync
     adds, changes = max(1, additions), max(1, config.changes)
     tcp = len(range(0, config.services, TCP_EVERY))
     return "\n".join(
@@ -233,20 +284,23 @@ def render(
             f" ({sync.rss_before / 2**20:.1f} MiB before any, {sync.rss_synced / 2**20:.1f} MiB"
             f" with all synced); /ready during the sync{_ready(sync)}",
             "",
-            _floor_table(sync, measured.floor, clients),
-            f"floor: {measured.floor.retried_streams} streams retried; it replays pilot's"
-            " responses to sidecar 0 at each type's first subscription",
+            _sync_table(sync, base.sync, clients),
+            f"floor: {base.sync.retried_streams} streams retried; it replays pilot's responses"
+            " to sidecar 0 at each type's first subscription",
             "",
-            _series_table(measured, clients),
+            _series_table("per service added", ours.added, base.added),
+            _series_table("per endpoint changed", ours.changed, base.changed),
+            _against(ours, base),
             "responses per sidecar per service added: "
-            + _by_type(measured.added.responses, clients * adds),
+            + _by_type(ours.added.responses, clients * adds),
             "responses per sidecar per endpoint changed: "
-            + _by_type(changed_responses, clients * changes),
+            + _by_type(ours.changed.responses - ours.added.responses, clients * changes),
             "",
-            "CPU: pilot's user+system CPU over each series / its length (a service added: its "
-            "slice applied, pilot idle again, the Service applied, its push); latency: from the "
-            "Service's (added) or EndpointSlice's (changed) watch event reaching the API "
-            "server's watchers to the last sidecar receiving the last of what it is sent.",
+            "CPU: user+system CPU over each series / its length (a service added: its slice "
+            "applied, pilot idle again, the Service applied, its push); latency: pilot's from "
+            "the Service's (added) or EndpointSlice's (changed) watch event reaching the API "
+            "server's watchers, the floor's from its trigger, to the last sidecar receiving the "
+            "last of what it is sent.",
             pilot_log_summary(Path(workdir) / "pilot.log"),
             machine.describe(os.cpu_count() or 1),
         ]

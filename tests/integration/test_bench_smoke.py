@@ -66,9 +66,12 @@ def test_bench_sidecar_prints_its_lines() -> None:
     assert "initial sync of all sidecars (CDS, EDS, LDS, RDS all ACKed)" in out, out
     sizes = [float(v) for v in _line(out, "bytes received (KiB)").split()[3:]]
     assert len(sizes) == 5 and all(math.isfinite(v) and v > 0 for v in sizes), out
-    for label in ("initial sync (s)", "RSS per sidecar (KiB)", "pilot CPU (ms)"):
-        cells = [float(v) for v in _line(out, label).split()[-3:]]
-        assert all(math.isfinite(v) for v in cells), f"{label}: {cells}"
+    for label in ("initial sync (s)", "RSS per sidecar (KiB)", "CPU (ms)"):
+        cells = [float(v) for v in _line(out, label).split()[-3:]]  # pilot, floor, ratio
+        assert all(math.isfinite(v) and v > 0 for v in cells), f"{label}: {cells}"
+    assert "per service added " in out and "per endpoint changed " in out, out
+    against = _line(out, "service added / endpoint changed, CPU: pilot ")
+    assert "floor" in against and "bytes per sidecar" in against, against
     added = _line(out, "responses per sidecar per service added:")
     assert all(f"{kind} " in added for kind in SIDECAR_TYPES), added
     changed = _line(out, "responses per sidecar per endpoint changed:")
