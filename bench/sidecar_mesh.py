@@ -3,7 +3,8 @@
 `bench.workload`'s mesh (service i is `svc-NNNN` in `default`, HTTP port 80,
 E endpoints) with what a sidecar's listeners and auto mTLS read:
 
-- every Service has a ClusterIP (its route domains, its TCP listener address);
+- every Service has a ClusterIP (its route domains, its TCP listener address)
+  and selects its Pods (label `app`);
   every `TCP_EVERY`th also a TCP port (`tcp-db` 5432: a listener
   `CLUSTERIP_5432` of its own, as Istio gives TCP ports);
 - every endpoint is a Pod (`targetRef` in the slice; the Pod Running with that
@@ -114,8 +115,9 @@ class SidecarMesh(Workload):
     def _moved(self, service: int, endpoint: Obj) -> None:
         """The endpoint's address gets a Pod of its own, and the slice names it."""
         (ip,) = endpoint["addresses"]
-        name = self.names[service] if service < len(self.names) else _added(service)
-        pod = _pod(f"{name}-{len(self.pods)}", ip, name)
+        added = service >= len(self.names)
+        name = _added(service) if added else self.names[service]
+        pod = _pod(f"{name}-{len(self.pods)}", ip, name, tcp=added or self._has_tcp(service))
         self.pods[ip] = pod
         endpoint["targetRef"] = {"kind": "Pod", "name": pod["metadata"]["name"]}
         endpoint["targetRef"]["namespace"] = NAMESPACE
@@ -141,9 +143,7 @@ class SidecarMesh(Workload):
 
     def _service(self, index: int, name: str) -> Obj:
         ports = [("http", 80), TCP_PORT] if self._has_tcp(index) else [("http", 80)]
-        obj = service(name, NAMESPACE, ports=ports)
-        obj["spec"]["clusterIP"] = _cluster_ip(index)
-        return obj
+        return _with_address(service(name, NAMESPACE, ports=ports), index)
 
     def _addition(self, index: int) -> Addition:
         name = _added(index)
@@ -152,8 +152,7 @@ class SidecarMesh(Workload):
         slice_ = endpoint_slice(name, endpoints, NAMESPACE, ports=ports)
         for endpoint in slice_["endpoints"]:
             self._moved(index, endpoint)
-        obj = service(name, NAMESPACE, ports=[("http", 80), TCP_PORT])
-        obj["spec"]["clusterIP"] = _cluster_ip(index)
+        obj = _with_address(service(name, NAMESPACE, ports=[("http", 80), TCP_PORT]), index)
         return Addition(name, slice_, obj, _cluster_ip(index))
 
     def yaml(self) -> str:
@@ -179,8 +178,22 @@ def _cluster_ip(index: int) -> str:
     return str(ipaddress.IPv4Address(_CLUSTER_IPS + 1 + index))
 
 
-def _pod(name: str, ip: str, account: str) -> Obj:
+def _with_address(obj: Obj, index: int) -> Obj:
+    """A Service with its ClusterIP, the selector of its Pods (label `app`) and their
+    HTTP port (8080, as the EndpointSlices say) as its HTTP port's target."""
+    obj["spec"]["clusterIP"] = _cluster_ip(index)
+    obj["spec"]["selector"] = {"app": obj["metadata"]["name"]}
+    for port in obj["spec"]["ports"]:
+        if port["name"] == "http":
+            port["targetPort"] = 8080
+    return obj
+
+
+def _pod(name: str, ip: str, account: str, *, tcp: bool) -> Obj:
     """A Running Pod with an injected sidecar, as the API server shows it."""
+    ports = [{"name": "http", "containerPort": 8080}]
+    if tcp:
+        ports.append({"name": TCP_PORT[0], "containerPort": TCP_PORT[1]})
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -191,7 +204,7 @@ def _pod(name: str, ip: str, account: str) -> Obj:
         },
         "spec": {
             "serviceAccountName": account,
-            "containers": [{"name": "app", "ports": [{"name": "http", "containerPort": 8080}]}],
+            "containers": [{"name": "app", "ports": ports}],
         },
         "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]},
     }
