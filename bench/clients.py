@@ -5,19 +5,31 @@ Cluster (`*`), subscribes to the ClusterLoadAssignment of every cluster it is
 sent, and ACKs every response. The streams share a handful of grpc.aio
 channels, each its own HTTP/2 connection.
 
+With `--nodes FILE` (JSON lines, one node a line: `{"id": ..., "metadata":
+{...}}`; stream i takes line `--first-id` + i) the streams are Istio sidecars
+with listeners, doing what Envoy does: once the first clusters are warm (their
+assignments in), it subscribes to every Listener (`*`), then to the
+RouteConfiguration each listener's HTTP connection manager names (`rds`
+`route_config_name`); only clusters of discovery type EDS get an assignment
+subscription, as in Envoy. Secrets are not asked for: in Istio's split the
+agent serves them to Envoy over its own socket.
+
 Reports go to stdout as JSON lines, timestamps from `time.monotonic()`
 (CLOCK_MONOTONIC, comparable across the processes of one Linux machine):
 
-- `{"event": "synced", "t": T}` once every stream holds the clusters and all
-  their assignments (with `--capture FILE`, stream 0's responses up to then are
-  written to FILE first);
+- `{"event": "synced", "t": T, "bytes": {TYPE: B}, "sync_responses": {TYPE: R}}`
+  once every stream holds the clusters and all their assignments (sidecars: and
+  the listeners and their routes), each response ACKed; B and R the bytes and
+  responses of each type all streams received until then (with `--capture FILE`,
+  stream 0's responses up to then are written to FILE first);
 - then, each time every stream of this process has received a new version of a
-  cluster's assignment: `{"event": "update", "cluster": C, "version": V,
+  resource: `{"event": "update", "type": TYPE, "name": C, "version": V,
   "first": T, "last": T, "streams": N, "bytes": B, "raw": BASE64, "responses":
-  R}`, where first and last are the earliest and latest receive times over the
-  streams, B the size of the response that carried it, `raw` stream 0's
-  response (only with `--capture`) and R how many responses of any kind all
-  streams received since the sync (a check that each change costs one each);
+  R, "by_type": {TYPE: R}}`, where first and last are the earliest and latest
+  receive times over the streams, B the size of the response that carried it,
+  `raw` stream 0's response (only with `--capture`), R how many responses of any
+  kind all streams received since the sync (a check that each change costs one
+  each) and `by_type` the same per type;
 - `{"event": "error", "message": M}` when a stream fails (then exit status 1).
 
 With `--retries N` a failed stream is opened again after Envoy's backoff (full
@@ -48,6 +60,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import base_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import (
+    http_connection_manager_pb2 as hcm_pb2,
+)
 
 from bench import wire
 
@@ -64,9 +82,18 @@ def emit(event: str, **fields: Any) -> None:
     sys.stdout.flush()
 
 
+Key = tuple[str, str, str]  # type URL, resource name, version
+# A response of this type names resources of that type the stream then subscribes to.
+FOLLOWS = {wire.CLUSTER: wire.ENDPOINT, wire.LISTENER: wire.ROUTE}
+_HCM = (
+    "type.googleapis.com/envoy.extensions.filters.network."
+    "http_connection_manager.v3.HttpConnectionManager"
+)
+
+
 @dataclass(slots=True)
 class Arrival:
-    """Who has received one (cluster, version) so far."""
+    """Who has received one (type, name, version) so far."""
 
     first: float
     last: float
@@ -77,19 +104,29 @@ class Arrival:
 
 @dataclass
 class Recorder:
-    """Counts synced streams, then the arrivals of each new assignment version."""
+    """Counts synced streams, then the arrivals of each new resource version."""
 
     streams: int
     capture: Path | None
     synced_streams: int = 0
     live: bool = False
-    responses: int = 0
-    arrivals: dict[tuple[str, str], Arrival] = field(default_factory=dict)
+    responses: collections.Counter[str] = field(default_factory=collections.Counter)
+    sync_bytes: collections.Counter[str] = field(default_factory=collections.Counter)
+    sync_responses: collections.Counter[str] = field(default_factory=collections.Counter)
+    arrivals: dict[Key, Arrival] = field(default_factory=dict)
     captured: list[bytes] = field(default_factory=list)
 
     retried: set[str] = field(default_factory=set)
     retries: int = 0
     failures: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    def received(self, type_url: str, size: int, synced: bool) -> None:
+        """One response reached one stream (synced: that stream had synced before)."""
+        if synced:
+            self.responses[type_url] += 1
+        else:
+            self.sync_bytes[type_url] += size
+            self.sync_responses[type_url] += 1
 
     def stream_synced(self) -> None:
         self.synced_streams += 1
@@ -105,13 +142,14 @@ class Recorder:
                 retried=len(self.retried),
                 retries=self.retries,
                 failures=dict(self.failures),
+                bytes=dict(self.sync_bytes),
+                sync_responses=dict(self.sync_responses),
             )
 
-    def assignment(self, name: str, version: str, t: float, raw: bytes, capturing: bool) -> None:
-        """One stream received one assignment version (recorded once all streams synced)."""
+    def arrival(self, key: Key, t: float, raw: bytes, capturing: bool) -> None:
+        """One stream received one resource version (recorded once all streams synced)."""
         if not self.live:
             return
-        key = (name, version)
         arrival = self.arrivals.get(key)
         if arrival is None:
             arrival = self.arrivals[key] = Arrival(t, t, len(raw))
@@ -123,15 +161,63 @@ class Recorder:
             del self.arrivals[key]
             emit(
                 "update",
-                cluster=name,
-                version=version,
+                type=key[0],
+                name=key[1],
+                version=key[2],
                 first=arrival.first,
                 last=arrival.last,
                 streams=arrival.count,
                 bytes=arrival.size,
                 raw=base64.b64encode(arrival.raw).decode(),
-                responses=self.responses,
+                responses=sum(self.responses.values()),
+                by_type=dict(self.responses),
             )
+
+
+class Decoded:
+    """What a sidecar reads in clusters and listeners, decoded once per resource version.
+
+    Every stream of a process is sent the same bytes: decoding them once per
+    stream would make the clients, not the server, the bench's bottleneck.
+    """
+
+    def __init__(self) -> None:
+        self._eds: dict[tuple[str, str], bool] = {}
+        self._routes: dict[tuple[str, str], tuple[str, ...]] = {}
+
+    def is_eds(self, resource: Any) -> bool:
+        """Whether a Cluster is of discovery type EDS (the others have no assignment)."""
+        key = (resource.name, resource.version)
+        found = self._eds.get(key)
+        if found is None:
+            cluster = cluster_pb2.Cluster.FromString(resource.resource.value)
+            found = self._eds[key] = cluster.type == cluster_pb2.Cluster.EDS
+        return found
+
+    def routes(self, resource: Any) -> tuple[str, ...]:
+        """The route configurations a Listener's HTTP connection managers read over RDS."""
+        key = (resource.name, resource.version)
+        found = self._routes.get(key)
+        if found is None:
+            found = self._routes[key] = _route_names(resource.resource.value)
+        return found
+
+
+def _route_names(raw: bytes) -> tuple[str, ...]:
+    listener = listener_pb2.Listener.FromString(raw)
+    chains = list(listener.filter_chains)
+    if listener.HasField("default_filter_chain"):
+        chains.append(listener.default_filter_chain)
+    names = []
+    for chain in chains:
+        for network_filter in chain.filters:
+            if network_filter.typed_config.type_url != _HCM:
+                continue
+            manager = hcm_pb2.HttpConnectionManager()
+            network_filter.typed_config.Unpack(manager)
+            if manager.HasField("rds"):
+                names.append(sys.intern(manager.rds.route_config_name))
+    return tuple(dict.fromkeys(names))
 
 
 class StreamEnded(RuntimeError):
@@ -143,21 +229,26 @@ class Stream:
 
     def __init__(
         self,
-        node_id: str,
+        node: base_pb2.Node,
         open_call: Callable[[], Any],
         recorder: Recorder,
+        *,
         capturing: bool = False,
         retries: int = 0,
+        sidecar: Decoded | None = None,
     ) -> None:
-        self.node_id = node_id
+        self.node = node
+        self.node_id = node.id
         self.open_call = open_call
         self.recorder = recorder
         self.capturing = capturing
         self.retries = retries
+        self.sidecar = sidecar  # None: clusters and assignments only
         self.call: Any = None
-        self.subscribed: set[str] = set()
-        self.missing: set[str] = set()
-        self.has_clusters = False
+        self.subscribed: dict[str, set[str]] = {}
+        self.missing: dict[str, set[str]] = {}
+        self.types: set[str] = set()  # the types it has been sent
+        self.asked_listeners = False
         self.synced = False
 
     async def run(self) -> None:
@@ -176,46 +267,71 @@ class Stream:
 
     async def _serve(self) -> None:
         self.call = self.open_call()
-        self.subscribed.clear()
-        self.missing.clear()
-        self.has_clusters = False
-        await self.call.write(wire.subscribe(wire.CLUSTER, ["*"], self.node_id))
+        self.subscribed = {followed: set() for followed in FOLLOWS.values()}
+        self.missing = {followed: set() for followed in FOLLOWS.values()}
+        self.types.clear()
+        self.asked_listeners = False
+        await self.call.write(wire.subscribe(wire.CLUSTER, ["*"], self.node))
         while True:
             raw = await self.call.read()
             t = time.monotonic()
             if not isinstance(raw, bytes):  # grpc.aio.EOF
                 raise StreamEnded(f"{self.node_id}: the server ended the stream")
             response = wire.DeltaResponse.FromString(raw)
-            self.recorder.responses += self.synced
-            if self.capturing and not self.synced:
-                self.recorder.captured.append(raw)
-            if response.type_url == wire.CLUSTER:
-                await self._clusters(response)
-            elif response.type_url == wire.ENDPOINT:
-                self._assignments(response, raw, t)
-            await self.call.write(wire.ack(response.type_url, response.nonce))
-
-    async def _clusters(self, response: wire.DeltaResponse) -> None:
-        """Like Envoy: subscribe to the new clusters' assignments, then ACK the clusters."""
-        self.has_clusters = True
-        new = [sys.intern(r.name) for r in response.resources if r.name not in self.subscribed]
-        if new:
-            self.subscribed.update(new)
-            if not self.synced:
-                self.missing.update(new)
-            await self.call.write(wire.subscribe(wire.ENDPOINT, new))
-        self._check_synced()
-
-    def _assignments(self, response: wire.DeltaResponse, raw: bytes, t: float) -> None:
-        for resource in response.resources:
+            self.recorder.received(response.type_url, len(raw), self.synced)
             if self.synced:
-                self.recorder.assignment(resource.name, resource.version, t, raw, self.capturing)
-            else:
-                self.missing.discard(resource.name)
-        self._check_synced()
+                for resource in response.resources:
+                    key = (response.type_url, resource.name, resource.version)
+                    self.recorder.arrival(key, t, raw, self.capturing)
+            elif self.capturing:
+                self.recorder.captured.append(raw)
+            # Like Envoy: subscribe to what the new resources name, then ACK them.
+            follow = self._follow(response)
+            if follow is not None:
+                await self.call.write(follow)
+            await self.call.write(wire.ack(response.type_url, response.nonce))
+            await self._progress()
 
-    def _check_synced(self) -> None:
-        if not self.synced and self.has_clusters and not self.missing:
+    def _follow(self, response: wire.DeltaResponse) -> bytes | None:
+        """The subscription a response calls for (assignments of new clusters, routes of
+        new listeners), if any; notes what it brought that the sync was missing."""
+        kind = response.type_url
+        self.types.add(kind)
+        if kind in self.missing:
+            for resource in response.resources:
+                self.missing[kind].discard(resource.name)
+            return None
+        followed = FOLLOWS.get(kind)
+        if followed is None:
+            return None
+        held = self.subscribed[followed]
+        new = [name for name in self._named(response) if name not in held]
+        if not new:
+            return None
+        held.update(new)
+        if not self.synced:
+            self.missing[followed].update(new)
+        return wire.subscribe(followed, new)
+
+    def _named(self, response: wire.DeltaResponse) -> list[str]:
+        """The resources of the followed type that a cluster or listener response names."""
+        decoded = self.sidecar
+        if response.type_url == wire.LISTENER:
+            assert decoded is not None
+            return [name for r in response.resources for name in decoded.routes(r)]
+        return [
+            sys.intern(r.name) for r in response.resources if decoded is None or decoded.is_eds(r)
+        ]
+
+    async def _progress(self) -> None:
+        """Ask for listeners once the first clusters are warm (as Envoy); note the sync."""
+        warm = wire.CLUSTER in self.types and not self.missing[wire.ENDPOINT]
+        if self.sidecar is not None and warm and not self.asked_listeners:
+            self.asked_listeners = True
+            await self.call.write(wire.subscribe(wire.LISTENER, ["*"]))
+        if self.synced or not warm or any(self.missing.values()):
+            return
+        if self.sidecar is None or wire.LISTENER in self.types:
             self.synced = True
             self.recorder.stream_synced()
 
@@ -240,7 +356,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--first-id", type=int, default=0, help="node ids start here")
     parser.add_argument("--capture", type=Path, help="record stream 0's responses here")
     parser.add_argument("--retries", type=int, default=0, help="per stream, with backoff (0)")
+    parser.add_argument("--nodes", type=Path, help="sidecars: their nodes, JSON lines")
     return parser.parse_args(argv)
+
+
+def _nodes(args: argparse.Namespace) -> list[base_pb2.Node]:
+    """The streams' nodes: `bench-K`, or the sidecars' lines of the nodes file."""
+    first, count = args.first_id, args.streams
+    if args.nodes is None:
+        return [wire.node(f"bench-{first + i}") for i in range(count)]
+    lines = args.nodes.read_text().splitlines()[first : first + count]
+    if len(lines) != count:
+        raise SystemExit(f"{args.nodes}: fewer than {first + count} nodes")
+    nodes = [json.loads(line) for line in lines]
+    return [wire.node(n["id"], n.get("metadata")) for n in nodes]
 
 
 async def _stdin_closed() -> None:
@@ -269,15 +398,17 @@ async def run(args: argparse.Namespace) -> int:
         c.stream_stream(wire.ADS_PATH, request_serializer=None, response_deserializer=None)
         for c in channels
     ]
+    sidecar = Decoded() if args.nodes is not None else None
     streams = [
         Stream(
-            f"bench-{args.first_id + i}",
+            node,
             functools.partial(methods[i % len(methods)], None),
             recorder,
             capturing=i == 0 and args.capture is not None,
             retries=args.retries,
+            sidecar=sidecar,
         )
-        for i in range(args.streams)
+        for i, node in enumerate(_nodes(args))
     ]
     tasks = [asyncio.create_task(s.run()) for s in streams]
     tasks += [asyncio.create_task(_stdin_closed()), asyncio.create_task(_stop_signal())]

@@ -29,55 +29,22 @@ Between changes the bench waits until the server and clients are idle.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import collections
+import dataclasses
 import os
-import shutil
-import signal
 import sys
-import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from bench import pilot_cli
-from bench.fleet import FleetSpec
-from bench.procs import machine_busy_seconds, own_cpu_seconds
 from bench.report import details, percentile, table
 from bench.run import Config, Measured, measure
-
-DEFAULT_PILOT_ENV = {"PILOT_ENABLE_EDS_DEBOUNCE": "false"}
-
-
-@dataclass(frozen=True)
-class Machine:
-    """How busy the machine was during the run, besides the bench's own processes."""
-
-    wall: float
-    busy: float  # CPU seconds, every process
-    ours: float  # CPU seconds, the bench and its children
-
-    @property
-    def others(self) -> float:
-        return max(0.0, self.busy - self.ours)
-
-
-def _pilot_log_summary(log: Path) -> str:
-    """How many tracebacks, ERROR and WARNING lines pilot logged over the run."""
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return "pilot's log: not found"
-    tracebacks = sum(line.startswith("Traceback") for line in lines)
-    errors = sum(" ERROR " in line for line in lines)
-    warnings = collections.Counter(
-        line.split(" WARNING ", 1)[1][:70] for line in lines if " WARNING " in line
-    )
-    common = "; ".join(f"{n} x {text!r}" for text, n in warnings.most_common(3))
-    return (
-        f"pilot's log: {tracebacks} tracebacks, {errors} lines at ERROR, "
-        f"{sum(warnings.values())} at WARNING{': ' + common if common else ''}"
-    )
+from bench.runner import (
+    Machine,
+    add_mesh_flags,
+    add_run_flags,
+    config_of,
+    pilot_log_summary,
+    run_main,
+)
 
 
 def render(config: Config, measured: Measured, machine: Machine, workdir: str) -> str:
@@ -105,19 +72,10 @@ def render(config: Config, measured: Measured, machine: Machine, workdir: str) -
             f" ms, p99 {percentile(from_apply, 99) * 1e3:.2f} ms",
             details("pilot", ours.result),
             details("floor", base.result),
-            _pilot_log_summary(Path(workdir) / "pilot.log"),
-            f"run time {machine.wall:.1f}s on {cores} CPUs; other processes used "
-            f"{machine.others:.1f} CPU-s meanwhile ({machine.others / machine.wall / cores:.0%} "
-            "of the machine)",
+            pilot_log_summary(Path(workdir) / "pilot.log"),
+            machine.describe(cores),
         ]
     )
-
-
-def _env_pair(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key, value
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
@@ -126,84 +84,21 @@ def parse_args(argv: list[str] | None = None) -> Config:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--services", type=int, default=1000, help="S (default %(default)s)")
-    parser.add_argument("--clients", type=int, default=1000, help="N (default %(default)s)")
-    parser.add_argument("--changes", type=int, default=200, help="K (default %(default)s)")
-    parser.add_argument("--endpoints", type=int, default=3, help="per service (%(default)s)")
-    parser.add_argument("--client-procs", type=int, default=1, help="client processes (1)")
-    parser.add_argument("--channels", type=int, default=8, help="per client process (8)")
-    parser.add_argument(
-        "--retries", type=int, default=0, help="per failed stream, with Envoy's backoff (0)"
-    )
-    parser.add_argument("--seed", type=int, default=1, help="for the changes (1)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="per wait, seconds (300)")
-    parser.add_argument(
-        "--pilot-env",
-        type=_env_pair,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="pilot's environment, over PILOT_ENABLE_EDS_DEBOUNCE=false (repeatable)",
-    )
-    parser.add_argument("--pilot-log-level", default="info", help="(info)")
+    add_mesh_flags(parser, changes=200, clients_are="delta ADS clients")
+    add_run_flags(parser)
     parser.add_argument(
         "--idle", type=float, default=0.0, help="seconds of quiet CPU measured after the sync (0)"
     )
     args = parser.parse_args(argv)
-    if min(args.services, args.clients, args.changes, args.endpoints, args.client_procs) < 1:
-        parser.error("counts must be positive")
-    return Config(
-        services=args.services,
-        clients=args.clients,
-        changes=args.changes,
-        endpoints=args.endpoints,
-        fleet=FleetSpec(args.clients, args.client_procs, args.channels, args.retries),
-        seed=args.seed,
-        timeout=args.timeout,
-        pilot_env={**DEFAULT_PILOT_ENV, **dict(args.pilot_env)},
-        pilot_log_level=args.pilot_log_level,
-        idle_seconds=args.idle,
-    )
-
-
-async def _main(config: Config) -> None:
-    """Run in a fresh directory: kept (with the logs) on failure, else removed.
-
-    SIGTERM cancels the run like Ctrl-C does: every child is stopped first.
-    """
-    task = asyncio.current_task()
-    assert task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    started, busy, ours = time.monotonic(), machine_busy_seconds(), own_cpu_seconds()
-    workdir = tempfile.mkdtemp(prefix="pilot-bench-")
-    try:
-        measured = await measure(config, Path(workdir))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        shutil.rmtree(workdir, ignore_errors=True)
-        raise
-    except BaseException:
-        print(f"bench: logs kept in {workdir}", file=sys.stderr)
-        raise
-    machine = Machine(
-        time.monotonic() - started,
-        machine_busy_seconds() - busy,
-        own_cpu_seconds() - ours,
-    )
-    print(render(config, measured, machine, workdir), flush=True)
-    shutil.rmtree(workdir, ignore_errors=True)
+    return dataclasses.replace(config_of(parser, args), idle_seconds=args.idle)
 
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
-    try:
-        asyncio.run(_main(config))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("bench: interrupted", file=sys.stderr)
-        return 130
-    except (RuntimeError, TimeoutError, OSError) as error:
-        print(f"bench failed: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return run_main(
+        lambda workdir: measure(config, workdir),
+        lambda measured, machine, workdir: render(config, measured, machine, workdir),
+    )
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable
+from collections import Counter
+from collections.abc import Awaitable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,6 +20,7 @@ from bench.procs import PYTHON, Child, spawn
 
 T = TypeVar("T")
 Report = dict[str, Any]
+Expected = Collection[tuple[str, str]]  # (type URL, resource name) of each resource a change sends
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ class FleetSpec:
     processes: int = 1
     channels: int = 8
     retries: int = 0  # per stream, with Envoy's backoff
+    nodes: Path | None = None  # sidecars: their nodes, one JSON line per stream (bench.clients)
 
     def shares(self) -> list[int]:
         """Streams per process, as even as possible."""
@@ -44,6 +47,8 @@ class _Member:
     retried: int = 0  # streams that failed and were opened again before the sync
     retries: int = 0
     failures: dict[str, int] = field(default_factory=dict)  # kind -> count
+    sync_bytes: dict[str, int] = field(default_factory=dict)  # type URL -> bytes, all its streams
+    sync_responses: dict[str, int] = field(default_factory=dict)  # type URL -> responses
 
 
 class Fleet:
@@ -67,6 +72,8 @@ class Fleet:
             argv = [PYTHON, "-m", "bench.clients", "--target", target, "--streams", str(share)]
             argv += ["--channels", str(spec.channels), "--first-id", str(first)]
             argv += ["--retries", str(spec.retries)]
+            if spec.nodes is not None:
+                argv += ["--nodes", str(spec.nodes)]
             if i == 0 and capture is not None:
                 argv += ["--capture", str(capture)]
             log = workdir / f"clients-{tag}-{i}.log"
@@ -84,6 +91,8 @@ class Fleet:
             if report["event"] == "synced":
                 member.retried, member.retries = report["retried"], report["retries"]
                 member.failures = report["failures"]
+                member.sync_bytes = report["bytes"]
+                member.sync_responses = report["sync_responses"]
                 member.synced.set_result(float(report["t"]))
             elif report["event"] == "update":
                 member.updates.put_nowait(report)
@@ -125,13 +134,20 @@ class Fleet:
         retried = sum(m.retried for m in self.members)
         return retried, sum(m.retries for m in self.members), failures
 
-    async def update_for(self, cluster: str) -> list[Report]:
-        """Each process's report that all its streams got a new version of cluster."""
-        reports = await self._guard(asyncio.gather(*(m.updates.get() for m in self.members)))
-        for report in reports:
-            if report["cluster"] != cluster:
-                raise RuntimeError(f"expected an update of {cluster}, got {report['cluster']}")
-        return reports
+    def sync_traffic(self) -> tuple[Counter[str], Counter[str]]:
+        """Bytes and responses per type URL all streams received until synced."""
+        sent: Counter[str] = Counter()
+        responses: Counter[str] = Counter()
+        for member in self.members:
+            sent.update(member.sync_bytes)
+            responses.update(member.sync_responses)
+        return sent, responses
+
+    async def updates_for(self, expected: Expected) -> list[list[Report]]:
+        """Per process, its reports that all its streams got a new version of each expected
+        resource, in the order they came; a report of anything else fails the wait."""
+        waits = (_updates(m, set(expected)) for m in self.members)
+        return await self._guard(asyncio.gather(*waits))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -141,6 +157,18 @@ class Fleet:
         await asyncio.gather(*self._readers, return_exceptions=True)
         if self._failure.done():
             self._failure.exception()  # retrieved: no "never retrieved" warning
+
+
+async def _updates(member: _Member, expected: set[tuple[str, str]]) -> list[Report]:
+    reports = []
+    while expected:
+        report = await member.updates.get()
+        key = (report["type"], report["name"])
+        if key not in expected:
+            raise RuntimeError(f"expected updates of {sorted(expected)}, got one of {key}")
+        expected.discard(key)
+        reports.append(report)
+    return reports
 
 
 def _consume(task: asyncio.Future[Any]) -> None:

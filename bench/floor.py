@@ -6,11 +6,12 @@ assignment, and writes pre-built bytes. The bytes are the ones pilot sent to one
 of its clients in the same run:
 
 - `--initial FILE`: the responses of a stream's initial sync, replayed by type
-  when a stream subscribes to clusters (`*`) and when it first subscribes to
-  assignments;
-- `--changes FILE`: one response per endpoint change, in order; the standard
-  input line `K` writes change K's bytes to every stream subscribed to the
-  assignment it carries.
+  when a stream first subscribes to that type: clusters (`*`), assignments, and
+  for sidecars listeners (`*`) and route configurations;
+- `--changes FILE`: responses to write on a trigger, in order; the standard
+  input line `K` (or `K L ...`) writes response K (then L, ...) to every
+  stream subscribed to what it carries, by name or by wildcard, or, when none
+  is (new clusters' assignments, before anyone could ask), to every stream.
 
 Prints `floor listening on PORT` once serving; stops when standard input
 closes or on SIGTERM.
@@ -35,35 +36,37 @@ _SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.max_receive_message_length",
 
 
 class FloorStream:
-    """One client stream: its pending writes and whether it was sent its initial state."""
+    """One client stream: its pending writes and the types it was sent the initial state of."""
 
-    __slots__ = ("got_assignments", "got_clusters", "queue")
+    __slots__ = ("queue", "sent")
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self.got_clusters = False
-        self.got_assignments = False
+        self.sent: set[str] = set()
 
 
 class Floor:
     """Subscriptions per assignment name, and the pre-built bytes to write."""
 
     def __init__(self, initial: list[bytes], changes: list[bytes]) -> None:
-        self.initial: dict[str, list[bytes]] = {wire.CLUSTER: [], wire.ENDPOINT: []}
+        self.initial: dict[str, list[bytes]] = {}
         for raw in initial:
             self.initial.setdefault(wire.DeltaResponse.FromString(raw).type_url, []).append(raw)
-        self.changes = [(_names(raw), raw) for raw in changes]
-        self.subscribers: dict[str, set[FloorStream]] = {}
+        self.changes = [_keys(raw) for raw in changes]
+        self.subscribers: dict[tuple[str, str], set[FloorStream]] = {}  # (type, name or *)
+        self.streams: set[FloorStream] = set()
 
     async def handle(self, requests: AsyncIterator[bytes], context: Any) -> None:
         """Serve one stream: a reader task keeps subscriptions; this coroutine writes."""
         stream = FloorStream()
+        self.streams.add(stream)
         reader = asyncio.create_task(self._read(stream, requests))
         try:
             while (data := await stream.queue.get()) is not None:
                 await context.write(data)
         finally:
             reader.cancel()
+            self.streams.discard(stream)
             for holders in self.subscribers.values():
                 holders.discard(stream)
 
@@ -77,15 +80,12 @@ class Floor:
             stream.queue.put_nowait(None)
 
     def _subscribe(self, stream: FloorStream, request: wire.DeltaRequest) -> None:
-        if request.type_url == wire.CLUSTER and not stream.got_clusters:
-            stream.got_clusters = True
-            self._send(stream, self.initial[wire.CLUSTER])
-        elif request.type_url == wire.ENDPOINT:
-            for name in request.resource_names_subscribe:
-                self.subscribers.setdefault(sys.intern(name), set()).add(stream)
-            if not stream.got_assignments:
-                stream.got_assignments = True
-                self._send(stream, self.initial[wire.ENDPOINT])
+        kind = request.type_url
+        for name in request.resource_names_subscribe:
+            self.subscribers.setdefault((kind, sys.intern(name)), set()).add(stream)
+        if kind not in stream.sent:
+            stream.sent.add(kind)
+            self._send(stream, self.initial.get(kind, []))
 
     @staticmethod
     def _send(stream: FloorStream, responses: list[bytes]) -> None:
@@ -93,17 +93,20 @@ class Floor:
             stream.queue.put_nowait(raw)
 
     def push(self, index: int) -> None:
-        """Write change `index` to the streams subscribed to what it carries."""
-        names, raw = self.changes[index]
+        """Write response `index` to the streams subscribed to what it carries."""
+        keys, raw = self.changes[index]
         targets: set[FloorStream] = set()
-        for name in names:
-            targets |= self.subscribers.get(name, set())
-        for stream in targets:
+        for key in keys:
+            targets |= self.subscribers.get(key, set())
+        for stream in targets or self.streams:
             stream.queue.put_nowait(raw)
 
 
-def _names(raw: bytes) -> list[str]:
-    return [r.name for r in wire.DeltaResponse.FromString(raw).resources]
+def _keys(raw: bytes) -> tuple[list[tuple[str, str]], bytes]:
+    """What a response carries, as subscriptions name it (its wildcard included), and it."""
+    response = wire.DeltaResponse.FromString(raw)
+    kind = response.type_url
+    return [(kind, "*"), *((kind, r.name) for r in response.resources)], raw
 
 
 async def _triggers(floor: Floor) -> None:
@@ -112,7 +115,8 @@ async def _triggers(floor: Floor) -> None:
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     while line := await reader.readline():
-        floor.push(int(line))
+        for index in line.split():
+            floor.push(int(index))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

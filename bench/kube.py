@@ -1,11 +1,11 @@
 """Talking to the test API server (`python -m tests.kubeapi`): changes in, watch events out.
 
-`KubeApi.apply` changes an object through the server's control API
-(`POST /_test/apply`). `SliceWatch` watches EndpointSlices the way pilot's
-informer does, on its own connection, and notes when each resourceVersion
-arrives: the server writes an event to all its watches in the same moment, so
-that is when the change reached pilot's socket too, give or take the
-scheduling of two processes.
+`KubeApi.apply` changes objects through the server's control API
+(`POST /_test/apply`). `Watch` watches one resource (EndpointSlices, Services)
+the way pilot's informer does, on its own connection, and notes when each
+resourceVersion arrives: the server writes an event to all its watches in the
+same moment, so that is when the change reached pilot's socket too, give or
+take the scheduling of two processes.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from typing import Any
 
 import aiohttp
 
-_SLICES = "/apis/discovery.k8s.io/v1/endpointslices"
-_SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+SLICES = "/apis/discovery.k8s.io/v1/endpointslices"
+SERVICES = "/api/v1/services"
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"  # what pilot's EndpointSlice informer selects
 
 
 class KubeApi:
@@ -38,19 +39,23 @@ class KubeApi:
         return str(body["result"]["resourceVersion"])
 
     async def apply(self, obj: dict[str, Any]) -> str:
-        """Create or replace obj; returns its new resourceVersion."""
+        """Create or replace obj (or a `kind: List`'s items); returns the new resourceVersion
+        (of the last item)."""
         async with self.session.post(f"{self.url}/_test/apply", data=json.dumps(obj)) as response:
             body = await response.json()
             if response.status != 200:
                 raise RuntimeError(f"apply failed: HTTP {response.status}: {body}")
-        return str(body["result"][0]["metadata"]["resourceVersion"])
+        return str(body["result"][-1]["metadata"]["resourceVersion"])
 
 
-class SliceWatch:
-    """A watch on every EndpointSlice; arrival time (time.monotonic) per resourceVersion."""
+class Watch:
+    """A watch on every object of one resource path; arrival time (time.monotonic) per
+    resourceVersion."""
 
-    def __init__(self, api: KubeApi) -> None:
+    def __init__(self, api: KubeApi, path: str, label_selector: str | None = None) -> None:
         self._api = api
+        self._path = path
+        self._selector = label_selector
         self._arrivals: dict[str, float] = {}
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -61,9 +66,10 @@ class SliceWatch:
             "watch": "true",
             "resourceVersion": resource_version,
             "allowWatchBookmarks": "true",
-            "labelSelector": _SERVICE_NAME_LABEL,
         }
-        response = await self._api.session.get(f"{self._api.url}{_SLICES}", params=params)
+        if self._selector is not None:
+            params["labelSelector"] = self._selector
+        response = await self._api.session.get(f"{self._api.url}{self._path}", params=params)
         if response.status != 200:
             response.release()
             raise RuntimeError(f"watch failed: HTTP {response.status}")
@@ -92,7 +98,7 @@ class SliceWatch:
         """When the event of this resourceVersion arrived (waiting for it if need be)."""
         while resource_version not in self._arrivals:
             if self._task is None or self._task.done():
-                raise RuntimeError("the EndpointSlice watch is not running")
+                raise RuntimeError(f"the watch of {self._path} is not running")
             self._arrived.clear()
             await self._arrived.wait()
         return self._arrivals.pop(resource_version)

@@ -49,22 +49,28 @@ def _ratio(a: float, b: float) -> float:
 def table(pilot: PhaseResult, floor: PhaseResult) -> str:
     """Rows latency p50/p99, CPU per change, memory per client; columns pilot, floor, ratio."""
     rows = [
-        (
-            "latency p50 (ms)",
-            percentile(pilot.latencies, 50) * 1e3,
-            percentile(floor.latencies, 50) * 1e3,
-        ),
-        (
-            "latency p99 (ms)",
-            percentile(pilot.latencies, 99) * 1e3,
-            percentile(floor.latencies, 99) * 1e3,
-        ),
+        *latency_rows(pilot.latencies, floor.latencies),
         ("CPU per change (ms)", pilot.cpu_per_change * 1e3, floor.cpu_per_change * 1e3),
         ("memory per client (KiB)", pilot.memory_per_client / 1024, floor.memory_per_client / 1024),
     ]
-    lines = [f"{'':<26}{'pilot':>10}{'floor':>10}{'ratio':>8}"]
+    return ratio_table(("pilot", "floor"), rows)
+
+
+def latency_rows(ours: Sequence[float], base: Sequence[float]) -> list[tuple[str, float, float]]:
+    """Rows latency p50 and p99 in milliseconds, of two sets of latencies in seconds."""
+    return [
+        (f"latency p{q} (ms)", percentile(ours, q) * 1e3, percentile(base, q) * 1e3)
+        for q in (50, 99)
+    ]
+
+
+def ratio_table(
+    columns: tuple[str, str], rows: Sequence[tuple[str, float, float]], width: int = 10
+) -> str:
+    """Rows of two figures and the first's ratio to the second, under the columns' names."""
+    lines = [f"{'':<30}{columns[0]:>{width}}{columns[1]:>{width}}{'ratio':>8}"]
     for label, ours, base in rows:
-        lines.append(f"{label:<26}{ours:>10.2f}{base:>10.2f}{_ratio(ours, base):>8.2f}")
+        lines.append(f"{label:<30}{ours:>{width}.2f}{base:>{width}.2f}{_ratio(ours, base):>8.2f}")
     return "\n".join(lines)
 
 

@@ -18,15 +18,17 @@ import contextlib
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import aiohttp
 
 from bench import pilot_cli, wire
-from bench.fleet import Fleet, FleetSpec, Report
-from bench.kube import KubeApi, SliceWatch
+from bench.fleet import Expected, Fleet, FleetSpec, Report
+from bench.kube import SERVICE_NAME_LABEL, SLICES, KubeApi, Watch
 from bench.procs import (
     PYTHON,
     ROOT,
@@ -60,6 +62,7 @@ class Config:
     pilot_env: dict[str, str] = field(default_factory=dict)
     pilot_log_level: str = "info"
     idle_seconds: float = 0.0  # after the sync: the server's CPU over this quiet window
+    pilot_flags: tuple[str, ...] = ()  # more of pilot's flags, after the bench's own
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,33 @@ class Synced:
     retries: int
     failures: dict[str, int]
     ready_latencies: list[float]  # /ready answers during the sync (empty: not probed)
+    sent: Counter[str]  # bytes per type URL, all clients, until synced
+    responses: Counter[str]  # responses per type URL, all clients, until synced
+
+
+class Expectation(Protocol):
+    """Something a series triggers: what to call it, and what every client is sent for it."""
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def expected(self) -> Expected: ...
+
+
+E = TypeVar("E", bound=Expectation)
+
+
+@dataclass
+class Series:
+    """Items triggered one at a time: latencies, last receipts, process 0's reports, CPU."""
+
+    latencies: list[float]
+    last: list[float]
+    reports: list[list[Report]]  # per item
+    server_cpu: float  # seconds, over the whole series
+    client_cpu: float
+    responses: Counter[str]  # per type URL, all clients, since the sync, at the series' end
 
 
 @dataclass
@@ -133,6 +163,21 @@ class Run:
             url = await read_line_starting(child, "kubeapi listening on")
         return url, kubeconfig
 
+    async def start_mesh(self, mesh_yaml: str) -> tuple[KubeApi, Path]:
+        """The API server loaded with the mesh: a session to it (closed with the run), a
+        kubeconfig for pilot."""
+        url, kubeconfig = await self.start_kubeapi(mesh_yaml)
+        api = KubeApi(url)
+        self.stack.push_async_callback(api.close)
+        return api, kubeconfig
+
+    async def watch(self, api: KubeApi, path: str, label_selector: str | None = None) -> Watch:
+        """A watch of the bench's own (stopped with the run)."""
+        watch = Watch(api, path, label_selector)
+        await watch.start()
+        self.stack.push_async_callback(watch.stop)
+        return watch
+
     async def start_pilot(self, kubeconfig: Path) -> tuple[Child, str, int]:
         """Pilot on the Kubernetes registry, once /ready: it, its xDS address, its HTTP port.
 
@@ -153,7 +198,7 @@ class Run:
     ) -> tuple[Child, str, int] | None:
         """None if pilot exits refusing the extra flags."""
         self.pilot_flags = ["--log-level", pilot_cli.log_level(self.config.pilot_log_level)]
-        self.pilot_flags += extra
+        self.pilot_flags += [*extra, *self.config.pilot_flags]
         argv = [PYTHON, "-m", "pilot", "discovery", "--kubeconfig", str(kubeconfig)]
         argv += ["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]
         argv += self.pilot_flags
@@ -206,18 +251,17 @@ class Run:
         self.children.append(child)
         return child
 
-    async def phase(
+    @contextlib.asynccontextmanager
+    async def synced_fleet(
         self,
         tag: str,
         server: Child,
         target: str,
         *,
-        trigger: Trigger,
-        changes: Sequence[Change],
         capture: Path | None = None,
         ready_port: int | None = None,
-    ) -> PhaseRun:
-        """Connect N clients to the server, sync, then time each change.
+    ) -> AsyncIterator[tuple[Fleet, Synced]]:
+        """Connect N clients to the server and wait until all are synced; stop them after.
 
         With `ready_port`, the server's /ready is probed every 10 ms during the sync:
         its answers are the event loop's lag while every client connects at once.
@@ -238,55 +282,85 @@ class Run:
                 await prober.stop()  # the changes are measured without probes
                 prober = None
             await wait_idle([server.pid, *fleet.pids])
-            sync = Synced(rss_before, rss_bytes(server.pid), synced, *fleet.retried(), lag)
-            idle = await _idle_share(server.pid, self.config.idle_seconds)
-            run = await self._changes(fleet, server, trigger, changes, sync)
-            run.result.idle_cpu_share = idle
-            return run
+            sent, responses = fleet.sync_traffic()
+            rss_synced = rss_bytes(server.pid)
+            yield (
+                fleet,
+                Synced(rss_before, rss_synced, synced, *fleet.retried(), lag, sent, responses),
+            )
         finally:
             await fleet.stop()
             if prober is not None:
                 await prober.stop()
 
-    async def _changes(
+    async def phase(
         self,
-        fleet: Fleet,
+        tag: str,
         server: Child,
+        target: str,
+        *,
         trigger: Trigger,
         changes: Sequence[Change],
-        sync: Synced,
+        capture: Path | None = None,
+        ready_port: int | None = None,
     ) -> PhaseRun:
-        pids = [server.pid, *fleet.pids]
-        cpu_before = cpu_seconds(server.pid)
-        clients_before = sum(cpu_seconds(pid) for pid in fleet.pids)
-        latencies, last, reports, got = [], [], [], []
-        for k, change in enumerate(changes):
-            async with self.within(f"change {k} ({change.cluster})"):
-                reached = await trigger(k, change)
-                got = await fleet.update_for(change.cluster)
-            last.append(max(float(r["last"]) for r in got))
-            latencies.append(last[-1] - reached)
-            reports.append(got[0])
-            await wait_idle(pids)
+        """Connect N clients to the server, sync, then time each change."""
+        synced = self.synced_fleet(tag, server, target, capture=capture, ready_port=ready_port)
+        async with synced as (fleet, sync):
+            idle = await _idle_share(server.pid, self.config.idle_seconds)
+            series = await self.series(fleet, server, trigger, changes)
         count = max(1, len(changes))
-        responses = sum(int(r["responses"]) for r in got)  # since the sync, at the last change
-        clients_cpu = sum(cpu_seconds(pid) for pid in fleet.pids) - clients_before
         result = PhaseResult(
-            latencies=latencies,
-            cpu_per_change=(cpu_seconds(server.pid) - cpu_before) / count,
+            latencies=series.latencies,
+            cpu_per_change=series.server_cpu / count,
             rss_before=sync.rss_before,
             rss_synced=sync.rss_synced,
             clients=self.config.clients,
             sync_seconds=sync.seconds,
-            client_cpu_per_change=clients_cpu / count,
-            response_bytes=[int(r["bytes"]) for r in reports],
-            responses_per_client=responses / count / self.config.clients,
+            client_cpu_per_change=series.client_cpu / count,
+            response_bytes=[int(r[0]["bytes"]) for r in series.reports],
+            responses_per_client=series.responses.total() / count / self.config.clients,
             retried_streams=sync.retried_streams,
             retries=sync.retries,
             failures=sync.failures,
             ready_latencies=sync.ready_latencies,
+            idle_cpu_share=idle,
         )
-        return PhaseRun(result, last, reports)
+        return PhaseRun(result, series.last, [r[0] for r in series.reports])
+
+    async def series(
+        self,
+        fleet: Fleet,
+        server: Child,
+        trigger: Callable[[int, E], Awaitable[float]],
+        items: Sequence[E],
+    ) -> Series:
+        """Each item in turn: trigger it, wait until every client got what it sends, then
+        until the server and clients are idle; server and client CPU over all of it."""
+        pids = [server.pid, *fleet.pids]
+        cpu_before = cpu_seconds(server.pid)
+        clients_before = sum(cpu_seconds(pid) for pid in fleet.pids)
+        latencies, last, reports = [], [], []
+        got: list[list[Report]] = []
+        for k, item in enumerate(items):
+            async with self.within(f"change {k} ({item.label})"):
+                reached = await trigger(k, item)
+                got = await fleet.updates_for(item.expected)
+            last.append(max(float(r["last"]) for mine in got for r in mine))
+            latencies.append(last[-1] - reached)
+            reports.append(got[0])
+            await wait_idle(pids)
+        responses: Counter[str] = Counter()
+        for mine in got:  # each process's last report counts its responses since the sync
+            responses.update(mine[-1]["by_type"])
+        return Series(
+            latencies,
+            last,
+            reports,
+            cpu_seconds(server.pid) - cpu_before,
+            sum(cpu_seconds(pid) for pid in fleet.pids) - clients_before,
+            responses,
+        )
 
 
 async def _idle_share(pid: int, seconds: float) -> float | None:
@@ -313,7 +387,7 @@ async def _wait_ready(child: Child, url: str) -> bool:
 class ApiTrigger:
     """Changes go through the API server; one reaches pilot with its watch event."""
 
-    def __init__(self, api: KubeApi, watch: SliceWatch) -> None:
+    def __init__(self, api: KubeApi, watch: Watch) -> None:
         self.api = api
         self.watch = watch
         self.sent: list[float] = []  # when each apply request was sent
@@ -325,15 +399,18 @@ class ApiTrigger:
 
 
 class PipeTrigger:
-    """Changes reach the floor as a line on its stdin."""
+    """Changes reach the floor as a line on its stdin: change K's responses, by default
+    response K alone."""
 
-    def __init__(self, floor: Child) -> None:
+    def __init__(self, floor: Child, responses: Sequence[Sequence[int]] | None = None) -> None:
         assert floor.process.stdin is not None
         self.stdin = floor.process.stdin
+        self.responses = responses
 
-    async def __call__(self, index: int, change: Change) -> float:
+    async def __call__(self, index: int, change: Expectation) -> float:
+        line = " ".join(map(str, self.responses[index])) if self.responses else str(index)
         now = time.monotonic()
-        self.stdin.write(f"{index}\n".encode())
+        self.stdin.write(f"{line}\n".encode())
         await self.stdin.drain()
         return now
 
@@ -346,12 +423,8 @@ async def measure(config: Config, workdir: Path) -> Measured:
     run = Run(config, workdir)
     try:
         knobs = asyncio.create_task(run.pilot_knobs())  # only for the report: not waited on
-        url, kubeconfig = await run.start_kubeapi(mesh_yaml)
-        api = KubeApi(url)
-        run.stack.push_async_callback(api.close)
-        watch = SliceWatch(api)
-        await watch.start()
-        run.stack.push_async_callback(watch.stop)
+        api, kubeconfig = await run.start_mesh(mesh_yaml)
+        watch = await run.watch(api, SLICES, SERVICE_NAME_LABEL)
         pilot, pilot_target, http_port = await run.start_pilot(kubeconfig)
         trigger = ApiTrigger(api, watch)
         initial = workdir / "initial.bin"

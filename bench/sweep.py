@@ -22,7 +22,6 @@ Writes `sweep.md` and `sweep.png` into `--out`, and prints the table.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
 import shutil
 import sys
@@ -31,10 +30,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.eds_push import DEFAULT_PILOT_ENV
 from bench.fleet import FleetSpec
 from bench.report import PhaseResult, percentile
 from bench.run import Config, measure
+from bench.runner import DEFAULT_PILOT_ENV, run_reporting
 
 
 @dataclass(frozen=True)
@@ -190,14 +189,9 @@ async def _sweep(args: argparse.Namespace) -> list[Point]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        points = asyncio.run(_sweep(args))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("sweep: interrupted", file=sys.stderr)
-        return 130
-    except (RuntimeError, TimeoutError, OSError) as error:
-        print(f"sweep failed: {error}", file=sys.stderr)
-        return 1
+    points, status = run_reporting(_sweep(args), "sweep")
+    if points is None:
+        return status
     args.out.mkdir(parents=True, exist_ok=True)
     table = markdown(points)
     (args.out / "sweep.md").write_text(table + "\n")

@@ -7,7 +7,7 @@ the raw bytes of one DeltaDiscoveryResponse as a client received it.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -19,6 +19,10 @@ ADS_METHOD: Final = "DeltaAggregatedResources"
 ADS_PATH: Final = f"/{ADS_SERVICE}/{ADS_METHOD}"
 CLUSTER: Final = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 ENDPOINT: Final = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+LISTENER: Final = "type.googleapis.com/envoy.config.listener.v3.Listener"
+ROUTE: Final = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+# Short names for reports, in Istio's push order.
+SHORT: Final = {CLUSTER: "CDS", ENDPOINT: "EDS", LISTENER: "LDS", ROUTE: "RDS"}
 
 DeltaRequest = discovery_pb2.DeltaDiscoveryRequest
 DeltaResponse = discovery_pb2.DeltaDiscoveryResponse
@@ -26,11 +30,19 @@ DeltaResponse = discovery_pb2.DeltaDiscoveryResponse
 _LENGTH = struct.Struct(">I")
 
 
-def subscribe(type_url: str, names: Iterable[str], node_id: str = "") -> bytes:
+def node(node_id: str, metadata: Mapping[str, str] | None = None) -> base_pb2.Node:
+    """A Node with these string metadata fields (an Istio sidecar's NAMESPACE, ...)."""
+    found = base_pb2.Node(id=node_id, cluster="bench")
+    for key, value in (metadata or {}).items():
+        found.metadata.fields[key].string_value = value
+    return found
+
+
+def subscribe(type_url: str, names: Iterable[str], sender: base_pb2.Node | None = None) -> bytes:
     """A request subscribing to names of one type (with the node on a stream's first one)."""
     request = DeltaRequest(type_url=type_url, resource_names_subscribe=list(names))
-    if node_id:
-        request.node.CopyFrom(base_pb2.Node(id=node_id, cluster="bench"))
+    if sender is not None:
+        request.node.CopyFrom(sender)
     data: bytes = request.SerializeToString()
     return data
 

@@ -15,6 +15,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from bench import wire
 from tests.support.mesh import Ep, as_list, cluster_name, endpoint_slice, service
 
 Obj = dict[str, Any]
@@ -23,10 +24,20 @@ _BASE = int(ipaddress.IPv4Address("10.0.0.0"))
 
 @dataclass(frozen=True)
 class Change:
-    """One endpoint change: the slice to apply and the cluster whose assignment it changes."""
+    """One endpoint change: the slice to apply and the clusters whose assignments it changes."""
 
     cluster: str
     slice: Obj
+    more_clusters: tuple[str, ...] = ()  # the service's other ports'
+
+    @property
+    def label(self) -> str:
+        return self.cluster
+
+    @property
+    def expected(self) -> frozenset[tuple[str, str]]:
+        """What every client is sent for it: the new assignment of each cluster."""
+        return frozenset((wire.ENDPOINT, c) for c in (self.cluster, *self.more_clusters))
 
 
 class Workload:
@@ -37,6 +48,7 @@ class Workload:
         self.endpoints = endpoints
         self._next_ip = 1
         self._rng = random.Random(seed)
+        self.first_changed = 0  # endpoints below this index never change
         self.names = [f"svc-{i:04d}" for i in range(services)]
         self.slices = [
             endpoint_slice(name, [Ep(self._fresh_ip()) for _ in range(endpoints)])
@@ -60,7 +72,15 @@ class Workload:
         """Replace one endpoint of a random service with a fresh address."""
         i = self._rng.randrange(self.services)
         updated = copy.deepcopy(self.slices[i])
-        endpoint = updated["endpoints"][self._rng.randrange(self.endpoints)]
+        endpoint = updated["endpoints"][self._rng.randrange(self.first_changed, self.endpoints)]
         endpoint["addresses"] = [self._fresh_ip()]
+        self._moved(i, endpoint)
         self.slices[i] = updated
-        return Change(cluster_name(self.names[i]), updated)
+        return Change(cluster_name(self.names[i]), updated, self._more_clusters(i))
+
+    def _moved(self, service: int, endpoint: Obj) -> None:
+        """Hook: an endpoint of a service was given a fresh address."""
+
+    def _more_clusters(self, service: int) -> tuple[str, ...]:
+        """Hook: the clusters of a service's ports after the first (none here)."""
+        return ()

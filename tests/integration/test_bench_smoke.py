@@ -1,6 +1,8 @@
 """Smoke tests of the benchmarks: tiny runs end to end print sane figures.
 
-`python -m bench.eds_push` prints a table of finite positive figures; `python -m bench.fuzz`
+`python -m bench.eds_push` prints a table of finite positive figures;
+`python -m bench.sidecar` syncs sidecars with all four types and prints bytes per type,
+RSS per sidecar and the CPU of a service added against an endpoint changed; `python -m bench.fuzz`
 prints a PASS or FAIL for each of its targets and exits 0 exactly when all pass;
 `python -m bench.registry_file` loads and reloads a file in each format;
 `python -m bench.certificates` gets N proxies their certificates;
@@ -41,6 +43,40 @@ def test_bench_prints_finite_positive_table() -> None:
         pilot, floor, ratio = _row(done.stdout, label)
         for value in (pilot, floor, ratio):
             assert math.isfinite(value) and value > 0, f"{label}: {pilot} {floor} {ratio}"
+
+
+SIDECAR_TYPES = ("CDS", "EDS", "LDS", "RDS")
+
+
+def _line(output: str, prefix: str) -> str:
+    found = [line for line in output.splitlines() if line.startswith(prefix)]
+    assert found, f"no line starting {prefix!r} in:\n{output}"
+    return found[0]
+
+
+def test_bench_sidecar_prints_its_lines() -> None:
+    command = [sys.executable, "-m", "bench.sidecar", "--services", "20", "--clients", "5"]
+    command += ["--additions", "2", "--changes", "3", "--timeout", "60"]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=110, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "N=5 sidecars" in out and "A=2 services added, K=3 endpoint changes" in out, out
+    assert "initial sync of all sidecars (CDS, EDS, LDS, RDS all ACKed)" in out, out
+    sizes = [float(v) for v in _line(out, "bytes received (KiB)").split()[3:]]
+    assert len(sizes) == 5 and all(math.isfinite(v) and v > 0 for v in sizes), out
+    for label in ("initial sync (s)", "RSS per sidecar (KiB)", "CPU (ms)"):
+        cells = [float(v) for v in _line(out, label).split()[-3:]]  # pilot, floor, ratio
+        assert all(math.isfinite(v) and v > 0 for v in cells), f"{label}: {cells}"
+    assert "per service added " in out and "per endpoint changed " in out, out
+    against = _line(out, "service added / endpoint changed, CPU: pilot ")
+    assert "floor" in against and "bytes per sidecar" in against, against
+    added = _line(out, "responses per sidecar per service added:")
+    assert all(f"{kind} " in added for kind in SIDECAR_TYPES), added
+    changed = _line(out, "responses per sidecar per endpoint changed:")
+    assert changed.endswith(": EDS 1.00"), f"an endpoint change is EDS alone: {changed}"
+    assert "pilot's log: 0 tracebacks, 0 lines at ERROR" in out, out
 
 
 FUZZ_TARGETS = ("crashes", "UNKNOWN statuses", "RSS growth", "asyncio tasks", "worst /ready")
