@@ -1,7 +1,7 @@
 """No token and no private key on the plaintext port, by default in Kubernetes mode.
 
 A pilot as users run it against a cluster, with no --plaintext-secrets: its
-plaintext port serves clusters and endpoints and asks for no credentials (a
+plaintext port serves clusters, endpoints, listeners and routes and asks for no credentials (a
 token sent there is not even looked at), and serves neither SDS, the CA nor
 CSDS; its TLS port serves all of them to callers that prove who they are.
 """
@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 
 from tests.integration.ca_support import CaCaller, make_csr, reviews
-from tests.protocol.client import CLUSTER, SECRET, XdsClient, node
+from tests.protocol.client import CLUSTER, LISTENER, SECRET, XdsClient, node
 from tests.security.peers import (
     BARRIER_SERVICES,
     ROOTCA,
@@ -53,6 +53,10 @@ async def test_the_plaintext_port_serves_the_mesh_without_credentials(default: M
         await stream.subscribe(CLUSTER, ["*"])
         arrived = await stream.ack_until(CLUSTER, [cluster_name(BARRIER_SERVICES[0])])
         assert cluster_name(BARRIER_SERVICES[0]) in arrived.names
+        # Listeners and routes are the mesh's too: a sidecar on 15010 carries traffic.
+        await stream.subscribe(LISTENER, ["*"])
+        listeners = await stream.ack_until(LISTENER, ["virtualOutbound"])
+        assert "virtualOutbound" in listeners.names
     assert len(reviews(default.srv)) == before, "a token on the plaintext port was reviewed"
 
 
