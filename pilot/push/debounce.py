@@ -51,10 +51,12 @@ class Debouncer:
             registry = IndexChange()
         if request.certificates:
             self._add_now(PushRequest(certificates=request.certificates), now)
-        if registry:
+        if registry or request.mtls_namespaces:
             if not self._window:
                 self._opened = now
-            self._window.add(PushRequest(registry=registry))
+            self._window.add(
+                PushRequest(registry=registry, mtls_namespaces=request.mtls_namespaces)
+            )
             self._last = now
         self._arrived.set()
 
