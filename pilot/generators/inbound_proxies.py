@@ -67,6 +67,10 @@ from pilot.xds.resource import Resource
 log = logging.getLogger("pilot.xds")
 
 SIDECAR_PREFIX = "sidecar~"
+# Who reads the overlays: streams whose traffic is captured (REDIRECT listeners), and of
+# those, for clusters, the ADS streams that read listeners (the ones that name them).
+_LISTENERS_WHEN = {types.LISTENER: Interception.REDIRECT.value}
+_CLUSTERS_WHEN = {types.CLUSTER: ADS_WITH_LISTENERS, types.LISTENER: Interception.REDIRECT.value}
 Ports = tuple[tuple[int, InboundProtocol], ...]
 # An endpoint set's addresses, each with the ports of the group(s) listing it.
 AddressPorts = dict[str, tuple[EndpointPort, ...]]
@@ -224,12 +228,12 @@ class InboundGenerator:
         moved: dict[str, set[str]] = {}
         listeners = self._listener_table(new)
         listeners.readers += 1
-        if self._cache.set_overlay(proxy, types.LISTENER, Interception.REDIRECT, listeners.flavor):
+        if self._cache.set_overlay(proxy, types.LISTENER, listeners.flavor, _LISTENERS_WHEN):
             moved[types.LISTENER] = {VIRTUAL_INBOUND}
         if old is None or old.ports != new.ports:
             clusters = self._cluster_table(new.ports)
             clusters.readers += 1
-            self._cache.set_overlay(proxy, types.CLUSTER, ADS_WITH_LISTENERS, clusters.flavor)
+            self._cache.set_overlay(proxy, types.CLUSTER, clusters.flavor, _CLUSTERS_WHEN)
             names = set(self._cache.shared_table(types.CLUSTER, clusters.flavor))
             if old is not None:
                 names |= self._cluster_names(old.ports)
@@ -246,7 +250,7 @@ class InboundGenerator:
             del self._listeners[old]
             self._cache.drop_flavor(types.LISTENER, table.flavor)
         if new is None:
-            self._cache.set_overlay(proxy, types.LISTENER, Interception.REDIRECT, None)
+            self._cache.set_overlay(proxy, types.LISTENER, None)
         if new is None or new.ports != old.ports:
             clusters = self._clusters[old.ports]
             clusters.readers -= 1
@@ -254,7 +258,7 @@ class InboundGenerator:
                 del self._clusters[old.ports]
                 self._cache.drop_flavor(types.CLUSTER, clusters.flavor)
             if new is None:
-                self._cache.set_overlay(proxy, types.CLUSTER, ADS_WITH_LISTENERS, None)
+                self._cache.set_overlay(proxy, types.CLUSTER, None)
 
     def _listener_table(self, shape: InboundShape) -> _Table:
         table = self._listeners.get(shape)

@@ -12,12 +12,13 @@ rebuild that produced equal bytes pushes nothing; each type has one version
 that rises with every change, whatever table it is in. A name can be marked
 *pending* for an owner while it is being made (a certificate being minted).
 
-A proxy may also read an *overlay* on top of one flavor of a type (`set_overlay`):
-another shared table (its inbound listener and clusters, `pilot.generators.inbound`),
-whose names join the wildcard set of that type for that proxy's streams only, and
-win over the flavor's own. Overlay tables are shared too (one per inbound shape,
-built once, read by every proxy of that shape). A proxy with no overlay reads
-exactly as before: its lookups go straight to the shared table.
+A proxy may also read an *overlay* of a type (`set_overlay`): another shared
+table (its inbound listener and clusters, `pilot.generators.inbound_proxies`),
+whose names join the wildcard set of that type for that proxy's streams only
+(those that read the flavors the overlay asks for), and win over the flavor's
+own. Overlay tables are shared too (one per inbound shape, built once, read by
+every proxy of that shape). A proxy with no overlay reads exactly as before:
+its lookups go straight to the shared table.
 
 Streams read the cache through a `ProxyView`. The cache never touches gRPC.
 """
@@ -37,8 +38,9 @@ _EMPTY: Mapping[str, Resource] = {}
 TableKey = tuple[str, str, ProxyKey | None]
 Flavors = Mapping[str, str]  # type URL -> the flavor a stream reads (absent: SHARED)
 NO_FLAVORS: Flavors = {}
-# (type URL, the flavor it lays over) -> the flavor of the overlay table, for one proxy.
-Overlays = Mapping[tuple[str, str], str]
+# type URL -> (the flavor of the overlay table, the (type, flavor)s a stream must read).
+Overlay = tuple[str, tuple[tuple[str, str], ...]]
+Overlays = Mapping[str, Overlay]
 
 
 class ResourceCache:
@@ -48,7 +50,7 @@ class ResourceCache:
         self._tables: dict[TableKey, dict[str, Resource]] = {}
         self._versions: dict[str, int] = {}
         self._pending: set[tuple[str, ProxyKey, str]] = set()
-        self._overlays: dict[ProxyKey, dict[tuple[str, str], str]] = {}
+        self._overlays: dict[ProxyKey, dict[str, Overlay]] = {}
 
     def update(
         self,
@@ -111,21 +113,25 @@ class ResourceCache:
     def pending(self, type_url: str, name: str, owner: ProxyKey) -> bool:
         return (type_url, owner, name) in self._pending
 
-    def set_overlay(self, owner: ProxyKey, type_url: str, base: str, overlay: str | None) -> bool:
-        """Lay the shared table `overlay` over flavor `base` of a type, for `owner`'s streams
-        (None: take it away); returns whether that changed anything.
+    def set_overlay(
+        self, owner: ProxyKey, type_url: str, overlay: str | None, when: Flavors = NO_FLAVORS
+    ) -> bool:
+        """Lay the shared table `overlay` of a type over what `owner`'s streams read of it,
+        on those streams that read every flavor `when` names (type -> flavor); None takes
+        it away. Returns whether that changed anything.
 
         The type's version rises: what the owner's streams hold is another set now.
         """
         mine = self._overlays.setdefault(owner, {})
-        if mine.get((type_url, base)) == overlay:
+        laid = (overlay, tuple(sorted(when.items()))) if overlay is not None else None
+        if mine.get(type_url) == laid:
             if not mine:
                 del self._overlays[owner]
             return False
-        if overlay is None:
-            del mine[(type_url, base)]
+        if laid is None:
+            del mine[type_url]
         else:
-            mine[(type_url, base)] = overlay
+            mine[type_url] = laid
         if not mine:
             del self._overlays[owner]
         self._versions[type_url] = self._versions.get(type_url, 0) + 1
@@ -162,8 +168,13 @@ class ProxyView:
     def _overlay(self, type_url: str) -> Mapping[str, Resource] | None:
         if self._overlays is None:
             return None
-        flavor = self._overlays.get((type_url, self._shared_flavor(type_url)))
-        return self._cache.shared_table(type_url, flavor) if flavor is not None else None
+        laid = self._overlays.get(type_url)
+        if laid is None:
+            return None
+        flavor, when = laid
+        if any(self._flavors.get(t, SHARED) != f for t, f in when):
+            return None
+        return self._cache.shared_table(type_url, flavor)
 
     def get(self, type_url: str, name: str) -> Resource | None:
         if type_url in types.OWNED_TYPES and self._owner is not None:
