@@ -74,7 +74,12 @@ def _label(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
     namespace, name = meta.get("namespace", "default"), meta.get("name", "?")
-    return f"{KIND} {str(namespace)[:253]}/{str(name)[:253]}"
+    return f"{KIND} {_shown(namespace, 'default')}/{_shown(name, '?')}"
+
+
+def _shown(value: Any, otherwise: str) -> str:
+    """A name for a message: a string, cut short; anything else (of any depth) not shown."""
+    return repr(value)[1:-1][:253] if isinstance(value, str) else otherwise
 
 
 def _mapping(obj: Mapping[str, Any], value: Any, field: str) -> Mapping[str, Any]:
@@ -97,12 +102,13 @@ def parse_peer_authentication(obj: Mapping[str, Any]) -> PeerAuthentication:
         raise PolicyError(f"{_label(obj)}: metadata.name is missing")
     if not isinstance(namespace, str):
         raise PolicyError(f"{_label(obj)}: metadata.namespace must be a string")
-    created = meta.get("creationTimestamp") or ""
+    created = meta.get("creationTimestamp")
+    created = created if isinstance(created, str) else ""
     spec = _mapping(obj, obj.get("spec"), "spec")
     mtls = _mapping(obj, spec.get("mtls"), "spec.mtls")
     raw = mtls.get("mode", MtlsMode.UNSET.value)
     if not isinstance(raw, str) or raw not in MtlsMode.__members__:
-        shown = repr(raw)[:40]
+        shown = repr(raw)[:40] if isinstance(raw, str) else f"a {type(raw).__name__}"
         raise PolicyError(
             f"{_label(obj)}: spec.mtls.mode {shown} is not one of"
             f" {', '.join(m.value for m in MtlsMode)}"
@@ -113,7 +119,7 @@ def parse_peer_authentication(obj: Mapping[str, Any]) -> PeerAuthentication:
     elif spec.get("portLevelMtls") is not None:
         ignored = "it has portLevelMtls (per-port modes are not supported)"
     return PeerAuthentication(
-        PeerAuthenticationKey(namespace, name), MtlsMode(raw), str(created), ignored
+        PeerAuthenticationKey(namespace, name), MtlsMode(raw), created, ignored
     )
 
 
