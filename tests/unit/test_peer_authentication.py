@@ -20,6 +20,7 @@ from pilot.registry.peer_authentication import (
     parse_peer_authentication,
 )
 from pilot.sources.file_format import RegistryFileError, parse_registry
+from pilot.sources.parse_worker import parse_off_loop
 
 
 def policy(
@@ -144,3 +145,14 @@ items:
 def test_a_bad_peer_authentication_refuses_the_file_naming_it(document: str, says: str) -> None:
     with pytest.raises(RegistryFileError, match=says):
         parse_registry(document, "mesh.yaml")
+
+
+async def test_peer_authentications_survive_the_parser_process() -> None:
+    document = (
+        "apiVersion: security.istio.io/v1\nkind: PeerAuthentication\n"
+        "metadata: {name: default, namespace: shop}\nspec: {mtls: {mode: STRICT}}\n"
+    )
+    state = await parse_off_loop(document.encode(), "mesh.yaml", "Kubernetes")
+    assert [(p.key.namespace, p.mode) for p in state.peer_authentications] == [
+        ("shop", MtlsMode.STRICT)
+    ]
