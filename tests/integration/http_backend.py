@@ -3,6 +3,8 @@
 Owns a small aiohttp server on an ephemeral port that answers every path with
 `BACKEND_BODY` and records each request as `Seen` (its path and the
 `x-forwarded-client-cert` header the server Envoy set, with a field reader).
+Each answer also carries that header back as `x-seen-xfcc`, so a client of a
+backend in another process (a pod's app) sees what the app saw.
 """
 
 from __future__ import annotations
@@ -58,8 +60,9 @@ class Backend:
         self.port = port
 
     async def _handle(self, request: web.Request) -> web.Response:
-        self.seen.append(Seen(request.path, request.headers.get("x-forwarded-client-cert", "")))
-        return web.Response(text=f"{BACKEND_BODY} {request.path}")
+        xfcc = request.headers.get("x-forwarded-client-cert", "")
+        self.seen.append(Seen(request.path, xfcc))
+        return web.Response(text=f"{BACKEND_BODY} {request.path}", headers={"x-seen-xfcc": xfcc})
 
     async def __aenter__(self) -> Backend:
         app = web.Application()
