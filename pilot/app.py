@@ -121,6 +121,7 @@ class Discovery:
         self._api_server = ""
         self.security: Security | None = None
         self.pipeline: Pipeline | None = None
+        self.inbound: InboundGenerator | None = None
         self.source: RegistrySource | None = None
         self.remotes: RemoteClusters | None = None
         self.remote_secrets: Informer | None = None
@@ -142,6 +143,8 @@ class Discovery:
             stats=self.stats,
             connections=lambda: len(self.connections),
             services=lambda: len(self.index.services),
+            inbound_shapes=lambda: self.inbound.shapes if self.inbound is not None else 0,
+            peer_authentications_ignored=lambda: self.policies.ignored,
             secret_stats=lambda: self.security.secrets.stats if self.security else None,
             ca_stats=lambda: self.security.ca_service.stats if self.security else None,
             limit_hits=lambda: self.admission.hits.counts,
@@ -190,6 +193,7 @@ class Discovery:
         )
 
     def _pipeline(self, security: Security) -> Pipeline:
+        self.inbound = InboundGenerator(self.index, self.cache, self.policies, self.stats)
         generators = (
             ResourceBuilder(self.index, self.cache, self.settings.build, self.stats),
             ListenerGenerator(
@@ -198,7 +202,7 @@ class Discovery:
             RouteGenerator(
                 self.index, self.cache, self.settings.outbound, self.settings.build, self.stats
             ),
-            InboundGenerator(self.index, self.cache, self.policies, self.stats),
+            self.inbound,
             SecretGenerator(security.secrets, self.cache, self.stats),
         )
         return Pipeline(
