@@ -30,6 +30,8 @@ What a change touches: an endpoint set whose addresses or ports moved, the
 ports of a service (its IPs), a namespace's mode. Only the proxies at those
 IPs or in those namespaces are reconsidered, and only those whose shape
 changed get anything (`Changes.owned`: LDS, CDS when the port set changed).
+While no sidecar is attached, a change is only noted (which services), and
+followed when the first one attaches.
 """
 
 from __future__ import annotations
@@ -140,6 +142,9 @@ class InboundGenerator:
         self._sets: dict[EndpointSetKey, tuple[EndpointSet, AddressPorts]] = {}
         self._sets_of: dict[ServiceKey, set[EndpointSetKey]] = {}
         self._sets_at: dict[str, set[EndpointSetKey]] = {}  # address -> sets listing it
+        # Services changed while no sidecar was attached: followed when one attaches, so
+        # a registry without sidecars (gateways, CDS/EDS clients) costs nothing per change.
+        self._unfollowed: set[ServiceKey] = set()
 
     # -- what the pipeline asks ------------------------------------------------
 
@@ -153,6 +158,7 @@ class InboundGenerator:
         if where is None:
             return
         ip, claimed = where
+        self._follow_all()
         namespace = namespace_of(proxy, claimed)
         sidecar = _Sidecar(ip, namespace, self._shape(ip, namespace))
         self._sidecars[proxy] = sidecar
@@ -171,11 +177,15 @@ class InboundGenerator:
 
     def build(self, request: PushRequest) -> Changes:
         """Reconsider the proxies whose IP or namespace the request touches."""
-        addresses: set[str] = set()
         registry = request.registry
+        if not self._sidecars:
+            self._unfollowed |= registry.full | registry.endpoints
+            return Changes()
+        self._follow_all()
+        addresses: set[str] = set()
         for key in sorted(registry.full | registry.endpoints):
             addresses |= self._track(key, full=key in registry.full)
-        affected = {p for a in addresses for p in self._at_ip.get(a, ())}
+        affected = {p for a in addresses & self._at_ip.keys() for p in self._at_ip[a]}
         if request.mtls_namespaces:
             everyone = self._policies.root_namespace in request.mtls_namespaces
             affected |= {
@@ -294,6 +304,12 @@ class InboundGenerator:
 
     # -- where addresses are ---------------------------------------------------------
 
+    def _follow_all(self) -> None:
+        """Catch up with what changed while nobody was attached (no one to push to)."""
+        for key in sorted(self._unfollowed):
+            self._track(key, full=False)
+        self._unfollowed.clear()
+
     def _track(self, key: ServiceKey, full: bool) -> set[str]:
         """Follow a changed service's endpoint sets; returns the addresses whose ports may
         have changed (every one of the service's, when its own ports may have)."""
@@ -320,13 +336,17 @@ class InboundGenerator:
     def _remember(self, endpoint_set: EndpointSet, old: AddressPorts, full: bool) -> set[str]:
         new = _addresses(endpoint_set)
         key = endpoint_set.key
+        held = self._sets.get(key)
         self._sets[key] = (endpoint_set, new)
-        for address in old.keys() - new.keys():
+        came, went = new.keys() - old.keys(), old.keys() - new.keys()
+        for address in went:
             self._unplace(address, key)
-        for address in new.keys() - old.keys():
+        for address in came:
             self._sets_at.setdefault(address, set()).add(key)
         if full:
             return old.keys() | new.keys()
+        if held is not None and _one_port_list(held[0]) == _one_port_list(endpoint_set):
+            return came | went  # the usual endpoint change: who is in it, not their ports
         return {a for a in old.keys() | new.keys() if old.get(a) != new.get(a)}
 
     def _forget(self, key: EndpointSetKey) -> set[str]:
@@ -348,12 +368,21 @@ class InboundGenerator:
 def _addresses(endpoint_set: EndpointSet) -> AddressPorts:
     """Every address of an endpoint set (ready or not: a pod's inbound side does not
     flap with its readiness), with the ports of the groups listing it."""
+    groups = endpoint_set.groups
+    if len(groups) == 1:  # the usual slice: one port list for all (built at C speed)
+        group = groups[0]
+        return dict.fromkeys((a for e in group.endpoints for a in e.addresses), group.ports)
     found: AddressPorts = {}
-    for group in endpoint_set.groups:
+    for group in groups:
         for endpoint in group.endpoints:
             for address in endpoint.addresses:
                 found[address] = found.get(address, ()) + group.ports
     return found
+
+
+def _one_port_list(endpoint_set: EndpointSet) -> tuple[EndpointPort, ...] | None:
+    """The port list every endpoint of the set has, when it has one group (None: several)."""
+    return endpoint_set.groups[0].ports if len(endpoint_set.groups) == 1 else None
 
 
 def _target(ports: Iterable[EndpointPort], name: str) -> int | None:

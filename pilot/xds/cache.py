@@ -193,10 +193,17 @@ class ProxyView:
         or this proxy reads an overlay over it."""
         if type_url in types.OWNED_TYPES and self._owner is not None:
             return functools.partial(self.get, type_url)
-        if self._overlay(type_url) is not None:
-            return functools.partial(self.get, type_url)
-        flavor = self._shared_flavor(type_url)
-        return self._cache.shared_table(type_url, flavor).get
+        shared = self._cache.shared_table(type_url, self._shared_flavor(type_url)).get
+        overlay = self._overlay(type_url)
+        if overlay is None:
+            return shared
+        laid = overlay.get
+
+        def either(name: str) -> Resource | None:
+            found = laid(name)
+            return found if found is not None else shared(name)
+
+        return either
 
     def names(self, type_url: str) -> Collection[str]:
         """The shared names of a type (what a wildcard subscription holds), and the names
