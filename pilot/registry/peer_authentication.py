@@ -8,7 +8,8 @@ none (or UNSET) inherit; with none at all the mode is PERMISSIVE, as Istio's.
 Of several namespace-wide ones in one namespace the oldest counts
 (`metadata.creationTimestamp`, then name), as Istio's.
 
-A PeerAuthentication with a `spec.selector` (one workload's policy) or
+A PeerAuthentication with a `spec.selector` that has labels (one workload's
+policy; an empty one is namespace-wide, as in Istio's) or
 `spec.portLevelMtls` is kept but ignored: pilot has no per-workload or per-port
 inbound modes, and half-applying one would be a mode nobody wrote. Each such
 object is logged once (a warning) and counted (`ignored`).
@@ -24,6 +25,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from pilot.logs import clipped
 
 log = logging.getLogger("pilot.registry")
 
@@ -56,7 +59,8 @@ class PeerAuthenticationKey:
     name: str
 
     def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
+        # From a file these are anyone's strings: escaped and cut short for a log line.
+        return f"{clipped(self.namespace)}/{clipped(self.name)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +117,10 @@ def parse_peer_authentication(obj: Mapping[str, Any]) -> PeerAuthentication:
             f"{_label(obj)}: spec.mtls.mode {shown} is not one of"
             f" {', '.join(m.value for m in MtlsMode)}"
         )
+    selector = _mapping(obj, spec.get("selector"), "spec.selector")
+    labels = _mapping(obj, selector.get("matchLabels"), "spec.selector.matchLabels")
     ignored = ""
-    if spec.get("selector") is not None:
+    if labels:  # an empty selector selects the namespace, as in Istio
         ignored = "it has a selector (per-workload policies are not supported)"
     elif spec.get("portLevelMtls") is not None:
         ignored = "it has portLevelMtls (per-port modes are not supported)"

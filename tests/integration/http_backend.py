@@ -3,8 +3,9 @@
 Owns a small aiohttp server on an ephemeral port that answers every path with
 `BACKEND_BODY` and records each request as `Seen` (its path and the
 `x-forwarded-client-cert` header the server Envoy set, with a field reader).
-Each answer also carries that header back as `x-seen-xfcc`, so a client of a
-backend in another process (a pod's app) sees what the app saw.
+Each answer also carries that header back as `x-seen-xfcc`, and the address the
+request came from as `x-seen-peer`, so a client of a backend in another
+process (a pod's app) sees what the app saw.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ class Backend:
     async def _handle(self, request: web.Request) -> web.Response:
         xfcc = request.headers.get("x-forwarded-client-cert", "")
         self.seen.append(Seen(request.path, xfcc))
-        return web.Response(text=f"{BACKEND_BODY} {request.path}", headers={"x-seen-xfcc": xfcc})
+        headers = {"x-seen-xfcc": xfcc, "x-seen-peer": request.remote or ""}
+        return web.Response(text=f"{BACKEND_BODY} {request.path}", headers=headers)
 
     async def __aenter__(self) -> Backend:
         app = web.Application()

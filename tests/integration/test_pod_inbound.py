@@ -9,7 +9,9 @@ target 8080), the app (the test backend on 8080, which answers with the
 
 - plaintext reaches the app through Envoy's `virtualInbound` (PERMISSIVE, the
   default): Envoy counts the connection on 15006 and the request on
-  `inbound|8080||`; a client-cert header the client forged does not reach it;
+  `inbound|8080||`, whose connection to the app comes from 127.0.0.6 (which
+  the capture rules let through); a client-cert header the client forged does
+  not reach the app;
 - TLS with a certificate from pilot's CA for `spiffe://cluster.local/ns/other/
   sa/client` and Istio's ALPN reaches the app, which sees that URI in XFCC;
   Envoy counts the handshake;
@@ -173,6 +175,7 @@ async def _exercise(
         context=context,
     )
     assert plain["xfcc"] == "", "a client-cert header the client forged never reaches the app"
+    assert plain["peer"] == "127.0.0.6", "Envoy reached the app from its inbound source"
     assert await _stat(a, "listener.0.0.0.0_15006.downstream_cx_total") >= 1
     assert await _stat(a, "cluster.inbound|8080||.upstream_rq_total") >= 1
 

@@ -35,6 +35,7 @@ def _exchange(sock: socket.socket, host: str, forged: str | None) -> dict[str, o
     return {
         "status": int(lines[0].split()[1]),
         "xfcc": headers.get("x-seen-xfcc", ""),
+        "peer": headers.get("x-seen-peer", ""),
         "body": body.decode(errors="replace"),
     }
 

@@ -81,6 +81,15 @@ def test_a_selector_or_port_level_policy_is_ignored_once_said_and_counted(
     assert store.mode_of("shop") is MtlsMode.PERMISSIVE
 
 
+def test_a_name_with_a_newline_stays_on_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    store = PeerAuthentications()
+    forged = policy("shop\nWARNING forged", name="x\ny" * 200, selector={"matchLabels": {"a": "b"}})
+    with caplog.at_level(logging.WARNING, "pilot.registry"):
+        store.upsert(parse_peer_authentication(forged))
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "\n" not in line and len(line) < 600
+
+
 @pytest.mark.parametrize(
     ("obj", "says"),
     [
@@ -92,6 +101,8 @@ def test_a_selector_or_port_level_policy_is_ignored_once_said_and_counted(
         ({**policy("shop"), "spec": {"mtls": "STRICT"}}, "spec.mtls must be a mapping"),
         ({**policy("shop"), "metadata": {"namespace": "shop"}}, "metadata.name is missing"),
         ({**policy("shop"), "metadata": "x"}, "metadata must be a mapping"),
+        (policy("shop", selector=["app"]), "spec.selector must be a mapping"),
+        (policy("shop", selector={"matchLabels": "app=x"}), "matchLabels must be a mapping"),
         ({**policy("shop"), "metadata": {"name": "a", "namespace": 7}}, "must be a string"),
     ],
 )
