@@ -5,15 +5,19 @@ PeerAuthentication there takes the plaintext chains off its `virtualInbound`
 without a restart, deleting it brings them back, a mesh-wide one in
 `istio-system` reaches namespaces without their own, and one the API server
 should never have accepted (a mode that is no mode) is counted as invalid and
-changes nothing.
+changes nothing. An API server without Istio's CRDs gets one warning line and
+PERMISSIVE everywhere, and pilot is ready.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+from aiohttp import web
 from envoy.config.listener.v3 import listener_pb2
 
 from pilot.xds import types
@@ -89,3 +93,32 @@ async def test_peer_authentication_is_watched_in_the_local_cluster(tmp_path: Pat
 
             api.apply(peer_authentication("istio-system", "STRICT"))
             assert await inbound.until(lambda t: t == STRICT) == STRICT, "the mesh's default"
+
+
+async def test_without_istios_crds_pilot_says_so_and_serves_permissive(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An API server that serves no security.istio.io (404): one warning line, ready, and
+    every namespace PERMISSIVE."""
+
+    async def not_served(request: web.Request) -> web.Response:
+        return web.json_response({"kind": "Status", "code": 404}, status=404)
+
+    route = web.get("/apis/security.istio.io/{version}", not_served)
+    async with KubeAPIServer(extra_routes=[route]) as api:
+        api.apply(service("reviews", "shop", [("http", 9080)]))
+        api.apply(endpoint_slice("reviews", [Ep("10.44.0.7")], "shop", [("http", 8080)]))
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
+        with caplog.at_level(logging.WARNING, "pilot.sources.kubernetes"):
+            async with (
+                running_kube_pilot(kubeconfig) as pilot,
+                XdsClient(pilot.grpc_target) as client,
+            ):
+                stream = client.delta_ads(node(POD))
+                await stream.subscribe(types.CLUSTER, ["*"])
+                await stream.subscribe(types.LISTENER, ["*"])
+                assert await Inbound(stream).until(bool) == PERMISSIVE
+                assert pilot.discovery.is_ready()
+        warned = [r.getMessage() for r in caplog.records if "Istio's CRDs" in r.getMessage()]
+        assert len(warned) == 1, warned
+        assert not [r for r in api.requests if "peerauthentications" in r.path]
