@@ -14,7 +14,8 @@ port, Istio's way:
   HTTP ones by http_inspector's `http/1.1` / `h2c`) in PERMISSIVE and DISABLE,
   none in STRICT;
 - for ports no service names, the same pair without a port (Istio's
-  passthrough chains), to `InboundPassthroughCluster`; and a chain for 15006
+  passthrough chains: the mTLS one takes every Istio ALPN, HTTP or TCP, and
+  proxies the bytes), to `InboundPassthroughCluster`; and a chain for 15006
   itself to `BlackHoleCluster`, so nothing loops into the listener.
 
 HTTP chains run a connection manager whose one route sends everything to
@@ -204,7 +205,9 @@ def _chain(
     )
     if port is not None:
         match.destination_port.value = port
-    if tls:
+    if tls and port is None:  # passthrough: a peer of any protocol, proxied as TCP
+        match.application_protocols.extend(HTTP_MTLS_ALPN + TCP_MTLS_ALPN)
+    elif tls:
         match.application_protocols.extend(HTTP_MTLS_ALPN if http else TCP_MTLS_ALPN)
     elif http:
         match.application_protocols.extend(HTTP_PLAINTEXT_ALPN)

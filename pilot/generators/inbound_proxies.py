@@ -107,6 +107,14 @@ class _Table:
     readers: int = 0
 
 
+@dataclass(slots=True)
+class _Held:
+    """One serialized cluster and the number of tables holding it."""
+
+    resource: Resource
+    tables: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class _Sidecar:
     """What one attached proxy reads: its shape, and where its shape comes from."""
@@ -137,7 +145,8 @@ class InboundGenerator:
         self._at_ip: dict[str, set[ProxyKey]] = {}  # attached proxies, by IP
         self._listeners: dict[InboundShape, _Table] = {}
         self._clusters: dict[Ports, _Table] = {}
-        self._cluster_resources: dict[tuple[int, InboundProtocol] | None, Resource] = {}
+        # Each inbound cluster, serialized once, with how many cluster tables hold it.
+        self._cluster_resources: dict[tuple[int, InboundProtocol] | None, _Held] = {}
         # Where each endpoint set's addresses are, as last seen (the same object: unchanged).
         self._sets: dict[EndpointSetKey, tuple[EndpointSet, AddressPorts]] = {}
         self._sets_of: dict[ServiceKey, set[EndpointSetKey]] = {}
@@ -267,6 +276,7 @@ class InboundGenerator:
             if not clusters.readers:
                 del self._clusters[old.ports]
                 self._cache.drop_flavor(types.CLUSTER, clusters.flavor)
+                self._release_clusters(old.ports)
             if new is None:
                 self._cache.set_overlay(proxy, types.CLUSTER, None)
 
@@ -290,13 +300,22 @@ class InboundGenerator:
 
     def _cluster(self, port: tuple[int, InboundProtocol] | None) -> Resource:
         """One inbound cluster, serialized once for every table that holds it."""
-        resource = self._cluster_resources.get(port)
-        if resource is None:
+        held = self._cluster_resources.get(port)
+        if held is None:
             message = inbound_passthrough_cluster() if port is None else inbound_cluster(*port)
             resource = Resource.from_message(types.CLUSTER, message.name, message)
             self._stats.serializations[types.CLUSTER] += 1
-            self._cluster_resources[port] = resource
-        return resource
+            held = self._cluster_resources[port] = _Held(resource)
+        held.tables += 1
+        return held.resource
+
+    def _release_clusters(self, ports: Ports) -> None:
+        """A cluster table went: forget the clusters no other table holds."""
+        for port in (None, *ports):
+            held = self._cluster_resources[port]
+            held.tables -= 1
+            if not held.tables:
+                del self._cluster_resources[port]
 
     @staticmethod
     def _cluster_names(ports: Ports) -> set[str]:

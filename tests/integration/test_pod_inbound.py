@@ -15,9 +15,11 @@ target 8080), the app (the test backend on 8080, which answers with the
 - TLS with a certificate from pilot's CA for `spiffe://cluster.local/ns/other/
   sa/client` and Istio's ALPN reaches the app, which sees that URI in XFCC;
   Envoy counts the handshake;
+- a port of the app no service names is reached the same way, through the
+  passthrough chains and `InboundPassthroughCluster`;
 - a certificate from another CA is refused;
 - with a STRICT PeerAuthentication for `shop` written to the file, plaintext
-  is refused and mTLS still works; PERMISSIVE again takes plaintext again,
+  is refused (on both ports) and mTLS still works; PERMISSIVE again takes plaintext again,
   with no restart of anything.
 """
 
@@ -62,6 +64,7 @@ from tests.support.pod_process import running_in
 from tests.support.pods import Pod, leftovers, pod_network
 
 APP_PORT = 8080
+OTHER_PORT = 8081  # the app listens here too, but no service names it: passthrough
 CLIENT = "spiffe://cluster.local/ns/other/sa/client"
 WAIT = 30.0
 
@@ -122,8 +125,8 @@ def _client_files(folder: Path, name: str, issuer: Issuer, chain: str, root: str
     ]  # fmt: skip
 
 
-async def _call(pod: Pod, host: str, *options: str) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "tests.support.inbound_client", host, str(APP_PORT), *options]
+async def _call(pod: Pod, host: str, *options: str, port: int = APP_PORT) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "tests.support.inbound_client", host, str(port), *options]
     status, out, err = await pod.run(*argv)
     assert status == 0, err
     answer: dict[str, Any] = json.loads(out)
@@ -150,9 +153,11 @@ async def test_plaintext_and_mtls_reach_the_app_through_virtual_inbound(tmp_path
         write_mesh(mesh, _mesh(a.address))
         backend = [sys.executable, "-m", "tests.integration.http_backend"]
         app = [*backend, "--host", "0.0.0.0", "--port", str(APP_PORT)]
+        other = [*backend, "--host", "0.0.0.0", "--port", str(OTHER_PORT)]
         async with (
             _pilot_in(a, tmp_path, mesh) as (pilot, ca),
             running_in(a, app, "serving on"),
+            running_in(a, other, "serving on"),
         ):
             with _agent_folder(pilot.root_pem.decode(), owner=PROXY_UID) as folder:
                 agent_argv, env = _agent_argv(pilot), _pod_env(a.address)
@@ -186,6 +191,11 @@ async def _exercise(
     assert f"URI={CLIENT}" in answer["xfcc"], answer
     assert await _stat(a, "listener.0.0.0.0_15006.ssl.handshake") >= 1
 
+    passthrough = await _call(b, a.address, port=OTHER_PORT)
+    assert passthrough["status"] == 200 and passthrough["peer"] == "127.0.0.6", passthrough
+    assert (await _call(b, a.address, *mtls, port=OTHER_PORT))["status"] == 200
+    assert await _stat(a, "cluster.InboundPassthroughCluster.upstream_cx_total") >= 2
+
     stranger = new_ca("another mesh")
     forged = _client_files(folder, "stranger", stranger, stranger.cert_pem, ca.root.cert_pem)
     refused = await _call(b, a.address, *forged)
@@ -200,6 +210,8 @@ async def _exercise(
         context=context,
     )
     assert (await _call(b, a.address, *mtls))["status"] == 200, "mTLS still works"
+    assert (await _call(b, a.address, port=OTHER_PORT))["status"] == 0, "passthrough too"
+    assert (await _call(b, a.address, *mtls, port=OTHER_PORT))["status"] == 200
 
     write_mesh(mesh, _mesh(a.address, "PERMISSIVE"))
     await wait_until(

@@ -369,6 +369,7 @@ def test_shapes_are_bounded_by_the_registry_not_by_what_nodes_claim() -> None:
             m.pipeline.leave(stream)
         assert m.inbound.shapes == 0
         assert not [k for k in m.cache._tables if k[1].startswith("inbound")], "tables dropped"
+        assert not m.inbound._cluster_resources, "and the clusters only they held"
 
 
 def test_sidecar_node_ids() -> None:
