@@ -3,8 +3,8 @@
 Pod a (tests/support/pods: a network namespace) has the agent's capture rules
 (`pilot agent iptables`, as an init container would), `pilot discovery` on a
 registry file (a Service `echo.shop` whose endpoint is pod a, port 9080 to
-target 8080), the app (the test backend on 8080, which answers with the
-`x-forwarded-client-cert` it saw) and `pilot agent` starting Envoy as uid
+target 8080), the app (the test backend on 8080 and on 8081, which answers
+with the `x-forwarded-client-cert` it saw and where the request came from) and `pilot agent` starting Envoy as uid
 1337. Pod b has no sidecar. Then, from pod b, to pod a's address and app port:
 
 - plaintext reaches the app through Envoy's `virtualInbound` (PERMISSIVE, the
@@ -19,8 +19,11 @@ target 8080), the app (the test backend on 8080, which answers with the
   passthrough chains and `InboundPassthroughCluster`;
 - a certificate from another CA is refused;
 - with a STRICT PeerAuthentication for `shop` written to the file, plaintext
-  is refused (on both ports) and mTLS still works; PERMISSIVE again takes plaintext again,
-  with no restart of anything.
+  is refused (on both ports) and mTLS still works; PERMISSIVE again takes
+  plaintext again, with no restart of anything.
+
+The client certificate is signed with the key of pilot's (plugged-in) CA by
+the test, standing for one pilot minted for another pod's sidecar.
 """
 
 from __future__ import annotations
