@@ -4,8 +4,9 @@ Pod a (tests/support/pods: a network namespace) has the agent's capture rules
 (`pilot agent iptables`, as an init container would), `pilot discovery` on a
 registry file (a Service `echo.shop` whose endpoint is pod a, port 9080 to
 target 8080), the app (the test backend on 8080 and on 8081, which answers
-with the `x-forwarded-client-cert` it saw and where the request came from) and `pilot agent` starting Envoy as uid
-1337. Pod b has no sidecar. Then, from pod b, to pod a's address and app port:
+with the `x-forwarded-client-cert` it saw and where the request came from)
+and `pilot agent` starting Envoy as uid 1337. Pod b has no sidecar. Then,
+from pod b, to pod a's address and app port:
 
 - plaintext reaches the app through Envoy's `virtualInbound` (PERMISSIVE, the
   default): Envoy counts the connection on 15006 and the request on
@@ -22,8 +23,8 @@ with the `x-forwarded-client-cert` it saw and where the request came from) and `
   is refused (on both ports) and mTLS still works; PERMISSIVE again takes
   plaintext again, with no restart of anything.
 
-The client certificate is signed with the key of pilot's (plugged-in) CA by
-the test, standing for one pilot minted for another pod's sidecar.
+The client certificate is one pilot's CA mints (CreateCertificate, with a
+token of `other/client`), as it would for another pod's sidecar.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from tests.harness.envoy_process import wait_until
 from tests.integration.agent_process import PILOT
 from tests.integration.ca_support import (
     Issuer,
-    PluggedIn,
     issue_leaf,
     new_ca,
     pem,
@@ -69,6 +69,7 @@ from tests.support.pods import Pod, leftovers, pod_network
 APP_PORT = 8080
 OTHER_PORT = 8081  # the app listens here too, but no service names it: passthrough
 CLIENT = "spiffe://cluster.local/ns/other/sa/client"
+CLIENT_TOKEN = "client-token-0123456789abcdef"
 WAIT = 30.0
 
 
@@ -90,26 +91,28 @@ def _mesh(address: str, mode: str | None = None) -> list[dict[str, Any]]:
 
 
 @asynccontextmanager
-async def _pilot_in(
-    pod: Pod, folder: Path, mesh: Path
-) -> AsyncIterator[tuple[PilotProcess, PluggedIn]]:
+async def _pilot_in(pod: Pod, folder: Path, mesh: Path) -> AsyncIterator[PilotProcess]:
     """`pilot discovery` in the pod, on `mesh`, its streams proven by token."""
     ca = write_plugged_in(folder / "plugged-in-ca")
     tokens = folder / "tokens.csv"
-    tokens.write_text(f"{TOKEN},system:serviceaccount:shop:cart\n")
+    tokens.write_text(
+        f"{TOKEN},system:serviceaccount:shop:cart\n"
+        f"{CLIENT_TOKEN},system:serviceaccount:other:client\n"
+    )
     tokens.chmod(0o600)
     source = ["--config", str(mesh), "--xds-auth", "kubernetes", "--token-auth-file", str(tokens)]
     command = pod.command(*discovery_command(folder, source, ca.directory))
     root = ca.root.cert_pem.encode()
     pilot = await start_command(folder, command, env=pilot_environment(folder), root_pem=root)
     try:
-        yield pilot, ca
+        yield pilot
     finally:
         await pilot.stop()
 
 
-def _client_files(folder: Path, name: str, issuer: Issuer, chain: str, root: str) -> list[str]:
-    """A client key and certificate for CLIENT from `issuer`; the options that use them."""
+def _client_files(folder: Path, name: str, issuer: Issuer, chain: str) -> list[str]:
+    """A client key and certificate for CLIENT from `issuer` (not pilot's CA); the options
+    that use them (the server still checked against pilot's root)."""
     key = ec.generate_private_key(ec.SECP256R1())
     leaf = issue_leaf(issuer, key.public_key(), [CLIENT])
     (folder / f"{name}.pem").write_text(pem(leaf) + chain)
@@ -120,10 +123,26 @@ def _client_files(folder: Path, name: str, issuer: Issuer, chain: str, root: str
             serialization.NoEncryption(),
         )
     )
-    (folder / "root.pem").write_text(root)
     return [
         "--cert", str(folder / f"{name}.pem"),
         "--key", str(folder / f"{name}-key.pem"),
+        "--root", str(folder / "root.pem"),
+    ]  # fmt: skip
+
+
+async def _minted_by_pilot(pod: Pod, pilot: PilotProcess, folder: Path) -> list[str]:
+    """A client certificate pilot's CA mints for CLIENT (asked for with its token from
+    inside the pod, where pilot's TLS port is); the options that use it."""
+    out = folder / "minted"
+    out.mkdir()
+    (folder / "root.pem").write_bytes(pilot.root_pem)
+    argv = [sys.executable, "-m", "tests.support.mint_client", f"localhost:{pilot.tls_port}"]
+    status, uri, err = await pod.run(*argv, str(folder / "root.pem"), CLIENT_TOKEN, str(out))
+    assert status == 0, err
+    assert uri.strip() == CLIENT
+    return [
+        "--cert", str(out / "cert.pem"),
+        "--key", str(out / "key.pem"),
         "--root", str(folder / "root.pem"),
     ]  # fmt: skip
 
@@ -158,7 +177,7 @@ async def test_plaintext_and_mtls_reach_the_app_through_virtual_inbound(tmp_path
         app = [*backend, "--host", "0.0.0.0", "--port", str(APP_PORT)]
         other = [*backend, "--host", "0.0.0.0", "--port", str(OTHER_PORT)]
         async with (
-            _pilot_in(a, tmp_path, mesh) as (pilot, ca),
+            _pilot_in(a, tmp_path, mesh) as pilot,
             running_in(a, app, "serving on"),
             running_in(a, other, "serving on"),
         ):
@@ -168,12 +187,12 @@ async def test_plaintext_and_mtls_reach_the_app_through_virtual_inbound(tmp_path
                     a, agent_argv, "started Envoy", uid=PROXY_UID, cwd=folder, env=env
                 ) as agent:
                     context = agent.tail
-                    await _exercise(a, b, mesh=mesh, ca=ca, folder=tmp_path, context=context)
+                    await _exercise(a, b, pilot=pilot, mesh=mesh, folder=tmp_path, context=context)
     assert leftovers(network) == []
 
 
 async def _exercise(
-    a: Pod, b: Pod, *, mesh: Path, ca: PluggedIn, folder: Path, context: Any
+    a: Pod, b: Pod, *, pilot: PilotProcess, mesh: Path, folder: Path, context: Any
 ) -> None:
     plain = await wait_until(
         lambda: _call(b, a.address, "--xfcc", f"By=x;URI={CLIENT}"),
@@ -187,8 +206,7 @@ async def _exercise(
     assert await _stat(a, "listener.0.0.0.0_15006.downstream_cx_total") >= 1
     assert await _stat(a, "cluster.inbound|8080||.upstream_rq_total") >= 1
 
-    chain = ca.intermediate.cert_pem
-    mtls = _client_files(folder, "client", ca.intermediate, chain, ca.root.cert_pem)
+    mtls = await _minted_by_pilot(a, pilot, folder)
     answer = await _call(b, a.address, *mtls)
     assert answer["status"] == 200, answer
     assert f"URI={CLIENT}" in answer["xfcc"], answer
@@ -200,7 +218,7 @@ async def _exercise(
     assert await _stat(a, "cluster.InboundPassthroughCluster.upstream_cx_total") >= 2
 
     stranger = new_ca("another mesh")
-    forged = _client_files(folder, "stranger", stranger, stranger.cert_pem, ca.root.cert_pem)
+    forged = _client_files(folder, "stranger", stranger, stranger.cert_pem)
     refused = await _call(b, a.address, *forged)
     assert refused["status"] == 0, f"a certificate from another CA got in: {refused}"
 
