@@ -1,6 +1,6 @@
 """Istio's debounce: merge changes until the registry is quiet, but never wait too long.
 
-A registry change opens a window. The window closes when no change has arrived
+A registry change (or a PeerAuthentication change, which is one) opens a window. The window closes when no change has arrived
 for `after` seconds, or `max_delay` after it opened, whichever is first;
 everything that arrived meanwhile is flushed as one merged `PushRequest`.
 Some changes are not debounced: new certificates (each concerns one proxy,
