@@ -54,6 +54,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2, tls_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
+from envoy.type.v3 import range_pb2
 from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
 from google.protobuf.message import Message
 
@@ -261,6 +262,27 @@ def _listener_filter(name: str, config: Message) -> listener_components_pb2.List
     return listener_components_pb2.ListenerFilter(name=name, typed_config=_typed(config))
 
 
+def _on_ports(ports: list[int]) -> listener_components_pb2.ListenerFilterChainMatchPredicate:
+    """Connections to any of `ports` (as Istio disables http_inspector on TCP ports)."""
+    Predicate = listener_components_pb2.ListenerFilterChainMatchPredicate
+    rules = [
+        Predicate(destination_port_range=range_pb2.Int32Range(start=p, end=p + 1)) for p in ports
+    ]
+    return rules[0] if len(rules) == 1 else Predicate(or_match=Predicate.MatchSet(rules=rules))
+
+
+def _http_inspector(shape: InboundShape) -> listener_components_pb2.ListenerFilter:
+    """http_inspector, except on the workload's TCP ports: their chains do not ask what the
+    bytes are, and a protocol whose server speaks first would wait for it."""
+    inspector = _listener_filter(
+        "envoy.filters.listener.http_inspector", http_inspector_pb2.HttpInspector()
+    )
+    tcp = [port for port, protocol in shape.ports if protocol is InboundProtocol.TCP]
+    if tcp:
+        inspector.filter_disabled.CopyFrom(_on_ports(tcp))
+    return inspector
+
+
 def virtual_inbound(shape: InboundShape) -> listener_pb2.Listener:
     """15006: every captured inbound connection, by original destination port."""
     chains = [_blackhole_chain()]
@@ -280,10 +302,11 @@ def virtual_inbound(shape: InboundShape) -> listener_pb2.Listener:
             _listener_filter(
                 "envoy.filters.listener.tls_inspector", tls_inspector_pb2.TlsInspector()
             ),
-            _listener_filter(
-                "envoy.filters.listener.http_inspector", http_inspector_pb2.HttpInspector()
-            ),
+            _http_inspector(shape),
         ],
+        # A client that sends nothing first (a server-first protocol) is not cut off when
+        # the inspectors give up waiting: it goes on to the chain for what is known.
+        continue_on_listener_filters_timeout=True,
         filter_chains=chains,
     )
 

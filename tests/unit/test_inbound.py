@@ -220,6 +220,10 @@ def test_a_sidecar_gets_chains_for_its_own_target_ports_and_clusters_to_the_app(
         assert cluster.type == cluster_pb2.Cluster.ORIGINAL_DST
         assert cluster.upstream_bind_config.source_address.address == "127.0.0.6"
         assert cluster.typed_extension_protocol_options, "gRPC: HTTP/2 to the app"
+        inspector = listener(pod).listener_filters[2]
+        assert inspector.name == "envoy.filters.listener.http_inspector"
+        skipped = inspector.filter_disabled.destination_port_range
+        assert (skipped.start, skipped.end) == (5432, 5433), "not on the TCP port"
         mtls = listener(pod).filter_chains[3]
         assert mtls.filter_chain_match.destination_port.value == 8080
         assert list(mtls.filter_chain_match.application_protocols) == [
