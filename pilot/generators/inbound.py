@@ -3,8 +3,8 @@
 What a captured connection to the pod meets (iptables sends it to 15006):
 `virtualInbound` on 0.0.0.0:15006 restores its original destination
 (`original_dst`), reads whether it is TLS and its ALPN (`tls_inspector`) or
-plaintext HTTP (`http_inspector`), and picks a filter chain by destination
-port, Istio's way:
+plaintext HTTP (`http_inspector`, not on the workload's TCP ports), and picks
+a filter chain by destination port, Istio's way:
 
 - per workload port P (`InboundShape.ports`), an mTLS chain (transport `tls`,
   Istio's ALPN: HTTP chains `istio-http/1.0`, `istio-http/1.1`, `istio-h2`,
