@@ -3,7 +3,8 @@
 Pod a (tests/support/pods: a network namespace) has the agent's capture rules
 (`pilot agent iptables`, as an init container would), `pilot discovery` on a
 registry file (a Service `echo.shop` whose endpoint is pod a, port 9080 to
-target 8080), the app (the test backend on 8080 and on 8081, which answers
+target 8080 and TCP port 9082 to 8082), the app (the test backend on 8080,
+8081 and 8082, which answers
 with the `x-forwarded-client-cert` it saw and where the request came from)
 and `pilot agent` starting Envoy as uid 1337. Pod b has no sidecar. Then,
 from pod b, to pod a's address and app port:
@@ -17,7 +18,8 @@ from pod b, to pod a's address and app port:
   sa/client` and Istio's ALPN reaches the app, which sees that URI in XFCC;
   Envoy counts the handshake;
 - a port of the app no service names is reached the same way, through the
-  passthrough chains and `InboundPassthroughCluster`;
+  passthrough chains and `InboundPassthroughCluster`; a TCP service port's
+  target is proxied as bytes, plaintext or mTLS with Istio's TCP ALPN;
 - a certificate from another CA is refused;
 - with a STRICT PeerAuthentication for `shop` written to the file, plaintext
   is refused (on both ports) and mTLS still works; PERMISSIVE again takes
@@ -68,6 +70,8 @@ from tests.support.pods import Pod, leftovers, pod_network
 
 APP_PORT = 8080
 OTHER_PORT = 8081  # the app listens here too, but no service names it: passthrough
+TCP_PORT = 8082  # and here, the target of a TCP service port: proxied, not routed
+TCP_ALPN = ("--alpn", "istio-peer-exchange,istio")
 CLIENT = "spiffe://cluster.local/ns/other/sa/client"
 CLIENT_TOKEN = "client-token-0123456789abcdef"
 WAIT = 30.0
@@ -75,8 +79,8 @@ WAIT = 30.0
 
 def _mesh(address: str, mode: str | None = None) -> list[dict[str, Any]]:
     objects = [
-        service("echo", "shop", [("http", 9080)]),
-        endpoint_slice("echo", [Ep(address)], "shop", [("http", APP_PORT)]),
+        service("echo", "shop", [("http", 9080), ("tcp-raw", 9082)]),
+        endpoint_slice("echo", [Ep(address)], "shop", [("http", APP_PORT), ("tcp-raw", TCP_PORT)]),
     ]
     if mode is not None:
         objects.append(
@@ -176,10 +180,12 @@ async def test_plaintext_and_mtls_reach_the_app_through_virtual_inbound(tmp_path
         backend = [sys.executable, "-m", "tests.integration.http_backend"]
         app = [*backend, "--host", "0.0.0.0", "--port", str(APP_PORT)]
         other = [*backend, "--host", "0.0.0.0", "--port", str(OTHER_PORT)]
+        raw = [*backend, "--host", "0.0.0.0", "--port", str(TCP_PORT)]
         async with (
             _pilot_in(a, tmp_path, mesh) as pilot,
             running_in(a, app, "serving on"),
             running_in(a, other, "serving on"),
+            running_in(a, raw, "serving on"),
         ):
             with _agent_folder(pilot.root_pem.decode(), owner=PROXY_UID) as folder:
                 agent_argv, env = _agent_argv(pilot), _pod_env(a.address)
@@ -217,6 +223,15 @@ async def _exercise(
     assert (await _call(b, a.address, *mtls, port=OTHER_PORT))["status"] == 200
     assert await _stat(a, "cluster.InboundPassthroughCluster.upstream_cx_total") >= 2
 
+    tcp_plain = await _call(b, a.address, "--xfcc", "URI=forged", port=TCP_PORT)
+    assert tcp_plain["status"] == 200 and tcp_plain["peer"] == "127.0.0.6", tcp_plain
+    assert tcp_plain["xfcc"] == "URI=forged", "a TCP port is proxied, bytes as they came"
+    tcp_mtls = await _call(b, a.address, *mtls, *TCP_ALPN, port=TCP_PORT)
+    assert tcp_mtls["status"] == 200, tcp_mtls
+    assert await _stat(a, f"cluster.inbound|{TCP_PORT}||.upstream_cx_total") >= 2
+    http_alpn_on_tcp = await _call(b, a.address, *mtls, port=TCP_PORT)
+    assert http_alpn_on_tcp["status"] == 0, "a TCP port's mTLS chain takes Istio's TCP ALPN"
+
     stranger = new_ca("another mesh")
     forged = _client_files(folder, "stranger", stranger, stranger.cert_pem)
     refused = await _call(b, a.address, *forged)
@@ -232,6 +247,8 @@ async def _exercise(
     )
     assert (await _call(b, a.address, *mtls))["status"] == 200, "mTLS still works"
     assert (await _call(b, a.address, port=OTHER_PORT))["status"] == 0, "passthrough too"
+    assert (await _call(b, a.address, port=TCP_PORT))["status"] == 0, "TCP too"
+    assert (await _call(b, a.address, *mtls, *TCP_ALPN, port=TCP_PORT))["status"] == 200
     assert (await _call(b, a.address, *mtls, port=OTHER_PORT))["status"] == 200
 
     write_mesh(mesh, _mesh(a.address, "PERMISSIVE"))

@@ -2,7 +2,8 @@
 
 `python -m tests.support.inbound_client HOST PORT [--cert C --key K --root R]`:
 plaintext HTTP/1.1, or with `--cert`, TLS with that client certificate and
-Istio's ALPN `istio-http/1.1` (what a peer's Envoy offers for an HTTP port),
+Istio's ALPN (`--alpn`, default `istio-http/1.1`: what a peer's Envoy offers
+for an HTTP/1.1 port; `istio-peer-exchange,istio` for a TCP one),
 the server's certificate checked against `--root` (no host name: Istio's are
 SPIFFE URIs); `--xfcc` sends a client-cert header of its own (a forgery the
 sidecar must replace). Prints `{"status": N, "xfcc": ..., "body": ...}` for an answer,
@@ -48,6 +49,7 @@ def main(argv: list[str]) -> dict[str, object]:
     parser.add_argument("--key")
     parser.add_argument("--root")
     parser.add_argument("--xfcc", help="send this x-forwarded-client-cert (a forgery)")
+    parser.add_argument("--alpn", default="istio-http/1.1", help="what TLS offers")
     args = parser.parse_args(argv)
     try:
         with socket.create_connection((args.host, args.port), timeout=TIMEOUT) as raw:
@@ -57,7 +59,7 @@ def main(argv: list[str]) -> dict[str, object]:
             context.check_hostname = False
             context.load_verify_locations(args.root)
             context.load_cert_chain(args.cert, args.key)
-            context.set_alpn_protocols(["istio-http/1.1"])
+            context.set_alpn_protocols(args.alpn.split(","))
             with context.wrap_socket(raw) as tls:
                 return _exchange(tls, args.host, args.xfcc)
     except (OSError, ssl.SSLError) as error:
