@@ -4,9 +4,8 @@ Pod a (tests/support/pods: a network namespace) has the agent's capture rules
 (`pilot agent iptables`, as an init container would), `pilot discovery` on a
 registry file (a Service `echo.shop` whose endpoint is pod a, port 9080 to
 target 8080 and TCP port 9082 to 8082), the app (the test backend on 8080,
-8081 and 8082, which answers
-with the `x-forwarded-client-cert` it saw and where the request came from)
-and `pilot agent` starting Envoy as uid 1337. Pod b has no sidecar. Then,
+8081 and 8082, which answers with the `x-forwarded-client-cert` it saw and
+where the request came from) and `pilot agent` starting Envoy as uid 1337. Pod b has no sidecar. Then,
 from pod b, to pod a's address and app port:
 
 - plaintext reaches the app through Envoy's `virtualInbound` (PERMISSIVE, the
@@ -22,7 +21,7 @@ from pod b, to pod a's address and app port:
   target is proxied as bytes, plaintext or mTLS with Istio's TCP ALPN;
 - a certificate from another CA is refused;
 - with a STRICT PeerAuthentication for `shop` written to the file, plaintext
-  is refused (on both ports) and mTLS still works; PERMISSIVE again takes
+  is refused (on every port) and mTLS still works; PERMISSIVE again takes
   plaintext again, with no restart of anything.
 
 The client certificate is one pilot's CA mints (CreateCertificate, with a
