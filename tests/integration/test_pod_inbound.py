@@ -5,8 +5,8 @@ Pod a (tests/support/pods: a network namespace) has the agent's capture rules
 registry file (a Service `echo.shop` whose endpoint is pod a, port 9080 to
 target 8080 and TCP port 9082 to 8082), the app (the test backend on 8080,
 8081 and 8082, which answers with the `x-forwarded-client-cert` it saw and
-where the request came from) and `pilot agent` starting Envoy as uid 1337. Pod b has no sidecar. Then,
-from pod b, to pod a's address and app port:
+where the request came from) and `pilot agent` starting Envoy as uid 1337.
+Pod b has no sidecar. Then, from pod b, to pod a's address and app port:
 
 - plaintext reaches the app through Envoy's `virtualInbound` (PERMISSIVE, the
   default): Envoy counts the connection on 15006 and the request on
