@@ -43,6 +43,7 @@ from pilot.debug.http import DebugState, HttpServer
 from pilot.debug.metrics import Metrics, Sources, WatchCounts
 from pilot.debug.proxy_status import LiveProxies
 from pilot.generators.builder import ResourceBuilder
+from pilot.generators.inbound_proxies import InboundGenerator
 from pilot.generators.lds import ListenerGenerator
 from pilot.generators.rds import RouteGenerator
 from pilot.generators.sds import SecretGenerator
@@ -51,6 +52,7 @@ from pilot.push.history import PushHistory
 from pilot.push.pipeline import Pipeline
 from pilot.push.updater import IndexUpdater
 from pilot.registry.index import EndpointIndex
+from pilot.registry.peer_authentication import PeerAuthentications
 from pilot.security.ca_service import CA_SERVICE
 from pilot.security.component import Security
 from pilot.security.root_publisher import RootPublisher
@@ -99,6 +101,7 @@ class Discovery:
         self.stats = XdsStats()
         self.index = EndpointIndex(primary=settings.cluster_id)
         self.cache = ResourceCache()
+        self.policies = PeerAuthentications()  # mTLS modes by namespace, read by inbound
         self.connections: ConnectionRegistry[Connection] = ConnectionRegistry()
         self.admission = Admission.of(settings.limits)
         self.proxies = LiveProxies(self.connections, self.cache)
@@ -118,6 +121,7 @@ class Discovery:
         self._api_server = ""
         self.security: Security | None = None
         self.pipeline: Pipeline | None = None
+        self.inbound: InboundGenerator | None = None
         self.source: RegistrySource | None = None
         self.remotes: RemoteClusters | None = None
         self.remote_secrets: Informer | None = None
@@ -139,6 +143,8 @@ class Discovery:
             stats=self.stats,
             connections=lambda: len(self.connections),
             services=lambda: len(self.index.services),
+            inbound_shapes=lambda: self.inbound.shapes if self.inbound is not None else 0,
+            peer_authentications_ignored=lambda: self.policies.ignored,
             secret_stats=lambda: self.security.secrets.stats if self.security else None,
             ca_stats=lambda: self.security.ca_service.stats if self.security else None,
             limit_hits=lambda: self.admission.hits.counts,
@@ -187,6 +193,7 @@ class Discovery:
         )
 
     def _pipeline(self, security: Security) -> Pipeline:
+        self.inbound = InboundGenerator(self.index, self.cache, self.policies, self.stats)
         generators = (
             ResourceBuilder(self.index, self.cache, self.settings.build, self.stats),
             ListenerGenerator(
@@ -195,6 +202,7 @@ class Discovery:
             RouteGenerator(
                 self.index, self.cache, self.settings.outbound, self.settings.build, self.stats
             ),
+            self.inbound,
             SecretGenerator(security.secrets, self.cache, self.stats),
         )
         return Pipeline(
@@ -225,6 +233,7 @@ class Discovery:
             self._api_server,
             self.settings.cluster_id,
             watching=self.watching,
+            peer_authentications=True,  # Istio's config comes from the local cluster only
         )
 
     def _tls(self, security: Security) -> TlsServing | None:
@@ -309,7 +318,7 @@ class Discovery:
             drain=self.settings.drain_duration,
         )
         await self.grpc.start()
-        updater = IndexUpdater(self.index, pipeline.submit, self.stats)
+        updater = IndexUpdater(self.index, pipeline.submit, self.stats, self.policies)
         self.source = self._source(updater)
         await self.source.start()
         await self._start_remotes(updater)

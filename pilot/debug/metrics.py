@@ -67,6 +67,9 @@ class Sources:
     stats: XdsStats
     connections: Callable[[], int] = lambda: 0
     services: Callable[[], int] = lambda: 0
+    # Sidecars' inbound listener shapes held, and PeerAuthentications ignored (selector).
+    inbound_shapes: Callable[[], int] = lambda: 0
+    peer_authentications_ignored: Callable[[], int] = lambda: 0
     secret_stats: Callable[[], SecretStats | None] = lambda: None
     informers: Callable[[], Iterable[WatchCounts]] = lambda: ()
     ca_stats: Callable[[], CaStats | None] = lambda: None
@@ -137,6 +140,16 @@ class PilotCollector(Collector):
         )
         yield GaugeMetricFamily(
             "pilot_services", "Services in the registry.", value=self._sources.services()
+        )
+        yield GaugeMetricFamily(
+            "pilot_inbound_shapes",
+            "Distinct inbound listeners held for connected sidecars (each shared by shape).",
+            value=self._sources.inbound_shapes(),
+        )
+        yield CounterMetricFamily(
+            "pilot_peer_authentications_ignored",
+            "PeerAuthentications ignored: a selector or portLevelMtls.",
+            value=self._sources.peer_authentications_ignored(),
         )
         yield GaugeMetricFamily(
             "pilot_asyncio_tasks",

@@ -1,8 +1,9 @@
 """Istio's debounce: merge changes until the registry is quiet, but never wait too long.
 
-A registry change opens a window. The window closes when no change has arrived
-for `after` seconds, or `max_delay` after it opened, whichever is first;
-everything that arrived meanwhile is flushed as one merged `PushRequest`.
+A registry change (a PeerAuthentication change is one) opens a window. The
+window closes when no change has arrived for `after` seconds, or `max_delay`
+after it opened, whichever is first; everything that arrived meanwhile is
+flushed as one merged `PushRequest`.
 Some changes are not debounced: new certificates (each concerns one proxy,
 there is nothing to merge and a proxy is waiting for it), and endpoint-only
 changes when `eds_debounce` is off. They are flushed at once, without closing
@@ -51,10 +52,12 @@ class Debouncer:
             registry = IndexChange()
         if request.certificates:
             self._add_now(PushRequest(certificates=request.certificates), now)
-        if registry:
+        if registry or request.mtls_namespaces:
             if not self._window:
                 self._opened = now
-            self._window.add(PushRequest(registry=registry))
+            self._window.add(
+                PushRequest(registry=registry, mtls_namespaces=request.mtls_namespaces)
+            )
             self._last = now
         self._arrived.set()
 

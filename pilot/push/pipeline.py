@@ -20,7 +20,12 @@ generators that build per locality (`LocalityGenerator`) build its variant,
 the last to leave makes them drop it. Variants are rationed by what streams
 proved (`LocalityBudget`, push/localities.py): a locality is whatever a proxy
 declares, so streams that proved no identity share a small budget of their
-own and never take a proven proxy's. Nothing here touches gRPC.
+own and never take a proven proxy's. The first stream of a proxy makes the
+generators that give proxies resources of their own inside a wildcard type
+(`ProxyGenerator`: a sidecar's inbound listener and clusters) `attach` it, the
+last to leave `detach` it; what they build for it reaches only its streams
+(`Changes.owned`), through an overlay the cache lays over the shared table
+(`ResourceCache.set_overlay`). Nothing here touches gRPC.
 
 A new resource type plugs in as a generator (its `type_urls` and `build`)
 handed to the pipeline by the composition root.
@@ -123,6 +128,24 @@ class LocalityGenerator(Generator, Protocol):
     def drop_locality(self, locality: Locality) -> None: ...
 
 
+@runtime_checkable
+class ProxyGenerator(Generator, Protocol):
+    """A generator of resources some proxies read beside the shared ones of a wildcard type.
+
+    It lays them over the shared table for that proxy (`ResourceCache.set_overlay`) and
+    reports changes to them as the proxy's own (`Changes.owned`), so only its streams
+    are woken; a proxy it gives nothing reads the shared tables as before.
+    """
+
+    def attach(self, proxy: ProxyKey) -> None:
+        """The first stream of `proxy` joined: lay its overlays (before it is answered)."""
+        ...
+
+    def detach(self, proxy: ProxyKey) -> None:
+        """The last stream of `proxy` left: drop its overlays."""
+        ...
+
+
 class PipelineMetrics(Protocol):
     """What the pipeline reports as it runs."""
 
@@ -189,6 +212,7 @@ class Pipeline:
             for type_url in generator.type_urls & types.OWNED_TYPES
         }
         self._localized = [g for g in generators if isinstance(g, LocalityGenerator)]
+        self._per_proxy = [g for g in generators if isinstance(g, ProxyGenerator)]
         self._localities = LocalityBudget(
             self.settings.max_localities, self.settings.max_unverified_localities
         )
@@ -275,6 +299,9 @@ class Pipeline:
     def join(self, subscriber: Subscriber) -> None:
         """A stream identified its proxy (on its first request)."""
         self._subscribers.join(subscriber)
+        if len(self._subscribers.streams_of(subscriber.proxy)) == 1:
+            for attaching in self._per_proxy:
+                attaching.attach(subscriber.proxy)
         locality = subscriber.locality
         proven = subscriber.proxy.identity is not None
         if locality:
@@ -346,6 +373,9 @@ class Pipeline:
         subscriptions = subscriber.stream.subscriptions()
         self._subscribers.leave(subscriber, subscriptions)
         self._forget_locality(subscriber)
+        if not self._subscribers.streams_of(subscriber.proxy):
+            for detaching in self._per_proxy:
+                detaching.detach(subscriber.proxy)
         for type_url, names in subscriptions:
             self._unwatch_owned(subscriber.proxy, type_url, names)
 

@@ -3,10 +3,12 @@
 A `PushRequest` is what changed since the last push, as one mergeable value:
 registry changes say which services need clusters rebuilt (full) and which
 only their endpoints; certificate changes name the proxies whose workload
-certificate was minted or rotated. Merging two requests is their union, so
-any number of changes waiting for a push stay one bounded value; `PendingPush`
-collects them in place, so that adding one costs its own size, not the size of
-what is already waiting (10,000 changes in a burst stay linear).
+certificate was minted or rotated; policy changes name the namespaces whose
+mTLS mode (PeerAuthentication) changed (the root namespace: the mesh's).
+Merging two requests is their union, so any number of changes waiting for a
+push stay one bounded value; `PendingPush` collects them in place, so that
+adding one costs its own size, not the size of what is already waiting
+(10,000 changes in a burst stay linear).
 
 `Changes` is what a generator's build really changed in the cache: shared
 names per type, and names per type owned by one proxy.
@@ -27,9 +29,10 @@ class PushRequest:
 
     registry: IndexChange = NO_CHANGE
     certificates: frozenset[ProxyKey] = frozenset()
+    mtls_namespaces: frozenset[str] = frozenset()
 
     def __bool__(self) -> bool:
-        return bool(self.registry or self.certificates)
+        return bool(self.registry or self.certificates or self.mtls_namespaces)
 
     def merge(self, other: PushRequest) -> PushRequest:
         if not other:
@@ -37,7 +40,9 @@ class PushRequest:
         if not self:
             return other
         return PushRequest(
-            self.registry.merge(other.registry), self.certificates | other.certificates
+            self.registry.merge(other.registry),
+            self.certificates | other.certificates,
+            self.mtls_namespaces | other.mtls_namespaces,
         )
 
 
@@ -51,22 +56,27 @@ class PendingPush:
         self._full: set[ServiceKey] = set()
         self._endpoints: set[ServiceKey] = set()
         self._certificates: set[ProxyKey] = set()
+        self._mtls_namespaces: set[str] = set()
 
     def __bool__(self) -> bool:
-        return bool(self._full or self._endpoints or self._certificates)
+        return bool(self._full or self._endpoints or self._certificates or self._mtls_namespaces)
 
     def add(self, request: PushRequest) -> None:
         self._full |= request.registry.full
         self._endpoints |= request.registry.endpoints
         self._certificates |= request.certificates
+        self._mtls_namespaces |= request.mtls_namespaces
 
     def take(self) -> PushRequest:
         """Everything waiting, as one request; nothing is left waiting."""
         if not self:
             return NO_PUSH
         registry = IndexChange(frozenset(self._full), frozenset(self._endpoints))
-        request = PushRequest(registry, frozenset(self._certificates))
+        request = PushRequest(
+            registry, frozenset(self._certificates), frozenset(self._mtls_namespaces)
+        )
         self._full, self._endpoints, self._certificates = set(), set(), set()
+        self._mtls_namespaces = set()
         return request
 
 

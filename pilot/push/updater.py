@@ -11,6 +11,11 @@ from collections.abc import Callable, Iterable
 from pilot.push.request import PushRequest
 from pilot.registry.index import EndpointIndex, IndexChange
 from pilot.registry.model import EndpointSet, EndpointSetKey, Node, NodeKey, Service, ServiceKey
+from pilot.registry.peer_authentication import (
+    PeerAuthentication,
+    PeerAuthenticationKey,
+    PeerAuthentications,
+)
 from pilot.stats import XdsStats
 
 
@@ -22,10 +27,12 @@ class IndexUpdater:
         index: EndpointIndex,
         submit: Callable[[PushRequest], None],
         stats: XdsStats,
+        policies: PeerAuthentications | None = None,
     ) -> None:
         self._index = index
         self._submit = submit
         self._stats = stats
+        self.policies = policies if policies is not None else PeerAuthentications()
 
     def upsert(self, obj: Service | EndpointSet | Node) -> None:
         if isinstance(obj, Service):
@@ -52,6 +59,21 @@ class IndexUpdater:
         self, cluster: str, services: Iterable[Service], endpoint_sets: Iterable[EndpointSet]
     ) -> None:
         self._changed(self._index.replace_cluster(cluster, services, endpoint_sets))
+
+    def upsert_peer_authentication(self, policy: PeerAuthentication) -> None:
+        self._moved(self.policies.upsert(policy))
+
+    def delete_peer_authentication(self, key: PeerAuthenticationKey) -> None:
+        self._moved(self.policies.delete(key))
+
+    def replace_peer_authentications(self, policies: Iterable[PeerAuthentication]) -> None:
+        self._moved(self.policies.replace_all(policies))
+
+    def _moved(self, namespaces: frozenset[str]) -> None:
+        """Namespaces whose mTLS mode moved: their sidecars' inbound listeners change."""
+        if namespaces:
+            self._stats.inbound_updates["peerauthentication"] += len(namespaces)
+            self._submit(PushRequest(mtls_namespaces=namespaces))
 
     def _changed(self, change: IndexChange) -> None:
         if not change:

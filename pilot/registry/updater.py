@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from pilot.registry.model import EndpointSet, EndpointSetKey, Node, NodeKey, Service, ServiceKey
+from pilot.registry.peer_authentication import PeerAuthentication, PeerAuthenticationKey
 
 
 class RegistryUpdater(Protocol):
@@ -37,4 +38,14 @@ class RegistryUpdater(Protocol):
         self, cluster: str, services: Iterable[Service], endpoint_sets: Iterable[EndpointSet]
     ) -> None:
         """One cluster's part is now exactly this (empty: the cluster is gone)."""
+        ...
+
+    def upsert_peer_authentication(self, policy: PeerAuthentication) -> None:
+        """A PeerAuthentication (of the local cluster, or the file) was added or changed."""
+        ...
+
+    def delete_peer_authentication(self, key: PeerAuthenticationKey) -> None: ...
+
+    def replace_peer_authentications(self, policies: Iterable[PeerAuthentication]) -> None:
+        """The PeerAuthentications are now exactly these (a file reload)."""
         ...

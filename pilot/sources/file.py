@@ -128,6 +128,7 @@ class FileRegistry:
                 [s for s in state.endpoint_sets if s.key.cluster == cluster],
             )
         self._clusters = clusters
+        self._updater.replace_peer_authentications(state.peer_authentications)
 
     def _reject(self, message: str, reason: str) -> None:
         """Report a version that is not applied (an empty one as a warning: it is a write

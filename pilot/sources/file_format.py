@@ -1,6 +1,7 @@
 """What a registry file may say: Kubernetes objects as JSON or YAML.
 
-Reads Service, EndpointSlice and Endpoints objects, one per document or in a
+Reads Service, EndpointSlice and Endpoints objects (and PeerAuthentication,
+`security.istio.io/v1` or `v1beta1`), one per document or in a
 `kind: List` (what `kubectl get svc,endpointslices -A -o yaml` or `-o json`
 prints). JSON is parsed as JSON (fifty times faster than as YAML, which it also
 is); anything else, or JSON that does not parse, as YAML. Errors are one line
@@ -38,6 +39,14 @@ from pilot.registry.kubernetes_objects import (
     parse_service,
 )
 from pilot.registry.model import DEFAULT_CLUSTER_ID, EndpointSet, Service
+from pilot.registry.peer_authentication import (
+    GROUP,
+    KIND,
+    VERSIONS,
+    PeerAuthentication,
+    PolicyError,
+    parse_peer_authentication,
+)
 
 log = logging.getLogger("pilot.sources.file")
 
@@ -71,6 +80,7 @@ class RegistryState:
 
     services: tuple[Service, ...]
     endpoint_sets: tuple[EndpointSet, ...]
+    peer_authentications: tuple[PeerAuthentication, ...] = ()
 
 
 def _loaded(text: str, origin: str) -> list[Any]:
@@ -175,8 +185,12 @@ def parse_registry(text: str, origin: str, cluster: str = DEFAULT_CLUSTER_ID) ->
     RegistryFileError naming the first bad object."""
     services: list[Service] = []
     endpoint_sets: list[EndpointSet] = []
+    policies: list[PeerAuthentication] = []
     for where, at, obj in _documents(text, origin, cluster):
         kind = _kind_of(where, obj)
+        if kind == KIND:
+            policies.append(_peer_authentication(where, obj))
+            continue
         if kind not in SUPPORTED_KINDS:
             log.debug("%s: skipping %s", where, object_label(obj))
             continue
@@ -191,4 +205,22 @@ def parse_registry(text: str, origin: str, cluster: str = DEFAULT_CLUSTER_ID) ->
                 endpoint_sets.append(parse_endpoints(obj, at))
         except ObjectError as error:
             raise RegistryFileError(f"{where}: {error}") from error
-    return RegistryState(tuple(services), tuple(endpoint_sets))
+    return RegistryState(tuple(services), tuple(endpoint_sets), tuple(policies))
+
+
+_API_VERSIONS = frozenset(f"{GROUP}/{version}" for version in VERSIONS)
+
+
+def _peer_authentication(where: str, obj: Mapping[str, Any]) -> PeerAuthentication:
+    """A PeerAuthentication of Istio's API (whatever `cluster` its document names: mesh
+    policy is not per cluster)."""
+    api_version = obj.get("apiVersion", next(iter(sorted(_API_VERSIONS))))
+    if api_version not in _API_VERSIONS:
+        shown = repr(api_version)[:60]
+        raise RegistryFileError(
+            f"{where}: {KIND} apiVersion {shown} is not one of {', '.join(sorted(_API_VERSIONS))}"
+        )
+    try:
+        return parse_peer_authentication(obj)
+    except PolicyError as error:
+        raise RegistryFileError(f"{where}: {error}") from error

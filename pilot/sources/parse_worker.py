@@ -104,7 +104,8 @@ async def _unpickled(output: bytes) -> RegistryState:
     service_chunks, set_chunks = detail
     services = await _load_chunks(reader, service_chunks)
     endpoint_sets = await _load_chunks(reader, set_chunks)
-    return RegistryState(tuple(services), tuple(endpoint_sets))
+    peer_authentications = pickle.load(reader)  # one pickle after the chunks: they are few
+    return RegistryState(tuple(services), tuple(endpoint_sets), tuple(peer_authentications))
 
 
 async def _load_chunks(reader: io.BytesIO, count: int) -> list[Any]:
@@ -137,6 +138,7 @@ def main(argv: list[str]) -> int:
     pickle.dump((_OK, (len(services), len(endpoint_sets))), out)
     for chunk in (*services, *endpoint_sets):
         pickle.dump(chunk, out, protocol=pickle.HIGHEST_PROTOCOL)
+    pickle.dump(state.peer_authentications, out, protocol=pickle.HIGHEST_PROTOCOL)
     out.flush()
     return 0
 

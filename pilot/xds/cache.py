@@ -12,6 +12,14 @@ rebuild that produced equal bytes pushes nothing; each type has one version
 that rises with every change, whatever table it is in. A name can be marked
 *pending* for an owner while it is being made (a certificate being minted).
 
+A proxy may also read an *overlay* of a type (`set_overlay`): another shared
+table (its inbound listener and clusters, `pilot.generators.inbound_proxies`),
+whose names join the wildcard set of that type for that proxy's streams only
+(those that read the flavors the overlay asks for), and win over the flavor's
+own. Overlay tables are shared too (one per inbound shape, built once, read by
+every proxy of that shape). A proxy with no overlay reads exactly as before:
+its lookups go straight to the shared table.
+
 Streams read the cache through a `ProxyView`. The cache never touches gRPC.
 """
 
@@ -30,6 +38,9 @@ _EMPTY: Mapping[str, Resource] = {}
 TableKey = tuple[str, str, ProxyKey | None]
 Flavors = Mapping[str, str]  # type URL -> the flavor a stream reads (absent: SHARED)
 NO_FLAVORS: Flavors = {}
+# type URL -> (the flavor of the overlay table, the (type, flavor)s a stream must read).
+Overlay = tuple[str, tuple[tuple[str, str], ...]]
+Overlays = Mapping[str, Overlay]
 
 
 class ResourceCache:
@@ -39,6 +50,7 @@ class ResourceCache:
         self._tables: dict[TableKey, dict[str, Resource]] = {}
         self._versions: dict[str, int] = {}
         self._pending: set[tuple[str, ProxyKey, str]] = set()
+        self._overlays: dict[ProxyKey, dict[str, Overlay]] = {}
 
     def update(
         self,
@@ -101,6 +113,34 @@ class ResourceCache:
     def pending(self, type_url: str, name: str, owner: ProxyKey) -> bool:
         return (type_url, owner, name) in self._pending
 
+    def set_overlay(
+        self, owner: ProxyKey, type_url: str, overlay: str | None, when: Flavors = NO_FLAVORS
+    ) -> bool:
+        """Lay the shared table `overlay` of a type over what `owner`'s streams read of it,
+        on those streams that read every flavor `when` names (type -> flavor); None takes
+        it away. Returns whether that changed anything.
+
+        The type's version rises: what the owner's streams hold is another set now.
+        """
+        mine = self._overlays.setdefault(owner, {})
+        laid = (overlay, tuple(sorted(when.items()))) if overlay is not None else None
+        if mine.get(type_url) == laid:
+            if not mine:
+                del self._overlays[owner]
+            return False
+        if laid is None:
+            del mine[type_url]
+        else:
+            mine[type_url] = laid
+        if not mine:
+            del self._overlays[owner]
+        self._versions[type_url] = self._versions.get(type_url, 0) + 1
+        return True
+
+    def overlays_of(self, owner: ProxyKey | None) -> Overlays | None:
+        """The overlays an owner's streams read (None: none, the common case)."""
+        return self._overlays.get(owner) if owner is not None else None
+
     def view(self, flavors: Flavors = NO_FLAVORS, owner: ProxyKey | None = None) -> ProxyView:
         """What a stream reading these flavors, speaking for `owner`, may read."""
         return ProxyView(self, flavors, owner)
@@ -111,35 +151,68 @@ class ProxyView:
 
     Resources of `OWNED_TYPES` are looked up in the owner's table first, then
     among the shared ones (the trust root). A view never sees another owner's.
+    An overlay the owner reads over a type's flavor comes before that flavor.
     """
 
-    __slots__ = ("_cache", "_flavors", "_owner")
+    __slots__ = ("_cache", "_flavors", "_overlays", "_owner")
 
     def __init__(self, cache: ResourceCache, flavors: Flavors, owner: ProxyKey | None) -> None:
         self._cache = cache
         self._flavors = flavors
         self._owner = owner
+        self._overlays = cache.overlays_of(owner)
 
     def _shared_flavor(self, type_url: str) -> str:
         return self._flavors.get(type_url, SHARED)
+
+    def _overlay(self, type_url: str) -> Mapping[str, Resource] | None:
+        if self._overlays is None:
+            return None
+        laid = self._overlays.get(type_url)
+        if laid is None:
+            return None
+        flavor, when = laid
+        if any(self._flavors.get(t, SHARED) != f for t, f in when):
+            return None
+        return self._cache.shared_table(type_url, flavor)
 
     def get(self, type_url: str, name: str) -> Resource | None:
         if type_url in types.OWNED_TYPES and self._owner is not None:
             own = self._cache.get(type_url, name, owner=self._owner)
             if own is not None:
                 return own
+        overlay = self._overlay(type_url)
+        if overlay is not None:
+            laid = overlay.get(name)
+            if laid is not None:
+                return laid
         return self._cache.get(type_url, name, flavor=self._shared_flavor(type_url))
 
     def lookup(self, type_url: str) -> Callable[[str], Resource | None]:
-        """`get` for one type: straight from the shared table, unless the type has owners."""
+        """`get` for one type: straight from the shared table, unless the type has owners
+        or this proxy reads an overlay over it."""
         if type_url in types.OWNED_TYPES and self._owner is not None:
             return functools.partial(self.get, type_url)
-        flavor = self._shared_flavor(type_url)
-        return self._cache.shared_table(type_url, flavor).get
+        shared = self._cache.shared_table(type_url, self._shared_flavor(type_url)).get
+        overlay = self._overlay(type_url)
+        if overlay is None:
+            return shared
+        laid = overlay.get
+
+        def either(name: str) -> Resource | None:
+            found = laid(name)
+            return found if found is not None else shared(name)
+
+        return either
 
     def names(self, type_url: str) -> Collection[str]:
-        """The shared names of a type (what a wildcard subscription holds)."""
-        return self._cache.names(type_url, flavor=self._shared_flavor(type_url))
+        """The shared names of a type (what a wildcard subscription holds), and the names
+        of the overlay this proxy reads over it."""
+        shared = self._cache.names(type_url, flavor=self._shared_flavor(type_url))
+        overlay = self._overlay(type_url)
+        if overlay is None:
+            return shared
+        return set(shared) | overlay.keys()
 
     def version(self, type_url: str) -> str:
         return self._cache.version(type_url)

@@ -5,7 +5,9 @@ Owns a small aiohttp server on an ephemeral port that answers every path with
 `x-forwarded-client-cert` header the server Envoy set, with a field reader).
 Run as a process (a pod's app, `python -m tests.integration.http_backend`), it
 also prints each request as one line, `seen {"path": ..., "xfcc": ...}`, for
-the test reading its output.
+the test reading its output. Each answer also carries that header back as
+`x-seen-xfcc`, and the address the request came from as `x-seen-peer`, so a
+client of a backend in another process sees what the app saw.
 """
 
 from __future__ import annotations
@@ -85,7 +87,8 @@ class Backend:
         self.seen.append(seen)
         if self._on_request is not None:
             self._on_request(seen)
-        return web.Response(text=f"{BACKEND_BODY} {request.path}")
+        headers = {"x-seen-xfcc": seen.xfcc, "x-seen-peer": request.remote or ""}
+        return web.Response(text=f"{BACKEND_BODY} {request.path}", headers=headers)
 
     async def __aenter__(self) -> Backend:
         app = web.Application()

@@ -61,12 +61,15 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     ResourceType("Node", "nodes", "", "v1", namespaced=False, short_names=("no",)),
     ResourceType("EndpointSlice", "endpointslices", "discovery.k8s.io", "v1"),
     ResourceType("Lease", "leases", "coordination.k8s.io", "v1"),
+    # Istio's custom resource, in both versions Istio serves (v1 preferred).
+    ResourceType("PeerAuthentication", "peerauthentications", "security.istio.io", "v1"),
+    ResourceType("PeerAuthentication", "peerauthentications", "security.istio.io", "v1beta1"),
 )
 
 _BY_NAME: dict[str, ResourceType] = {}
 for _rt in RESOURCE_TYPES:
     for _name in (_rt.kind, _rt.plural, *_rt.short_names):
-        _BY_NAME[_name.lower()] = _rt
+        _BY_NAME.setdefault(_name.lower(), _rt)  # a kind in two versions: the first
 
 
 def resource_type(kind_or_plural: str) -> ResourceType:
@@ -105,26 +108,31 @@ def api_versions_doc(server_address: str) -> dict[str, Any]:
     }
 
 
-def _group_entry(group: str, version: str) -> dict[str, Any]:
-    return {
-        "name": group,
-        "versions": [{"groupVersion": f"{group}/{version}", "version": version}],
-        "preferredVersion": {"groupVersion": f"{group}/{version}", "version": version},
-    }
+def _group_entry(group: str) -> dict[str, Any]:
+    """A group with every version it is served in, the first preferred."""
+    versions = [
+        {"groupVersion": f"{group}/{version}", "version": version}
+        for served, version in group_versions()
+        if served == group
+    ]
+    return {"name": group, "versions": versions, "preferredVersion": versions[0]}
 
 
 def api_group_list_doc() -> dict[str, Any]:
     """`GET /apis`: every non-core group."""
-    groups = [_group_entry(group, version) for group, version in group_versions() if group]
-    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+    groups = list(dict.fromkeys(group for group, _ in group_versions() if group))
+    return {
+        "kind": "APIGroupList",
+        "apiVersion": "v1",
+        "groups": [_group_entry(group) for group in groups],
+    }
 
 
 def api_group_doc(group: str) -> dict[str, Any] | None:
     """`GET /apis/<group>`; None when not served."""
-    for served, version in group_versions():
-        if served and served == group:
-            return {"kind": "APIGroup", "apiVersion": "v1", **_group_entry(group, version)}
-    return None
+    if not group or all(served != group for served, _ in group_versions()):
+        return None
+    return {"kind": "APIGroup", "apiVersion": "v1", **_group_entry(group)}
 
 
 def api_resource_list_doc(group: str, version: str) -> dict[str, Any] | None:

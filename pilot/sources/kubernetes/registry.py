@@ -7,8 +7,11 @@ given. A malformed object is logged with its name (rate-limited, `WatchFaults`),
 counted and skipped; what pilot knew of it before stays: whatever a parser raises
 on it (a wrong type, nesting deep enough for RecursionError) never ends the
 informer. Nodes (cluster-scoped) are watched for endpoint locality, as metadata
-only (`metadata.py`), and only their region and zone labels kept. Each informer
-runs as a task of the supervisor it is given (`Watching`).
+only (`metadata.py`), and only their region and zone labels kept. The local
+cluster's registry (`peer_authentications=True`) also watches Istio's
+PeerAuthentication (`peer_authentications.py`), in the same namespaces and the
+root namespace. Each informer runs as a task of the supervisor it is given
+(`Watching`).
 """
 
 from __future__ import annotations
@@ -32,10 +35,18 @@ from pilot.registry.kubernetes_objects import (
     parse_service,
 )
 from pilot.registry.model import DEFAULT_CLUSTER_ID, EndpointSetKey, NodeKey, ServiceKey
+from pilot.registry.peer_authentication import KIND as PEER_AUTHENTICATION
+from pilot.registry.peer_authentication import ROOT_NAMESPACE
 from pilot.registry.updater import RegistryUpdater
 from pilot.sources.kubernetes.config import EndpointsApi, KubernetesSettings
 from pilot.sources.kubernetes.informer import Informer, Obj, Request, WatchFaults
 from pilot.sources.kubernetes.metadata import metadata_only
+from pilot.sources.kubernetes.peer_authentications import (
+    PeerAuthenticationHandler,
+    objects_at,
+    path_of,
+    served_version,
+)
 from pilot.supervisor import SupervisedTask, Supervisor, describe
 
 log = logging.getLogger("pilot.sources.kubernetes")
@@ -152,8 +163,10 @@ class KubernetesRegistry:
         cluster: str = DEFAULT_CLUSTER_ID,
         *,
         watching: Watching | None = None,
+        peer_authentications: bool = False,
     ) -> None:
         self.settings = settings
+        self._peer_authentications = peer_authentications
         self.cluster = cluster
         self._updater = updater
         self._api_client = api_client
@@ -202,6 +215,8 @@ class KubernetesRegistry:
         """Start watching; in place of `previous` (the same cluster, reached anew) if given:
         what it delivered stays until the first lists say what is gone."""
         self.informers = self._build_informers(self._api_client)
+        if self._peer_authentications:
+            self.informers += await self._policy_informers()
         if previous is not None:  # same settings, so the same informers in the same order
             for informer, old in zip(self.informers, previous.informers, strict=True):
                 informer.inherit(old)
@@ -218,6 +233,28 @@ class KubernetesRegistry:
             scope,
             self.server,
         )
+
+    async def _policy_informers(self) -> list[Informer]:
+        """PeerAuthentication informers, in the watched namespaces and the root one."""
+        version = await served_version(self._api_client)
+        if version is None:
+            log.warning(
+                "cluster %s: the API server serves no %s (Istio's CRDs are not installed):"
+                " every namespace's sidecars are PERMISSIVE",
+                self.cluster,
+                PEER_AUTHENTICATION,
+            )
+            return []
+        namespaces: list[str | None] = list(self.settings.namespaces) or [None]
+        if None not in namespaces and ROOT_NAMESPACE not in namespaces:
+            namespaces.append(ROOT_NAMESPACE)
+        handler = PeerAuthenticationHandler(self._updater, self.cluster, self._watching.faults)
+        return [
+            self._informer(
+                PEER_AUTHENTICATION, objects_at(self._api_client, path_of(version, ns)), handler
+            )
+            for ns in namespaces
+        ]
 
     async def wait_synced(self) -> None:
         await asyncio.gather(*(informer.listed.wait() for informer in self.informers))

@@ -1,0 +1,341 @@
+"""A sidecar's inbound side: the `virtualInbound` listener and `inbound|P||` clusters (pure).
+
+What a captured connection to the pod meets (iptables sends it to 15006):
+`virtualInbound` on 0.0.0.0:15006 restores its original destination
+(`original_dst`), reads whether it is TLS and its ALPN (`tls_inspector`) or
+plaintext HTTP (`http_inspector`, not on the workload's TCP ports), and picks
+a filter chain by destination port, Istio's way:
+
+- per workload port P (`InboundShape.ports`), an mTLS chain (transport `tls`,
+  Istio's ALPN: HTTP chains `istio-http/1.0`, `istio-http/1.1`, `istio-h2`,
+  TCP chains `istio-peer-exchange`, `istio`) that requires a client
+  certificate from pilot's CA (SDS `default` and `ROOTCA` from `sds-grpc`),
+  unless the mode is DISABLE; and a plaintext chain (transport `raw_buffer`,
+  HTTP ones by http_inspector's `http/1.1` / `h2c`) in PERMISSIVE and DISABLE,
+  none in STRICT;
+- for ports no service names, the same pair without a port (Istio's
+  passthrough chains: the mTLS one takes every Istio ALPN, HTTP or TCP, and
+  proxies the bytes), to `InboundPassthroughCluster`; and a chain for 15006
+  itself to `BlackHoleCluster`, so nothing loops into the listener.
+
+HTTP chains run a connection manager whose one route sends everything to
+`inbound|P||`, and replace `x-forwarded-client-cert` with the peer's SPIFFE
+URI (SANITIZE_SET): a plaintext client cannot forge one. TCP chains proxy.
+The clusters are ORIGINAL_DST from 127.0.0.6, which the capture rules let
+through to the app (`pilot.agent_iptables`), so the app is reached on the
+address the client dialled.
+
+Everything here is a function of the `InboundShape` alone: proxies of one
+shape share one serialized listener.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import (
+    address_pb2,
+    base_pb2,
+    config_source_pb2,
+    grpc_service_pb2,
+    protocol_pb2,
+)
+from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.config.route.v3 import route_components_pb2, route_pb2
+from envoy.extensions.filters.http.router.v3 import router_pb2
+from envoy.extensions.filters.listener.http_inspector.v3 import http_inspector_pb2
+from envoy.extensions.filters.listener.original_dst.v3 import original_dst_pb2
+from envoy.extensions.filters.listener.tls_inspector.v3 import tls_inspector_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import (
+    http_connection_manager_pb2 as hcm_pb2,
+)
+from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
+from envoy.extensions.transport_sockets.tls.v3 import secret_pb2, tls_pb2
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
+from envoy.type.v3 import range_pb2
+from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
+from google.protobuf.message import Message
+
+from pilot.generators.cds import CONNECT_TIMEOUT_SECONDS
+from pilot.generators.outbound import BLACKHOLE_CLUSTER
+from pilot.generators.protocols import PortProtocol, protocol_of
+from pilot.registry.model import ServicePort
+from pilot.registry.peer_authentication import MtlsMode
+
+VIRTUAL_INBOUND = "virtualInbound"
+VIRTUAL_INBOUND_PORT = 15006
+INBOUND_PASSTHROUGH_CLUSTER = "InboundPassthroughCluster"
+INBOUND_SOURCE_ADDRESS = "127.0.0.6"  # Envoy's source toward the app; the capture rules RETURN it
+SDS_CLUSTER = "sds-grpc"
+WORKLOAD_SECRET = "default"
+ROOT_SECRET = "ROOTCA"
+HTTP_MTLS_ALPN = ("istio-http/1.0", "istio-http/1.1", "istio-h2")
+TCP_MTLS_ALPN = ("istio-peer-exchange", "istio")
+HTTP_PLAINTEXT_ALPN = ("http/1.1", "h2c")
+DOWNSTREAM_ALPN = ("h2", "http/1.1")
+_HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+class InboundProtocol(StrEnum):
+    """What the app speaks on one of its ports, as far as the inbound side cares."""
+
+    HTTP = "http"  # HTTP/1.1 (and h2c by upgrade): routed, XFCC set
+    HTTP2 = "http2"  # gRPC, HTTP/2: routed, the app is spoken to in HTTP/2
+    TCP = "tcp"  # anything else: proxied
+
+
+def inbound_protocol(port: ServicePort) -> InboundProtocol | None:
+    """A service port's inbound protocol by Istio's protocol selection (None: UDP, SCTP)."""
+    protocol = protocol_of(port)
+    if protocol is PortProtocol.UDP:
+        return None
+    if protocol in (PortProtocol.HTTP2, PortProtocol.GRPC, PortProtocol.GRPC_WEB):
+        return InboundProtocol.HTTP2
+    if protocol is PortProtocol.HTTP:
+        return InboundProtocol.HTTP
+    return InboundProtocol.TCP
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class InboundShape:
+    """What a sidecar's inbound listener is made of: its workload ports and its mode."""
+
+    ports: tuple[tuple[int, InboundProtocol], ...]  # sorted by port, one protocol each
+    mode: MtlsMode
+
+    @property
+    def mtls(self) -> bool:
+        return self.mode is not MtlsMode.DISABLE
+
+    @property
+    def plaintext(self) -> bool:
+        return self.mode is not MtlsMode.STRICT
+
+
+def inbound_cluster_name(port: int) -> str:
+    """Istio's `inbound|PORT||`."""
+    return f"inbound|{port}||"
+
+
+def _typed(message: Message) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)
+    return packed
+
+
+def _sds(name: str) -> secret_pb2.SdsSecretConfig:
+    """A secret from the bootstrap's `sds-grpc` cluster, as Istio's sidecars read them."""
+    source = config_source_pb2.ConfigSource(resource_api_version=config_source_pb2.V3)
+    source.api_config_source.api_type = config_source_pb2.ApiConfigSource.GRPC
+    source.api_config_source.transport_api_version = config_source_pb2.V3
+    source.api_config_source.set_node_on_first_message_only = True
+    source.api_config_source.grpc_services.append(
+        grpc_service_pb2.GrpcService(
+            envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=SDS_CLUSTER)
+        )
+    )
+    return secret_pb2.SdsSecretConfig(name=name, sds_config=source)
+
+
+def downstream_tls(http: bool) -> tls_pb2.DownstreamTlsContext:
+    """mTLS toward the peer: pilot's workload certificate, a client certificate required
+    and checked against pilot's root."""
+    common = tls_pb2.CommonTlsContext(
+        tls_certificate_sds_secret_configs=[_sds(WORKLOAD_SECRET)],
+        validation_context_sds_secret_config=_sds(ROOT_SECRET),
+        alpn_protocols=list(DOWNSTREAM_ALPN) if http else [],
+    )
+    return tls_pb2.DownstreamTlsContext(
+        common_tls_context=common,
+        require_client_certificate=wrappers_pb2.BoolValue(value=True),
+    )
+
+
+def _tls_socket(http: bool) -> base_pb2.TransportSocket:
+    return base_pb2.TransportSocket(
+        name="envoy.transport_sockets.tls", typed_config=_typed(downstream_tls(http))
+    )
+
+
+def _http_manager(stat_prefix: str, cluster: str) -> listener_components_pb2.Filter:
+    """Every request to `cluster`; XFCC replaced by the peer certificate's URI."""
+    route = route_components_pb2.Route(
+        match=route_components_pb2.RouteMatch(prefix="/"),
+        route=route_components_pb2.RouteAction(
+            cluster=cluster, timeout=duration_pb2.Duration(seconds=0)
+        ),
+        name="default",
+    )
+    host = route_components_pb2.VirtualHost(
+        name=f"inbound|http|{stat_prefix}", domains=["*"], routes=[route]
+    )
+    manager = hcm_pb2.HttpConnectionManager(
+        stat_prefix=stat_prefix,
+        route_config=route_pb2.RouteConfiguration(name=cluster, virtual_hosts=[host]),
+        http_filters=[
+            hcm_pb2.HttpFilter(
+                name="envoy.filters.http.router", typed_config=_typed(router_pb2.Router())
+            )
+        ],
+        forward_client_cert_details=hcm_pb2.HttpConnectionManager.SANITIZE_SET,
+        set_current_client_cert_details=hcm_pb2.HttpConnectionManager.SetCurrentClientCertDetails(
+            uri=True
+        ),
+        use_remote_address=wrappers_pb2.BoolValue(value=False),
+    )
+    return listener_components_pb2.Filter(
+        name="envoy.filters.network.http_connection_manager", typed_config=_typed(manager)
+    )
+
+
+def _tcp_proxy(stat_prefix: str, cluster: str) -> listener_components_pb2.Filter:
+    proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix, cluster=cluster)
+    return listener_components_pb2.Filter(
+        name="envoy.filters.network.tcp_proxy", typed_config=_typed(proxy)
+    )
+
+
+def _chain(
+    name: str, port: int | None, tls: bool, http: bool, cluster: str
+) -> listener_components_pb2.FilterChain:
+    """One chain: matched by port (None: any), TLS or plaintext, HTTP or TCP."""
+    match = listener_components_pb2.FilterChainMatch(
+        transport_protocol="tls" if tls else "raw_buffer"
+    )
+    if port is not None:
+        match.destination_port.value = port
+    if tls and port is None:  # passthrough: a peer of any protocol, proxied as TCP
+        match.application_protocols.extend(HTTP_MTLS_ALPN + TCP_MTLS_ALPN)
+    elif tls:
+        match.application_protocols.extend(HTTP_MTLS_ALPN if http else TCP_MTLS_ALPN)
+    elif http:
+        match.application_protocols.extend(HTTP_PLAINTEXT_ALPN)
+    stat_prefix = cluster
+    filters = [_http_manager(stat_prefix, cluster) if http else _tcp_proxy(stat_prefix, cluster)]
+    chain = listener_components_pb2.FilterChain(
+        name=name, filter_chain_match=match, filters=filters
+    )
+    if tls:
+        chain.transport_socket.CopyFrom(_tls_socket(http))
+    return chain
+
+
+def _port_chains(
+    shape: InboundShape, port: int, protocol: InboundProtocol
+) -> list[listener_components_pb2.FilterChain]:
+    http = protocol is not InboundProtocol.TCP
+    cluster = inbound_cluster_name(port)
+    chains = []
+    if shape.mtls:
+        chains.append(_chain(f"{cluster}-mtls", port, True, http, cluster))
+    if shape.plaintext:
+        chains.append(_chain(f"{cluster}-plaintext", port, False, http, cluster))
+    return chains
+
+
+def _passthrough_chains(shape: InboundShape) -> list[listener_components_pb2.FilterChain]:
+    """Ports no service names: forwarded to their original destination, same mode rules."""
+    chains = []
+    if shape.mtls:
+        chains.append(
+            _chain(f"{VIRTUAL_INBOUND}-mtls", None, True, False, INBOUND_PASSTHROUGH_CLUSTER)
+        )
+    if shape.plaintext:
+        chains.append(_chain(VIRTUAL_INBOUND, None, False, False, INBOUND_PASSTHROUGH_CLUSTER))
+    return chains
+
+
+def _blackhole_chain() -> listener_components_pb2.FilterChain:
+    """A connection to 15006 itself goes nowhere (never back into this listener)."""
+    return listener_components_pb2.FilterChain(
+        name=f"{VIRTUAL_INBOUND}-blackhole",
+        filter_chain_match=listener_components_pb2.FilterChainMatch(
+            destination_port=wrappers_pb2.UInt32Value(value=VIRTUAL_INBOUND_PORT)
+        ),
+        filters=[_tcp_proxy(BLACKHOLE_CLUSTER, BLACKHOLE_CLUSTER)],
+    )
+
+
+def _listener_filter(name: str, config: Message) -> listener_components_pb2.ListenerFilter:
+    return listener_components_pb2.ListenerFilter(name=name, typed_config=_typed(config))
+
+
+def _on_ports(ports: list[int]) -> listener_components_pb2.ListenerFilterChainMatchPredicate:
+    """Connections to any of `ports` (as Istio disables http_inspector on TCP ports)."""
+    Predicate = listener_components_pb2.ListenerFilterChainMatchPredicate
+    rules = [
+        Predicate(destination_port_range=range_pb2.Int32Range(start=p, end=p + 1)) for p in ports
+    ]
+    return rules[0] if len(rules) == 1 else Predicate(or_match=Predicate.MatchSet(rules=rules))
+
+
+def _http_inspector(shape: InboundShape) -> listener_components_pb2.ListenerFilter:
+    """http_inspector, except on the workload's TCP ports: their chains do not ask what the
+    bytes are, and a protocol whose server speaks first would wait for it."""
+    inspector = _listener_filter(
+        "envoy.filters.listener.http_inspector", http_inspector_pb2.HttpInspector()
+    )
+    tcp = [port for port, protocol in shape.ports if protocol is InboundProtocol.TCP]
+    if tcp:
+        inspector.filter_disabled.CopyFrom(_on_ports(tcp))
+    return inspector
+
+
+def virtual_inbound(shape: InboundShape) -> listener_pb2.Listener:
+    """15006: every captured inbound connection, by original destination port."""
+    chains = [_blackhole_chain()]
+    for port, protocol in shape.ports:
+        chains += _port_chains(shape, port, protocol)
+    chains += _passthrough_chains(shape)
+    return listener_pb2.Listener(
+        name=VIRTUAL_INBOUND,
+        address=address_pb2.Address(
+            socket_address=address_pb2.SocketAddress(
+                address="0.0.0.0", port_value=VIRTUAL_INBOUND_PORT
+            )
+        ),
+        traffic_direction=base_pb2.INBOUND,
+        listener_filters=[
+            _listener_filter("envoy.filters.listener.original_dst", original_dst_pb2.OriginalDst()),
+            _listener_filter(
+                "envoy.filters.listener.tls_inspector", tls_inspector_pb2.TlsInspector()
+            ),
+            _http_inspector(shape),
+        ],
+        # A client that sends nothing first (a server-first protocol) is not cut off when
+        # the inspectors give up waiting: it goes on to the chain for what is known.
+        continue_on_listener_filters_timeout=True,
+        filter_chains=chains,
+    )
+
+
+def _original_dst(name: str) -> cluster_pb2.Cluster:
+    """A cluster to the connection's original destination, from 127.0.0.6."""
+    cluster = cluster_pb2.Cluster(
+        name=name,
+        type=cluster_pb2.Cluster.ORIGINAL_DST,
+        lb_policy=cluster_pb2.Cluster.CLUSTER_PROVIDED,
+        connect_timeout=duration_pb2.Duration(seconds=CONNECT_TIMEOUT_SECONDS),
+    )
+    cluster.upstream_bind_config.source_address.address = INBOUND_SOURCE_ADDRESS
+    cluster.upstream_bind_config.source_address.port_value = 0
+    return cluster
+
+
+def inbound_cluster(port: int, protocol: InboundProtocol) -> cluster_pb2.Cluster:
+    """`inbound|P||`: the app on the pod, where the client was going."""
+    cluster = _original_dst(inbound_cluster_name(port))
+    if protocol is InboundProtocol.HTTP2:
+        options = http_protocol_options_pb2.HttpProtocolOptions()
+        options.explicit_http_config.http2_protocol_options.CopyFrom(
+            protocol_pb2.Http2ProtocolOptions()
+        )
+        cluster.typed_extension_protocol_options[_HTTP_OPTIONS_KEY].CopyFrom(_typed(options))
+    return cluster
+
+
+def inbound_passthrough_cluster() -> cluster_pb2.Cluster:
+    """Where connections to ports no service names go: their original destination."""
+    return _original_dst(INBOUND_PASSTHROUGH_CLUSTER)

@@ -1,0 +1,123 @@
+"""PeerAuthentication from the local cluster: Istio's custom resource, listed and watched.
+
+Istio reads its configuration from the config cluster only, so only the local
+cluster's registry watches these (remote clusters' never do). The group
+`security.istio.io` is looked up at start: `v1` where served, else `v1beta1`.
+An API server that serves neither (Istio's CRDs are not installed) answers
+404: pilot says so in one warning line and every namespace keeps the mesh
+default (PERMISSIVE); installing the CRDs later takes a restart. Any other
+failure to ask starts the informer on `v1` anyway, which retries until it lists
+and holds readiness back meanwhile: a STRICT namespace is never served as
+PERMISSIVE because the API server was slow to answer at start.
+
+Objects are read as raw JSON, through the same informer as every other kind:
+one that does not parse is counted and logged as `invalid` and skipped, and
+what pilot knew of it stays.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from pilot.registry.peer_authentication import (
+    GROUP,
+    KIND,
+    VERSIONS,
+    PeerAuthenticationKey,
+    PolicyError,
+    parse_peer_authentication,
+)
+from pilot.registry.updater import RegistryUpdater
+from pilot.sources.kubernetes.informer import Obj, Request, WatchFaults
+from pilot.supervisor import describe
+
+log = logging.getLogger("pilot.sources.kubernetes")
+
+PLURAL = "peerauthentications"
+_DISCOVERY_BYTES = 1 << 20
+_QUERY = {
+    "_continue": "continue",
+    "allow_watch_bookmarks": "allowWatchBookmarks",
+    "label_selector": "labelSelector",
+    "limit": "limit",
+    "resource_version": "resourceVersion",
+    "timeout_seconds": "timeoutSeconds",
+    "watch": "watch",
+}
+_PARSE_ERRORS = (PolicyError, TypeError, ValueError, KeyError, AttributeError, RecursionError)
+
+
+def objects_at(api_client: client.ApiClient, path: str) -> Request:
+    """List or watch the objects at `path`, whole, with the informer's parameters."""
+
+    async def request(**params: Any) -> Any:
+        return await api_client.call_api(
+            path,
+            "GET",
+            query_params=[(_QUERY[k], v) for k, v in params.items() if k in _QUERY],
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=params.get("_request_timeout"),
+        )
+
+    return request
+
+
+def path_of(version: str, namespace: str | None) -> str:
+    if namespace is None:
+        return f"/apis/{GROUP}/{version}/{PLURAL}"
+    return f"/apis/{GROUP}/{version}/namespaces/{namespace}/{PLURAL}"
+
+
+async def served_version(api_client: client.ApiClient) -> str | None:
+    """The version to watch: the first of VERSIONS the API server lists the resource in;
+    None when it serves none of them (404s); VERSIONS[0] when it could not be asked."""
+    for version in VERSIONS:
+        try:
+            response = await api_client.call_api(
+                f"/apis/{GROUP}/{version}",
+                "GET",
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=30,
+            )
+            async with response:
+                status = response.status
+                body = await response.content.read(_DISCOVERY_BYTES)
+        except Exception as error:  # an unreachable API server: the informer will retry
+            log.warning("could not ask which %s versions are served: %s", GROUP, describe(error))
+            return VERSIONS[0]
+        if status == 404:
+            continue
+        if not 200 <= status < 300:
+            return VERSIONS[0]
+        if f'"{PLURAL}"'.encode() in body:
+            return version
+    return None
+
+
+class PeerAuthenticationHandler:
+    """Parses each PeerAuthentication into the updater; a bad one is counted and skipped."""
+
+    def __init__(self, updater: RegistryUpdater, cluster: str, faults: WatchFaults) -> None:
+        self._updater = updater
+        self._cluster = cluster
+        self._faults = faults
+
+    def upsert(self, obj: Obj) -> None:
+        try:
+            policy = parse_peer_authentication(obj)
+        except _PARSE_ERRORS as error:
+            what = str(error) if isinstance(error, PolicyError) else describe(error)
+            self._faults.report(self._cluster, KIND, "invalid", f"an invalid {what}")
+            return
+        self._updater.upsert_peer_authentication(policy)
+
+    def delete(self, namespace: str, name: str) -> None:
+        key = PeerAuthenticationKey(namespace or "default", name)
+        self._updater.delete_peer_authentication(key)
