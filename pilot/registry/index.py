@@ -22,6 +22,19 @@ locality (`locality_of`): its zone is the slice's, else its Node's; its region
 is its Node's, else its cluster's id (Istio's region-less fallback: endpoints
 of a cluster without topology labels still form one locality per cluster, so
 a proxy that names that cluster as its region prefers them).
+
+Pods (auto mTLS): the index keeps each cluster's Pods by IP and which endpoint
+sets have an endpoint at each (cluster, IP), so an endpoint finds its pod
+(`pod_at`: does it run a sidecar, under which service account). Only a pod of
+the endpoint's own cluster is its: a remote cluster's pod claiming the IP of a
+local one changes nothing of the local endpoint. Where two pods of one cluster
+claim one IP (a pod replaced faster than its old one went away), the first by
+namespace and name is the one used, whichever arrived first. A service's
+service accounts (`service_accounts`: its endpoints' pods', in every cluster)
+name the identities its clusters accept: a change of that set is a full change
+of the service; a pod change that only turns an endpoint's sidecar on or off is
+an endpoint change of the services with endpoints at its IP; anything else of a
+pod (its status, other labels) changes nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +48,8 @@ from pilot.registry.model import (
     EndpointSetKey,
     Node,
     NodeKey,
+    Pod,
+    PodKey,
     Service,
     ServiceKey,
     ServicePort,
@@ -68,6 +83,9 @@ class IndexChange:
 
 NO_CHANGE = IndexChange()
 
+Address = tuple[str, str]  # (cluster id, IP)
+Identity = tuple[str, str]  # (namespace, service account)
+
 
 @dataclass
 class EndpointIndex:
@@ -80,6 +98,10 @@ class EndpointIndex:
     _by_service: dict[ServiceKey, set[EndpointSetKey]] = field(default_factory=dict)
     _nodes: dict[NodeKey, Node] = field(default_factory=dict)
     _sets_on_node: dict[NodeKey, set[EndpointSetKey]] = field(default_factory=dict)
+    _pods: dict[PodKey, Pod] = field(default_factory=dict)
+    _pods_at: dict[Address, tuple[PodKey, ...]] = field(default_factory=dict)  # sorted
+    _sets_at: dict[Address, set[EndpointSetKey]] = field(default_factory=dict)
+    _accounts: dict[ServiceKey, frozenset[Identity]] = field(default_factory=dict)
 
     def endpoint_sets(self, service: ServiceKey) -> list[EndpointSet]:
         """The sets that feed a service's endpoints: per cluster, slices if it has any,
@@ -128,17 +150,31 @@ class EndpointIndex:
         old = self._sets.get(endpoint_set.key)
         if old == endpoint_set:
             return NO_CHANGE
-        change = self.delete_endpoints(endpoint_set.key) if old else NO_CHANGE
+        owners = {endpoint_set.service} | ({old.service} if old else set())
+        self._drop_set(endpoint_set.key)
+        self._put_set(endpoint_set)
+        return self._recount(owners).merge(
+            IndexChange.union(self._endpoint_change(service) for service in owners)
+        )
+
+    def delete_endpoints(self, key: EndpointSetKey) -> IndexChange:
+        old = self._drop_set(key)
+        if old is None:
+            return NO_CHANGE
+        return self._recount({old.service}).merge(self._endpoint_change(old.service))
+
+    def _put_set(self, endpoint_set: EndpointSet) -> None:
         self._sets[endpoint_set.key] = endpoint_set
         self._by_service.setdefault(endpoint_set.service, set()).add(endpoint_set.key)
         for node in _nodes_of(endpoint_set):
             self._sets_on_node.setdefault(node, set()).add(endpoint_set.key)
-        return change.merge(self._endpoint_change(endpoint_set.service))
+        for address in _addresses_of(endpoint_set):
+            self._sets_at.setdefault(address, set()).add(endpoint_set.key)
 
-    def delete_endpoints(self, key: EndpointSetKey) -> IndexChange:
+    def _drop_set(self, key: EndpointSetKey) -> EndpointSet | None:
         old = self._sets.pop(key, None)
         if old is None:
-            return NO_CHANGE
+            return None
         owned = self._by_service.get(old.service)
         if owned is not None:
             owned.discard(key)
@@ -149,7 +185,12 @@ class EndpointIndex:
             on_node.discard(key)
             if not on_node:
                 del self._sets_on_node[node]
-        return self._endpoint_change(old.service)
+        for address in _addresses_of(old):
+            at = self._sets_at[address]
+            at.discard(key)
+            if not at:
+                del self._sets_at[address]
+        return old
 
     def upsert_node(self, node: Node) -> IndexChange:
         """A Node appeared or changed: its endpoints' services change if its locality did."""
@@ -165,6 +206,114 @@ class EndpointIndex:
             return NO_CHANGE  # a Node's status or other labels changing moves no endpoint
         services = {self._sets[k].service for k in self._sets_on_node.get(key, ())}
         return IndexChange.union(self._endpoint_change(service) for service in services)
+
+    # -- pods ----------------------------------------------------------------------
+
+    def upsert_pod(self, pod: Pod) -> IndexChange:
+        """A Pod appeared or changed; one that cannot be an endpoint's (done, or without
+        an IP) is forgotten."""
+        if not pod.serves_endpoints:
+            return self.delete_pod(pod.key)
+        old = self._pods.get(pod.key)
+        if old == pod:
+            return NO_CHANGE
+        addresses = _pod_addresses(old) | _pod_addresses(pod)
+        before = {address: self._view_at(address) for address in addresses}
+        if old is not None:
+            self._unclaim(old)
+        self._pods[pod.key] = pod
+        for address in _pod_addresses(pod):
+            self._pods_at[address] = tuple(sorted((*self._pods_at.get(address, ()), pod.key)))
+        return self._pods_changed(before)
+
+    def delete_pod(self, key: PodKey) -> IndexChange:
+        old = self._pods.get(key)
+        if old is None:
+            return NO_CHANGE
+        before = {address: self._view_at(address) for address in _pod_addresses(old)}
+        self._unclaim(old)
+        del self._pods[key]
+        return self._pods_changed(before)
+
+    def replace_pods(self, cluster: str | None, pods: Iterable[Pod]) -> IndexChange:
+        """Make one cluster's Pods (None: every cluster's) exactly these (a file reload, a
+        cluster gone)."""
+        wanted = {pod.key: pod for pod in pods if pod.serves_endpoints}
+        held = [k for k in self._pods if cluster is None or k.cluster == cluster]
+        changes = [self.delete_pod(key) for key in held if key not in wanted]
+        changes += [self.upsert_pod(pod) for pod in wanted.values()]
+        return IndexChange.union(changes)
+
+    def pod_at(self, cluster: str, ip: str) -> Pod | None:
+        """The pod an endpoint of `cluster` at `ip` is (the first by name of those claiming
+        it), if pilot knows it."""
+        claimants = self._pods_at.get((cluster, ip))
+        return self._pods[claimants[0]] if claimants else None
+
+    def runs_sidecar(self, cluster: str, ip: str) -> bool:
+        """Whether the endpoint's pod is labelled `security.istio.io/tlsMode: istio`."""
+        pod = self.pod_at(cluster, ip)
+        return pod is not None and pod.istio_mtls
+
+    def service_accounts(self, service: ServiceKey) -> frozenset[Identity]:
+        """The (namespace, service account) of every pod at the service's endpoints."""
+        return self._accounts.get(service, frozenset())
+
+    @property
+    def pod_count(self) -> int:
+        return len(self._pods)
+
+    def _unclaim(self, pod: Pod) -> None:
+        for address in _pod_addresses(pod):
+            rest = tuple(k for k in self._pods_at.get(address, ()) if k != pod.key)
+            if rest:
+                self._pods_at[address] = rest
+            else:
+                self._pods_at.pop(address, None)
+
+    def _view_at(self, address: Address) -> tuple[bool, Identity] | None:
+        """What endpoints at `address` take from their pod: sidecar or not, and identity."""
+        pod = self.pod_at(*address)
+        if pod is None:
+            return None
+        return pod.istio_mtls, (pod.key.namespace, pod.service_account)
+
+    def _pods_changed(self, before: dict[Address, tuple[bool, Identity] | None]) -> IndexChange:
+        """What pod changes at these addresses mean for the services with endpoints there."""
+        sidecar: set[ServiceKey] = set()
+        identity: set[ServiceKey] = set()
+        for address, was in before.items():
+            now = self._view_at(address)
+            if now == was:
+                continue
+            services = {self._sets[k].service for k in self._sets_at.get(address, ())}
+            if _sidecar(now) != _sidecar(was):
+                sidecar |= services
+            identity |= services
+        changes = [self._recount(identity)]
+        changes += [self._endpoint_change(service) for service in sorted(sidecar)]
+        return IndexChange.union(changes)
+
+    def _recount(self, services: Iterable[ServiceKey]) -> IndexChange:
+        return IndexChange.union(self._accounts_change(service) for service in sorted(services))
+
+    def _accounts_change(self, service: ServiceKey) -> IndexChange:
+        """Recount a service's service accounts: a full change if the set moved."""
+        accounts = frozenset(
+            (pod.key.namespace, pod.service_account)
+            for endpoint_set in self.endpoint_sets(service)
+            for cluster, ip in _addresses_of(endpoint_set)
+            if (pod := self.pod_at(cluster, ip)) is not None
+        )
+        if accounts == self._accounts.get(service, frozenset()):
+            return NO_CHANGE
+        if accounts:
+            self._accounts[service] = accounts
+        else:
+            del self._accounts[service]
+        if service not in self.services:
+            return NO_CHANGE
+        return IndexChange(full=frozenset({service}), endpoints=frozenset({service}))
 
     def locality_of(self, cluster: str, endpoint: Endpoint) -> Locality:
         """Where an endpoint is: the slice's zone, else its Node's; its Node's region, else
@@ -208,11 +357,25 @@ class EndpointIndex:
             if cluster is None or at == cluster
         ]
         held_sets = [k for k in self._sets if cluster is None or k.cluster == cluster]
-        changes = [self.delete_endpoints(k) for k in set(held_sets) - set(wanted_sets)]
         gone = set(held) - set(wanted_services)
-        changes += [self.delete_service(key, at) for key, at in gone]
+        changes = [self.delete_service(key, at) for key, at in gone]
         changes += [self.upsert_service(service) for service in wanted_services.values()]
-        changes += [self.upsert_endpoints(s) for s in wanted_sets.values()]
+        # Endpoint sets move first and their services' accounts are recounted once after:
+        # a slice renamed in a reload is no full change of its service.
+        owners: set[ServiceKey] = set()
+        for key in set(held_sets) - set(wanted_sets):
+            old = self._drop_set(key)
+            if old is not None:
+                owners.add(old.service)
+        for endpoint_set in wanted_sets.values():
+            old = self._sets.get(endpoint_set.key)
+            if old == endpoint_set:
+                continue
+            owners |= {endpoint_set.service} | ({old.service} if old else set())
+            self._drop_set(endpoint_set.key)
+            self._put_set(endpoint_set)
+        changes.append(self._recount(owners))
+        changes += [self._endpoint_change(service) for service in owners]
         return IndexChange.union(changes)
 
     def _endpoint_change(self, service: ServiceKey) -> IndexChange:
@@ -245,6 +408,25 @@ def _nodes_of(endpoint_set: EndpointSet) -> set[NodeKey]:
         for endpoint in group.endpoints
         if endpoint.node_name
     }
+
+
+def _addresses_of(endpoint_set: EndpointSet) -> set[Address]:
+    """The (cluster, IP) of every endpoint of a set, ready or not."""
+    cluster = endpoint_set.key.cluster
+    return {
+        (cluster, address)
+        for group in endpoint_set.groups
+        for endpoint in group.endpoints
+        for address in endpoint.addresses
+    }
+
+
+def _pod_addresses(pod: Pod | None) -> set[Address]:
+    return {(pod.key.cluster, ip) for ip in pod.ips} if pod is not None else set()
+
+
+def _sidecar(view: tuple[bool, Identity] | None) -> bool:
+    return view is not None and view[0]
 
 
 def _labels(node: Node | None) -> tuple[str, str]:

@@ -1,8 +1,9 @@
 """What a registry file may say: Kubernetes objects as JSON or YAML.
 
-Reads Service, EndpointSlice and Endpoints objects, one per document or in a
-`kind: List` (what `kubectl get svc,endpointslices -A -o yaml` or `-o json`
-prints). JSON is parsed as JSON (fifty times faster than as YAML, which it also
+Reads Service, EndpointSlice and Endpoints objects, and Pods (for auto mTLS:
+their IPs, service account and `security.istio.io/tlsMode` label), one per
+document or in a `kind: List` (what `kubectl get svc,endpointslices,pods -A -o
+yaml` or `-o json` prints). JSON is parsed as JSON (fifty times faster than as YAML, which it also
 is); anything else, or JSON that does not parse, as YAML. Errors are one line
 naming the file and the document and object, or the line and column where the
 text stops being JSON or YAML.
@@ -35,9 +36,10 @@ from pilot.registry.kubernetes_objects import (
     object_label,
     parse_endpoint_slice,
     parse_endpoints,
+    parse_pod,
     parse_service,
 )
-from pilot.registry.model import DEFAULT_CLUSTER_ID, EndpointSet, Service
+from pilot.registry.model import DEFAULT_CLUSTER_ID, EndpointSet, Pod, PodKey, Service
 
 log = logging.getLogger("pilot.sources.file")
 
@@ -71,6 +73,7 @@ class RegistryState:
 
     services: tuple[Service, ...]
     endpoint_sets: tuple[EndpointSet, ...]
+    pods: tuple[Pod, ...] = ()
 
 
 def _loaded(text: str, origin: str) -> list[Any]:
@@ -175,8 +178,12 @@ def parse_registry(text: str, origin: str, cluster: str = DEFAULT_CLUSTER_ID) ->
     RegistryFileError naming the first bad object."""
     services: list[Service] = []
     endpoint_sets: list[EndpointSet] = []
+    pods: dict[PodKey, Pod] = {}
     for where, at, obj in _documents(text, origin, cluster):
         kind = _kind_of(where, obj)
+        if kind == POD_KIND:
+            _add_pod(pods, where, obj, at)
+            continue
         if kind not in SUPPORTED_KINDS:
             log.debug("%s: skipping %s", where, object_label(obj))
             continue
@@ -191,4 +198,18 @@ def parse_registry(text: str, origin: str, cluster: str = DEFAULT_CLUSTER_ID) ->
                 endpoint_sets.append(parse_endpoints(obj, at))
         except ObjectError as error:
             raise RegistryFileError(f"{where}: {error}") from error
-    return RegistryState(tuple(services), tuple(endpoint_sets))
+    return RegistryState(tuple(services), tuple(endpoint_sets), pods=tuple(pods.values()))
+
+
+POD_KIND = "Pod"
+
+
+def _add_pod(pods: dict[PodKey, Pod], where: str, obj: Mapping[str, Any], cluster: str) -> None:
+    """A Pod of the file; the same pod twice is refused, as kubectl would refuse it."""
+    try:
+        pod = parse_pod(obj, cluster)
+    except ObjectError as error:
+        raise RegistryFileError(f"{where}: {error}") from error
+    if pod.key in pods:
+        raise RegistryFileError(f"{where}: {object_label(obj)} is already in the file")
+    pods[pod.key] = pod

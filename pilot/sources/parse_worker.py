@@ -104,7 +104,9 @@ async def _unpickled(output: bytes) -> RegistryState:
     service_chunks, set_chunks = detail
     services = await _load_chunks(reader, service_chunks)
     endpoint_sets = await _load_chunks(reader, set_chunks)
-    return RegistryState(tuple(services), tuple(endpoint_sets))
+    (pod_chunks,) = pickle.load(reader)  # the pods come after, with their own count
+    pods = await _load_chunks(reader, pod_chunks)
+    return RegistryState(tuple(services), tuple(endpoint_sets), pods=tuple(pods))
 
 
 async def _load_chunks(reader: io.BytesIO, count: int) -> list[Any]:
@@ -136,6 +138,10 @@ def main(argv: list[str]) -> int:
     services, endpoint_sets = _chunks(state.services), _chunks(state.endpoint_sets)
     pickle.dump((_OK, (len(services), len(endpoint_sets))), out)
     for chunk in (*services, *endpoint_sets):
+        pickle.dump(chunk, out, protocol=pickle.HIGHEST_PROTOCOL)
+    pods = _chunks(state.pods)
+    pickle.dump((len(pods),), out)
+    for chunk in pods:
         pickle.dump(chunk, out, protocol=pickle.HIGHEST_PROTOCOL)
     out.flush()
     return 0
