@@ -43,11 +43,22 @@ class ObjectError(ValueError):
 
 
 def object_label(obj: Obj) -> str:
-    """`Kind namespace/name` for messages, as far as the object says."""
+    """`Kind namespace/name` for messages, as far as the object says: each part one line of
+    printable characters, bounded (a name may be anything until a parser checks it)."""
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping):
         meta = {}
-    return f"{obj.get('kind', '?')} {meta.get('namespace', 'default')}/{meta.get('name', '?')}"
+    kind, namespace = obj.get("kind", "?"), meta.get("namespace", "default")
+    return f"{_printable(kind)} {_printable(namespace)}/{_printable(meta.get('name', '?'))}"
+
+
+_LABEL_PART = 253  # the longest name Kubernetes allows
+
+
+def _printable(value: Any) -> str:
+    text = value if isinstance(value, str) else str(value)[: _LABEL_PART * 2]
+    shown = "".join(ch if ch.isprintable() else "?" for ch in text[:_LABEL_PART])
+    return shown if len(text) <= _LABEL_PART else shown + "..."
 
 
 def _fail(obj: Obj, message: str) -> ObjectError:
