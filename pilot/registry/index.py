@@ -151,9 +151,16 @@ class EndpointIndex:
         if old == endpoint_set:
             return NO_CHANGE
         owners = {endpoint_set.service} | ({old.service} if old else set())
+        touched = _addresses_of(endpoint_set)
+        if old is not None:
+            touched ^= _addresses_of(old)  # only addresses that came or went move accounts
         self._drop_set(endpoint_set.key)
         self._put_set(endpoint_set)
-        return self._recount(owners).merge(
+        # A set that appears (or changes service) may hide or show others (slices hide
+        # legacy Endpoints): recounted whatever its addresses.
+        moved = old is None or old.service != endpoint_set.service
+        accounts = self._recount(owners) if self._has_pods(touched, moved) else NO_CHANGE
+        return accounts.merge(
             IndexChange.union(self._endpoint_change(service) for service in owners)
         )
 
@@ -162,6 +169,11 @@ class EndpointIndex:
         if old is None:
             return NO_CHANGE
         return self._recount({old.service}).merge(self._endpoint_change(old.service))
+
+    def _has_pods(self, addresses: set[Address], moved: bool) -> bool:
+        """Whether a pod is known at any of these addresses (or the set moved): else no
+        service's accounts can have changed, and recounting them is skipped."""
+        return moved or any(address in self._pods_at for address in addresses)
 
     def _put_set(self, endpoint_set: EndpointSet) -> None:
         self._sets[endpoint_set.key] = endpoint_set

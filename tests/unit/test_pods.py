@@ -23,6 +23,7 @@ from pilot.registry.kubernetes_objects import (
     MAX_POD_PORTS,
     ObjectError,
     parse_endpoint_slice,
+    parse_endpoints,
     parse_pod,
     parse_service,
 )
@@ -362,3 +363,21 @@ def test_the_registry_file_names_a_bad_or_repeated_pod() -> None:
     twice = as_list([pod("web-1", "10.0.0.1"), pod("web-1", "10.0.0.2")])
     with pytest.raises(RegistryFileError, match="already in the file"):
         parse_registry(twice, "mesh.yaml")
+
+
+def test_a_slice_hiding_legacy_endpoints_recounts_their_accounts() -> None:
+    index = EndpointIndex(primary=EAST)
+    index.upsert_service(parse_service(service("web"), EAST))
+    legacy = parse_endpoints(
+        {
+            "kind": "Endpoints",
+            "metadata": {"name": "web"},
+            "subsets": [{"addresses": [{"ip": "10.0.0.5"}], "ports": [{"port": 8080}]}],
+        },
+        EAST,
+    )
+    index.upsert_endpoints(legacy)
+    index.upsert_pod(_pod("legacy-1", "10.0.0.5", service_account="legacy"))
+    assert index.service_accounts(WEB) == {("default", "legacy")}
+    change = index.upsert_endpoints(_slice("10.0.0.6"))  # no pod there, yet it hides 10.0.0.5
+    assert change.full == {WEB} and index.service_accounts(WEB) == frozenset()
