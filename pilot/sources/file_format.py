@@ -3,8 +3,8 @@
 Reads Service, EndpointSlice and Endpoints objects, and Pods (for auto mTLS:
 their IPs, service account and `security.istio.io/tlsMode` label), one per
 document or in a `kind: List` (what `kubectl get svc,endpointslices,pods -A -o
-yaml` or `-o json` prints). JSON is parsed as JSON (fifty times faster than as YAML, which it also
-is); anything else, or JSON that does not parse, as YAML. Errors are one line
+yaml` or `-o json` prints). JSON is parsed as JSON (fifty times faster than as
+YAML, which it also is); anything else, or JSON that does not parse, as YAML. Errors are one line
 naming the file and the document and object, or the line and column where the
 text stops being JSON or YAML.
 
