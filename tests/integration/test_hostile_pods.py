@@ -7,7 +7,8 @@ markup and newlines are skipped and counted (`invalid`), one bounded log line
 each, and change nothing: the honest pod's endpoint keeps its sidecar, its
 service accepts only its account, `/ready` keeps answering. A pod of another
 cluster claiming a local pod's IP changes nothing of the local endpoint.
-Churn of many pods leaves nothing behind.
+Churn of many pods leaves nothing behind; a pod that finishes leaves through
+the informer's field selector.
 """
 
 from __future__ import annotations
@@ -148,3 +149,20 @@ async def test_another_clusters_pod_cannot_claim_a_local_pods_address(tmp_path: 
     ):
         sans, marked = await sidecar_view(client.delta_ads(SIDECAR))
         assert sans == ["spiffe://cluster.local/ns/default/sa/web"] and marked
+
+
+async def test_a_pod_that_finishes_leaves_its_endpoint_plaintext(tmp_path: Path) -> None:
+    """Pods are asked for without the done ones (a field selector); one that finishes
+    leaves the watch's view, and its endpoint is no sidecar's any more."""
+    async with kube_pilot(tmp_path) as (srv, pilot), XdsClient(pilot.grpc_target) as client:
+        assert (await sidecar_view(client.delta_ads(SIDECAR)))[1]
+        queries = [r.query.get("fieldSelector", "") for r in srv.requests_for("Pod")]
+        assert queries and all("status.phase!=Succeeded" in q for q in queries), queries
+        srv.apply(pod("web-1", WEB_IP, service_account="web", sidecar=True, phase="Succeeded"))
+        await wait_until(
+            lambda: sidecar_view(client.delta_ads(SIDECAR)),
+            TIMEOUT,
+            "web's endpoint without its finished pod",
+            until=lambda view: not view[1],
+        )
+        assert pilot.discovery.index.pod_count == 0
