@@ -100,7 +100,11 @@ class EndpointIndex:
     _sets_on_node: dict[NodeKey, set[EndpointSetKey]] = field(default_factory=dict)
     _pods: dict[PodKey, Pod] = field(default_factory=dict)
     _pods_at: dict[Address, tuple[PodKey, ...]] = field(default_factory=dict)  # sorted
-    _sets_at: dict[Address, set[EndpointSetKey]] = field(default_factory=dict)
+    # cluster -> IP -> the endpoint sets with an endpoint there (one key, the usual case,
+    # held bare: an entry per endpoint address is the index's largest part).
+    _sets_at: dict[str, dict[str, EndpointSetKey | set[EndpointSetKey]]] = field(
+        default_factory=dict
+    )
     _accounts: dict[ServiceKey, frozenset[Identity]] = field(default_factory=dict)
 
     def endpoint_sets(self, service: ServiceKey) -> list[EndpointSet]:
@@ -151,15 +155,17 @@ class EndpointIndex:
         if old == endpoint_set:
             return NO_CHANGE
         owners = {endpoint_set.service} | ({old.service} if old else set())
-        touched = _addresses_of(endpoint_set)
+        touched = _ips_of(endpoint_set)
         if old is not None:
-            touched ^= _addresses_of(old)  # only addresses that came or went move accounts
+            touched ^= _ips_of(old)  # only addresses that came or went move accounts
         self._drop_set(endpoint_set.key)
         self._put_set(endpoint_set)
         # A set that appears (or changes service) may hide or show others (slices hide
         # legacy Endpoints): recounted whatever its addresses.
         moved = old is None or old.service != endpoint_set.service
-        accounts = self._recount(owners) if self._has_pods(touched, moved) else NO_CHANGE
+        cluster = endpoint_set.key.cluster
+        has_pods = moved or any((cluster, ip) in self._pods_at for ip in touched)
+        accounts = self._recount(owners) if has_pods else NO_CHANGE
         return accounts.merge(
             IndexChange.union(self._endpoint_change(service) for service in owners)
         )
@@ -170,18 +176,21 @@ class EndpointIndex:
             return NO_CHANGE
         return self._recount({old.service}).merge(self._endpoint_change(old.service))
 
-    def _has_pods(self, addresses: set[Address], moved: bool) -> bool:
-        """Whether a pod is known at any of these addresses (or the set moved): else no
-        service's accounts can have changed, and recounting them is skipped."""
-        return moved or any(address in self._pods_at for address in addresses)
-
     def _put_set(self, endpoint_set: EndpointSet) -> None:
         self._sets[endpoint_set.key] = endpoint_set
         self._by_service.setdefault(endpoint_set.service, set()).add(endpoint_set.key)
         for node in _nodes_of(endpoint_set):
             self._sets_on_node.setdefault(node, set()).add(endpoint_set.key)
-        for address in _addresses_of(endpoint_set):
-            self._sets_at.setdefault(address, set()).add(endpoint_set.key)
+        at = self._sets_at.setdefault(endpoint_set.key.cluster, {})
+        key = endpoint_set.key
+        for ip in _ips_of(endpoint_set):
+            held = at.get(ip)
+            if held is None:
+                at[ip] = key
+            elif isinstance(held, set):
+                held.add(key)
+            elif held != key:
+                at[ip] = {held, key}
 
     def _drop_set(self, key: EndpointSetKey) -> EndpointSet | None:
         old = self._sets.pop(key, None)
@@ -197,12 +206,26 @@ class EndpointIndex:
             on_node.discard(key)
             if not on_node:
                 del self._sets_on_node[node]
-        for address in _addresses_of(old):
-            at = self._sets_at[address]
-            at.discard(key)
-            if not at:
-                del self._sets_at[address]
+        at = self._sets_at[key.cluster]
+        for ip in _ips_of(old):
+            held = at[ip]
+            if isinstance(held, set):
+                held.discard(key)
+                if len(held) == 1:
+                    at[ip] = next(iter(held))
+            else:
+                del at[ip]
+        if not at:
+            del self._sets_at[key.cluster]
         return old
+
+    def _sets_with(self, address: Address) -> tuple[EndpointSetKey, ...]:
+        """The endpoint sets with an endpoint at (cluster, IP)."""
+        cluster, ip = address
+        held = self._sets_at.get(cluster, {}).get(ip)
+        if held is None:
+            return ()
+        return tuple(held) if isinstance(held, set) else (held,)
 
     def upsert_node(self, node: Node) -> IndexChange:
         """A Node appeared or changed: its endpoints' services change if its locality did."""
@@ -298,7 +321,7 @@ class EndpointIndex:
             now = self._view_at(address)
             if now == was:
                 continue
-            services = {self._sets[k].service for k in self._sets_at.get(address, ())}
+            services = {self._sets[k].service for k in self._sets_with(address)}
             if _sidecar(now) != _sidecar(was):
                 sidecar |= services
             identity |= services
@@ -314,8 +337,8 @@ class EndpointIndex:
         accounts = frozenset(
             (pod.key.namespace, pod.service_account)
             for endpoint_set in self.endpoint_sets(service)
-            for cluster, ip in _addresses_of(endpoint_set)
-            if (pod := self.pod_at(cluster, ip)) is not None
+            for ip in _ips_of(endpoint_set)
+            if (pod := self.pod_at(endpoint_set.key.cluster, ip)) is not None
         )
         if accounts == self._accounts.get(service, frozenset()):
             return NO_CHANGE
@@ -422,11 +445,10 @@ def _nodes_of(endpoint_set: EndpointSet) -> set[NodeKey]:
     }
 
 
-def _addresses_of(endpoint_set: EndpointSet) -> set[Address]:
-    """The (cluster, IP) of every endpoint of a set, ready or not."""
-    cluster = endpoint_set.key.cluster
+def _ips_of(endpoint_set: EndpointSet) -> set[str]:
+    """The IP of every endpoint of a set (of its cluster), ready or not."""
     return {
-        (cluster, address)
+        address
         for group in endpoint_set.groups
         for endpoint in group.endpoints
         for address in endpoint.addresses
