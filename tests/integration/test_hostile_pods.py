@@ -20,14 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 
 from pilot.registry.model import ServiceKey
-from pilot.xds import types
 from tests.harness.envoy_process import wait_until
 from tests.integration.kube_helpers import kube_api, ready_status
+from tests.integration.pod_views import sidecar_view as view_of
 from tests.kubeapi import KubeAPIServer
-from tests.protocol.client import DeltaStream, XdsClient, delta_resources, node
+from tests.protocol.client import DeltaStream, XdsClient, node
 from tests.support.mesh import Ep, cluster_name, endpoint_slice, pod, service
 from tests.support.pilot import RunningPilot, running_kube_pilot, running_pilot
 
@@ -58,29 +57,6 @@ def hostile_pods() -> list[dict[str, Any]]:
     return [huge_labels, many_ips, bad_ip, bad_account, marked_up, wrong_types]
 
 
-async def sidecar_view(stream: DeltaStream) -> tuple[list[str], bool]:
-    """The SANs of web's cluster and whether its endpoint is marked for mTLS."""
-    await stream.subscribe(types.CLUSTER, ["*"])
-    await stream.subscribe(types.LISTENER, ["*"])
-    await stream.subscribe(types.ENDPOINT, [WEB])
-    cluster, assignment = None, None
-    while cluster is None or assignment is None:
-        response = await stream.next_response(TIMEOUT)
-        held = delta_resources(response)
-        if response.type_url == types.CLUSTER and WEB in held:
-            cluster = held[WEB].message
-        if response.type_url == types.ENDPOINT and WEB in held:
-            assignment = held[WEB].message
-        await stream.ack(response)
-    tls = tls_pb2.UpstreamTlsContext()
-    assert cluster.transport_socket_matches[0].transport_socket.typed_config.Unpack(tls)
-    validation = tls.common_tls_context.combined_validation_context.default_validation_context
-    sans = [m.matcher.exact for m in validation.match_typed_subject_alt_names]
-    (lb,) = assignment.endpoints[0].lb_endpoints
-    marked = "envoy.transport_socket_match" in lb.metadata.filter_metadata
-    return sans, marked
-
-
 @asynccontextmanager
 async def kube_pilot(tmp_path: Path) -> AsyncIterator[tuple[KubeAPIServer, RunningPilot]]:
     async with kube_api(tmp_path) as (srv, kubeconfig):
@@ -88,6 +64,10 @@ async def kube_pilot(tmp_path: Path) -> AsyncIterator[tuple[KubeAPIServer, Runni
             srv.apply(obj)
         async with running_kube_pilot(kubeconfig) as pilot:
             yield srv, pilot
+
+
+async def sidecar_view(stream: DeltaStream) -> tuple[list[str], bool]:
+    return await view_of(stream, WEB)
 
 
 def pod_faults(pilot: RunningPilot) -> int:
@@ -142,9 +122,11 @@ async def test_pod_churn_leaves_nothing_behind(tmp_path: Path) -> None:
 
 
 async def test_another_clusters_pod_cannot_claim_a_local_pods_address(tmp_path: Path) -> None:
-    impostor = pod("web-1", WEB_IP, service_account="evil")  # the same IP, in cluster west
+    # The same IP, in a cluster whose id sorts first, by a name that sorts first: were
+    # pods taken by address alone, this one would be the endpoint's.
+    impostor = pod("a-evil", WEB_IP, service_account="evil")
     async with (
-        running_pilot(tmp_path, honest(), clusters={"west": [impostor]}) as pilot,
+        running_pilot(tmp_path, honest(), clusters={"Attacker": [impostor]}) as pilot,
         XdsClient(pilot.grpc_target) as client,
     ):
         sans, marked = await sidecar_view(client.delta_ads(SIDECAR))
