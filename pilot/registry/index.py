@@ -181,16 +181,7 @@ class EndpointIndex:
         self._by_service.setdefault(endpoint_set.service, set()).add(endpoint_set.key)
         for node in _nodes_of(endpoint_set):
             self._sets_on_node.setdefault(node, set()).add(endpoint_set.key)
-        at = self._sets_at.setdefault(endpoint_set.key.cluster, {})
-        key = endpoint_set.key
-        for ip in _ips_of(endpoint_set):
-            held = at.get(ip)
-            if held is None:
-                at[ip] = key
-            elif isinstance(held, set):
-                held.add(key)
-            elif held != key:
-                at[ip] = {held, key}
+        self._link(endpoint_set)
 
     def _drop_set(self, key: EndpointSetKey) -> EndpointSet | None:
         old = self._sets.pop(key, None)
@@ -206,8 +197,32 @@ class EndpointIndex:
             on_node.discard(key)
             if not on_node:
                 del self._sets_on_node[node]
+        self._unlink(old)
+        return old
+
+    def _link(self, endpoint_set: EndpointSet) -> None:
+        """Record the set at each of its addresses (a set without any leaves no table)."""
+        ips = _ips_of(endpoint_set)
+        if not ips:
+            return
+        at = self._sets_at.setdefault(endpoint_set.key.cluster, {})
+        key = endpoint_set.key
+        for ip in ips:
+            held = at.get(ip)
+            if held is None:
+                at[ip] = key
+            elif isinstance(held, set):
+                held.add(key)
+            elif held != key:
+                at[ip] = {held, key}
+
+    def _unlink(self, endpoint_set: EndpointSet) -> None:
+        ips = _ips_of(endpoint_set)
+        if not ips:
+            return
+        key = endpoint_set.key
         at = self._sets_at[key.cluster]
-        for ip in _ips_of(old):
+        for ip in ips:
             held = at[ip]
             if isinstance(held, set):
                 held.discard(key)
@@ -217,7 +232,6 @@ class EndpointIndex:
                 del at[ip]
         if not at:
             del self._sets_at[key.cluster]
-        return old
 
     def _sets_with(self, address: Address) -> tuple[EndpointSetKey, ...]:
         """The endpoint sets with an endpoint at (cluster, IP)."""

@@ -381,3 +381,12 @@ def test_a_slice_hiding_legacy_endpoints_recounts_their_accounts() -> None:
     assert index.service_accounts(WEB) == {("default", "legacy")}
     change = index.upsert_endpoints(_slice("10.0.0.6"))  # no pod there, yet it hides 10.0.0.5
     assert change.full == {WEB} and index.service_accounts(WEB) == frozenset()
+
+
+def test_empty_endpoint_sets_come_and_go_beside_others() -> None:
+    index = _index()
+    empty = _slice(name="web-empty")
+    index.upsert_endpoints(empty)
+    index.delete_endpoints(_slice().key)  # the cluster's last address goes
+    assert not index.delete_endpoints(empty.key).full
+    assert not index._sets_at, "nothing left behind"
