@@ -7,6 +7,7 @@ on one IP, churn that changes nothing served).
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -390,3 +391,79 @@ def test_empty_endpoint_sets_come_and_go_beside_others() -> None:
     index.delete_endpoints(_slice().key)  # the cluster's last address goes
     assert not index.delete_endpoints(empty.key).full
     assert not index._sets_at, "nothing left behind"
+
+
+def _brute_accounts(index: EndpointIndex, service: ServiceKey) -> frozenset[tuple[str, str]]:
+    """A service's accounts recomputed from scratch: what the index keeps must equal it."""
+    pods = list(index._pods.values())
+    found = set()
+    for endpoint_set in index.endpoint_sets(service):
+        for group in endpoint_set.groups:
+            for endpoint in group.endpoints:
+                for ip in endpoint.addresses:
+                    claimants = sorted(
+                        p.key
+                        for p in pods
+                        if p.key.cluster == endpoint_set.key.cluster and ip in p.ips
+                    )
+                    if claimants:
+                        chosen = index._pods[claimants[0]]
+                        found.add((chosen.key.namespace, chosen.service_account))
+    return frozenset(found)
+
+
+def _marks(index: EndpointIndex, service: ServiceKey) -> dict[tuple[str, str], bool]:
+    """Which of a service's endpoints its assignment marks for mTLS."""
+    return {
+        (endpoint_set.key.cluster, ip): index.runs_sidecar(endpoint_set.key.cluster, ip)
+        for endpoint_set in index.endpoint_sets(service)
+        for group in endpoint_set.groups
+        for endpoint in group.endpoints
+        for ip in endpoint.addresses
+    }
+
+
+def test_random_pod_and_endpoint_changes_keep_accounts_and_pushes_right() -> None:
+    rng = random.Random(18)
+    services = [ServiceKey("default", name) for name in ("web", "api")]
+    index = EndpointIndex(primary=EAST)
+    for key in services:
+        index.upsert_service(parse_service(service(key.name), EAST))
+    ips = [f"10.0.0.{i}" for i in range(1, 6)]
+    for _ in range(3000):
+        before = {key: index.service_accounts(key) for key in services}
+        marks = {key: _marks(index, key) for key in services}
+        op = rng.randrange(4)
+        cluster = rng.choice([EAST, WEST])
+        if op == 0:
+            svc = rng.choice(services)
+            raw = endpoint_slice(
+                svc.name,
+                [Ep(ip) for ip in rng.sample(ips, rng.randrange(3))],
+                name=f"{svc.name}-{rng.randrange(2)}",
+            )
+            parsed = parse_endpoint_slice(raw, cluster)
+            assert parsed is not None
+            change = index.upsert_endpoints(parsed)
+        elif op == 1:
+            name = f"{rng.choice(services).name}-{rng.randrange(2)}"
+            change = index.delete_endpoints(_slice(cluster=cluster, name=name).key)
+        elif op == 2:
+            raw = pod(
+                f"p-{rng.randrange(4)}",
+                rng.choice(ips),
+                service_account=rng.choice(["a", "b"]),
+                sidecar=rng.random() < 0.5,
+                phase=rng.choice(["Running", "Running", "Succeeded"]),
+            )
+            change = index.upsert_pod(parse_pod(raw, cluster))
+        else:
+            change = index.delete_pod(PodKey(cluster, "default", f"p-{rng.randrange(4)}"))
+        for key in services:
+            assert index.service_accounts(key) == _brute_accounts(index, key)
+            if index.service_accounts(key) != before[key]:
+                assert key in change.full, "a new set of accounts is a full change"
+            if _marks(index, key) != marks[key]:
+                assert key in change.endpoints, "a changed assignment is pushed"
+            elif op >= 2 and index.service_accounts(key) == before[key]:
+                assert key not in change.full | change.endpoints, "a pod change that is none"
