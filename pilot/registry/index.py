@@ -39,6 +39,7 @@ pod (its status, other labels) changes nothing.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -82,6 +83,7 @@ class IndexChange:
 
 
 NO_CHANGE = IndexChange()
+LEGACY = "Endpoints"  # the kind of a legacy endpoint set (EndpointSet.legacy)
 
 Address = tuple[str, str]  # (cluster id, IP)
 Identity = tuple[str, str]  # (namespace, service account)
@@ -105,6 +107,10 @@ class EndpointIndex:
     _sets_at: dict[str, dict[str, EndpointSetKey | set[EndpointSetKey]]] = field(
         default_factory=dict
     )
+    # Each service's pods' identities, counted over the addresses of the endpoint sets
+    # that feed it (so a change costs the addresses it moves, not the service's size),
+    # and the set of them its clusters name.
+    _counts: dict[ServiceKey, Counter[Identity]] = field(default_factory=dict)
     _accounts: dict[ServiceKey, frozenset[Identity]] = field(default_factory=dict)
 
     def endpoint_sets(self, service: ServiceKey) -> list[EndpointSet]:
@@ -155,26 +161,30 @@ class EndpointIndex:
         if old == endpoint_set:
             return NO_CHANGE
         owners = {endpoint_set.service} | ({old.service} if old else set())
-        touched = _ips_of(endpoint_set)
-        if old is not None:
-            touched ^= _ips_of(old)  # only addresses that came or went move accounts
-        self._drop_set(endpoint_set.key)
-        self._put_set(endpoint_set)
-        # A set that appears (or changes service) may hide or show others (slices hide
-        # legacy Endpoints): recounted whatever its addresses.
-        moved = old is None or old.service != endpoint_set.service
-        cluster = endpoint_set.key.cluster
-        has_pods = moved or any((cluster, ip) in self._pods_at for ip in touched)
-        accounts = self._recount(owners) if has_pods else NO_CHANGE
-        return accounts.merge(
+        counted: set[ServiceKey] = set()
+        self._replace_set(old, endpoint_set, counted)
+        return self._settle(counted).merge(
             IndexChange.union(self._endpoint_change(service) for service in owners)
         )
 
     def delete_endpoints(self, key: EndpointSetKey) -> IndexChange:
-        old = self._drop_set(key)
+        old = self._sets.get(key)
         if old is None:
             return NO_CHANGE
-        return self._recount({old.service}).merge(self._endpoint_change(old.service))
+        counted: set[ServiceKey] = set()
+        self._replace_set(old, None, counted)
+        return self._settle(counted).merge(self._endpoint_change(old.service))
+
+    def _replace_set(
+        self, old: EndpointSet | None, new: EndpointSet | None, counted: set[ServiceKey]
+    ) -> None:
+        """Swap one endpoint set for another (either may be None), its identities too."""
+        if old is not None:
+            self._drop_set(old.key)
+            self._leave(old, counted)
+        if new is not None:
+            self._put_set(new)
+            self._enter(new, counted)
 
     def _put_set(self, endpoint_set: EndpointSet) -> None:
         self._sets[endpoint_set.key] = endpoint_set
@@ -330,39 +340,109 @@ class EndpointIndex:
     def _pods_changed(self, before: dict[Address, tuple[bool, Identity] | None]) -> IndexChange:
         """What pod changes at these addresses mean for the services with endpoints there."""
         sidecar: set[ServiceKey] = set()
-        identity: set[ServiceKey] = set()
+        counted: set[ServiceKey] = set()
         for address, was in before.items():
             now = self._view_at(address)
             if now == was:
                 continue
-            services = {self._sets[k].service for k in self._sets_with(address)}
-            if _sidecar(now) != _sidecar(was):
-                sidecar |= services
-            identity |= services
-        changes = [self._recount(identity)]
+            for key in self._sets_with(address):
+                endpoint_set = self._sets[key]
+                if not self._feeds(endpoint_set):
+                    continue  # legacy Endpoints hidden by slices: nothing served moves
+                if _sidecar(now) != _sidecar(was):
+                    sidecar.add(endpoint_set.service)
+                self._bump(endpoint_set.service, _identity(was), -1, counted)
+                self._bump(endpoint_set.service, _identity(now), 1, counted)
+        changes = [self._settle(counted)]
         changes += [self._endpoint_change(service) for service in sorted(sidecar)]
         return IndexChange.union(changes)
 
-    def _recount(self, services: Iterable[ServiceKey]) -> IndexChange:
-        return IndexChange.union(self._accounts_change(service) for service in sorted(services))
+    # -- counting identities ----------------------------------------------------------
+    # A service's endpoints are, per cluster, its slices' if it has any, else its legacy
+    # Endpoints' (`endpoint_sets`): a slice arriving hides legacy sets of its cluster, the
+    # last slice going shows them again.
 
-    def _accounts_change(self, service: ServiceKey) -> IndexChange:
-        """Recount a service's service accounts: a full change if the set moved."""
-        accounts = frozenset(
-            (pod.key.namespace, pod.service_account)
-            for endpoint_set in self.endpoint_sets(service)
-            for ip in _ips_of(endpoint_set)
-            if (pod := self.pod_at(endpoint_set.key.cluster, ip)) is not None
+    def _has_slices(self, service: ServiceKey, cluster: str, besides: EndpointSetKey) -> bool:
+        return any(
+            k.cluster == cluster and k.kind != LEGACY and k != besides
+            for k in self._by_service.get(service, ())
         )
-        if accounts == self._accounts.get(service, frozenset()):
-            return NO_CHANGE
-        if accounts:
-            self._accounts[service] = accounts
+
+    def _legacy_sets(self, service: ServiceKey, cluster: str) -> list[EndpointSet]:
+        return [
+            self._sets[k]
+            for k in self._by_service.get(service, ())
+            if k.cluster == cluster and k.kind == LEGACY
+        ]
+
+    def _feeds(self, endpoint_set: EndpointSet) -> bool:
+        """Whether a set (in the index) feeds its service's endpoints."""
+        key = endpoint_set.key
+        return not endpoint_set.legacy or not self._has_slices(
+            endpoint_set.service, key.cluster, key
+        )
+
+    def _enter(self, endpoint_set: EndpointSet, counted: set[ServiceKey]) -> None:
+        """Count a set just put in the index (a first slice uncounts the legacy sets)."""
+        service, key = endpoint_set.service, endpoint_set.key
+        if endpoint_set.legacy:
+            if not self._has_slices(service, key.cluster, key):
+                self._count(endpoint_set, 1, counted)
+            return
+        if not self._has_slices(service, key.cluster, key):
+            for legacy in self._legacy_sets(service, key.cluster):
+                self._count(legacy, -1, counted)
+        self._count(endpoint_set, 1, counted)
+
+    def _leave(self, endpoint_set: EndpointSet, counted: set[ServiceKey]) -> None:
+        """Uncount a set just taken out of the index (the last slice counts legacy again)."""
+        service, key = endpoint_set.service, endpoint_set.key
+        if endpoint_set.legacy:
+            if not self._has_slices(service, key.cluster, key):
+                self._count(endpoint_set, -1, counted)
+            return
+        self._count(endpoint_set, -1, counted)
+        if not self._has_slices(service, key.cluster, key):
+            for legacy in self._legacy_sets(service, key.cluster):
+                self._count(legacy, 1, counted)
+
+    def _count(self, endpoint_set: EndpointSet, sign: int, counted: set[ServiceKey]) -> None:
+        cluster = endpoint_set.key.cluster
+        for ip in _ips_of(endpoint_set):
+            self._bump(endpoint_set.service, _identity(self._view_at((cluster, ip))), sign, counted)
+
+    def _bump(
+        self, service: ServiceKey, identity: Identity | None, sign: int, counted: set[ServiceKey]
+    ) -> None:
+        """One address of `service` more (or less) with this identity; `counted` collects
+        the services whose set of identities may have moved."""
+        if identity is None:
+            return
+        counts = self._counts.setdefault(service, Counter())
+        left = counts[identity] + sign
+        if left > 0:
+            counts[identity] = left
         else:
-            del self._accounts[service]
-        if service not in self.services:
-            return NO_CHANGE
-        return IndexChange(full=frozenset({service}), endpoints=frozenset({service}))
+            del counts[identity]
+            if not counts:
+                del self._counts[service]
+        if left in (0, 1):
+            counted.add(service)
+
+    def _settle(self, counted: Iterable[ServiceKey]) -> IndexChange:
+        """A full change of each service whose set of identities ended up different."""
+        full = set()
+        for service in counted:
+            accounts = frozenset(self._counts.get(service, ()))
+            if accounts == self._accounts.get(service, frozenset()):
+                continue
+            if accounts:
+                self._accounts[service] = accounts
+            else:
+                del self._accounts[service]
+            if service in self.services:
+                full.add(service)
+        return IndexChange(full=frozenset(full), endpoints=frozenset(full)) if full else NO_CHANGE
 
     def locality_of(self, cluster: str, endpoint: Endpoint) -> Locality:
         """Where an endpoint is: the slice's zone, else its Node's; its Node's region, else
@@ -412,18 +492,17 @@ class EndpointIndex:
         # Endpoint sets move first and their services' accounts are recounted once after:
         # a slice renamed in a reload is no full change of its service.
         owners: set[ServiceKey] = set()
+        counted: set[ServiceKey] = set()
         for key in set(held_sets) - set(wanted_sets):
-            old = self._drop_set(key)
-            if old is not None:
-                owners.add(old.service)
+            owners.add(self._sets[key].service)
+            self._replace_set(self._sets[key], None, counted)
         for endpoint_set in wanted_sets.values():
             old = self._sets.get(endpoint_set.key)
             if old == endpoint_set:
                 continue
             owners |= {endpoint_set.service} | ({old.service} if old else set())
-            self._drop_set(endpoint_set.key)
-            self._put_set(endpoint_set)
-        changes.append(self._recount(owners))
+            self._replace_set(old, endpoint_set, counted)
+        changes.append(self._settle(counted))
         changes += [self._endpoint_change(service) for service in owners]
         return IndexChange.union(changes)
 
@@ -475,6 +554,10 @@ def _pod_addresses(pod: Pod | None) -> set[Address]:
 
 def _sidecar(view: tuple[bool, Identity] | None) -> bool:
     return view is not None and view[0]
+
+
+def _identity(view: tuple[bool, Identity] | None) -> Identity | None:
+    return view[1] if view is not None else None
 
 
 def _labels(node: Node | None) -> tuple[str, str]:
