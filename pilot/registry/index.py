@@ -30,7 +30,8 @@ the endpoint's own cluster is its: a remote cluster's pod claiming the IP of a
 local one changes nothing of the local endpoint. Where two pods of one cluster
 claim one IP (a pod replaced faster than its old one went away), the first by
 namespace and name is the one used, whichever arrived first. A service's
-service accounts (`service_accounts`: its endpoints' pods', in every cluster)
+service accounts (`service_accounts`: its endpoints' pods', in every cluster,
+counted as addresses come and go, so no change recounts a whole service)
 name the identities its clusters accept: a change of that set is a full change
 of the service; a pod change that only turns an endpoint's sidecar on or off is
 an endpoint change of the services with endpoints at its IP; anything else of a
