@@ -299,7 +299,7 @@ def _container_ports(obj: Obj, spec: Mapping[str, Any]) -> tuple[EndpointPort, .
             if name:
                 name = _shared(obj, str(name), _PORT_NAME, f"{where}[{j}].name")
             protocol = raw.get("protocol") or "TCP"
-            if protocol not in {"TCP", "UDP", "SCTP"}:
+            if not isinstance(protocol, str) or protocol not in {"TCP", "UDP", "SCTP"}:
                 raise _fail(obj, f"{where}[{j}].protocol must be TCP, UDP or SCTP")
             number = _port_number(obj, raw.get("containerPort"), f"{where}[{j}].containerPort")
             ports.append(EndpointPort(name, number, sys.intern(protocol)))
@@ -325,8 +325,8 @@ def parse_pod(obj: Obj, cluster: str = "") -> Pod:
     if not isinstance(account, str):
         raise _fail(obj, "spec.serviceAccountName must be a string")
     phase = status.get("phase") or ""
-    if phase and phase not in _PHASES:
-        phase = "Unknown"
+    if not isinstance(phase, str) or (phase and phase not in _PHASES):
+        phase = "Unknown"  # what the API server says of a pod it cannot tell
     ips = () if spec.get("hostNetwork") is True else _pod_ips(obj, status)
     return Pod(
         PodKey(

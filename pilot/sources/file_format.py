@@ -210,6 +210,10 @@ def _add_pod(pods: dict[PodKey, Pod], where: str, obj: Mapping[str, Any], cluste
         pod = parse_pod(obj, cluster)
     except ObjectError as error:
         raise RegistryFileError(f"{where}: {error}") from error
+    except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as error:
+        # a shape no check foresaw: still one line naming the object, never a crash
+        what = f"{type(error).__name__}: {str(error)[:200]}"
+        raise RegistryFileError(f"{where}: {object_label(obj)}: malformed ({what})") from error
     if pod.key in pods:
         raise RegistryFileError(f"{where}: {object_label(obj)} is already in the file")
     pods[pod.key] = pod

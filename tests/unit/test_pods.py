@@ -483,3 +483,24 @@ def test_random_pod_and_endpoint_changes_keep_accounts_and_pushes_right() -> Non
                 assert key in change.endpoints, "a changed assignment is pushed"
             elif op in (2, 3) and index.service_accounts(key) == before[key]:
                 assert key not in change.full | change.endpoints, "a pod change that is none"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda p: p["status"].update(phase=["Running"]),
+        lambda p: p["spec"]["containers"][0]["ports"][0].update(protocol={"a": 1}),
+        lambda p: p["spec"].update(containers={"app": {}}),
+        lambda p: p["status"].update(podIPs=[["10.0.0.1"]]),
+        lambda p: p["spec"].update(serviceAccountName=7),
+    ],
+)
+def test_wrong_types_in_a_registry_file_pod_are_one_clear_error_or_harmless(change: Any) -> None:
+    text = as_list([_broken(change)])
+    try:
+        state = parse_registry(text, "mesh.yaml")
+    except RegistryFileError as error:
+        assert str(error).startswith("mesh.yaml: document 1 item 0: Pod default/web-1")
+    else:
+        (parsed,) = state.pods
+        assert parsed.phase == "Unknown", "a phase that is no phase is Unknown"
