@@ -104,7 +104,7 @@ def grouped(endpoint_set: EndpointSet) -> Hosts:
     """zone -> (address, port, health), sorted: the first step of every codec here."""
     by_zone: Hosts = {}
     hosts = sorted(collect_hosts(PORT, [endpoint_set]).items())
-    for (address, number), (health, locality, _) in hosts:
+    for (address, number), (health, locality, *_) in hosts:
         by_zone.setdefault(locality.zone, []).append((address, number, health))
     return {zone: by_zone[zone] for zone in sorted(by_zone)}
 

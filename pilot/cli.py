@@ -566,7 +566,7 @@ def _flag_settings(args: argparse.Namespace) -> Settings:
         cluster_id=args.cluster_id,
         remote_kubeconfigs=remote_kubeconfigs(args.remote_kubeconfig, args.cluster_id),
         remote=remote_from_env(),
-        build=BuildSettings(args.cluster_domain, args.xds_cluster_name),
+        build=BuildSettings(args.cluster_domain, args.xds_cluster_name, args.trust_domain),
         outbound=outbound_from_env(),
         debounce=debounce_from_env(),
         push=push_from_env(),

@@ -10,10 +10,13 @@ Assignments come in variants, one per proxy locality in use (`add_locality`,
 shared one for proxies without a locality: a service's endpoints are grouped
 once, then encoded once per variant, into that variant's cache flavor.
 
-ADS streams that read listeners read their clusters from one more table
-(`ADS_WITH_LISTENERS`): the ADS clusters, the same encoded resources, plus
-PassthroughCluster and BlackHoleCluster, which outbound listeners name. A
-proxy that reads no listener never holds those two.
+ADS streams that read listeners (sidecars) read their clusters from one more
+table (`ADS_WITH_LISTENERS`): the ADS clusters with auto mTLS's transport
+socket matches (`pilot.generators.mtls`: the SANs are the service's pods'
+service accounts, so a change of those is a full change of the service), plus
+PassthroughCluster and BlackHoleCluster, which outbound listeners name. A proxy
+that reads no listener never holds those, and its clusters are as before.
+Assignments mark the endpoints whose pod runs a sidecar (the index knows).
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from envoy.config.cluster.v3 import cluster_pb2
+
 from pilot.generators.cds import build_cluster, served_ports
 from pilot.generators.eds import encode_groups, group_hosts
+from pilot.generators.mtls import transport_socket_matches
 from pilot.generators.naming import outbound_cluster_name
 from pilot.generators.outbound import fixed_clusters
 from pilot.push.request import Changes, PushRequest
@@ -44,6 +50,7 @@ class BuildSettings:
 
     cluster_domain: str = "cluster.local"
     xds_cluster_name: str = "xds-grpc"
+    trust_domain: str = "cluster.local"  # of the SPIFFE identities sidecars' clusters accept
 
 
 class ResourceBuilder:
@@ -106,18 +113,35 @@ class ResourceBuilder:
         stale = _retrack(self._cluster_names, key, names.keys())
         changed: set[str] = set()
         for flavor in Flavor:
-            built = []
+            built, sidecars = [], []
             if service is not None:
                 for name, i in names.items():
                     cluster = build_cluster(
                         name, service.ports[i], flavor, self._settings.xds_cluster_name
                     )
                     built.append(Resource.from_message(types.CLUSTER, name, cluster))
-            self._stats.serializations[types.CLUSTER] += len(built)
+                    if flavor is Flavor.ADS:
+                        self._with_mtls(cluster, service, i)
+                        sidecars.append(Resource.from_message(types.CLUSTER, name, cluster))
+            self._stats.serializations[types.CLUSTER] += len(built) + len(sidecars)
             changed |= self._cache.update(types.CLUSTER, built, stale, flavor=flavor.value)
             if flavor is Flavor.ADS:
-                self._cache.update(types.CLUSTER, built, stale, flavor=ADS_WITH_LISTENERS)
+                changed |= self._cache.update(
+                    types.CLUSTER, sidecars, stale, flavor=ADS_WITH_LISTENERS
+                )
         return changed
+
+    def _with_mtls(self, cluster: cluster_pb2.Cluster, service: Service, i: int) -> None:
+        """Make a sidecar's cluster of `cluster`: auto mTLS to endpoints with sidecars."""
+        cluster.transport_socket_matches.extend(
+            transport_socket_matches(
+                service.key,
+                service.ports[i],
+                self._index.service_accounts(service.key),
+                cluster_domain=self._settings.cluster_domain,
+                trust_domain=self._settings.trust_domain,
+            )
+        )
 
     def add_locality(self, locality: Locality) -> None:
         """Build every assignment for proxies in `locality` (the first of them arrived)."""
@@ -142,7 +166,12 @@ class ResourceBuilder:
         if service is not None:
             endpoint_sets = self._index.endpoint_sets(key)
             for name, i in names.items():
-                groups = group_hosts(service.ports[i], endpoint_sets, self._index.locality_of)
+                groups = group_hosts(
+                    service.ports[i],
+                    endpoint_sets,
+                    self._index.locality_of,
+                    self._index.runs_sidecar,
+                )
                 for flavor, locality in (variants or self._variants).items():
                     assignment = encode_groups(name, groups, locality)
                     built[flavor].append(Resource.from_payload(types.ENDPOINT, name, assignment))

@@ -7,6 +7,10 @@ address:port from several slices appears once, with its best health. Output is
 sorted, so equal content serializes to equal bytes. Each endpoint carries the
 id of the cluster it came from in its metadata (`istio` / `cluster_id`), so
 Envoy's access logs (`%UPSTREAM_METADATA(istio:cluster_id)%`) tell them apart.
+An endpoint whose pod runs a sidecar (`sidecar`: the index's answer for its
+cluster and address) carries `envoy.transport_socket_match: {tlsMode: istio}`,
+as Istio puts it: a sidecar's cluster then picks its mTLS transport socket for
+it (`pilot.generators.mtls`), and plaintext for the others.
 
 An endpoint's locality (region, zone) comes from `locate` (the endpoint index
 resolves it from the endpoint's Node; without one, only the slice's zone).
@@ -42,10 +46,14 @@ _HEALTH_STATUS = {
 _PREFERENCE = {Health.HEALTHY: 0, Health.DRAINING: 1}
 
 HostKey = tuple[str, int]
-Host = tuple[Health, Locality, str]  # health, where it is, cluster id
+Host = tuple[Health, Locality, str, bool]  # health, where it is, cluster id, runs a sidecar
 Locate = Callable[[str, Endpoint], Locality]  # (cluster id, endpoint) -> its locality
+Sidecar = Callable[[str, str], bool]  # (cluster id, address) -> its pod runs a sidecar
 METADATA_KEY = "istio"
 CLUSTER_ID_FIELD = "cluster_id"
+TRANSPORT_SOCKET_MATCH_KEY = "envoy.transport_socket_match"
+TLS_MODE_FIELD = "tlsMode"
+ISTIO_TLS_MODE = "istio"
 _PRIORITY_FIELD = 5  # LocalityLbEndpoints.priority
 
 
@@ -54,15 +62,23 @@ def zone_only(cluster: str, endpoint: Endpoint) -> Locality:
     return _zone(endpoint.zone)
 
 
+def no_sidecar(cluster: str, address: str) -> bool:
+    """For callers that know no Pods: no endpoint runs a sidecar."""
+    return False
+
+
 @functools.lru_cache(maxsize=1024)
 def _zone(zone: str) -> Locality:
     return Locality(zone=zone)
 
 
 def collect_hosts(
-    port: ServicePort, endpoint_sets: Iterable[EndpointSet], locate: Locate = zone_only
+    port: ServicePort,
+    endpoint_sets: Iterable[EndpointSet],
+    locate: Locate = zone_only,
+    sidecar: Sidecar = no_sidecar,
 ) -> dict[HostKey, Host]:
-    """address:port -> (health, locality, cluster) for one Service port."""
+    """address:port -> (health, locality, cluster, sidecar) for one Service port."""
     hosts: dict[HostKey, Host] = {}
     for endpoint_set in endpoint_sets:
         cluster = endpoint_set.key.cluster
@@ -78,12 +94,13 @@ def collect_hosts(
                     key = (address, number)
                     known = hosts.get(key)
                     if known is None or _PREFERENCE[health] < _PREFERENCE[known[0]]:
-                        hosts[key] = (health, locate(cluster, endpoint), cluster)
+                        where = locate(cluster, endpoint)
+                        hosts[key] = (health, where, cluster, sidecar(cluster, address))
     return hosts
 
 
 def _lb_endpoint(
-    address: str, port: int, health: Health, cluster: str
+    address: str, port: int, health: Health, cluster: str, sidecar: bool = False
 ) -> endpoint_components_pb2.LbEndpoint:
     lb_endpoint = endpoint_components_pb2.LbEndpoint(health_status=_HEALTH_STATUS[health])
     socket_address = lb_endpoint.endpoint.address.socket_address
@@ -91,13 +108,18 @@ def _lb_endpoint(
     socket_address.port_value = port
     if cluster:
         lb_endpoint.metadata.filter_metadata[METADATA_KEY][CLUSTER_ID_FIELD] = cluster
+    if sidecar:
+        match = lb_endpoint.metadata.filter_metadata[TRANSPORT_SOCKET_MATCH_KEY]
+        match[TLS_MODE_FIELD] = ISTIO_TLS_MODE
     return lb_endpoint
 
 
 @functools.lru_cache(maxsize=ENCODED_ENDPOINTS)
-def _encoded_lb_endpoint(address: str, port: int, health: Health, cluster: str) -> bytes:
+def _encoded_lb_endpoint(
+    address: str, port: int, health: Health, cluster: str, sidecar: bool = False
+) -> bytes:
     """One `lb_endpoints` entry (field 2 of LocalityLbEndpoints), encoded."""
-    lb_endpoint = _lb_endpoint(address, port, health, cluster)
+    lb_endpoint = _lb_endpoint(address, port, health, cluster, sidecar)
     return length_delimited(2, lb_endpoint.SerializeToString(deterministic=True))
 
 
@@ -105,14 +127,17 @@ LocalityGroups = dict[Locality, list[bytes]]
 
 
 def group_hosts(
-    port: ServicePort, endpoint_sets: Iterable[EndpointSet], locate: Locate = zone_only
+    port: ServicePort,
+    endpoint_sets: Iterable[EndpointSet],
+    locate: Locate = zone_only,
+    sidecar: Sidecar = no_sidecar,
 ) -> LocalityGroups:
     """One Service port's encoded `lb_endpoints` by locality: what every variant shares."""
     groups: LocalityGroups = {}
-    for (address, number), (health, locality, cluster) in sorted(
-        collect_hosts(port, endpoint_sets, locate).items()
+    for (address, number), (health, locality, cluster, mtls) in sorted(
+        collect_hosts(port, endpoint_sets, locate, sidecar).items()
     ):
-        encoded = _encoded_lb_endpoint(address, number, health, cluster)
+        encoded = _encoded_lb_endpoint(address, number, health, cluster, mtls)
         groups.setdefault(locality, []).append(encoded)
     return groups
 

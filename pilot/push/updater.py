@@ -10,7 +10,16 @@ from collections.abc import Callable, Iterable
 
 from pilot.push.request import PushRequest
 from pilot.registry.index import EndpointIndex, IndexChange
-from pilot.registry.model import EndpointSet, EndpointSetKey, Node, NodeKey, Service, ServiceKey
+from pilot.registry.model import (
+    EndpointSet,
+    EndpointSetKey,
+    Node,
+    NodeKey,
+    Pod,
+    PodKey,
+    Service,
+    ServiceKey,
+)
 from pilot.registry.peer_authentication import (
     PeerAuthentication,
     PeerAuthenticationKey,
@@ -34,19 +43,25 @@ class IndexUpdater:
         self._stats = stats
         self.policies = policies if policies is not None else PeerAuthentications()
 
-    def upsert(self, obj: Service | EndpointSet | Node) -> None:
+    def upsert(self, obj: Service | EndpointSet | Node | Pod) -> None:
         if isinstance(obj, Service):
             self._changed(self._index.upsert_service(obj))
         elif isinstance(obj, Node):
             self._changed(self._index.upsert_node(obj))
+        elif isinstance(obj, Pod):
+            self._changed(self._index.upsert_pod(obj))
         else:
             self._changed(self._index.upsert_endpoints(obj))
 
-    def delete(self, key: ServiceKey | EndpointSetKey | NodeKey, cluster: str = "") -> None:
+    def delete(
+        self, key: ServiceKey | EndpointSetKey | NodeKey | PodKey, cluster: str = ""
+    ) -> None:
         if isinstance(key, ServiceKey):
             self._changed(self._index.delete_service(key, cluster))
         elif isinstance(key, NodeKey):
             self._changed(self._index.delete_node(key))
+        elif isinstance(key, PodKey):
+            self._changed(self._index.delete_pod(key))
         else:
             self._changed(self._index.delete_endpoints(key))
 
@@ -74,6 +89,9 @@ class IndexUpdater:
         if namespaces:
             self._stats.inbound_updates["peerauthentication"] += len(namespaces)
             self._submit(PushRequest(mtls_namespaces=namespaces))
+
+    def replace_pods(self, cluster: str | None, pods: Iterable[Pod]) -> None:
+        self._changed(self._index.replace_pods(cluster, pods))
 
     def _changed(self, change: IndexChange) -> None:
         if not change:

@@ -22,10 +22,25 @@ locality (`locality_of`): its zone is the slice's, else its Node's; its region
 is its Node's, else its cluster's id (Istio's region-less fallback: endpoints
 of a cluster without topology labels still form one locality per cluster, so
 a proxy that names that cluster as its region prefers them).
+
+Pods (auto mTLS): the index keeps each cluster's Pods by IP and which endpoint
+sets have an endpoint at each (cluster, IP), so an endpoint finds its pod
+(`pod_at`: does it run a sidecar, under which service account). Only a pod of
+the endpoint's own cluster is its: a remote cluster's pod claiming the IP of a
+local one changes nothing of the local endpoint. Where two pods of one cluster
+claim one IP (a pod replaced faster than its old one went away), the first by
+namespace and name is the one used, whichever arrived first. A service's
+service accounts (`service_accounts`: its endpoints' pods', in every cluster,
+counted as addresses come and go, so no change recounts a whole service)
+name the identities its clusters accept: a change of that set is a full change
+of the service; a pod change that only turns an endpoint's sidecar on or off is
+an endpoint change of the services with endpoints at its IP; anything else of a
+pod (its status, other labels) changes nothing.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -35,6 +50,8 @@ from pilot.registry.model import (
     EndpointSetKey,
     Node,
     NodeKey,
+    Pod,
+    PodKey,
     Service,
     ServiceKey,
     ServicePort,
@@ -67,6 +84,10 @@ class IndexChange:
 
 
 NO_CHANGE = IndexChange()
+LEGACY = "Endpoints"  # the kind of a legacy endpoint set (EndpointSet.legacy)
+
+Address = tuple[str, str]  # (cluster id, IP)
+Identity = tuple[str, str]  # (namespace, service account)
 
 
 @dataclass
@@ -80,6 +101,18 @@ class EndpointIndex:
     _by_service: dict[ServiceKey, set[EndpointSetKey]] = field(default_factory=dict)
     _nodes: dict[NodeKey, Node] = field(default_factory=dict)
     _sets_on_node: dict[NodeKey, set[EndpointSetKey]] = field(default_factory=dict)
+    _pods: dict[PodKey, Pod] = field(default_factory=dict)
+    _pods_at: dict[Address, tuple[PodKey, ...]] = field(default_factory=dict)  # sorted
+    # cluster -> IP -> the endpoint sets with an endpoint there (one key, the usual case,
+    # held bare: an entry per endpoint address is the index's largest part).
+    _sets_at: dict[str, dict[str, EndpointSetKey | set[EndpointSetKey]]] = field(
+        default_factory=dict
+    )
+    # Each service's pods' identities, counted over the addresses of the endpoint sets
+    # that feed it (so a change costs the addresses it moves, not the service's size),
+    # and the set of them its clusters name.
+    _counts: dict[ServiceKey, Counter[Identity]] = field(default_factory=dict)
+    _accounts: dict[ServiceKey, frozenset[Identity]] = field(default_factory=dict)
 
     def endpoint_sets(self, service: ServiceKey) -> list[EndpointSet]:
         """The sets that feed a service's endpoints: per cluster, slices if it has any,
@@ -128,17 +161,43 @@ class EndpointIndex:
         old = self._sets.get(endpoint_set.key)
         if old == endpoint_set:
             return NO_CHANGE
-        change = self.delete_endpoints(endpoint_set.key) if old else NO_CHANGE
+        owners = {endpoint_set.service} | ({old.service} if old else set())
+        counted: set[ServiceKey] = set()
+        self._replace_set(old, endpoint_set, counted)
+        return self._settle(counted).merge(
+            IndexChange.union(self._endpoint_change(service) for service in owners)
+        )
+
+    def delete_endpoints(self, key: EndpointSetKey) -> IndexChange:
+        old = self._sets.get(key)
+        if old is None:
+            return NO_CHANGE
+        counted: set[ServiceKey] = set()
+        self._replace_set(old, None, counted)
+        return self._settle(counted).merge(self._endpoint_change(old.service))
+
+    def _replace_set(
+        self, old: EndpointSet | None, new: EndpointSet | None, counted: set[ServiceKey]
+    ) -> None:
+        """Swap one endpoint set for another (either may be None), its identities too."""
+        if old is not None:
+            self._drop_set(old.key)
+            self._leave(old, counted)
+        if new is not None:
+            self._put_set(new)
+            self._enter(new, counted)
+
+    def _put_set(self, endpoint_set: EndpointSet) -> None:
         self._sets[endpoint_set.key] = endpoint_set
         self._by_service.setdefault(endpoint_set.service, set()).add(endpoint_set.key)
         for node in _nodes_of(endpoint_set):
             self._sets_on_node.setdefault(node, set()).add(endpoint_set.key)
-        return change.merge(self._endpoint_change(endpoint_set.service))
+        self._link(endpoint_set)
 
-    def delete_endpoints(self, key: EndpointSetKey) -> IndexChange:
+    def _drop_set(self, key: EndpointSetKey) -> EndpointSet | None:
         old = self._sets.pop(key, None)
         if old is None:
-            return NO_CHANGE
+            return None
         owned = self._by_service.get(old.service)
         if owned is not None:
             owned.discard(key)
@@ -149,7 +208,49 @@ class EndpointIndex:
             on_node.discard(key)
             if not on_node:
                 del self._sets_on_node[node]
-        return self._endpoint_change(old.service)
+        self._unlink(old)
+        return old
+
+    def _link(self, endpoint_set: EndpointSet) -> None:
+        """Record the set at each of its addresses (a set without any leaves no table)."""
+        ips = _ips_of(endpoint_set)
+        if not ips:
+            return
+        at = self._sets_at.setdefault(endpoint_set.key.cluster, {})
+        key = endpoint_set.key
+        for ip in ips:
+            held = at.get(ip)
+            if held is None:
+                at[ip] = key
+            elif isinstance(held, set):
+                held.add(key)
+            elif held != key:
+                at[ip] = {held, key}
+
+    def _unlink(self, endpoint_set: EndpointSet) -> None:
+        ips = _ips_of(endpoint_set)
+        if not ips:
+            return
+        key = endpoint_set.key
+        at = self._sets_at[key.cluster]
+        for ip in ips:
+            held = at[ip]
+            if isinstance(held, set):
+                held.discard(key)
+                if len(held) == 1:
+                    at[ip] = next(iter(held))
+            else:
+                del at[ip]
+        if not at:
+            del self._sets_at[key.cluster]
+
+    def _sets_with(self, address: Address) -> tuple[EndpointSetKey, ...]:
+        """The endpoint sets with an endpoint at (cluster, IP)."""
+        cluster, ip = address
+        held = self._sets_at.get(cluster, {}).get(ip)
+        if held is None:
+            return ()
+        return tuple(held) if isinstance(held, set) else (held,)
 
     def upsert_node(self, node: Node) -> IndexChange:
         """A Node appeared or changed: its endpoints' services change if its locality did."""
@@ -165,6 +266,184 @@ class EndpointIndex:
             return NO_CHANGE  # a Node's status or other labels changing moves no endpoint
         services = {self._sets[k].service for k in self._sets_on_node.get(key, ())}
         return IndexChange.union(self._endpoint_change(service) for service in services)
+
+    # -- pods ----------------------------------------------------------------------
+
+    def upsert_pod(self, pod: Pod) -> IndexChange:
+        """A Pod appeared or changed; one that cannot be an endpoint's (done, or without
+        an IP) is forgotten."""
+        if not pod.serves_endpoints:
+            return self.delete_pod(pod.key)
+        old = self._pods.get(pod.key)
+        if old == pod:
+            return NO_CHANGE
+        addresses = _pod_addresses(old) | _pod_addresses(pod)
+        before = {address: self._view_at(address) for address in addresses}
+        if old is not None:
+            self._unclaim(old)
+        self._pods[pod.key] = pod
+        for address in _pod_addresses(pod):
+            self._pods_at[address] = tuple(sorted((*self._pods_at.get(address, ()), pod.key)))
+        return self._pods_changed(before)
+
+    def delete_pod(self, key: PodKey) -> IndexChange:
+        old = self._pods.get(key)
+        if old is None:
+            return NO_CHANGE
+        before = {address: self._view_at(address) for address in _pod_addresses(old)}
+        self._unclaim(old)
+        del self._pods[key]
+        return self._pods_changed(before)
+
+    def replace_pods(self, cluster: str | None, pods: Iterable[Pod]) -> IndexChange:
+        """Make one cluster's Pods (None: every cluster's) exactly these (a file reload, a
+        cluster gone)."""
+        wanted = {pod.key: pod for pod in pods if pod.serves_endpoints}
+        held = [k for k in self._pods if cluster is None or k.cluster == cluster]
+        changes = [self.delete_pod(key) for key in held if key not in wanted]
+        changes += [self.upsert_pod(pod) for pod in wanted.values()]
+        return IndexChange.union(changes)
+
+    def pod_at(self, cluster: str, ip: str) -> Pod | None:
+        """The pod an endpoint of `cluster` at `ip` is (the first by name of those claiming
+        it), if pilot knows it."""
+        claimants = self._pods_at.get((cluster, ip))
+        return self._pods[claimants[0]] if claimants else None
+
+    def runs_sidecar(self, cluster: str, ip: str) -> bool:
+        """Whether the endpoint's pod is labelled `security.istio.io/tlsMode: istio`."""
+        pod = self.pod_at(cluster, ip)
+        return pod is not None and pod.istio_mtls
+
+    def service_accounts(self, service: ServiceKey) -> frozenset[Identity]:
+        """The (namespace, service account) of every pod at the service's endpoints."""
+        return self._accounts.get(service, frozenset())
+
+    @property
+    def pod_count(self) -> int:
+        return len(self._pods)
+
+    def _unclaim(self, pod: Pod) -> None:
+        for address in _pod_addresses(pod):
+            rest = tuple(k for k in self._pods_at.get(address, ()) if k != pod.key)
+            if rest:
+                self._pods_at[address] = rest
+            else:
+                self._pods_at.pop(address, None)
+
+    def _view_at(self, address: Address) -> tuple[bool, Identity] | None:
+        """What endpoints at `address` take from their pod: sidecar or not, and identity."""
+        pod = self.pod_at(*address)
+        if pod is None:
+            return None
+        return pod.istio_mtls, (pod.key.namespace, pod.service_account)
+
+    def _pods_changed(self, before: dict[Address, tuple[bool, Identity] | None]) -> IndexChange:
+        """What pod changes at these addresses mean for the services with endpoints there."""
+        sidecar: set[ServiceKey] = set()
+        counted: set[ServiceKey] = set()
+        for address, was in before.items():
+            now = self._view_at(address)
+            if now == was:
+                continue
+            for key in self._sets_with(address):
+                endpoint_set = self._sets[key]
+                if not self._feeds(endpoint_set):
+                    continue  # legacy Endpoints hidden by slices: nothing served moves
+                if _sidecar(now) != _sidecar(was):
+                    sidecar.add(endpoint_set.service)
+                self._bump(endpoint_set.service, _identity(was), -1, counted)
+                self._bump(endpoint_set.service, _identity(now), 1, counted)
+        changes = [self._settle(counted)]
+        changes += [self._endpoint_change(service) for service in sorted(sidecar)]
+        return IndexChange.union(changes)
+
+    # -- counting identities ----------------------------------------------------------
+    # A service's endpoints are, per cluster, its slices' if it has any, else its legacy
+    # Endpoints' (`endpoint_sets`): a slice arriving hides legacy sets of its cluster, the
+    # last slice going shows them again.
+
+    def _has_slices(self, service: ServiceKey, cluster: str, besides: EndpointSetKey) -> bool:
+        return any(
+            k.cluster == cluster and k.kind != LEGACY and k != besides
+            for k in self._by_service.get(service, ())
+        )
+
+    def _legacy_sets(self, service: ServiceKey, cluster: str) -> list[EndpointSet]:
+        return [
+            self._sets[k]
+            for k in self._by_service.get(service, ())
+            if k.cluster == cluster and k.kind == LEGACY
+        ]
+
+    def _feeds(self, endpoint_set: EndpointSet) -> bool:
+        """Whether a set (in the index) feeds its service's endpoints."""
+        key = endpoint_set.key
+        return not endpoint_set.legacy or not self._has_slices(
+            endpoint_set.service, key.cluster, key
+        )
+
+    def _enter(self, endpoint_set: EndpointSet, counted: set[ServiceKey]) -> None:
+        """Count a set just put in the index (a first slice uncounts the legacy sets)."""
+        service, key = endpoint_set.service, endpoint_set.key
+        if endpoint_set.legacy:
+            if not self._has_slices(service, key.cluster, key):
+                self._count(endpoint_set, 1, counted)
+            return
+        if not self._has_slices(service, key.cluster, key):
+            for legacy in self._legacy_sets(service, key.cluster):
+                self._count(legacy, -1, counted)
+        self._count(endpoint_set, 1, counted)
+
+    def _leave(self, endpoint_set: EndpointSet, counted: set[ServiceKey]) -> None:
+        """Uncount a set just taken out of the index (the last slice counts legacy again)."""
+        service, key = endpoint_set.service, endpoint_set.key
+        if endpoint_set.legacy:
+            if not self._has_slices(service, key.cluster, key):
+                self._count(endpoint_set, -1, counted)
+            return
+        self._count(endpoint_set, -1, counted)
+        if not self._has_slices(service, key.cluster, key):
+            for legacy in self._legacy_sets(service, key.cluster):
+                self._count(legacy, 1, counted)
+
+    def _count(self, endpoint_set: EndpointSet, sign: int, counted: set[ServiceKey]) -> None:
+        cluster = endpoint_set.key.cluster
+        for ip in _ips_of(endpoint_set):
+            self._bump(endpoint_set.service, _identity(self._view_at((cluster, ip))), sign, counted)
+
+    def _bump(
+        self, service: ServiceKey, identity: Identity | None, sign: int, counted: set[ServiceKey]
+    ) -> None:
+        """One address of `service` more (or less) with this identity; `counted` collects
+        the services whose set of identities may have moved."""
+        if identity is None:
+            return
+        counts = self._counts.setdefault(service, Counter())
+        left = counts[identity] + sign
+        if left > 0:
+            counts[identity] = left
+        else:
+            del counts[identity]
+            if not counts:
+                del self._counts[service]
+        if left in (0, 1):
+            counted.add(service)
+
+    def _settle(self, counted: Iterable[ServiceKey]) -> IndexChange:
+        """A full change of each service whose set of identities ended up different."""
+        full = set()
+        for service in counted:
+            accounts = frozenset(self._counts.get(service, ()))
+            if accounts == self._accounts.get(service, frozenset()):
+                continue
+            if accounts:
+                self._accounts[service] = accounts
+            else:
+                del self._accounts[service]
+            if service in self.services:
+                full.add(service)
+        return IndexChange(full=frozenset(full), endpoints=frozenset(full)) if full else NO_CHANGE
 
     def locality_of(self, cluster: str, endpoint: Endpoint) -> Locality:
         """Where an endpoint is: the slice's zone, else its Node's; its Node's region, else
@@ -208,11 +487,24 @@ class EndpointIndex:
             if cluster is None or at == cluster
         ]
         held_sets = [k for k in self._sets if cluster is None or k.cluster == cluster]
-        changes = [self.delete_endpoints(k) for k in set(held_sets) - set(wanted_sets)]
         gone = set(held) - set(wanted_services)
-        changes += [self.delete_service(key, at) for key, at in gone]
+        changes = [self.delete_service(key, at) for key, at in gone]
         changes += [self.upsert_service(service) for service in wanted_services.values()]
-        changes += [self.upsert_endpoints(s) for s in wanted_sets.values()]
+        # Endpoint sets move first and their services' accounts are recounted once after:
+        # a slice renamed in a reload is no full change of its service.
+        owners: set[ServiceKey] = set()
+        counted: set[ServiceKey] = set()
+        for key in set(held_sets) - set(wanted_sets):
+            owners.add(self._sets[key].service)
+            self._replace_set(self._sets[key], None, counted)
+        for endpoint_set in wanted_sets.values():
+            old = self._sets.get(endpoint_set.key)
+            if old == endpoint_set:
+                continue
+            owners |= {endpoint_set.service} | ({old.service} if old else set())
+            self._replace_set(old, endpoint_set, counted)
+        changes.append(self._settle(counted))
+        changes += [self._endpoint_change(service) for service in owners]
         return IndexChange.union(changes)
 
     def _endpoint_change(self, service: ServiceKey) -> IndexChange:
@@ -245,6 +537,28 @@ def _nodes_of(endpoint_set: EndpointSet) -> set[NodeKey]:
         for endpoint in group.endpoints
         if endpoint.node_name
     }
+
+
+def _ips_of(endpoint_set: EndpointSet) -> set[str]:
+    """The IP of every endpoint of a set (of its cluster), ready or not."""
+    return {
+        address
+        for group in endpoint_set.groups
+        for endpoint in group.endpoints
+        for address in endpoint.addresses
+    }
+
+
+def _pod_addresses(pod: Pod | None) -> set[Address]:
+    return {(pod.key.cluster, ip) for ip in pod.ips} if pod is not None else set()
+
+
+def _sidecar(view: tuple[bool, Identity] | None) -> bool:
+    return view is not None and view[0]
+
+
+def _identity(view: tuple[bool, Identity] | None) -> Identity | None:
+    return view[1] if view is not None else None
 
 
 def _labels(node: Node | None) -> tuple[str, str]:

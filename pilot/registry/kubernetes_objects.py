@@ -1,7 +1,7 @@
 """Turn Kubernetes-shaped objects (dicts, as YAML or the API gives them) into registry values.
 
-Accepts what `kubectl get svc,endpointslices,endpoints -A -o yaml` prints and
-what the API server returns. Anything malformed raises `ObjectError` saying
+Accepts what `kubectl get svc,endpointslices,endpoints,pods -A -o yaml` prints
+and what the API server returns. Anything malformed raises `ObjectError` saying
 which object and which field; unknown kinds are the caller's business. Each
 parser stamps the values with the id of the cluster the object came from.
 """
@@ -9,6 +9,8 @@ parser stamps the values with the id of the cluster the object came from.
 from __future__ import annotations
 
 import ipaddress
+import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +22,8 @@ from pilot.registry.model import (
     EndpointSetKey,
     Node,
     NodeKey,
+    Pod,
+    PodKey,
     Service,
     ServiceKey,
     ServicePort,
@@ -35,15 +39,26 @@ Obj = Mapping[str, Any]
 
 
 class ObjectError(ValueError):
-    """An object is not a valid Service, EndpointSlice or Endpoints."""
+    """An object is not a valid Service, EndpointSlice, Endpoints, Node or Pod."""
 
 
 def object_label(obj: Obj) -> str:
-    """`Kind namespace/name` for messages, as far as the object says."""
+    """`Kind namespace/name` for messages, as far as the object says: each part one line of
+    printable characters, bounded (a name may be anything until a parser checks it)."""
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping):
         meta = {}
-    return f"{obj.get('kind', '?')} {meta.get('namespace', 'default')}/{meta.get('name', '?')}"
+    kind, namespace = obj.get("kind", "?"), meta.get("namespace", "default")
+    return f"{_printable(kind)} {_printable(namespace)}/{_printable(meta.get('name', '?'))}"
+
+
+_LABEL_PART = 253  # the longest name Kubernetes allows
+
+
+def _printable(value: Any) -> str:
+    text = value if isinstance(value, str) else str(value)[: _LABEL_PART * 2]
+    shown = "".join(ch if ch.isprintable() else "?" for ch in text[:_LABEL_PART])
+    return shown if len(text) <= _LABEL_PART else shown + "..."
 
 
 def _fail(obj: Obj, message: str) -> ObjectError:
@@ -218,4 +233,110 @@ def parse_node(obj: Obj, cluster: str = "") -> Node:
         NodeKey(cluster, meta["name"]),
         region if isinstance(region, str) else "",
         zone if isinstance(zone, str) else "",
+    )
+
+
+# -- Pods ---------------------------------------------------------------------------
+# Only what auto mTLS needs is kept. Every name kept becomes part of a SPIFFE URI in a
+# cluster's SANs, so each is checked as Kubernetes checks it, and every list is bounded:
+# whoever writes a Pod (a remote cluster, the registry file) gets an error, never a
+# larger pilot.
+
+TLS_MODE_LABEL = "security.istio.io/tlsMode"
+ISTIO_TLS_MODE = "istio"
+MAX_POD_IPS = 2  # Kubernetes allows one address per family
+MAX_POD_PORTS = 256  # container ports of one pod
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_PORT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?")
+_PHASES = frozenset({"Pending", "Running", "Succeeded", "Failed", "Unknown"})
+
+
+def _checked(obj: Obj, value: str, rule: re.Pattern[str], what: str) -> str:
+    if not rule.fullmatch(value):
+        raise _fail(obj, f"{what} is not a valid name: {value[:64]!r}")
+    return value
+
+
+def _shared(obj: Obj, value: str, rule: re.Pattern[str], what: str) -> str:
+    """A checked name many pods share (a namespace, a service account): held once."""
+    return sys.intern(_checked(obj, value, rule, what))
+
+
+def _pod_ips(obj: Obj, status: Mapping[str, Any]) -> tuple[str, ...]:
+    """status.podIPs (else status.podIP), each a valid address, normalised, at most two."""
+    raw = _list(obj, status.get("podIPs"), "status.podIPs")
+    if len(raw) > MAX_POD_IPS:
+        raise _fail(obj, f"status.podIPs lists {len(raw)} addresses (at most {MAX_POD_IPS})")
+    values = [entry.get("ip") if isinstance(entry, Mapping) else entry for entry in raw]
+    if not values and status.get("podIP"):
+        values = [status.get("podIP")]
+    ips: list[str] = []
+    for value in values:
+        if not isinstance(value, str) or len(value) > 64:
+            raise _fail(obj, "status.podIPs must list IP addresses")
+        try:
+            ip = str(ipaddress.ip_address(value))
+        except ValueError:
+            raise _fail(obj, f"status.podIPs: {value!r} is not an IP address") from None
+        if ip not in ips:
+            ips.append(ip)
+    return tuple(ips)
+
+
+def _container_ports(obj: Obj, spec: Mapping[str, Any]) -> tuple[EndpointPort, ...]:
+    ports: list[EndpointPort] = []
+    for i, container in enumerate(_list(obj, spec.get("containers"), "spec.containers")):
+        if not isinstance(container, Mapping):
+            raise _fail(obj, f"spec.containers[{i}] must be a mapping")
+        where = f"spec.containers[{i}].ports"
+        for j, raw in enumerate(_list(obj, container.get("ports"), where)):
+            if not isinstance(raw, Mapping):
+                raise _fail(obj, f"{where}[{j}] must be a mapping")
+            if len(ports) == MAX_POD_PORTS:
+                raise _fail(obj, f"more than {MAX_POD_PORTS} container ports")
+            name = raw.get("name") or ""
+            if name:
+                name = _shared(obj, str(name), _PORT_NAME, f"{where}[{j}].name")
+            protocol = raw.get("protocol") or "TCP"
+            if not isinstance(protocol, str) or protocol not in {"TCP", "UDP", "SCTP"}:
+                raise _fail(obj, f"{where}[{j}].protocol must be TCP, UDP or SCTP")
+            number = _port_number(obj, raw.get("containerPort"), f"{where}[{j}].containerPort")
+            ports.append(EndpointPort(name, number, sys.intern(protocol)))
+    return tuple(ports)
+
+
+def parse_pod(obj: Obj, cluster: str = "") -> Pod:
+    """A Pod's IPs, service account, sidecar label, phase and container ports.
+
+    A pod on the host's network has no address of its own (it shares its Node's),
+    so it keeps none: no endpoint is its.
+    """
+    namespace, name = _metadata(obj)
+    meta: Mapping[str, Any] = obj["metadata"]
+    labels = meta.get("labels") or {}
+    if not isinstance(labels, Mapping):
+        raise _fail(obj, "metadata.labels must be a mapping")
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    if not isinstance(spec, Mapping) or not isinstance(status, Mapping):
+        raise _fail(obj, "spec and status must be mappings")
+    account = spec.get("serviceAccountName") or spec.get("serviceAccount") or "default"
+    if not isinstance(account, str):
+        raise _fail(obj, "spec.serviceAccountName must be a string")
+    phase = status.get("phase") or ""
+    if not isinstance(phase, str) or (phase and phase not in _PHASES):
+        phase = "Unknown"  # what the API server says of a pod it cannot tell
+    ips = () if spec.get("hostNetwork") is True else _pod_ips(obj, status)
+    return Pod(
+        PodKey(
+            sys.intern(cluster),
+            _shared(obj, namespace, _DNS_LABEL, "metadata.namespace"),
+            _checked(obj, name, _DNS_SUBDOMAIN, "metadata.name"),
+        ),
+        ips,
+        _shared(obj, account, _DNS_SUBDOMAIN, "spec.serviceAccountName"),
+        labels.get(TLS_MODE_LABEL) == ISTIO_TLS_MODE,
+        sys.intern(phase),
+        _container_ports(obj, spec),
     )

@@ -12,6 +12,11 @@ the index merges them, and its endpoints come from every cluster.
 A `Node` is only what locality needs of a Kubernetes Node: the region and zone
 of its `topology.kubernetes.io/*` labels. Endpoints name their node
 (`node_name`); the index resolves their locality from it.
+
+A `Pod` is only what auto mTLS needs of a Kubernetes Pod: its IPs, its
+service account, whether it runs a sidecar (`security.istio.io/tlsMode:
+istio`), its phase and container ports. The index finds an endpoint's pod by
+the endpoint's cluster and address.
 """
 
 from __future__ import annotations
@@ -145,3 +150,32 @@ class Node:
     key: NodeKey
     region: str = ""
     zone: str = ""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class PodKey:
+    """A Pod's identity: its cluster, namespace and name."""
+
+    cluster: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.cluster}/{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """What auto mTLS needs of a Pod (kept small: a cluster holds many of them)."""
+
+    key: PodKey
+    ips: tuple[str, ...]
+    service_account: str = "default"
+    istio_mtls: bool = False  # labelled security.istio.io/tlsMode: istio (it runs a sidecar)
+    phase: str = ""
+    ports: tuple[EndpointPort, ...] = ()  # its containers' ports
+
+    @property
+    def serves_endpoints(self) -> bool:
+        """Whether an endpoint's address can be this pod's: it has an IP and is not done."""
+        return bool(self.ips) and self.phase not in {"Succeeded", "Failed"}

@@ -12,20 +12,31 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from pilot.registry.model import EndpointSet, EndpointSetKey, Node, NodeKey, Service, ServiceKey
+from pilot.registry.model import (
+    EndpointSet,
+    EndpointSetKey,
+    Node,
+    NodeKey,
+    Pod,
+    PodKey,
+    Service,
+    ServiceKey,
+)
 from pilot.registry.peer_authentication import PeerAuthentication, PeerAuthenticationKey
 
 
 class RegistryUpdater(Protocol):
     """Changes to the registry, as sources make them."""
 
-    def upsert(self, obj: Service | EndpointSet | Node) -> None:
-        """A Service, an endpoint set or a Node (its locality) was added or changed."""
+    def upsert(self, obj: Service | EndpointSet | Node | Pod) -> None:
+        """A Service, an endpoint set, a Node (its locality) or a Pod was added or changed."""
         ...
 
-    def delete(self, key: ServiceKey | EndpointSetKey | NodeKey, cluster: str = "") -> None:
-        """A Service (of `cluster`), an endpoint set or a Node (their keys name their
-        cluster) went away."""
+    def delete(
+        self, key: ServiceKey | EndpointSetKey | NodeKey | PodKey, cluster: str = ""
+    ) -> None:
+        """A Service (of `cluster`), an endpoint set, a Node or a Pod (their keys name
+        their cluster) went away."""
         ...
 
     def replace_all(
@@ -48,4 +59,8 @@ class RegistryUpdater(Protocol):
 
     def replace_peer_authentications(self, policies: Iterable[PeerAuthentication]) -> None:
         """The PeerAuthentications are now exactly these (a file reload)."""
+        ...
+
+    def replace_pods(self, cluster: str | None, pods: Iterable[Pod]) -> None:
+        """One cluster's Pods (None: every cluster's) are now exactly these."""
         ...

@@ -121,12 +121,14 @@ class FileRegistry:
         clusters = {s.cluster for s in state.services} | {
             s.key.cluster for s in state.endpoint_sets
         }
+        clusters |= {pod.key.cluster for pod in state.pods}
         for cluster in sorted(clusters | self._clusters):
             self._updater.replace_cluster(
                 cluster,
                 [s for s in state.services if s.cluster == cluster],
                 [s for s in state.endpoint_sets if s.key.cluster == cluster],
             )
+            self._updater.replace_pods(cluster, [p for p in state.pods if p.key.cluster == cluster])
         self._clusters = clusters
         self._updater.replace_peer_authentications(state.peer_authentications)
 

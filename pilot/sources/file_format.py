@@ -1,10 +1,11 @@
 """What a registry file may say: Kubernetes objects as JSON or YAML.
 
-Reads Service, EndpointSlice and Endpoints objects (and PeerAuthentication,
-`security.istio.io/v1` or `v1beta1`), one per document or in a
-`kind: List` (what `kubectl get svc,endpointslices -A -o yaml` or `-o json`
-prints). JSON is parsed as JSON (fifty times faster than as YAML, which it also
-is); anything else, or JSON that does not parse, as YAML. Errors are one line
+Reads Service, EndpointSlice and Endpoints objects, Pods (for auto mTLS:
+their IPs, service account and `security.istio.io/tlsMode` label) and
+PeerAuthentications (`security.istio.io/v1` or `v1beta1`), one per document or
+in a `kind: List` (what `kubectl get svc,endpointslices,pods -A -o yaml` or
+`-o json` prints). JSON is parsed as JSON (fifty times faster than as YAML,
+which it also is); anything else, or JSON that does not parse, as YAML. Errors are one line
 naming the file and the document and object, or the line and column where the
 text stops being JSON or YAML.
 
@@ -36,9 +37,10 @@ from pilot.registry.kubernetes_objects import (
     object_label,
     parse_endpoint_slice,
     parse_endpoints,
+    parse_pod,
     parse_service,
 )
-from pilot.registry.model import DEFAULT_CLUSTER_ID, EndpointSet, Service
+from pilot.registry.model import DEFAULT_CLUSTER_ID, EndpointSet, Pod, PodKey, Service
 from pilot.registry.peer_authentication import (
     GROUP,
     KIND,
@@ -81,6 +83,7 @@ class RegistryState:
     services: tuple[Service, ...]
     endpoint_sets: tuple[EndpointSet, ...]
     peer_authentications: tuple[PeerAuthentication, ...] = ()
+    pods: tuple[Pod, ...] = ()
 
 
 def _loaded(text: str, origin: str) -> list[Any]:
@@ -186,10 +189,14 @@ def parse_registry(text: str, origin: str, cluster: str = DEFAULT_CLUSTER_ID) ->
     services: list[Service] = []
     endpoint_sets: list[EndpointSet] = []
     policies: list[PeerAuthentication] = []
+    pods: dict[PodKey, Pod] = {}
     for where, at, obj in _documents(text, origin, cluster):
         kind = _kind_of(where, obj)
         if kind == KIND:
             policies.append(_peer_authentication(where, obj))
+            continue
+        if kind == POD_KIND:
+            _add_pod(pods, where, obj, at)
             continue
         if kind not in SUPPORTED_KINDS:
             log.debug("%s: skipping %s", where, object_label(obj))
@@ -205,7 +212,9 @@ def parse_registry(text: str, origin: str, cluster: str = DEFAULT_CLUSTER_ID) ->
                 endpoint_sets.append(parse_endpoints(obj, at))
         except ObjectError as error:
             raise RegistryFileError(f"{where}: {error}") from error
-    return RegistryState(tuple(services), tuple(endpoint_sets), tuple(policies))
+    return RegistryState(
+        tuple(services), tuple(endpoint_sets), tuple(policies), pods=tuple(pods.values())
+    )
 
 
 _API_VERSIONS = frozenset(f"{GROUP}/{version}" for version in VERSIONS)
@@ -224,3 +233,21 @@ def _peer_authentication(where: str, obj: Mapping[str, Any]) -> PeerAuthenticati
         return parse_peer_authentication(obj)
     except PolicyError as error:
         raise RegistryFileError(f"{where}: {error}") from error
+
+
+POD_KIND = "Pod"
+
+
+def _add_pod(pods: dict[PodKey, Pod], where: str, obj: Mapping[str, Any], cluster: str) -> None:
+    """A Pod of the file; the same pod twice is refused, as kubectl would refuse it."""
+    try:
+        pod = parse_pod(obj, cluster)
+    except ObjectError as error:
+        raise RegistryFileError(f"{where}: {error}") from error
+    except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as error:
+        # a shape no check foresaw: still one line naming the object, never a crash
+        what = f"{type(error).__name__}: {str(error)[:200]}"
+        raise RegistryFileError(f"{where}: {object_label(obj)}: malformed ({what})") from error
+    if pod.key in pods:
+        raise RegistryFileError(f"{where}: {object_label(obj)} is already in the file")
+    pods[pod.key] = pod

@@ -104,8 +104,12 @@ async def _unpickled(output: bytes) -> RegistryState:
     service_chunks, set_chunks = detail
     services = await _load_chunks(reader, service_chunks)
     endpoint_sets = await _load_chunks(reader, set_chunks)
-    peer_authentications = pickle.load(reader)  # one pickle after the chunks: they are few
-    return RegistryState(tuple(services), tuple(endpoint_sets), tuple(peer_authentications))
+    (pod_chunks,) = pickle.load(reader)  # the pods come after, with their own count
+    pods = await _load_chunks(reader, pod_chunks)
+    peer_authentications = pickle.load(reader)  # one pickle after the pods: they are few
+    return RegistryState(
+        tuple(services), tuple(endpoint_sets), tuple(peer_authentications), pods=tuple(pods)
+    )
 
 
 async def _load_chunks(reader: io.BytesIO, count: int) -> list[Any]:
@@ -137,6 +141,10 @@ def main(argv: list[str]) -> int:
     services, endpoint_sets = _chunks(state.services), _chunks(state.endpoint_sets)
     pickle.dump((_OK, (len(services), len(endpoint_sets))), out)
     for chunk in (*services, *endpoint_sets):
+        pickle.dump(chunk, out, protocol=pickle.HIGHEST_PROTOCOL)
+    pods = _chunks(state.pods)
+    pickle.dump((len(pods),), out)
+    for chunk in pods:
         pickle.dump(chunk, out, protocol=pickle.HIGHEST_PROTOCOL)
     pickle.dump(state.peer_authentications, out, protocol=pickle.HIGHEST_PROTOCOL)
     out.flush()

@@ -47,6 +47,7 @@ StatValue = int | str
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_DIR = REPO_ROOT / "examples"
 XDS_CLUSTER = "xds-grpc"
+SDS_CLUSTER = "sds-grpc"
 ENVOY_BIN_ENV = "ENVOY_BIN"
 ADMIN_REQUEST_TIMEOUT = 5.0
 LOG_TAIL_LINES = 40
@@ -258,6 +259,20 @@ def _set_xds_port(bootstrap: Json, port: int) -> None:
         raise ValueError(f"static cluster {XDS_CLUSTER} has no endpoint")
     for socket_address in sockets:
         socket_address["port_value"] = port
+    _set_sds_port(clusters, port)
+
+
+def _set_sds_port(clusters: list[Json], port: int) -> None:
+    """A sidecar example's `sds-grpc` on pilot's port (not a socket path) follows xds-grpc:
+    it is the same pilot."""
+    for cluster in clusters:
+        if cluster.get("name") != SDS_CLUSTER:
+            continue
+        for group in cluster["load_assignment"]["endpoints"]:
+            for lb_endpoint in group["lb_endpoints"]:
+                socket_address = lb_endpoint["endpoint"]["address"].get("socket_address")
+                if socket_address is not None:
+                    socket_address["port_value"] = port
 
 
 def _local_admin(bootstrap: Json) -> None:

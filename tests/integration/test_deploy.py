@@ -60,6 +60,9 @@ CLUSTER_GRANTS = {
     ("", "endpoints", "watch"),
     ("discovery.k8s.io", "endpointslices", "list"),
     ("discovery.k8s.io", "endpointslices", "watch"),
+    # Auto mTLS: which endpoints run a sidecar (pilot/sources/kubernetes/registry.py).
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
     ("authentication.k8s.io", "tokenreviews", "create"),
     # Endpoint locality: the Nodes' topology labels (pilot/sources/kubernetes/registry.py).
     ("", "nodes", "list"),

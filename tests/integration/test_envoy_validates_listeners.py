@@ -3,10 +3,11 @@
 The registry holds what makes names and domains go wrong: a port name with a
 newline and markup, a Service named `*`, a headless TCP Service, two services
 with one ClusterIP, one short name in two namespaces, HTTP and TCP on one port,
-1,000 services on one port. What pilot serves to a REDIRECT and a NONE proxy
-goes, as fetched over ADS, into a bootstrap (binary proto) that `envoy --mode
-validate` must accept; the routes also inline, so that Envoy checks every
-cluster they name exists.
+1,000 services on one port, pods with sidecars under several service
+accounts (the clusters' auto mTLS sockets and SANs). What pilot serves to a
+REDIRECT and a NONE proxy goes, as fetched over ADS, into a bootstrap (binary
+proto) that `envoy --mode validate` must accept; the routes also inline, so
+that Envoy checks every cluster they name exists.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 from pilot.xds import types
 from tests.harness.envoy_process import validate_bootstrap
 from tests.protocol.client import DeltaStream, XdsClient, delta_resources, node
-from tests.support.mesh import service
+from tests.support.mesh import Ep, endpoint_slice, pod, service
 from tests.support.pilot import running_pilot
 
 CROWD = 1000
@@ -53,6 +54,11 @@ def hostile_mesh() -> list[dict[str, Any]]:
         _ip(service("reviews", "other", [("http", 9080)]), "10.96.0.4"),
         _ip(service("mixed-tcp", ports=[("mongo", 9080)]), "10.96.0.5"),
         _ip(service("grpc", ports=[("grpc-web", 9090)]), "10.96.0.6"),
+        endpoint_slice("reviews", [Ep("10.1.0.1"), Ep("10.1.0.2")], ports=[("http", 9080)]),
+        pod("reviews-1", "10.1.0.1", service_account="reviews", sidecar=True),
+        pod("reviews-2", "10.1.0.2", service_account="reviews-v2", sidecar=True),
+        endpoint_slice("db-a", [Ep("10.1.0.3")], ports=[("tcp", 5432)]),
+        pod("db-a-1", "10.1.0.3", service_account="db", sidecar=True),
     ]
 
 
@@ -105,6 +111,9 @@ def bootstrap_of(held: dict[str, dict[str, Any]]) -> bootstrap_pb2.Bootstrap:
     xds = boot.static_resources.clusters.add(name="xds-grpc")
     xds.connect_timeout.seconds = 1
     xds.load_assignment.cluster_name = "xds-grpc"
+    sds = boot.static_resources.clusters.add(name="sds-grpc")  # what auto mTLS names
+    sds.connect_timeout.seconds = 1
+    sds.load_assignment.cluster_name = "sds-grpc"
     boot.static_resources.clusters.extend(held[types.CLUSTER].values())
     boot.static_resources.listeners.extend(held[types.LISTENER].values())
     boot.static_resources.listeners.extend(inline_routes(held))
@@ -139,6 +148,11 @@ async def test_envoy_validates_what_pilot_generates_from_a_hostile_registry(
     assert len(domains) == len(set(domains)), "no domain twice"
     assert "reviews" not in domains, "a short name two namespaces use names neither"
     assert "reviews.other:9080" in domains
+    reviews = held[types.CLUSTER]["outbound|9080||reviews.default.svc.cluster.local"]
+    assert [m.name for m in reviews.transport_socket_matches] == [
+        "tlsMode-istio",
+        "tlsMode-disabled",
+    ], "a sidecar's clusters carry auto mTLS"
     path = tmp_path / "generated.pb"
     path.write_bytes(bootstrap_of(held).SerializeToString())
     validate_bootstrap(path)

@@ -15,6 +15,8 @@ server (tests/kubeapi), which streams what a hostile one would on pilot's open w
 * A remote cluster's copy of a local Service, with other ports and a port name of the
   local one with another number, changes none of the local Service's ports: the
   clusters served are the local ones only.
+* A remote cluster's Pod at a local Pod's address (another service account) changes
+  neither the local endpoint's sidecar nor the identities its cluster accepts.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from pathlib import Path
 from tests.harness.envoy_process import wait_until
 from tests.integration.ca_support import write_plugged_in
 from tests.integration.kube_helpers import apply_mesh, kube_api, ready
+from tests.integration.pod_views import sidecar_view
 from tests.kubeapi import KubeAPIServer
-from tests.protocol.client import clusters
+from tests.protocol.client import clusters, node
 from tests.security.pilot_process import Entry, PilotProcess, start_pilot
-from tests.support.mesh import cluster_name, endpoint_slice, service
+from tests.support.mesh import cluster_name, endpoint_slice, pod, service
 
 LOCAL = "Kubernetes"  # pilot's default --cluster-id
 STREAMED = 64 * 1024 * 1024
@@ -234,3 +237,32 @@ async def test_a_remote_cluster_never_changes_a_local_services_ports(tmp_path: P
             assert status == 200 and "cluster west: synced" in lines, lines
             served = await served_clusters(pilot)
             assert served == {cluster_name("alpha", 80), cluster_name("west-only", 82)}
+
+
+async def test_a_remote_clusters_pod_cannot_claim_a_local_pods_address(tmp_path: Path) -> None:
+    """A Pod of west at the address of a local Pod (another account, no sidecar) changes
+    nothing of the local endpoint: it keeps its sidecar, the cluster its one identity."""
+    # An id and a name that sort before the local ones: were the pod taken by address
+    # alone, the remote one would be the endpoint's.
+    async with kube_api(tmp_path / "west") as (west, west_kubeconfig):
+        west.apply(pod("a-evil", "127.0.1.1", service_account="evil"))
+        extra = ("--remote-kubeconfig", f"Attacker={west_kubeconfig}", "--xds-auth", "none")
+        async with pilot_on(tmp_path, *extra, "--plaintext-secrets") as (srv, pilot):
+            srv.apply(pod("alpha-1", "127.0.1.1", service_account="alpha", sidecar=True))
+            alpha = cluster_name("alpha")
+            mtls_node = node(metadata={"INTERCEPTION_MODE": "NONE"})
+            async with pilot.client(tls=False, token=None) as client:
+                await wait_until(
+                    lambda: sidecar_view(client.delta_ads(mtls_node), alpha),
+                    WITHIN,
+                    "alpha's endpoint marked for mTLS",
+                    until=lambda view: view[1],
+                )
+                await wait_until(
+                    lambda: ready_lines(pilot),
+                    WITHIN,
+                    "the remote cluster synced, its pod listed",
+                    until=lambda answer: "cluster Attacker: synced" in answer[1],
+                )
+                view = await sidecar_view(client.delta_ads(mtls_node), alpha)
+            assert view == (["spiffe://cluster.local/ns/default/sa/alpha"], True)

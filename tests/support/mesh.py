@@ -45,6 +45,35 @@ def node(name: str, region: str = "", zone: str = "") -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
 
 
+def pod(
+    name: str,
+    ip: str | None,
+    namespace: str = "default",
+    *,
+    service_account: str = "default",
+    sidecar: bool = False,
+    phase: str = "Running",
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Pod as the API server shows it; `sidecar`: labelled security.istio.io/tlsMode: istio."""
+    all_labels = {"app": name.rsplit("-", 1)[0], **(labels or {})}
+    if sidecar:
+        all_labels["security.istio.io/tlsMode"] = "istio"
+    status: dict[str, Any] = {"phase": phase}
+    if ip is not None:
+        status |= {"podIP": ip, "podIPs": [{"ip": ip}]}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": all_labels},
+        "spec": {
+            "serviceAccountName": service_account,
+            "containers": [{"name": "app", "ports": [{"containerPort": 8080, "name": "http"}]}],
+        },
+        "status": status,
+    }
+
+
 def endpoint_slice(
     svc: str,
     endpoints: Iterable[Ep],

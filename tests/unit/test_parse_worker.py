@@ -15,6 +15,7 @@ import pytest
 from bench.kubectl_files import kubectl_list, render
 from pilot.sources.file_format import RegistryFileError, parse_registry
 from pilot.sources.parse_worker import CHUNK, INLINE_BYTES, parse_off_loop
+from tests.support.mesh import pod
 
 pytestmark = pytest.mark.asyncio
 
@@ -44,3 +45,16 @@ async def test_a_large_file_that_is_not_yaml_is_refused() -> None:
     text = "kind: [" + "x" * INLINE_BYTES
     with pytest.raises(RegistryFileError, match=re.escape("mesh.yaml: not valid YAML")):
         await parse_off_loop(text.encode(), "mesh.yaml", "Kubernetes")
+
+
+async def test_pods_of_a_large_file_come_back_from_the_worker() -> None:
+    document = kubectl_list(50)
+    document["items"] += [
+        pod(f"web-{i}", f"10.2.{i // 250}.{1 + i % 250}", service_account="web", sidecar=True)
+        for i in range(CHUNK + 3)  # more than one chunk of pods
+    ]
+    text = render(document, "json")
+    assert len(text) > INLINE_BYTES
+    by_worker = await parse_off_loop(text.encode(), "mesh.json", "west")
+    assert by_worker == parse_registry(text, "mesh.json", "west")
+    assert len(by_worker.pods) == CHUNK + 3 and all(p.istio_mtls for p in by_worker.pods)

@@ -210,12 +210,14 @@ def _protobuf_assignment(name: str, hosts: dict[Any, Any], proxy: Locality = NOW
         Health.HEALTHY: health_check_pb2.HEALTHY,
         Health.DRAINING: health_check_pb2.DRAINING,
     }
-    for (address, number), (health, locality, cluster) in sorted(hosts.items()):
+    for (address, number), (health, locality, cluster, sidecar) in sorted(hosts.items()):
         lb = endpoint_components_pb2.LbEndpoint(health_status=statuses[health])
         lb.endpoint.address.socket_address.address = address
         lb.endpoint.address.socket_address.port_value = number
         if cluster:
             lb.metadata.filter_metadata["istio"].update({"cluster_id": cluster})
+        if sidecar:
+            lb.metadata.filter_metadata["envoy.transport_socket_match"].update({"tlsMode": "istio"})
         by_locality.setdefault(locality, []).append(lb)
     message = endpoint_pb2.ClusterLoadAssignment(cluster_name=name)
     priority = _oracle_priorities(proxy, set(by_locality))

@@ -327,6 +327,7 @@ class RemoteClusters:
             return
         await remote.stop()
         self._updater.replace_cluster(cluster, [], [])
+        self._updater.replace_pods(cluster, [])
         log.info("cluster %s: removed (%s)", cluster, remote.origin)
         if self._trim is None:  # once for a burst of removals
             self._trim = asyncio.get_running_loop().call_later(TRIM_AFTER, self._trim_heap)

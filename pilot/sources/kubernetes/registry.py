@@ -7,11 +7,15 @@ given. A malformed object is logged with its name (rate-limited, `WatchFaults`),
 counted and skipped; what pilot knew of it before stays: whatever a parser raises
 on it (a wrong type, nesting deep enough for RecursionError) never ends the
 informer. Nodes (cluster-scoped) are watched for endpoint locality, as metadata
-only (`metadata.py`), and only their region and zone labels kept. The local
-cluster's registry (`peer_authentications=True`) also watches Istio's
-PeerAuthentication (`peer_authentications.py`), in the same namespaces and the
-root namespace. Each informer runs as a task of the supervisor it is given
-(`Watching`).
+only (`metadata.py`), and only their region and zone labels kept. Pods (auto
+mTLS: which endpoints run a sidecar, under which service account) are watched in
+the same namespaces as Services, without the ones that are done (a field
+selector on `status.phase`: completed Jobs' pods are most pods of many
+clusters), and only their IPs, service account, tlsMode label, phase and
+container ports kept. The local cluster's registry (`peer_authentications=True`)
+also watches Istio's PeerAuthentication (`peer_authentications.py`), in the
+same namespaces and the root namespace. Each informer runs as a task of the
+supervisor it is given (`Watching`).
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ from pilot.registry.kubernetes_objects import (
     parse_endpoint_slice,
     parse_endpoints,
     parse_node,
+    parse_pod,
     parse_service,
 )
-from pilot.registry.model import DEFAULT_CLUSTER_ID, EndpointSetKey, NodeKey, ServiceKey
+from pilot.registry.model import DEFAULT_CLUSTER_ID, EndpointSetKey, NodeKey, PodKey, ServiceKey
 from pilot.registry.peer_authentication import KIND as PEER_AUTHENTICATION
 from pilot.registry.peer_authentication import ROOT_NAMESPACE
 from pilot.registry.updater import RegistryUpdater
@@ -133,6 +138,34 @@ class _NodeHandler(_Handler):
         self._updater.delete(NodeKey(self._cluster, name))
 
 
+class _PodHandler(_Handler):
+    def upsert(self, obj: Obj) -> None:
+        try:
+            pod = parse_pod(obj, self._cluster)
+        except _PARSE_ERRORS as error:
+            self._report(obj, error)
+            return
+        self._updater.upsert(pod)
+
+    def delete(self, namespace: str, name: str) -> None:
+        self._updater.delete(PodKey(self._cluster, namespace or "default", name))
+
+
+# Pods that are done are no endpoint's: the API server leaves them out (and tells a
+# watch a pod that finishes is DELETED from its view).
+POD_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+def _pod_request(api_client: client.ApiClient, namespace: str | None) -> Request:
+    core = client.CoreV1Api(api_client)
+    request: Request = (
+        core.list_pod_for_all_namespaces
+        if namespace is None
+        else functools.partial(core.list_namespaced_pod, namespace)
+    )
+    return functools.partial(request, field_selector=POD_FIELD_SELECTOR)
+
+
 def _requests(
     api_client: client.ApiClient, namespace: str | None, api: EndpointsApi
 ) -> dict[str, Request]:
@@ -195,6 +228,8 @@ class KubernetesRegistry:
                     handler = _EndpointsHandler(self._updater, kind, self.cluster, faults)
                 selector = SERVICE_NAME_LABEL if kind == "EndpointSlice" else ""
                 informers.append(self._informer(kind, request, handler, selector))
+            pods = _PodHandler(self._updater, "Pod", self.cluster, faults)
+            informers.append(self._informer("Pod", _pod_request(api_client, namespace), pods))
         nodes = _NodeHandler(self._updater, "Node", self.cluster, faults)
         list_nodes = metadata_only(api_client, "/api/v1/nodes")
         informers.append(self._informer("Node", list_nodes, nodes))
