@@ -38,8 +38,6 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import (
     address_pb2,
     base_pb2,
-    config_source_pb2,
-    grpc_service_pb2,
     protocol_pb2,
 )
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
@@ -59,6 +57,7 @@ from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
 from google.protobuf.message import Message
 
 from pilot.generators.cds import CONNECT_TIMEOUT_SECONDS
+from pilot.generators.mtls import sds_config
 from pilot.generators.outbound import BLACKHOLE_CLUSTER
 from pilot.generators.protocols import PortProtocol, protocol_of
 from pilot.registry.model import ServicePort
@@ -68,7 +67,6 @@ VIRTUAL_INBOUND = "virtualInbound"
 VIRTUAL_INBOUND_PORT = 15006
 INBOUND_PASSTHROUGH_CLUSTER = "InboundPassthroughCluster"
 INBOUND_SOURCE_ADDRESS = "127.0.0.6"  # Envoy's source toward the app; the capture rules RETURN it
-SDS_CLUSTER = "sds-grpc"
 WORKLOAD_SECRET = "default"
 ROOT_SECRET = "ROOTCA"
 HTTP_MTLS_ALPN = ("istio-http/1.0", "istio-http/1.1", "istio-h2")
@@ -127,16 +125,7 @@ def _typed(message: Message) -> any_pb2.Any:
 
 def _sds(name: str) -> secret_pb2.SdsSecretConfig:
     """A secret from the bootstrap's `sds-grpc` cluster, as Istio's sidecars read them."""
-    source = config_source_pb2.ConfigSource(resource_api_version=config_source_pb2.V3)
-    source.api_config_source.api_type = config_source_pb2.ApiConfigSource.GRPC
-    source.api_config_source.transport_api_version = config_source_pb2.V3
-    source.api_config_source.set_node_on_first_message_only = True
-    source.api_config_source.grpc_services.append(
-        grpc_service_pb2.GrpcService(
-            envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=SDS_CLUSTER)
-        )
-    )
-    return secret_pb2.SdsSecretConfig(name=name, sds_config=source)
+    return secret_pb2.SdsSecretConfig(name=name, sds_config=sds_config())
 
 
 def downstream_tls(http: bool) -> tls_pb2.DownstreamTlsContext:

@@ -55,10 +55,6 @@ from tests.kubeapi import ApiError
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.envoy]
 
-# Only a failed assertion is the expected failure: a crash of the harness still shows.
-NEEDS_INBOUND_AND_MTLS = pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="needs inbound/auto mTLS (h-inbound, h-pods)"
-)
 INBOUND_LISTENER = "virtualInbound"
 SOCKET_MATCH = "envoy.transport_socket_match"
 
@@ -147,7 +143,6 @@ async def test_a_pod_without_a_sidecar_is_reached_in_plaintext(mesh: Mesh) -> No
     assert handshakes == 0, f"a's Envoy made {handshakes} TLS handshakes to a pod without sidecar"
 
 
-@NEEDS_INBOUND_AND_MTLS
 async def test_frontend_reaches_reviews_through_both_envoys_with_its_identity(mesh: Mesh) -> None:
     reviews = cluster_of("reviews")
     await _frontend_to_reviews(mesh, "mtls")
@@ -163,7 +158,6 @@ FORGED = (
 )
 
 
-@NEEDS_INBOUND_AND_MTLS
 async def test_an_app_cannot_forge_the_client_certificate_header(mesh: Mesh) -> None:
     """The identity b's app sees is what the peer proved, never what its request said."""
     seen = await _frontend_to_reviews(mesh, "forged", headers=[FORGED])
@@ -214,7 +208,6 @@ def _apply(mesh: Mesh, obj: dict[str, Any]) -> None:
         pytest.fail(f"the test API server does not take {obj['apiVersion']} {obj['kind']}: {error}")
 
 
-@NEEDS_INBOUND_AND_MTLS
 async def test_strict_refuses_plaintext_until_the_peer_authentication_goes(mesh: Mesh) -> None:
     status, _ = await _plaintext_from_c(mesh)
     assert status == 200, (
