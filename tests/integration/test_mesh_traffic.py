@@ -18,9 +18,8 @@ only the capture rules and Envoy can carry the connection):
    from its slice gets no more requests.
 
 Nothing is restarted between the steps: Envoy converges by xDS, waited for by its
-admin API. Steps 1 and 3 need the inbound listener, PeerAuthentication and
-outbound auto mTLS; until those are in, they are expected to fail (strict xfail),
-and their messages say what is missing.
+admin API. Where a step fails, its message says what pilot did not give
+(no inbound listener, no socket match, a PeerAuthentication not served).
 """
 
 from __future__ import annotations
