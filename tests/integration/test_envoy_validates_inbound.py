@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from envoy.config.listener.v3 import listener_pb2
-from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 
 from pilot.xds import types
 from tests.harness.envoy_process import validate_bootstrap
@@ -90,19 +89,7 @@ async def test_envoy_validates_the_inbound_side_in_every_mode(tmp_path: Path, mo
     assert {"inbound|8080||", "inbound|9090||", "inbound|5432||", "inbound|7001||"} <= set(
         held[types.CLUSTER]
     )
-    boot = bootstrap_of(held)
-    sds = boot.static_resources.clusters.add(name="sds-grpc")
-    sds.connect_timeout.seconds = 1
-    sds.load_assignment.cluster_name = "sds-grpc"
-    sds.typed_extension_protocol_options[
-        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-    ].Pack(_http2_options())
+    boot = bootstrap_of(held)  # with the `sds-grpc` cluster the secrets name
     path = tmp_path / "inbound.pb"
     path.write_bytes(boot.SerializeToString())
     validate_bootstrap(path)
-
-
-def _http2_options() -> http_protocol_options_pb2.HttpProtocolOptions:
-    options = http_protocol_options_pb2.HttpProtocolOptions()
-    options.explicit_http_config.http2_protocol_options.SetInParent()
-    return options

@@ -23,6 +23,7 @@ from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 
 from pilot.xds import types
 from tests.harness.envoy_process import validate_bootstrap
@@ -114,6 +115,11 @@ def bootstrap_of(held: dict[str, dict[str, Any]]) -> bootstrap_pb2.Bootstrap:
     sds = boot.static_resources.clusters.add(name="sds-grpc")  # what auto mTLS names
     sds.connect_timeout.seconds = 1
     sds.load_assignment.cluster_name = "sds-grpc"
+    options = http_protocol_options_pb2.HttpProtocolOptions()
+    options.explicit_http_config.http2_protocol_options.SetInParent()  # a gRPC server
+    sds.typed_extension_protocol_options[
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    ].Pack(options)
     boot.static_resources.clusters.extend(held[types.CLUSTER].values())
     boot.static_resources.listeners.extend(held[types.LISTENER].values())
     boot.static_resources.listeners.extend(inline_routes(held))
