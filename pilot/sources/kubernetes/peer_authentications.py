@@ -18,7 +18,6 @@ what pilot knew of it stays.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from kubernetes_asyncio import client
 
@@ -32,39 +31,19 @@ from pilot.registry.peer_authentication import (
 )
 from pilot.registry.updater import RegistryUpdater
 from pilot.sources.kubernetes.informer import Obj, Request, WatchFaults
+from pilot.sources.kubernetes.metadata import raw_request
 from pilot.supervisor import describe
 
 log = logging.getLogger("pilot.sources.kubernetes")
 
 PLURAL = "peerauthentications"
 _DISCOVERY_BYTES = 1 << 20
-_QUERY = {
-    "_continue": "continue",
-    "allow_watch_bookmarks": "allowWatchBookmarks",
-    "label_selector": "labelSelector",
-    "limit": "limit",
-    "resource_version": "resourceVersion",
-    "timeout_seconds": "timeoutSeconds",
-    "watch": "watch",
-}
 _PARSE_ERRORS = (PolicyError, TypeError, ValueError, KeyError, AttributeError, RecursionError)
 
 
 def objects_at(api_client: client.ApiClient, path: str) -> Request:
     """List or watch the objects at `path`, whole, with the informer's parameters."""
-
-    async def request(**params: Any) -> Any:
-        return await api_client.call_api(
-            path,
-            "GET",
-            query_params=[(_QUERY[k], v) for k, v in params.items() if k in _QUERY],
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=params.get("_request_timeout"),
-        )
-
-    return request
+    return raw_request(api_client, path, lambda _watching: "application/json")
 
 
 def path_of(version: str, namespace: str | None) -> str:
