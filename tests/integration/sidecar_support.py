@@ -5,7 +5,9 @@ pilot's root where the agent's defaults look (owned by Envoy's user when asked, 
 the agent runs as uid 1337); `sidecar_env` is the pod's environment (Kubernetes'
 downward API: namespace, service account, pod name, IP); `agent_argv` is `pilot agent
 --binary-path ENVOY` dialling pilot's TLS port, after `check_proxy_can_run` has said
-plainly when uid 1337 cannot read the checkout or the virtual environment.
+plainly when uid 1337 cannot read the checkout or the virtual environment;
+`pilot_in_pod` is `pilot discovery` in a pod on a registry file, its xDS streams
+proven by kube-apiserver-style static tokens.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +27,15 @@ import pytest
 from pilot.agent import DEFAULT_ROOT_CERT
 from tests.harness.envoy_process import find_envoy_binary
 from tests.integration.agent_process import PILOT
+from tests.integration.ca_support import write_plugged_in
+from tests.security.pilot_process import (
+    PilotProcess,
+    discovery_command,
+    pilot_environment,
+    start_command,
+)
 from tests.support.pod_process import PodProcess
+from tests.support.pods import Pod
 
 PROXY_UID = 1337
 TOKEN_FILE = "./var/run/secrets/tokens/istio-token"
@@ -109,3 +119,30 @@ def envoy_pid(agent: PodProcess) -> int:
     if not Path(f"/proc/{pid}").exists():
         pytest.fail(f"the agent's Envoy (pid {pid}) is gone; {agent.tail()}")
     return pid
+
+
+@asynccontextmanager
+async def pilot_in_pod(
+    pod: Pod, folder: Path, mesh: Path, tokens: Mapping[str, str]
+) -> AsyncIterator[PilotProcess]:
+    """`pilot discovery` in `pod` on the registry file `mesh`, with a CA of its own;
+    `tokens` maps each token to the user it proves (`system:serviceaccount:NS:SA`)."""
+    ca = write_plugged_in(folder / "plugged-in-ca")
+    token_file = folder / "tokens.csv"
+    token_file.write_text("".join(f"{token},{user}\n" for token, user in tokens.items()))
+    token_file.chmod(0o600)
+    source = [
+        "--config",
+        str(mesh),
+        "--xds-auth",
+        "kubernetes",
+        "--token-auth-file",
+        str(token_file),
+    ]
+    command = pod.command(*discovery_command(folder, source, ca.directory))
+    root = ca.root.cert_pem.encode()
+    pilot = await start_command(folder, command, env=pilot_environment(folder), root_pem=root)
+    try:
+        yield pilot
+    finally:
+        await pilot.stop()

@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping
-from contextlib import AbstractContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +34,6 @@ import pytest
 from pilot.security.certs import cert_pem, self_signed_root
 from tests.harness.envoy_process import find_envoy_binary, validate_bootstrap, wait_until
 from tests.integration.agent_process import PILOT
-from tests.integration.ca_support import write_plugged_in
 from tests.integration.sidecar_support import (
     PROXY_UID,
     TOKEN_FILE,
@@ -42,13 +41,11 @@ from tests.integration.sidecar_support import (
     agent_argv,
     agent_folder,
     envoy_pid,
+    pilot_in_pod,
     sidecar_env,
 )
 from tests.security.pilot_process import (
     PilotProcess,
-    discovery_command,
-    pilot_environment,
-    start_command,
 )
 from tests.support.mesh import simple_mesh, write_mesh
 from tests.support.pod_process import PodProcess, running_in
@@ -144,23 +141,11 @@ def test_a_root_agent_does_not_start_envoy_with_capture_on() -> None:
     assert line.startswith("pilot: error: --binary-path: pilot agent runs as root")
 
 
-@asynccontextmanager
-async def _pilot_in(pod: Pod, folder: Path) -> AsyncIterator[PilotProcess]:
+def _pilot_in(pod: Pod, folder: Path) -> AbstractAsyncContextManager[PilotProcess]:
     """`pilot discovery` in the pod: a registry file, xDS streams proven by token."""
-    ca = write_plugged_in(folder / "plugged-in-ca")
-    tokens = folder / "tokens.csv"
-    tokens.write_text(f"{TOKEN},system:serviceaccount:shop:cart\n")
-    tokens.chmod(0o600)
     mesh = folder / "mesh.yaml"
     write_mesh(mesh, simple_mesh({"reviews": ["198.18.0.9"]}))
-    source = ["--config", str(mesh), "--xds-auth", "kubernetes", "--token-auth-file", str(tokens)]
-    command = pod.command(*discovery_command(folder, source, ca.directory))
-    root = ca.root.cert_pem.encode()
-    pilot = await start_command(folder, command, env=pilot_environment(folder), root_pem=root)
-    try:
-        yield pilot
-    finally:
-        await pilot.stop()
+    return pilot_in_pod(pod, folder, mesh, {TOKEN: "system:serviceaccount:shop:cart"})
 
 
 async def _get(pod: Pod, url: str) -> tuple[int, str]:

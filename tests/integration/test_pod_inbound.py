@@ -32,8 +32,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +46,8 @@ from tests.integration.ca_support import (
     issue_leaf,
     new_ca,
     pem,
-    write_plugged_in,
 )
+from tests.integration.sidecar_support import pilot_in_pod
 from tests.integration.test_agent_sidecar import (
     PROXY_UID,
     TOKEN,
@@ -59,9 +58,6 @@ from tests.integration.test_agent_sidecar import (
 )
 from tests.security.pilot_process import (
     PilotProcess,
-    discovery_command,
-    pilot_environment,
-    start_command,
 )
 from tests.support.mesh import Ep, endpoint_slice, service, write_mesh
 from tests.support.pod_process import running_in
@@ -93,24 +89,13 @@ def _mesh(address: str, mode: str | None = None) -> list[dict[str, Any]]:
     return objects
 
 
-@asynccontextmanager
-async def _pilot_in(pod: Pod, folder: Path, mesh: Path) -> AsyncIterator[PilotProcess]:
+def _pilot_in(pod: Pod, folder: Path, mesh: Path) -> AbstractAsyncContextManager[PilotProcess]:
     """`pilot discovery` in the pod, on `mesh`, its streams proven by token."""
-    ca = write_plugged_in(folder / "plugged-in-ca")
-    tokens = folder / "tokens.csv"
-    tokens.write_text(
-        f"{TOKEN},system:serviceaccount:shop:cart\n"
-        f"{CLIENT_TOKEN},system:serviceaccount:other:client\n"
-    )
-    tokens.chmod(0o600)
-    source = ["--config", str(mesh), "--xds-auth", "kubernetes", "--token-auth-file", str(tokens)]
-    command = pod.command(*discovery_command(folder, source, ca.directory))
-    root = ca.root.cert_pem.encode()
-    pilot = await start_command(folder, command, env=pilot_environment(folder), root_pem=root)
-    try:
-        yield pilot
-    finally:
-        await pilot.stop()
+    tokens = {
+        TOKEN: "system:serviceaccount:shop:cart",
+        CLIENT_TOKEN: "system:serviceaccount:other:client",
+    }
+    return pilot_in_pod(pod, folder, mesh, tokens)
 
 
 def _client_files(folder: Path, name: str, issuer: Issuer, chain: str) -> list[str]:
