@@ -84,6 +84,11 @@ class Subscriber(Protocol):
     @property
     def interception(self) -> Interception: ...
 
+    # Whether its node declared a mode at all, as the bootstraps of `pilot agent` and
+    # Istio's agent do: it is a sidecar, and reads sidecars' clusters from the start.
+    @property
+    def sidecar(self) -> bool: ...
+
     def notify(self, type_url: str, names: Iterable[str], started: float) -> bool:
         """Mark changed names; True if the stream cares (and was woken)."""
         ...
@@ -165,10 +170,15 @@ class _NoMetrics:
 
 
 def flavors_of(subscriber: Subscriber) -> Flavors:
-    """The flavor a stream reads of each type: its RPC's clusters (with the ones listeners
-    name, once it reads listeners), its locality's endpoints, its mode's listeners and routes."""
+    """The flavor a stream reads of each type: its RPC's clusters (sidecars' over ADS, with
+    the ones listeners name, once it reads listeners or if it declared itself a sidecar),
+    its locality's endpoints, its mode's listeners and routes."""
     clusters = subscriber.kind.flavor.value
-    if subscriber.kind.flavor is Flavor.ADS and subscriber.stream.state(types.LISTENER) is not None:
+    if subscriber.kind.flavor is Flavor.ADS and (
+        subscriber.sidecar or subscriber.stream.state(types.LISTENER) is not None
+    ):
+        # A declared sidecar gets them in its first answer: were they to change once it
+        # asks for listeners, every cluster (and its assignment) would be sent twice.
         clusters = ADS_WITH_LISTENERS
     mode = subscriber.interception.value
     return {

@@ -101,6 +101,7 @@ class Connection:
         self.node: base_pb2.Node | None = None
         self.locality = NOWHERE  # what its node declared: which endpoint variant it reads
         self.interception = Interception.REDIRECT  # its node's: which listeners it reads
+        self.sidecar = False  # its node declared an interception mode: a sidecar
         self.proxy = ProxyKey(f"anonymous-{self.id}", None)
         self.stream: SotwStream | DeltaStream = kind.new_stream()
         self.pending_since: float | None = None
@@ -293,6 +294,7 @@ class Connection:
         self.locality = Locality(node.locality.region, node.locality.zone)
         declared = node.metadata.fields.get(METADATA_KEY)
         self.interception = interception_of(declared.string_value if declared else "")
+        self.sidecar = declared is not None
         auth = self._context.auth
         identity = auth.identity_of(node, self._credential) if auth is not None else None
         self.proxy = ProxyKey(node.id or self.proxy.node_id, identity)

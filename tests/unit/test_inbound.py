@@ -67,6 +67,7 @@ class Stream:
     kind: StreamKind
     stream: SotwStream | DeltaStream
     interception: Interception = Interception.REDIRECT
+    sidecar: bool = False
     locality: Locality = NOWHERE
     notified: list[str] = field(default_factory=list)
     held: dict[str, dict[str, bytes]] = field(default_factory=dict)

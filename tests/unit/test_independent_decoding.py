@@ -207,6 +207,7 @@ class Written:
     stream: SotwStream | DeltaStream = field(init=False)
     locality: Locality = NOWHERE
     interception: Interception = Interception.REDIRECT
+    sidecar: bool = False
 
     def __post_init__(self) -> None:
         self.stream = self.kind.new_stream()

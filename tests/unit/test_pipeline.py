@@ -19,14 +19,14 @@ from pilot.protocol import DeltaStream, SotwStream
 from pilot.protocol.kind import StreamKind
 from pilot.protocol.messages import DeltaRequest, SotwRequest
 from pilot.push.history import SAMPLED, PushHistory, PushRecord, Sample
-from pilot.push.pipeline import Pipeline
+from pilot.push.pipeline import Pipeline, flavors_of
 from pilot.push.request import PushRequest
 from pilot.registry.index import IndexChange
 from pilot.registry.model import ServiceKey
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
-from pilot.xds.flavor import Flavor
+from pilot.xds.flavor import ADS_WITH_LISTENERS, Flavor
 from pilot.xds.interception import Interception
 from pilot.xds.locality import NOWHERE, Locality
 from pilot.xds.proxy import ProxyKey
@@ -87,6 +87,7 @@ class Stream:
     notified: list[tuple[str, frozenset[str]]] = field(default_factory=list)
     locality: Locality = NOWHERE
     interception: Interception = Interception.REDIRECT
+    sidecar: bool = False
 
     def notify(self, type_url: str, names: Iterable[str], started: float) -> bool:
         names = frozenset(names)
@@ -242,3 +243,20 @@ def _record(request: PushRequest, at: float) -> PushRecord:
         build_seconds=0.0,
         fan_out_seconds=0.0,
     )
+
+
+def test_a_declared_sidecar_reads_sidecar_clusters_from_its_first_answer() -> None:
+    """A node that declares INTERCEPTION_MODE (what `pilot agent` writes) is a sidecar:
+    its clusters are the listener-reading flavor at once, so that asking for listeners
+    later does not change (and send again) every cluster and its assignment."""
+    declared = Stream(VICTIM, DELTA_ADS, DELTA_ADS.new_stream(), sidecar=True)
+    undeclared = Stream(ATTACKER, DELTA_ADS, DELTA_ADS.new_stream())
+    standalone = Stream(
+        VICTIM,
+        StreamKind(True, types.CLUSTER, Flavor.DELTA_GRPC),
+        sidecar=True,
+        stream=StreamKind(True, types.CLUSTER, Flavor.DELTA_GRPC).new_stream(),
+    )
+    assert flavors_of(declared)[types.CLUSTER] == ADS_WITH_LISTENERS
+    assert flavors_of(undeclared)[types.CLUSTER] == Flavor.ADS.value
+    assert flavors_of(standalone)[types.CLUSTER] == Flavor.DELTA_GRPC.value
