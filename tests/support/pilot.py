@@ -1,4 +1,8 @@
-"""Run a real pilot `Discovery` in the test's event loop, on ephemeral loopback ports."""
+"""Run a real pilot `Discovery` in the test's event loop, on ephemeral loopback ports.
+
+`responses_written` checks pilot's count of the responses it sent: pilot counts a
+response once its write completes, which may be after the client has read it.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ from pilot.security.settings import SecuritySettings
 from pilot.security.xds_auth import XdsAuth
 from pilot.settings import Settings
 from pilot.sources.kubernetes.config import EndpointsApi, InformerSettings, KubernetesSettings
+from pilot.stats import XdsStats
+from tests.harness.envoy_process import wait_until
 from tests.support.mesh import write_mesh
 
 FAST_DEBOUNCE = DebounceSettings(after=0.02, max_delay=1.0, eds_debounce=True)
@@ -141,3 +147,17 @@ async def running_pilot(
     )
     async with _running(settings, config) as pilot:
         yield pilot
+
+
+WRITES_TIMEOUT = 10.0
+
+
+async def responses_written(stats: XdsStats, expected: Mapping[str, int]) -> None:
+    """pilot has written exactly `expected` (type URL -> responses) since its stats were reset."""
+    total = sum(expected.values())
+
+    def written() -> bool:
+        return sum(stats.responses.values()) >= total
+
+    await wait_until(written, WRITES_TIMEOUT, "pilot's writes")
+    assert dict(stats.responses) == dict(expected)
