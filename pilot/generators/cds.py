@@ -17,7 +17,7 @@ from pilot.registry.model import Service, ServicePort
 from pilot.xds.flavor import Flavor
 
 CONNECT_TIMEOUT_SECONDS = 10  # Istio's default connectTimeout
-_HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 _H2_APP_PROTOCOLS = frozenset({"grpc", "http2", "h2c", "kubernetes.io/h2c"})
 _H2_NAME_PREFIXES = ("grpc", "http2", "h2c")
 
@@ -50,7 +50,8 @@ def speaks_http2(port: ServicePort) -> bool:
     return port.app_protocol.lower() in _H2_APP_PROTOCOLS or name.startswith(_H2_NAME_PREFIXES)
 
 
-def _http2_options() -> any_pb2.Any:
+def http2_options() -> any_pb2.Any:
+    """Upstream HTTP/2 (`typed_extension_protocol_options[HTTP_OPTIONS_KEY]`)."""
     options = http_protocol_options_pb2.HttpProtocolOptions()
     options.explicit_http_config.http2_protocol_options.CopyFrom(
         protocol_pb2.Http2ProtocolOptions()
@@ -72,7 +73,7 @@ def build_cluster(
     )
     cluster.eds_cluster_config.eds_config.CopyFrom(eds_config_source(flavor, xds_cluster_name))
     if speaks_http2(port):
-        cluster.typed_extension_protocol_options[_HTTP_OPTIONS_KEY].CopyFrom(_http2_options())
+        cluster.typed_extension_protocol_options[HTTP_OPTIONS_KEY].CopyFrom(http2_options())
     return cluster
 
 

@@ -36,29 +36,25 @@ from enum import StrEnum
 
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import (
-    address_pb2,
     base_pb2,
-    protocol_pb2,
 )
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.config.route.v3 import route_components_pb2, route_pb2
-from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.listener.http_inspector.v3 import http_inspector_pb2
 from envoy.extensions.filters.listener.original_dst.v3 import original_dst_pb2
 from envoy.extensions.filters.listener.tls_inspector.v3 import tls_inspector_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
-from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2, tls_pb2
-from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from envoy.type.v3 import range_pb2
-from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
+from google.protobuf import duration_pb2, wrappers_pb2
 from google.protobuf.message import Message
 
-from pilot.generators.cds import CONNECT_TIMEOUT_SECONDS
+from pilot.generators.cds import CONNECT_TIMEOUT_SECONDS, HTTP_OPTIONS_KEY, http2_options
+from pilot.generators.lds import router_filter, socket_address, tcp_proxy_filter, typed
 from pilot.generators.mtls import sds_config
-from pilot.generators.outbound import BLACKHOLE_CLUSTER
+from pilot.generators.outbound import ANY_ADDRESS, BLACKHOLE_CLUSTER
 from pilot.generators.protocols import PortProtocol, protocol_of
 from pilot.registry.model import ServicePort
 from pilot.registry.peer_authentication import MtlsMode
@@ -73,7 +69,6 @@ HTTP_MTLS_ALPN = ("istio-http/1.0", "istio-http/1.1", "istio-h2")
 TCP_MTLS_ALPN = ("istio-peer-exchange", "istio")
 HTTP_PLAINTEXT_ALPN = ("http/1.1", "h2c")
 DOWNSTREAM_ALPN = ("h2", "http/1.1")
-_HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
 class InboundProtocol(StrEnum):
@@ -117,12 +112,6 @@ def inbound_cluster_name(port: int) -> str:
     return f"inbound|{port}||"
 
 
-def _typed(message: Message) -> any_pb2.Any:
-    packed = any_pb2.Any()
-    packed.Pack(message)
-    return packed
-
-
 def _sds(name: str) -> secret_pb2.SdsSecretConfig:
     """A secret from the bootstrap's `sds-grpc` cluster, as Istio's sidecars read them."""
     return secret_pb2.SdsSecretConfig(name=name, sds_config=sds_config())
@@ -144,7 +133,7 @@ def downstream_tls(http: bool) -> tls_pb2.DownstreamTlsContext:
 
 def _tls_socket(http: bool) -> base_pb2.TransportSocket:
     return base_pb2.TransportSocket(
-        name="envoy.transport_sockets.tls", typed_config=_typed(downstream_tls(http))
+        name="envoy.transport_sockets.tls", typed_config=typed(downstream_tls(http))
     )
 
 
@@ -163,11 +152,7 @@ def _http_manager(stat_prefix: str, cluster: str) -> listener_components_pb2.Fil
     manager = hcm_pb2.HttpConnectionManager(
         stat_prefix=stat_prefix,
         route_config=route_pb2.RouteConfiguration(name=cluster, virtual_hosts=[host]),
-        http_filters=[
-            hcm_pb2.HttpFilter(
-                name="envoy.filters.http.router", typed_config=_typed(router_pb2.Router())
-            )
-        ],
+        http_filters=[router_filter()],
         forward_client_cert_details=hcm_pb2.HttpConnectionManager.SANITIZE_SET,
         set_current_client_cert_details=hcm_pb2.HttpConnectionManager.SetCurrentClientCertDetails(
             uri=True
@@ -175,14 +160,7 @@ def _http_manager(stat_prefix: str, cluster: str) -> listener_components_pb2.Fil
         use_remote_address=wrappers_pb2.BoolValue(value=False),
     )
     return listener_components_pb2.Filter(
-        name="envoy.filters.network.http_connection_manager", typed_config=_typed(manager)
-    )
-
-
-def _tcp_proxy(stat_prefix: str, cluster: str) -> listener_components_pb2.Filter:
-    proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix, cluster=cluster)
-    return listener_components_pb2.Filter(
-        name="envoy.filters.network.tcp_proxy", typed_config=_typed(proxy)
+        name="envoy.filters.network.http_connection_manager", typed_config=typed(manager)
     )
 
 
@@ -202,7 +180,9 @@ def _chain(
     elif http:
         match.application_protocols.extend(HTTP_PLAINTEXT_ALPN)
     stat_prefix = cluster
-    filters = [_http_manager(stat_prefix, cluster) if http else _tcp_proxy(stat_prefix, cluster)]
+    filters = [
+        _http_manager(stat_prefix, cluster) if http else tcp_proxy_filter(stat_prefix, cluster)
+    ]
     chain = listener_components_pb2.FilterChain(
         name=name, filter_chain_match=match, filters=filters
     )
@@ -243,12 +223,12 @@ def _blackhole_chain() -> listener_components_pb2.FilterChain:
         filter_chain_match=listener_components_pb2.FilterChainMatch(
             destination_port=wrappers_pb2.UInt32Value(value=VIRTUAL_INBOUND_PORT)
         ),
-        filters=[_tcp_proxy(BLACKHOLE_CLUSTER, BLACKHOLE_CLUSTER)],
+        filters=[tcp_proxy_filter(BLACKHOLE_CLUSTER, BLACKHOLE_CLUSTER)],
     )
 
 
 def _listener_filter(name: str, config: Message) -> listener_components_pb2.ListenerFilter:
-    return listener_components_pb2.ListenerFilter(name=name, typed_config=_typed(config))
+    return listener_components_pb2.ListenerFilter(name=name, typed_config=typed(config))
 
 
 def _on_ports(ports: list[int]) -> listener_components_pb2.ListenerFilterChainMatchPredicate:
@@ -280,11 +260,7 @@ def virtual_inbound(shape: InboundShape) -> listener_pb2.Listener:
     chains += _passthrough_chains(shape)
     return listener_pb2.Listener(
         name=VIRTUAL_INBOUND,
-        address=address_pb2.Address(
-            socket_address=address_pb2.SocketAddress(
-                address="0.0.0.0", port_value=VIRTUAL_INBOUND_PORT
-            )
-        ),
+        address=socket_address(ANY_ADDRESS, VIRTUAL_INBOUND_PORT),
         traffic_direction=base_pb2.INBOUND,
         listener_filters=[
             _listener_filter("envoy.filters.listener.original_dst", original_dst_pb2.OriginalDst()),
@@ -317,11 +293,7 @@ def inbound_cluster(port: int, protocol: InboundProtocol) -> cluster_pb2.Cluster
     """`inbound|P||`: the app on the pod, where the client was going."""
     cluster = _original_dst(inbound_cluster_name(port))
     if protocol is InboundProtocol.HTTP2:
-        options = http_protocol_options_pb2.HttpProtocolOptions()
-        options.explicit_http_config.http2_protocol_options.CopyFrom(
-            protocol_pb2.Http2ProtocolOptions()
-        )
-        cluster.typed_extension_protocol_options[_HTTP_OPTIONS_KEY].CopyFrom(_typed(options))
+        cluster.typed_extension_protocol_options[HTTP_OPTIONS_KEY].CopyFrom(http2_options())
     return cluster
 
 

@@ -51,28 +51,37 @@ Claims = dict[ServiceKey, tuple[str, bool]]
 MAX_CONFLICTS_LOGGED = 16
 
 
-def _typed(message: Message) -> any_pb2.Any:
+def typed(message: Message) -> any_pb2.Any:
+    """`message` packed as the `typed_config` of a filter or extension."""
     packed = any_pb2.Any()
     packed.Pack(message)
     return packed
 
 
-def _socket(address: str, port: int) -> address_pb2.Address:
+def socket_address(address: str, port: int) -> address_pb2.Address:
     return address_pb2.Address(
         socket_address=address_pb2.SocketAddress(address=address, port_value=port)
     )
 
 
+def router_filter() -> hcm_pb2.HttpFilter:
+    """The HTTP connection manager's last filter: route the request."""
+    return hcm_pb2.HttpFilter(
+        name="envoy.filters.http.router", typed_config=typed(router_pb2.Router())
+    )
+
+
+def tcp_proxy_filter(stat_prefix: str, cluster: str) -> listener_components_pb2.Filter:
+    """The network filter that proxies every connection to `cluster`."""
+    proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix, cluster=cluster)
+    return listener_components_pb2.Filter(
+        name="envoy.filters.network.tcp_proxy", typed_config=typed(proxy)
+    )
+
+
 def tcp_proxy_chain(stat_prefix: str, cluster: str) -> listener_components_pb2.FilterChain:
     """A filter chain that proxies every connection to `cluster`."""
-    proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix, cluster=cluster)
-    return listener_components_pb2.FilterChain(
-        filters=[
-            listener_components_pb2.Filter(
-                name="envoy.filters.network.tcp_proxy", typed_config=_typed(proxy)
-            )
-        ]
-    )
+    return listener_components_pb2.FilterChain(filters=[tcp_proxy_filter(stat_prefix, cluster)])
 
 
 def http_chain(stat_prefix: str, port: int) -> listener_components_pb2.FilterChain:
@@ -82,17 +91,13 @@ def http_chain(stat_prefix: str, port: int) -> listener_components_pb2.FilterCha
     manager = hcm_pb2.HttpConnectionManager(
         stat_prefix=stat_prefix,
         rds=hcm_pb2.Rds(config_source=source, route_config_name=str(port)),
-        http_filters=[
-            hcm_pb2.HttpFilter(
-                name="envoy.filters.http.router", typed_config=_typed(router_pb2.Router())
-            )
-        ],
+        http_filters=[router_filter()],
     )
     return listener_components_pb2.FilterChain(
         filters=[
             listener_components_pb2.Filter(
                 name="envoy.filters.network.http_connection_manager",
-                typed_config=_typed(manager),
+                typed_config=typed(manager),
             )
         ]
     )
@@ -104,14 +109,14 @@ def virtual_outbound(settings: OutboundSettings) -> listener_pb2.Listener:
     chain.name = settings.fallback_cluster
     return listener_pb2.Listener(
         name=VIRTUAL_OUTBOUND,
-        address=_socket(ANY_ADDRESS, VIRTUAL_OUTBOUND_PORT),
+        address=socket_address(ANY_ADDRESS, VIRTUAL_OUTBOUND_PORT),
         use_original_dst=wrappers_pb2.BoolValue(value=True),
         traffic_direction=base_pb2.OUTBOUND,
         filter_chains=[chain],
         listener_filters=[
             listener_components_pb2.ListenerFilter(
                 name="envoy.filters.listener.original_dst",
-                typed_config=_typed(original_dst_pb2.OriginalDst()),
+                typed_config=typed(original_dst_pb2.OriginalDst()),
             )
         ],
     )
@@ -125,7 +130,7 @@ def outbound_listener(
     chain = http_chain(f"outbound_{name}", port) if http else tcp_proxy_chain(cluster, cluster)
     return listener_pb2.Listener(
         name=name,
-        address=_socket(address, port),
+        address=socket_address(address, port),
         # Captured traffic reaches it through virtualOutbound; in NONE mode it binds.
         bind_to_port=wrappers_pb2.BoolValue(value=mode is Interception.NONE),
         traffic_direction=base_pb2.OUTBOUND,
