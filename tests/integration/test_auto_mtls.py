@@ -26,8 +26,6 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from pilot.generators.naming import outbound_cluster_name
 from pilot.registry.model import ServiceKey, ServicePort
 from pilot.security.identity import Identity
@@ -36,6 +34,7 @@ from tests.harness.envoy_process import EnvoyProcess, load_example_bootstrap
 from tests.integration.envoy_view import assert_nothing_rejected_or_warming
 from tests.integration.http_backend import BACKEND_BODY, Backend
 from tests.integration.mtls_backend import MTLS_BODY, MtlsBackend
+from tests.integration.test_envoy_listeners import get
 from tests.integration.tls_probe import probe_credentials
 from tests.protocol.client import XdsClient, delta_resources, node
 from tests.support.mesh import Ep, endpoint_slice, pod, service
@@ -66,16 +65,6 @@ def cluster_of(name: str, port: int) -> str:
     return outbound_cluster_name(
         ServiceKey("default", name), ServicePort("http", port), "cluster.local"
     )
-
-
-async def get(port: int, host: str) -> tuple[int, str]:
-    """GET / through Envoy's listener on 127.0.0.1:port, naming `host`."""
-    timeout = aiohttp.ClientTimeout(total=5)
-    async with (
-        aiohttp.ClientSession(timeout=timeout) as session,
-        session.get(f"http://127.0.0.1:{port}/", headers={"Host": host}) as response,
-    ):
-        return response.status, await response.text()
 
 
 class Mesh:
