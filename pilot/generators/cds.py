@@ -28,17 +28,28 @@ def eds_config_source(flavor: Flavor, xds_cluster_name: str) -> config_source_pb
     if flavor is Flavor.ADS:
         source.ads.SetInParent()
         return source
-    api = source.api_config_source
-    api.api_type = (
+    api_type = (
         config_source_pb2.ApiConfigSource.GRPC
         if flavor is Flavor.GRPC
         else config_source_pb2.ApiConfigSource.DELTA_GRPC
     )
+    return grpc_source(source, api_type, xds_cluster_name)
+
+
+def grpc_source(
+    source: config_source_pb2.ConfigSource,
+    api_type: config_source_pb2.ApiConfigSource.ApiType.ValueType,
+    cluster_name: str,
+) -> config_source_pb2.ConfigSource:
+    """`source`, reading from the bootstrap cluster `cluster_name` over gRPC (v3, the node
+    sent on the first request only)."""
+    api = source.api_config_source
+    api.api_type = api_type
     api.transport_api_version = config_source_pb2.V3
     api.set_node_on_first_message_only = True
     api.grpc_services.append(
         grpc_service_pb2.GrpcService(
-            envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=xds_cluster_name)
+            envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=cluster_name)
         )
     )
     return source

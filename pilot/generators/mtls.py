@@ -26,12 +26,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from envoy.config.cluster.v3 import cluster_pb2
-from envoy.config.core.v3 import config_source_pb2, grpc_service_pb2
+from envoy.config.core.v3 import config_source_pb2
 from envoy.extensions.transport_sockets.raw_buffer.v3 import raw_buffer_pb2
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2, tls_pb2
 from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import duration_pb2, struct_pb2
 
+from pilot.generators.cds import grpc_source
 from pilot.generators.protocols import PortProtocol, protocol_of
 from pilot.registry.model import ServiceKey, ServicePort
 
@@ -78,16 +79,7 @@ def sds_config() -> config_source_pb2.ConfigSource:
         resource_api_version=config_source_pb2.V3,
         initial_fetch_timeout=duration_pb2.Duration(seconds=0),
     )
-    api = source.api_config_source
-    api.api_type = config_source_pb2.ApiConfigSource.GRPC
-    api.transport_api_version = config_source_pb2.V3
-    api.set_node_on_first_message_only = True
-    api.grpc_services.append(
-        grpc_service_pb2.GrpcService(
-            envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=SDS_CLUSTER)
-        )
-    )
-    return source
+    return grpc_source(source, config_source_pb2.ApiConfigSource.GRPC, SDS_CLUSTER)
 
 
 def upstream_tls(
