@@ -25,6 +25,7 @@ class PhaseResult:
     failures: dict[str, int] = field(default_factory=dict)  # why streams failed -> count
     ready_latencies: list[float] = field(default_factory=list)  # /ready during the sync
     idle_cpu_share: float | None = None  # of one core, all clients synced and quiet
+    sync_cpu: float = 0.0  # server CPU seconds during the initial sync
 
     @property
     def memory_per_client(self) -> float:
@@ -95,7 +96,8 @@ def details(name: str, result: PhaseResult) -> str:
     size = sum(result.response_bytes) / max(1, len(result.response_bytes))
     return (
         f"{name}: initial sync of all clients {result.sync_seconds:.1f}s"
-        f" ({result.retried_streams} streams retried, {result.retries} retries"
+        f" (server CPU {result.sync_cpu:.2f} s; {result.retried_streams} streams retried,"
+        f" {result.retries} retries"
         f"{_failures(result.failures)}){_lag(result.ready_latencies)}; "
         f"assignment response {size:.0f} B, {result.responses_per_client:.2f} per client "
         "per change; "

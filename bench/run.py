@@ -78,6 +78,7 @@ class Synced:
     ready_latencies: list[float]  # /ready answers during the sync (empty: not probed)
     sent: Counter[str]  # bytes per type URL, all clients, until synced
     responses: Counter[str]  # responses per type URL, all clients, until synced
+    cpu: float = 0.0  # the server's CPU seconds (user + system) from the start until synced
 
 
 class Expectation(Protocol):
@@ -273,10 +274,11 @@ class Run:
         try:
             if prober is not None:
                 await prober.start()
-            started = time.monotonic()
+            started, cpu_before = time.monotonic(), cpu_seconds(server.pid)
             await fleet.start(target, self.config.fleet, self.workdir, tag, capture)
             async with self.within(f"{tag}: the clients' initial sync"):
                 synced = await fleet.wait_synced() - started
+            sync_cpu = cpu_seconds(server.pid) - cpu_before
             lag = prober.latencies_since(started) if prober is not None else []
             if prober is not None:
                 await prober.stop()  # the changes are measured without probes
@@ -286,7 +288,9 @@ class Run:
             rss_synced = rss_bytes(server.pid)
             yield (
                 fleet,
-                Synced(rss_before, rss_synced, synced, *fleet.retried(), lag, sent, responses),
+                Synced(
+                    rss_before, rss_synced, synced, *fleet.retried(), lag, sent, responses, sync_cpu
+                ),
             )
         finally:
             await fleet.stop()
@@ -317,6 +321,7 @@ class Run:
             rss_synced=sync.rss_synced,
             clients=self.config.clients,
             sync_seconds=sync.seconds,
+            sync_cpu=sync.cpu,
             client_cpu_per_change=series.client_cpu / count,
             response_bytes=[int(r[0]["bytes"]) for r in series.reports],
             responses_per_client=series.responses.total() / count / self.config.clients,

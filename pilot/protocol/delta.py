@@ -19,9 +19,10 @@ Rules it implements (see shared/xds-protocol.md):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pilot.protocol.messages import (
+    AnswerStore,
     DeltaRequest,
     DeltaResponse,
     ProtocolError,
@@ -76,10 +77,17 @@ class DeltaStream(StreamCore):
         """
         changes: list[_Change] = []
         for state in self._work_order():
-            change = self._change(state, view)
-            in_the_making = {n for n in state.must_send if view.pending(state.type_url, n)}
+            answers = view.first_answers(state.type_url)
+            change = self._change(state, view, answers)
+            # A type with shared first answers has nothing in the making (ResourceView).
+            in_the_making = (
+                {n for n in state.must_send if view.pending(state.type_url, n)}
+                if answers is None
+                else None
+            )
             state.clear_work()
-            state.must_send |= in_the_making
+            if in_the_making:
+                state.must_send |= in_the_making
             if change is not None:
                 changes.append(change)
                 if state.type_url == types.CLUSTER:
@@ -95,13 +103,22 @@ class DeltaStream(StreamCore):
             if later_adds and change.removed:
                 deferred.append(change)
                 if change.adds:
-                    now.append(self._emit(change.state, view, change.updated, ()))
+                    now.append(self._emit(change.state, view, change.updated, (), change.first))
             else:
-                now.append(self._emit(change.state, view, change.updated, change.removed))
+                now.append(
+                    self._emit(change.state, view, change.updated, change.removed, change.first)
+                )
         now.extend(self._emit(c.state, view, (), c.removed) for c in deferred)
         return now
 
-    def _change(self, state: TypeState, view: ResourceView) -> _Change | None:
+    def _change(
+        self, state: TypeState, view: ResourceView, answers: AnswerStore | None
+    ) -> _Change | None:
+        if answers is not None and not state.sent and _owed_whole(state):
+            first = _first_answer(state, view, answers)
+            if not first.updated and not first.removed and not state.answer_required:
+                return None
+            return _Change(state, first.updated, first.removed, state.answer_required, first)
         updated: list[Resource] = []
         removed: list[str] = []
         # Locals, not attribute lookups: a first response walks every name of a type.
@@ -129,13 +146,19 @@ class DeltaStream(StreamCore):
         view: ResourceView,
         updated: tuple[Resource, ...],
         removed: tuple[str, ...],
+        first: FirstAnswer | None = None,
     ) -> DeltaResponse:
         nonce = self._next_nonce(state)
         state.sent_version = view.version(state.type_url)
-        for resource in updated:
-            state.sent[resource.name] = resource.version
-        state.record_sent(tuple(r.name for r in updated))
-        return DeltaResponse(state.type_url, state.sent_version, nonce, updated, removed)
+        if first is not None and updated is first.updated:
+            state.sent.update(first.versions)  # one C-level copy, not a loop over names
+            state.record_sent(first.names)
+        else:
+            for resource in updated:
+                state.sent[resource.name] = resource.version
+            state.record_sent(tuple(r.name for r in updated))
+        wire = first.wire if first is not None and updated is first.updated else None
+        return DeltaResponse(state.type_url, state.sent_version, nonce, updated, removed, wire)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,10 +169,67 @@ class _Change:
     updated: tuple[Resource, ...]
     removed: tuple[str, ...]
     required: bool  # answer even if empty (a new wildcard)
+    first: FirstAnswer | None = None  # the shared first answer it is, if it is one
 
     @property
     def adds(self) -> bool:
         return bool(self.updated) or (self.required and not self.removed)
+
+
+@dataclass(frozen=True, slots=True)
+class FirstAnswer:
+    """What a stream holding nothing is owed for one subscription, shared by every stream
+    that subscribes alike: the resources, the names answered as removed, and the name ->
+    version entries and names the stream then records as sent."""
+
+    updated: tuple[Resource, ...]
+    removed: tuple[str, ...]
+    versions: Mapping[str, str]
+    names: tuple[str, ...]
+    wire: dict[tuple[str, str, int], bytes] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def work_out(cls, state: TypeState, view: ResourceView) -> FirstAnswer:
+        """As `_change` would answer it: every wanted name that exists is sent; a name
+        asked for by name that does not exist is answered as removed."""
+        lookup = view.lookup(state.type_url)
+        if state.subscription.wildcard:
+            wanted = sorted(view.names(state.type_url))
+        else:
+            wanted = sorted(state.subscription.names)
+        updated: list[Resource] = []
+        removed: list[str] = []
+        for name in wanted:
+            resource = lookup(name)
+            if resource is None:
+                removed.append(name)
+            else:
+                updated.append(resource)
+        names = tuple(r.name for r in updated)
+        versions = {r.name: r.version for r in updated}
+        return cls(tuple(updated), tuple(removed), versions, names)
+
+
+def _owed_whole(state: TypeState) -> bool:
+    """Whether a stream holding nothing is owed its whole subscription, as anyone who
+    subscribes alike is: a new wildcard (every name, nothing named to remove), or names
+    every one of which must be answered (a first request naming them)."""
+    subscription = state.subscription
+    if subscription.wildcard:
+        return state.pending_all and not state.must_send and not subscription.names
+    return bool(subscription.names) and state.must_send >= subscription.names
+
+
+def _first_answer(state: TypeState, view: ResourceView, answers: AnswerStore) -> FirstAnswer:
+    """The shared first answer for this stream's subscription, worked out once."""
+    subscription = state.subscription
+    key = WILDCARD if subscription.wildcard else subscription.names
+    found = answers.get(key)
+    if isinstance(found, FirstAnswer):
+        return found
+    made = FirstAnswer.work_out(state, view)
+    answers.put(key, made, len(made.names) + len(made.removed))
+    return made
 
 
 def _seed(state: TypeState, initial_versions: Mapping[str, str]) -> frozenset[str]:

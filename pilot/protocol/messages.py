@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -28,6 +28,22 @@ class ResourceView(Protocol):
 
     def pending(self, type_url: str, name: str) -> bool:
         """True while a resource is being made (a secret being minted): not absent, not yet."""
+        ...
+
+    def first_answers(self, type_url: str) -> AnswerStore | None:
+        """Where streams that read what this one reads of a type, at this version of it,
+        share their first answers (None: work each out alone). Never for a type whose
+        resources may be in the making (`pending`)."""
+        ...
+
+
+class AnswerStore(Protocol):
+    """A memo of answers by subscription, shared by streams that read one table."""
+
+    def get(self, key: Hashable) -> object | None: ...
+
+    def put(self, key: Hashable, answer: object, names: int) -> None:
+        """Remember `answer` (covering `names` names) if there is room; else forget it."""
         ...
 
 
@@ -73,6 +89,10 @@ class DeltaResponse:
     nonce: str
     resources: tuple[Resource, ...]
     removed: tuple[str, ...]
+    # Set on a first answer shared by streams that subscribe alike: where the encoder
+    # keeps the last wire bytes it made of it, which streams whose nonce is the same
+    # (streams that asked alike count alike) send as they are.
+    wire: dict[tuple[str, str, int], bytes] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -361,7 +361,9 @@ class Pipeline:
         self._follow_flavors(subscriber, events)
         for event in events:
             if isinstance(event, SubscriptionChanged):
-                self._subscribers.apply(subscriber, event)
+                state = subscriber.stream.state(event.type_url)
+                names = state.subscription.names if state is not None else frozenset()
+                self._subscribers.apply(subscriber, event.type_url, names, event.wildcard)
                 unknown += self._watch_owned(subscriber.proxy, event.type_url, event.added)
                 self._unwatch_owned(subscriber.proxy, event.type_url, event.removed)
             for sibling in streams_to_wake(subscriber, event, siblings):
@@ -381,7 +383,7 @@ class Pipeline:
     def leave(self, subscriber: Subscriber) -> None:
         """A stream ended: forget its subscriptions; its proxy may let go of secrets."""
         subscriptions = subscriber.stream.subscriptions()
-        self._subscribers.leave(subscriber, subscriptions)
+        self._subscribers.leave(subscriber, [type_url for type_url, _ in subscriptions])
         self._forget_locality(subscriber)
         if not self._subscribers.streams_of(subscriber.proxy):
             for detaching in self._per_proxy:

@@ -81,6 +81,7 @@ class StreamContext:
     metrics: StreamMetrics = field(default_factory=_NoMetrics)
     served_types: frozenset[str] | None = None
     admission: Admission = field(default_factory=Admission.unlimited)
+    requests: intake.RequestMemo = field(default_factory=intake.RequestMemo)
 
     @property
     def types(self) -> frozenset[str]:
@@ -262,19 +263,24 @@ class Connection:
             self._handle(data)
 
     def _handle(self, data: bytes) -> None:
-        limits = self._context.admission.limits
-        message = intake.decode_request(data, self.kind.delta, limits)
+        limits, memo, kind = self._context.admission.limits, self._context.requests, self.kind
+        known = memo.get(data, kind.delta, kind.fixed_type)
+        message = known[0] if known is not None else intake.decode_request(data, kind.delta, limits)
         if self.node is None:
             intake.check_node(message.node, limits)
             self._identify(message.node)
-        type_url = message.type_url or self.kind.fixed_type or ""
+        type_url = message.type_url or kind.fixed_type or ""
         if type_url not in self._served:
             self._unserved(type_url)
             return
-        self.kind.check(type_url)
+        kind.check(type_url)
         intake.check_names(self.stream, message, type_url, limits)
-        request = self._convert(message)
-        events = self.stream.on_request(request)  # type: ignore[arg-type]
+        if known is not None:
+            request = known[1]
+        else:
+            request = self._convert(message)
+            memo.put(data, kind.delta, kind.fixed_type, (message, request))
+        events = self.stream.on_request(request)
         self._note(events)
         unknown = self._pipeline.on_events(self, events)
         if unknown:

@@ -63,6 +63,27 @@ def encode(response: SotwResponse | DeltaResponse) -> bytes:
         return encode_sotw_response(
             response.type_url, response.version_info, response.nonce, response.resources
         )
+    if response.wire is not None:
+        return _shared_encoding(response, response.wire)
+    return _encode_delta(response)
+
+
+def _shared_encoding(response: DeltaResponse, wire: dict[tuple[str, str, int], bytes]) -> bytes:
+    """A shared first answer's bytes: made once per (version, nonce, removals) in a row.
+
+    Only the last is kept: the bytes are as large as the answer, and streams that
+    asked alike come with the same nonce one after another.
+    """
+    key = (response.system_version_info, response.nonce, len(response.removed))
+    data = wire.get(key)
+    if data is None:
+        data = _encode_delta(response)
+        wire.clear()
+        wire[key] = data
+    return data
+
+
+def _encode_delta(response: DeltaResponse) -> bytes:
     return encode_delta_response(
         response.type_url,
         response.system_version_info,

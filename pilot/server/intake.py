@@ -4,11 +4,19 @@ Bytes off the wire are checked against the size limit, then decoded (a
 message that does not decode breaks the protocol: INVALID_ARGUMENT, one log
 line); a stream's node must fit its limit (it is kept while the stream lives);
 and no request may take a stream past the limit of names per type. Nothing
-here keeps state: the stream's own machine says what it already holds.
+here keeps per-stream state: the stream's own machine says what it already
+holds.
+
+`RequestMemo` remembers recent requests byte for byte: the Envoys of one mesh
+send the same requests (a restart's thousand proxies ask for the same
+thousand assignments, and ACK the same nonces), so each is decoded and
+converted once. A request is never remembered before it has passed every check
+a new one goes through, and the checks that depend on the stream run every time.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -63,3 +71,37 @@ def check_names(stream: StreamCore, message: Any, type_url: str, limits: Limits)
             f"subscribing to {count} {types.short_name(type_url)} names, more than"
             f" {limits.resource_names} (PILOT_MAX_RESOURCE_NAMES)",
         )
+
+
+MEMO_REQUESTS = 256  # requests remembered at once
+MEMO_BYTES = 8 << 20  # and their bytes, at most
+
+
+class RequestMemo:
+    """Recent requests by their bytes (and the kind of stream they came on): the decoded
+    message and what the protocol machine was handed. Oldest out first."""
+
+    def __init__(self, requests: int = MEMO_REQUESTS, size: int = MEMO_BYTES) -> None:
+        self._held: OrderedDict[tuple[bytes, bool, str | None], tuple[Any, Any]] = OrderedDict()
+        self._room = (requests, size)
+        self._bytes = 0
+
+    def get(self, data: bytes, delta: bool, fixed_type: str | None) -> tuple[Any, Any] | None:
+        """(message, converted request) of an equal request seen lately, or None."""
+        return self._held.get((data, delta, fixed_type))
+
+    def put(
+        self, data: bytes, delta: bool, fixed_type: str | None, decoded: tuple[Any, Any]
+    ) -> None:
+        """Remember a request that passed its checks (too large for the memo: not at all)."""
+        requests, size = self._room
+        if len(data) > size // 4:
+            return
+        key = (data, delta, fixed_type)
+        if key in self._held:
+            return
+        while self._held and (len(self._held) >= requests or self._bytes + len(data) > size):
+            (old, _, _), _ = self._held.popitem(last=False)
+            self._bytes -= len(old)
+        self._held[key] = decoded
+        self._bytes += len(data)

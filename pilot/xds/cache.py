@@ -21,18 +21,31 @@ every proxy of that shape). A proxy with no overlay reads exactly as before:
 its lookups go straight to the shared table.
 
 Streams read the cache through a `ProxyView`. The cache never touches gRPC.
+
+The cache also keeps, per type and per table a stream reads (flavor and
+overlay), a small memo of *first answers* (`first_answers`): what a stream
+that holds nothing yet is owed for one subscription, worked out once and read
+by every stream that subscribes alike (a restart's thousand Envoys ask for the
+same clusters and assignments). A memo lives while its type's version does:
+any change to the type starts it afresh. Resources that belong to one proxy
+get none.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 from pilot.xds import types
 from pilot.xds.proxy import ProxyKey
 from pilot.xds.resource import Resource
 
 SHARED = ""
+# First answers remembered per type at once: subscriptions, and the names they cover
+# (a name costs a version entry and a reference, ~100 B).
+MAX_FIRST_ANSWERS = 64
+MAX_FIRST_ANSWER_NAMES = 50_000
 _EMPTY: Mapping[str, Resource] = {}
 
 TableKey = tuple[str, str, ProxyKey | None]
@@ -51,6 +64,7 @@ class ResourceCache:
         self._versions: dict[str, int] = {}
         self._pending: set[tuple[str, ProxyKey, str]] = set()
         self._overlays: dict[ProxyKey, dict[str, Overlay]] = {}
+        self._answers: dict[str, AnswerMemo] = {}
 
     def update(
         self,
@@ -137,6 +151,14 @@ class ResourceCache:
         self._versions[type_url] = self._versions.get(type_url, 0) + 1
         return True
 
+    def first_answers(self, type_url: str, table: Hashable) -> FirstAnswers:
+        """The memo of first answers for streams that read `table` of a type, at its version."""
+        version = self._versions.get(type_url, 0)
+        memo = self._answers.get(type_url)
+        if memo is None or memo.version != version:
+            memo = self._answers[type_url] = AnswerMemo(version)
+        return FirstAnswers(memo, table)
+
     def overlays_of(self, owner: ProxyKey | None) -> Overlays | None:
         """The overlays an owner's streams read (None: none, the common case)."""
         return self._overlays.get(owner) if owner is not None else None
@@ -219,3 +241,45 @@ class ProxyView:
 
     def pending(self, type_url: str, name: str) -> bool:
         return self._owner is not None and self._cache.pending(type_url, name, self._owner)
+
+    def first_answers(self, type_url: str) -> FirstAnswers | None:
+        """The memo of first answers shared by streams that read what this one reads of a
+        type (None: a type whose resources may be this proxy's own)."""
+        if type_url in types.OWNED_TYPES:
+            return None
+        laid = self._overlays.get(type_url) if self._overlays is not None else None
+        overlay = laid[0] if laid is not None and self._overlay(type_url) is not None else None
+        return self._cache.first_answers(type_url, (self._shared_flavor(type_url), overlay))
+
+
+class FirstAnswers:
+    """One table's part of a type's memo of first answers (`ResourceCache.first_answers`)."""
+
+    __slots__ = ("_memo", "_table")
+
+    def __init__(self, memo: AnswerMemo, table: Hashable) -> None:
+        self._memo = memo
+        self._table = table
+
+    def get(self, key: Hashable) -> object | None:
+        return self._memo.answers.get((self._table, key))
+
+    def put(self, key: Hashable, answer: object, names: int) -> None:
+        """Remember an answer that covers `names` names, while the memo has room."""
+        memo = self._memo
+        if memo.names + names > MAX_FIRST_ANSWER_NAMES or len(memo.answers) >= MAX_FIRST_ANSWERS:
+            return  # full: later streams work their answers out, as without a memo
+        memo.answers[(self._table, key)] = answer
+        memo.names += names
+
+
+@dataclass(slots=True)
+class AnswerMemo:
+    """A type's first answers at one version of it, and how many names they cover.
+
+    The keys are (table, subscription): what `FirstAnswers` puts.
+    """
+
+    version: int
+    answers: dict[Hashable, object] = field(default_factory=dict)
+    names: int = 0

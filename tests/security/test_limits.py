@@ -129,6 +129,27 @@ async def test_too_many_names_is_refused_and_the_limit_itself_is_served(small: M
     )
 
 
+async def test_a_request_seen_before_is_still_counted_against_each_stream(small: Mesh) -> None:
+    """pilot decodes a request it saw byte for byte before only once, but the name limit
+    depends on what each stream holds: the same bytes that one stream may send are
+    refused from a stream they would take past the limit."""
+    two = ["outbound|80||again-1.default.svc.cluster.local", "outbound|80||again-2.default.svc"]
+    many = [f"outbound|80||held-{i}.default.svc.cluster.local" for i in range(NAMES - 1)]
+    async with _client(small) as client:
+        first = client.delta_ads(node(small.node_id(), VICTIM.metadata))
+        await first.subscribe(ENDPOINT, ["outbound|80||first.default.svc.cluster.local"])
+        await first.next_response(WAIT)
+        await first.subscribe(ENDPOINT, two)  # no node: bytes any stream may send alike
+        assert len((await first.next_response(WAIT)).removed_resources) == 2
+        before = await _hits(small, "resource_names")
+        second = client.delta_ads(node(small.node_id(), VICTIM.metadata))
+        await second.subscribe(ENDPOINT, many)
+        await second.next_response(WAIT)
+        await second.subscribe(ENDPOINT, two)  # the same bytes: NAMES + 1 names for it
+        _check_refusal(await second.next_event(WAIT), "PILOT_MAX_RESOURCE_NAMES")
+        assert await _hits(small, "resource_names") == before + 1
+
+
 async def test_a_request_too_big_is_refused(small: Mesh) -> None:
     huge = [f"{i:04d}" + "x" * 1000 for i in range(300)]  # 300 KB of names, over 256 KiB
     await _refused_request(

@@ -6,6 +6,7 @@ import functools
 from collections.abc import Callable, Collection
 
 from pilot.xds import types
+from pilot.xds.cache import AnswerMemo, FirstAnswers
 from pilot.xds.resource import Resource
 
 
@@ -16,6 +17,8 @@ class FakeView:
         self.tables: dict[str, dict[str, Resource]] = {}
         self.versions: dict[str, int] = {}
         self.in_the_making: dict[str, set[str]] = {}
+        self.memos: dict[str, AnswerMemo] = {}
+        self.share_answers = True  # as the cache does, for every type but secrets
 
     def put(self, type_url: str, name: str, content: str) -> Resource:
         resource = Resource.from_payload(type_url, name, content.encode())
@@ -41,6 +44,15 @@ class FakeView:
 
     def pending(self, type_url: str, name: str) -> bool:
         return name in self.in_the_making.get(type_url, set())
+
+    def first_answers(self, type_url: str) -> FirstAnswers | None:
+        if not self.share_answers or type_url in types.OWNED_TYPES:
+            return None
+        version = self.versions.get(type_url, 0)
+        memo = self.memos.get(type_url)
+        if memo is None or memo.version != version:
+            memo = self.memos[type_url] = AnswerMemo(version)
+        return FirstAnswers(memo, None)
 
 
 def view_with(*names: str) -> FakeView:
