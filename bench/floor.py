@@ -32,7 +32,15 @@ import grpc
 
 from bench import wire
 
-_SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 1 << 24)]
+# Pilot's transport options (pilot.server.grpc_server), its default stream limit included:
+# up to that many new streams wait in gRPC core's queue instead of being dropped past 1,000.
+_PENDING = 20_000
+_SERVER_OPTIONS = [
+    ("grpc.so_reuseport", 0),
+    ("grpc.max_receive_message_length", 1 << 24),
+    ("grpc.server.max_pending_requests", _PENDING),
+    ("grpc.server.max_pending_requests_hard_limit", _PENDING),
+]
 
 
 class FloorStream:

@@ -316,6 +316,7 @@ class Discovery:
             self._listeners(security, pipeline, tls),
             max_connection_age=self.settings.max_connection_age,
             drain=self.settings.drain_duration,
+            pending_streams=self.settings.limits.streams,
         )
         await self.grpc.start()
         updater = IndexUpdater(self.index, pipeline.submit, self.stats, self.policies)

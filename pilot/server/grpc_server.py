@@ -26,6 +26,7 @@ from grpc import aio
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2
 
+from pilot.limits import Limits
 from pilot.server.connection import StreamContext
 from pilot.server.services import xds_handlers, xds_service_names
 from pilot.server.standard_services import (
@@ -39,6 +40,13 @@ _SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
     ("grpc.max_receive_message_length", 16 * 1024 * 1024),
 ]
+# gRPC core holds a new stream in a queue until grpc.aio's loop picks it up, one at a time
+# (~600 a second on a busy loop), and past 1,000 queued streams it drops them at random
+# (CANCELLED, which Envoy meets with backoff): a reconnect storm of a few thousand Envoys
+# lost a fifth of its streams that way. Pilot admits up to its stream limit, so the queue
+# holds as many; past it pilot would refuse them anyway. A channel argument is 32 bits.
+_PENDING_ARGS = ("grpc.server.max_pending_requests", "grpc.server.max_pending_requests_hard_limit")
+_MAX_CHANNEL_INT = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -59,9 +67,11 @@ class Listener:
     credentials: grpc.ServerCredentials | None = None
 
 
-def _options(max_connection_age: float, drain: float) -> list[tuple[str, int]]:
-    """Connections older than the age get GOAWAY (grpc adds +-10% jitter), then `drain`."""
+def _options(max_connection_age: float, drain: float, pending: int) -> list[tuple[str, int]]:
+    """Up to `pending` new streams wait for the loop; connections older than the age get
+    GOAWAY (grpc adds +-10% jitter), then `drain`."""
     options = list(_SERVER_OPTIONS)
+    options += [(name, max(1, min(pending, _MAX_CHANNEL_INT))) for name in _PENDING_ARGS]
     if max_connection_age > 0:
         options.append(("grpc.max_connection_age_ms", int(max_connection_age * 1000)))
         options.append(("grpc.max_connection_age_grace_ms", int(drain * 1000)))
@@ -122,8 +132,9 @@ class GrpcServer:
         *,
         max_connection_age: float = 0.0,
         drain: float = 5.0,
+        pending_streams: int = Limits().streams,
     ) -> None:
-        options = _options(max_connection_age, drain)
+        options = _options(max_connection_age, drain, pending_streams)
         self._ports = [_Port(listener, options) for listener in listeners]
 
     @property
