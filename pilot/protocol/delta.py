@@ -19,8 +19,9 @@ Rules it implements (see shared/xds-protocol.md):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from pilot.protocol.answers import FirstAnswer, shared_first_answer
 from pilot.protocol.messages import (
     AnswerStore,
     DeltaRequest,
@@ -115,7 +116,7 @@ class DeltaStream(StreamCore):
         self, state: TypeState, view: ResourceView, answers: AnswerStore | None
     ) -> _Change | None:
         if answers is not None and not state.sent and _owed_whole(state):
-            first = _first_answer(state, view, answers)
+            first = shared_first_answer(state, view, answers)
             if not first.updated and not first.removed and not state.answer_required:
                 return None
             return _Change(state, first.updated, first.removed, state.answer_required, first)
@@ -176,40 +177,6 @@ class _Change:
         return bool(self.updated) or (self.required and not self.removed)
 
 
-@dataclass(frozen=True, slots=True)
-class FirstAnswer:
-    """What a stream holding nothing is owed for one subscription, shared by every stream
-    that subscribes alike: the resources, the names answered as removed, and the name ->
-    version entries and names the stream then records as sent."""
-
-    updated: tuple[Resource, ...]
-    removed: tuple[str, ...]
-    versions: Mapping[str, str]
-    names: tuple[str, ...]
-    wire: dict[tuple[str, str, int], bytes] = field(default_factory=dict, compare=False)
-
-    @classmethod
-    def work_out(cls, state: TypeState, view: ResourceView) -> FirstAnswer:
-        """As `_change` would answer it: every wanted name that exists is sent; a name
-        asked for by name that does not exist is answered as removed."""
-        lookup = view.lookup(state.type_url)
-        if state.subscription.wildcard:
-            wanted = sorted(view.names(state.type_url))
-        else:
-            wanted = sorted(state.subscription.names)
-        updated: list[Resource] = []
-        removed: list[str] = []
-        for name in wanted:
-            resource = lookup(name)
-            if resource is None:
-                removed.append(name)
-            else:
-                updated.append(resource)
-        names = tuple(r.name for r in updated)
-        versions = {r.name: r.version for r in updated}
-        return cls(tuple(updated), tuple(removed), versions, names)
-
-
 def _owed_whole(state: TypeState) -> bool:
     """Whether a stream holding nothing is owed its whole subscription, as anyone who
     subscribes alike is: a new wildcard (every name, nothing named to remove), or names
@@ -218,18 +185,6 @@ def _owed_whole(state: TypeState) -> bool:
     if subscription.wildcard:
         return state.pending_all and not state.must_send and not subscription.names
     return bool(subscription.names) and state.must_send >= subscription.names
-
-
-def _first_answer(state: TypeState, view: ResourceView, answers: AnswerStore) -> FirstAnswer:
-    """The shared first answer for this stream's subscription, worked out once."""
-    subscription = state.subscription
-    key = WILDCARD if subscription.wildcard else subscription.names
-    found = answers.get(key)
-    if isinstance(found, FirstAnswer):
-        return found
-    made = FirstAnswer.work_out(state, view)
-    answers.put(key, made, len(made.names) + len(made.removed))
-    return made
 
 
 def _seed(state: TypeState, initial_versions: Mapping[str, str]) -> frozenset[str]:

@@ -78,6 +78,8 @@ class SotwResponse:
     version_info: str
     nonce: str
     resources: tuple[Resource, ...]
+    # A shared answer's last wire bytes (see DeltaResponse.wire).
+    wire: dict[tuple[str, str, int], bytes] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

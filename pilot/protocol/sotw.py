@@ -13,6 +13,7 @@ Rules it implements (see shared/xds-protocol.md):
 
 from __future__ import annotations
 
+from pilot.protocol.answers import FirstAnswer, shared_first_answer
 from pilot.protocol.messages import (
     ProtocolError,
     ResourceView,
@@ -65,16 +66,24 @@ class SotwStream(StreamCore):
         return responses
 
     def _full_response(self, state: TypeState, view: ResourceView) -> SotwResponse | None:
-        resources = tuple(_existing(view, state.type_url, sorted(state.wanted_now(view))))
-        current = {r.name: r.version for r in resources}
-        if current == state.sent and not state.answer_required:
+        full = _full_state(state, view)
+        if full.versions == state.sent and not state.answer_required:
             return None
-        response = self._respond(state, view, resources)
-        state.sent = current
-        state.record_sent(tuple(current))
+        response = self._respond(state, view, full.updated, full.wire)
+        state.sent = dict(full.versions)  # its own: unsubscribing pops from it
+        state.record_sent(full.names)
         return response
 
     def _named_response(self, state: TypeState, view: ResourceView) -> SotwResponse | None:
+        answers = view.first_answers(state.type_url)
+        if answers is not None and not state.sent and _owed_whole(state):
+            first = shared_first_answer(state, view, answers)
+            if not first.updated:
+                return None
+            response = self._respond(state, view, first.updated, first.wire)
+            state.sent.update(first.versions)
+            state.record_sent(first.names)
+            return response
         chosen = []
         for name in state.candidates(view):
             resource = view.get(state.type_url, name)
@@ -92,11 +101,37 @@ class SotwStream(StreamCore):
         return response
 
     def _respond(
-        self, state: TypeState, view: ResourceView, resources: tuple[Resource, ...]
+        self,
+        state: TypeState,
+        view: ResourceView,
+        resources: tuple[Resource, ...],
+        wire: dict[tuple[str, str, int], bytes] | None = None,
     ) -> SotwResponse:
         nonce = self._next_nonce(state)
         state.sent_version = view.version(state.type_url)
-        return SotwResponse(state.type_url, state.sent_version, nonce, resources)
+        return SotwResponse(state.type_url, state.sent_version, nonce, resources, wire)
+
+
+def _full_state(state: TypeState, view: ResourceView) -> FirstAnswer:
+    """Everything a wildcard-capable type's subscription holds now: the same for every
+    stream that subscribes alike, so shared through the view's memo where it has one."""
+    answers = view.first_answers(state.type_url)
+    key = ("full", state.subscription.wildcard, state.subscription.names)
+    found = answers.get(key) if answers is not None else None
+    if isinstance(found, FirstAnswer):
+        return found
+    resources = tuple(_existing(view, state.type_url, sorted(state.wanted_now(view))))
+    full = FirstAnswer.of(resources, ())
+    if answers is not None:
+        answers.put(key, full, len(full.names))
+    return full
+
+
+def _owed_whole(state: TypeState) -> bool:
+    """A stream holding nothing is owed every name it subscribes to that exists (its first
+    request named them all), as anyone who subscribes alike is."""
+    names = state.subscription.names
+    return bool(names) and not state.subscription.wildcard and state.must_send >= names
 
 
 def _mark_for_request(state: TypeState, first: bool, diff: SubscriptionDiff) -> None:

@@ -59,31 +59,38 @@ def delta_request(message: discovery_pb2.DeltaDiscoveryRequest, default_type: st
 
 def encode(response: SotwResponse | DeltaResponse) -> bytes:
     """The wire bytes of a response, assembled from pre-encoded resources."""
+    if response.wire is None:
+        return _encoded(response)
     if isinstance(response, SotwResponse):
-        return encode_sotw_response(
-            response.type_url, response.version_info, response.nonce, response.resources
-        )
-    if response.wire is not None:
-        return _shared_encoding(response, response.wire)
-    return _encode_delta(response)
+        key = (response.version_info, response.nonce, -1)
+    else:
+        key = (response.system_version_info, response.nonce, len(response.removed))
+    return _shared_encoding(response, response.wire, key)
 
 
-def _shared_encoding(response: DeltaResponse, wire: dict[tuple[str, str, int], bytes]) -> bytes:
-    """A shared first answer's bytes: made once per (version, nonce, removals) in a row.
+def _shared_encoding(
+    response: SotwResponse | DeltaResponse,
+    wire: dict[tuple[str, str, int], bytes],
+    key: tuple[str, str, int],
+) -> bytes:
+    """A shared answer's bytes: made once per (version, nonce, removals) in a row.
 
     Only the last is kept: the bytes are as large as the answer, and streams that
     asked alike come with the same nonce one after another.
     """
-    key = (response.system_version_info, response.nonce, len(response.removed))
     data = wire.get(key)
     if data is None:
-        data = _encode_delta(response)
+        data = _encoded(response)
         wire.clear()
         wire[key] = data
     return data
 
 
-def _encode_delta(response: DeltaResponse) -> bytes:
+def _encoded(response: SotwResponse | DeltaResponse) -> bytes:
+    if isinstance(response, SotwResponse):
+        return encode_sotw_response(
+            response.type_url, response.version_info, response.nonce, response.resources
+        )
     return encode_delta_response(
         response.type_url,
         response.system_version_info,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pilot.protocol import DeltaRequest, DeltaStream
+from pilot.protocol import DeltaRequest, DeltaStream, SotwRequest, SotwStream
 from pilot.server import convert
 from pilot.xds import types
 from tests.unit.views import FakeView
@@ -35,13 +35,16 @@ plans = st.lists(st.one_of(requests, changes, writes), max_size=30)
 class World:
     """Four streams on one view, sharing first answers or not."""
 
-    def __init__(self, share: bool) -> None:
+    def __init__(self, share: bool, sotw: bool = False) -> None:
+        self.sotw = sotw
         self.view = FakeView()
         self.view.share_answers = share
         for name in NAMES[:3]:
             self.view.put(CDS, name, f"cluster {name}")
             self.view.put(EDS, name, f"endpoints {name}")
-        self.streams = [DeltaStream() for _ in range(4)]
+        self.streams: list[DeltaStream | SotwStream] = [
+            SotwStream() if sotw else DeltaStream() for _ in range(4)
+        ]
         self.nonces: dict[tuple[int, str], str] = {}
         self.wire: list[bytes] = []
 
@@ -52,6 +55,12 @@ class World:
             state = stream.state(type_url)  # type: ignore[arg-type]
             first = state is None or not state.subscription.seen_request
             nonce = self.nonces.get((number, type_url), "") if ack else ""  # type: ignore[arg-type]
+            if self.sotw:
+                held = state.subscription.names if state is not None else frozenset()
+                names = (set(held) | set(subscribe)) - set(unsubscribe)  # type: ignore[arg-type]
+                sotw = SotwRequest(type_url, tuple(sorted(names)), response_nonce=nonce)  # type: ignore[arg-type]
+                stream.on_request(sotw)  # type: ignore[arg-type]
+                return
             request = DeltaRequest(
                 type_url,  # type: ignore[arg-type]
                 subscribe=tuple(subscribe),  # type: ignore[arg-type]
@@ -59,7 +68,7 @@ class World:
                 initial_resource_versions=versions if first else {},  # type: ignore[arg-type]
                 response_nonce=nonce,
             )
-            stream.on_request(request)
+            stream.on_request(request)  # type: ignore[arg-type]
         elif step[0] == "change":
             _, type_url, name, present = step
             if present:
@@ -87,6 +96,32 @@ def test_shared_first_answers_are_the_answers_each_stream_would_get_alone(
     plan: list[tuple[object, ...]],
 ) -> None:
     shared, alone = World(share=True), World(share=False)
+    for step in plan:
+        shared.step(step)
+        alone.step(step)
+        assert shared.wire == alone.wire
+    for number in range(4):
+        shared.step(("write", number))
+        alone.step(("write", number))
+    assert shared.wire == alone.wire
+
+
+@settings(max_examples=300, deadline=None)
+@given(plans)
+@example(  # a full state re-answered after a change, then after an unsubscribe
+    [
+        ("request", 0, CDS, ["a", "b"], [], {}, False),
+        ("write", 0),
+        ("change", CDS, "a", True),
+        ("write", 0),
+        ("request", 0, CDS, [], ["a"], {}, True),
+        ("write", 0),
+    ]
+)
+def test_shared_sotw_answers_are_the_answers_each_stream_would_get_alone(
+    plan: list[tuple[object, ...]],
+) -> None:
+    shared, alone = World(share=True, sotw=True), World(share=False, sotw=True)
     for step in plan:
         shared.step(step)
         alone.step(step)
