@@ -24,7 +24,16 @@ from google.protobuf import struct_pb2
 from pilot._gen.istio.v1.auth import ca_pb2
 from pilot.security.ca import CaExpired, CertificateAuthority, CsrError
 from pilot.security.ca_service import CA_SERVICE, IMPERSONATED_IDENTITY
-from pilot.security.certs import load_certificates, uri_sans, verify_chain
+from pilot.security.certs import (
+    KeyType,
+    WorkloadCertificate,
+    generate_key,
+    key_matches,
+    key_pem,
+    load_certificates,
+    uri_sans,
+    verify_chain,
+)
 from pilot.security.identity import Identity
 
 CALL_TIMEOUT = 10.0
@@ -43,7 +52,14 @@ class CaClient(Protocol):
 
 
 class LocalCa:
-    """pilot's own CA, called in process (off the event loop)."""
+    """pilot's own CA, called in process (off the event loop).
+
+    `sign` takes a CSR, as any CA does. `mint` is for the keys of pilot's own
+    proxies: key pair and certificate in one thread hand-off, with no CSR, since
+    the key is made in the same call and no one else ever held it (a CSR would
+    prove possession of it to no one). The certificate's key is still checked
+    to be the one made, as for any CA's answer.
+    """
 
     def __init__(self, ca: CertificateAuthority, slots: asyncio.Semaphore) -> None:
         self.ca = ca
@@ -55,6 +71,27 @@ class LocalCa:
                 return await asyncio.to_thread(self.ca.sign, csr_pem, identity, ttl)
             except (CsrError, CaExpired) as error:
                 raise CaError(f"pilot's CA: {error}") from error
+
+    async def mint(
+        self, key_type: KeyType, identity: Identity, ttl: datetime.timedelta
+    ) -> WorkloadCertificate:
+        """A new private key and its certificate naming `identity` (the proven one)."""
+        async with self._slots:
+            try:
+                return await asyncio.to_thread(self._mint, key_type, identity, ttl)
+            except CaExpired as error:
+                raise CaError(f"pilot's CA: {error}") from error
+
+    def _mint(
+        self, key_type: KeyType, identity: Identity, ttl: datetime.timedelta
+    ) -> WorkloadCertificate:
+        key = generate_key(key_type)
+        leaf = self.ca.issue_workload(key.public_key(), identity, ttl)
+        if not key_matches(key, leaf):
+            raise CaError("pilot's CA certified a different key than the one it was given")
+        chain = "".join(self.ca.chain_pem(leaf)).encode()
+        expires = leaf.not_valid_after_utc
+        return WorkloadCertificate(chain, key_pem(key), leaf.serial_number, expires)
 
 
 @dataclass(frozen=True, slots=True)

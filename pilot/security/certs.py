@@ -10,6 +10,7 @@ import datetime
 import itertools
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
@@ -28,6 +29,16 @@ class KeyType(StrEnum):
 
     EC = "ec"
     RSA = "rsa"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadCertificate:
+    """A signed chain (leaf first) and its private key; the key never in a repr."""
+
+    chain_pem: bytes
+    key_pem: bytes = field(repr=False)
+    serial: int
+    expires: datetime.datetime
 
 
 def generate_key(key_type: KeyType) -> PrivateKey:
