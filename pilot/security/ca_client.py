@@ -51,19 +51,39 @@ class CaClient(Protocol):
     ) -> list[str]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class _MintJob:
+    """One certificate to mint, and where its result goes."""
+
+    key_type: KeyType
+    identity: Identity
+    ttl: datetime.timedelta
+    result: asyncio.Future[WorkloadCertificate]
+
+
 class LocalCa:
     """pilot's own CA, called in process (off the event loop).
 
     `sign` takes a CSR, as any CA does. `mint` is for the keys of pilot's own
-    proxies: key pair and certificate in one thread hand-off, with no CSR, since
-    the key is made in the same call and no one else ever held it (a CSR would
-    prove possession of it to no one). The certificate's key is still checked
-    to be the one made, as for any CA's answer.
+    proxies: key pair and certificate together, with no CSR, since the key is
+    made in the same call and no one else ever held it (a CSR would prove
+    possession of it to no one). The certificate's key is still checked to be
+    the one made, as for any CA's answer.
+
+    Mints wait in a queue and go to a thread in batches of at most MINT_BATCH,
+    one batch per signing slot (the slots the CA service shares): a burst of
+    proxies costs one thread hand-off per batch, not per certificate. The queue
+    holds at most one job per live workload (each workload's task waits for its
+    one mint), so the certificate limits bound it.
     """
+
+    MINT_BATCH = 32
 
     def __init__(self, ca: CertificateAuthority, slots: asyncio.Semaphore) -> None:
         self.ca = ca
         self._slots = slots
+        self._queue: list[_MintJob] = []
+        self._drainers: set[asyncio.Task[None]] = set()
 
     async def sign(self, csr_pem: bytes, identity: Identity, ttl: datetime.timedelta) -> list[str]:
         async with self._slots:
@@ -76,11 +96,50 @@ class LocalCa:
         self, key_type: KeyType, identity: Identity, ttl: datetime.timedelta
     ) -> WorkloadCertificate:
         """A new private key and its certificate naming `identity` (the proven one)."""
-        async with self._slots:
+        result: asyncio.Future[WorkloadCertificate] = asyncio.get_running_loop().create_future()
+        self._queue.append(_MintJob(key_type, identity, ttl, result))
+        if len(self._drainers) * self.MINT_BATCH < len(self._queue):
+            drainer = asyncio.create_task(self._drain(), name="ca-mint")
+            self._drainers.add(drainer)
+            drainer.add_done_callback(self._drainers.discard)
+        return await result
+
+    async def _drain(self) -> None:
+        """Mint batches from the queue until it is empty."""
+        try:
+            await self._drain_batches()
+        finally:
+            # Now, not in a done callback: a job queued before that ran would see this
+            # drainer still counted and start none, though this one takes no more jobs.
+            self._drainers.discard(asyncio.current_task())
+
+    async def _drain_batches(self) -> None:
+        while self._queue:
+            async with self._slots:
+                # Taken once a slot is free: jobs queued meanwhile join this batch.
+                batch = [job for job in self._queue[: self.MINT_BATCH] if not job.result.done()]
+                del self._queue[: self.MINT_BATCH]
+                if not batch:
+                    continue
+                try:
+                    outcomes = await asyncio.to_thread(self._mint_batch, batch)
+                except BaseException as error:
+                    _fail(batch, error)
+                    raise
+            for job, outcome in zip(batch, outcomes, strict=True):
+                _settle(job.result, outcome)
+
+    def _mint_batch(self, batch: list[_MintJob]) -> list[WorkloadCertificate | Exception]:
+        """In a thread: each job's certificate, or what stopped it (the others go on)."""
+        outcomes: list[WorkloadCertificate | Exception] = []
+        for job in batch:
             try:
-                return await asyncio.to_thread(self._mint, key_type, identity, ttl)
+                outcomes.append(self._mint(job.key_type, job.identity, job.ttl))
             except CaExpired as error:
-                raise CaError(f"pilot's CA: {error}") from error
+                outcomes.append(CaError(f"pilot's CA: {error}"))
+            except Exception as error:  # a fault of pilot's: the secret manager logs it
+                outcomes.append(error)
+        return outcomes
 
     def _mint(
         self, key_type: KeyType, identity: Identity, ttl: datetime.timedelta
@@ -92,6 +151,28 @@ class LocalCa:
         chain = "".join(self.ca.chain_pem(leaf)).encode()
         expires = leaf.not_valid_after_utc
         return WorkloadCertificate(chain, key_pem(key), leaf.serial_number, expires)
+
+
+def _settle(
+    result: asyncio.Future[WorkloadCertificate], outcome: WorkloadCertificate | Exception
+) -> None:
+    if result.done():
+        return  # its caller gave up (the proxy was released meanwhile)
+    if isinstance(outcome, Exception):
+        result.set_exception(outcome)
+    else:
+        result.set_result(outcome)
+
+
+def _fail(batch: list[_MintJob], error: BaseException) -> None:
+    """A batch that never finished: its callers must not wait for ever."""
+    for job in batch:
+        if job.result.done():
+            continue
+        if isinstance(error, asyncio.CancelledError):
+            job.result.cancel()
+        else:
+            job.result.set_exception(CaError(f"pilot's CA: {error}"))
 
 
 @dataclass(frozen=True, slots=True)
