@@ -311,14 +311,9 @@ class CertificateAuthority:
             .not_valid_before(not_before)
             .not_valid_after(not_after)
             .add_extension(x509.SubjectAlternativeName(san), critical=True)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(_leaf_key_usage(), critical=True)
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
-                critical=False,
-            )
+            .add_extension(_LEAF_CONSTRAINTS, critical=True)
+            .add_extension(_LEAF_KEY_USAGE, critical=True)
+            .add_extension(_LEAF_EXTENDED_KEY_USAGE, critical=False)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
             .add_extension(self._authority_key_id, critical=False)
             .sign(self._key, hashes.SHA256())
@@ -485,3 +480,11 @@ def _leaf_key_usage() -> x509.KeyUsage:
         encipher_only=False,
         decipher_only=False,
     )
+
+
+# The same in every leaf (and immutable): made once, not per certificate.
+_LEAF_CONSTRAINTS = x509.BasicConstraints(ca=False, path_length=None)
+_LEAF_KEY_USAGE = _leaf_key_usage()
+_LEAF_EXTENDED_KEY_USAGE = x509.ExtendedKeyUsage(
+    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+)

@@ -79,9 +79,9 @@ def cert_pem(certificate: x509.Certificate) -> str:
 
 def key_matches(key: PrivateKeyTypes, certificate: x509.Certificate) -> bool:
     """True when `certificate` certifies the public half of `key`."""
-    spki = serialization.PublicFormat.SubjectPublicKeyInfo
-    mine = key.public_key().public_bytes(serialization.Encoding.DER, spki)
-    return mine == certificate.public_key().public_bytes(serialization.Encoding.DER, spki)
+    # Public keys compare by value (type, curve or modulus, point or exponent),
+    # as their DER encodings would, without encoding either.
+    return bool(key.public_key() == certificate.public_key())
 
 
 def uri_sans(certificate: x509.Certificate) -> list[str]:
