@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from types import MappingProxyType
+from typing import Final, Protocol
 
 import grpc
 from cryptography import x509
@@ -37,6 +39,9 @@ from pilot.security.certs import (
 from pilot.security.identity import Identity
 
 CALL_TIMEOUT = 10.0
+# Certificates pilot's own CA mints per thread hand-off, and threads at once (see LocalCa).
+MINT_BATCH: Final[Mapping[KeyType, int]] = MappingProxyType({KeyType.EC: 16, KeyType.RSA: 1})
+MINT_THREADS: Final[Mapping[KeyType, int]] = MappingProxyType({KeyType.EC: 1, KeyType.RSA: 4})
 
 
 class CaError(Exception):
@@ -70,14 +75,16 @@ class LocalCa:
     possession of it to no one). The certificate's key is still checked to be
     the one made, as for any CA's answer.
 
-    Mints wait in a queue and go to a thread in batches of at most MINT_BATCH,
-    one batch per signing slot (the slots the CA service shares): a burst of
-    proxies costs one thread hand-off per batch, not per certificate. The queue
-    holds at most one job per live workload (each workload's task waits for its
-    one mint), so the certificate limits bound it.
+    Mints wait in a queue and go to a thread in batches (MINT_BATCH), each batch
+    holding a signing slot (the slots the CA service shares): a burst of
+    proxies costs one thread hand-off per batch, not per certificate. EC minting
+    holds the GIL throughout, so a second thread would only add switching, and
+    the event loop waits for the GIL behind every busy thread: one thread mints
+    EC keys. RSA key generation releases the GIL and runs on several cores at
+    once: up to MINT_THREADS threads, one key each. The queue holds at most one job
+    per live workload (each workload's task waits for its one mint), so the
+    certificate limits bound it.
     """
-
-    MINT_BATCH = 32
 
     def __init__(self, ca: CertificateAuthority, slots: asyncio.Semaphore) -> None:
         self.ca = ca
@@ -98,7 +105,8 @@ class LocalCa:
         """A new private key and its certificate naming `identity` (the proven one)."""
         result: asyncio.Future[WorkloadCertificate] = asyncio.get_running_loop().create_future()
         self._queue.append(_MintJob(key_type, identity, ttl, result))
-        if len(self._drainers) * self.MINT_BATCH < len(self._queue):
+        drainers = len(self._drainers)
+        if drainers < MINT_THREADS[key_type] and drainers * MINT_BATCH[key_type] < len(self._queue):
             drainer = asyncio.create_task(self._drain(), name="ca-mint")
             self._drainers.add(drainer)
             drainer.add_done_callback(self._drainers.discard)
@@ -117,8 +125,11 @@ class LocalCa:
         while self._queue:
             async with self._slots:
                 # Taken once a slot is free: jobs queued meanwhile join this batch.
-                batch = [job for job in self._queue[: self.MINT_BATCH] if not job.result.done()]
-                del self._queue[: self.MINT_BATCH]
+                if not self._queue:
+                    break  # another drainer took the rest while this one waited
+                size = MINT_BATCH[self._queue[0].key_type]
+                batch = [job for job in self._queue[:size] if not job.result.done()]
+                del self._queue[:size]
                 if not batch:
                     continue
                 try:

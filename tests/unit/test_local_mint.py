@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from pilot.security import ca as ca_module
 from pilot.security.ca import CaSettings, CertificateAuthority
-from pilot.security.ca_client import CaError, LocalCa
+from pilot.security.ca_client import MINT_BATCH, CaError, LocalCa
 from pilot.security.certs import KeyType, WorkloadCertificate, load_certificates, verify_chain
 from pilot.security.identity import Identity
 from pilot.security.secrets import SdsSettings, SecretManager
@@ -124,7 +124,7 @@ async def test_a_burst_gets_one_key_each_and_every_caller_an_answer(
     ca: CertificateAuthority,
 ) -> None:
     local = LocalCa(ca, asyncio.Semaphore(2))
-    count = 3 * LocalCa.MINT_BATCH + 5
+    count = 3 * MINT_BATCH[KeyType.EC] + 5
     identities = [Identity("cluster.local", "ns", f"sa-{i}") for i in range(count)]
     minted = await asyncio.gather(*(local.mint(KeyType.EC, i, DAY) for i in identities))
     assert [_uris(_chain(m)[0]) for m in minted] == [[i.uri] for i in identities]
