@@ -41,6 +41,8 @@ CLIENT_TEXT = 200
 
 def clipped(text: str, limit: int = CLIENT_TEXT) -> str:
     """A client's string for a log line: control characters escaped, at most `limit` shown."""
+    if len(text) <= limit and text.isprintable():
+        return text  # the common case, without a look at each character
     shown = text if len(text) <= limit else text[:limit]
     escaped = "".join(c if c.isprintable() else repr(c)[1:-1] for c in shown)
     return escaped if len(text) <= limit else f"{escaped}...(+{len(text) - limit} chars)"

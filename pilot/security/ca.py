@@ -243,8 +243,23 @@ class CertificateAuthority:
         Raises CsrError for a CSR it will not sign, CaExpired when the CA is not valid now.
         """
         csr = _checked_csr(csr_pem)
-        san = [x509.UniformResourceIdentifier(identity.uri)]
-        return self._issue(csr.public_key(), san, ttl)  # type: ignore[arg-type]
+        leaf = self.issue_workload(csr.public_key(), identity, ttl)
+        return self.chain_pem(leaf)
+
+    def issue_workload(
+        self, public_key: CertificatePublicKeyTypes, identity: Identity, ttl: datetime.timedelta
+    ) -> x509.Certificate:
+        """The leaf naming `identity` for a public key already checked (or made here).
+
+        `sign` calls it once a CSR has proved possession of the key; pilot's own
+        minting calls it directly with a key it made in the same thread, which
+        no one else has held, so there is nothing a CSR would prove.
+        """
+        return self._leaf(public_key, [x509.UniformResourceIdentifier(identity.uri)], ttl)
+
+    def chain_pem(self, leaf: x509.Certificate) -> list[str]:
+        """The PEM chain of a leaf this CA issued: leaf first, root last."""
+        return [cert_pem(leaf), *self._chain_pem]
 
     def issue_server(
         self, dns_names: list[str], ttl: datetime.timedelta
@@ -253,7 +268,7 @@ class CertificateAuthority:
         key = generate_key(KeyType.EC)
         san: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
         san.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
-        return key_pem(key), self._issue(key.public_key(), san, ttl)
+        return key_pem(key), self.chain_pem(self._leaf(key.public_key(), san, ttl))
 
     def _validity(self, ttl: datetime.timedelta) -> tuple[datetime.datetime, datetime.datetime]:
         """(NotBefore, NotAfter) of a leaf issued now: within the CA's own validity."""
@@ -280,14 +295,14 @@ class CertificateAuthority:
             ttl = remaining
         return max(now - BACKDATE, self.not_before), now + ttl
 
-    def _issue(
+    def _leaf(
         self,
         public_key: CertificatePublicKeyTypes,
         san: list[x509.GeneralName],
         ttl: datetime.timedelta,
-    ) -> list[str]:
+    ) -> x509.Certificate:
         not_before, not_after = self._validity(ttl)
-        leaf = (
+        return (
             x509.CertificateBuilder()
             .subject_name(x509.Name([]))
             .issuer_name(self._cert.subject)
@@ -296,19 +311,13 @@ class CertificateAuthority:
             .not_valid_before(not_before)
             .not_valid_after(not_after)
             .add_extension(x509.SubjectAlternativeName(san), critical=True)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(_leaf_key_usage(), critical=True)
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
-                critical=False,
-            )
+            .add_extension(_LEAF_CONSTRAINTS, critical=True)
+            .add_extension(_LEAF_KEY_USAGE, critical=True)
+            .add_extension(_LEAF_EXTENDED_KEY_USAGE, critical=False)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
             .add_extension(self._authority_key_id, critical=False)
             .sign(self._key, hashes.SHA256())
         )
-        return [cert_pem(leaf), *self._chain_pem]
 
 
 def _authority_key_id(issuer: x509.Certificate, key: PrivateKey) -> x509.AuthorityKeyIdentifier:
@@ -471,3 +480,11 @@ def _leaf_key_usage() -> x509.KeyUsage:
         encipher_only=False,
         decipher_only=False,
     )
+
+
+# The same in every leaf (and immutable): made once, not per certificate.
+_LEAF_CONSTRAINTS = x509.BasicConstraints(ca=False, path_length=None)
+_LEAF_KEY_USAGE = _leaf_key_usage()
+_LEAF_EXTENDED_KEY_USAGE = x509.ExtendedKeyUsage(
+    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+)

@@ -10,6 +10,7 @@ import datetime
 import itertools
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
@@ -28,6 +29,16 @@ class KeyType(StrEnum):
 
     EC = "ec"
     RSA = "rsa"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadCertificate:
+    """A signed chain (leaf first) and its private key; the key never in a repr."""
+
+    chain_pem: bytes
+    key_pem: bytes = field(repr=False)
+    serial: int
+    expires: datetime.datetime
 
 
 def generate_key(key_type: KeyType) -> PrivateKey:
@@ -68,9 +79,9 @@ def cert_pem(certificate: x509.Certificate) -> str:
 
 def key_matches(key: PrivateKeyTypes, certificate: x509.Certificate) -> bool:
     """True when `certificate` certifies the public half of `key`."""
-    spki = serialization.PublicFormat.SubjectPublicKeyInfo
-    mine = key.public_key().public_bytes(serialization.Encoding.DER, spki)
-    return mine == certificate.public_key().public_bytes(serialization.Encoding.DER, spki)
+    # Public keys compare by value (type, curve or modulus, point or exponent),
+    # as their DER encodings would, without encoding either.
+    return bool(key.public_key() == certificate.public_key())
 
 
 def uri_sans(certificate: x509.Certificate) -> list[str]:

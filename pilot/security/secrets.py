@@ -4,7 +4,9 @@ A certificate belongs to one proxy (`ProxyKey`: node id and the identity the
 proxy *proved*), and names that identity. Nothing is minted until the SDS
 generator asks (the first stream of the proxy names `default`); then pilot
 makes a key and a CSR (off the event loop, a bounded number at once) and has
-the CA sign it. While wanted, a new one is minted at SECRET_GRACE_PERIOD_RATIO
+the CA sign it. With pilot's own CA there is no CSR: key and certificate are
+made together in one thread hand-off (`LocalCa.mint`), the key never having
+left that call. While wanted, a new one is minted at SECRET_GRACE_PERIOD_RATIO
 of its lifetime; after each mint the manager calls the `ready` callback it was
 given, which hands the proxy to the push pipeline. When released, key and
 certificate are forgotten. CA failures are retried with backoff; a chain that
@@ -26,15 +28,16 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from cryptography.hazmat.primitives import serialization
 
 from pilot.backoff import Backoff
 from pilot.limits import Admission, LimitExceeded
-from pilot.security.ca_client import CaClient, CaError
+from pilot.security.ca_client import CaClient, CaError, LocalCa
 from pilot.security.certs import (
     KeyType,
+    WorkloadCertificate,
     key_matches,
     load_certificates,
     new_key_and_csr,
@@ -72,16 +75,6 @@ class SecretStats:
     ca_errors: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class WorkloadCertificate:
-    """A signed chain (leaf first) and its private key; the key never in a repr."""
-
-    chain_pem: bytes
-    key_pem: bytes = field(repr=False)
-    serial: int
-    expires: datetime.datetime
-
-
 @dataclass
 class _Workload:
     """One proxy's certificate: the current one and the task keeping it fresh."""
@@ -104,6 +97,8 @@ class SecretManager:
         admission: Admission | None = None,
     ) -> None:
         self._ca = ca
+        # pilot's own CA makes key and certificate in one step; any other gets a CSR.
+        self._local = ca if isinstance(ca, LocalCa) else None
         self._settings = settings
         self._observe_ca_latency = observe_ca_latency
         self._admission = admission or Admission.unlimited()
@@ -240,6 +235,24 @@ class SecretManager:
                 await asyncio.sleep(delay)
 
     async def _mint(self, identity: Identity) -> tuple[WorkloadCertificate, datetime.datetime]:
+        if self._local is not None:
+            return await self._mint_locally(self._local, identity)
+        return await self._mint_with_csr(identity)
+
+    async def _mint_locally(
+        self, ca: LocalCa, identity: Identity
+    ) -> tuple[WorkloadCertificate, datetime.datetime]:
+        """Key and certificate from pilot's own CA, which bounds how many it makes at once."""
+        created = utcnow()
+        started = time.monotonic()
+        certificate = await ca.mint(self._settings.key_type, identity, self._settings.ttl)
+        self._observe_ca_latency(time.monotonic() - started)
+        return certificate, created
+
+    async def _mint_with_csr(
+        self, identity: Identity
+    ) -> tuple[WorkloadCertificate, datetime.datetime]:
+        """A key and CSR made here, signed by the CA; its answer checked against the key."""
         async with self._mint_slots:
             key_pem, csr = await asyncio.to_thread(
                 new_key_and_csr, self._settings.key_type, [identity.uri]

@@ -5,7 +5,7 @@ Owns:
 * `kube_api`: a started test API server (TokenReview) and a kubeconfig pointing at it;
 * `CaCaller`: a client of `istio.v1.auth.IstioCertificateService/CreateCertificate`
   over a real gRPC channel, with the generated messages, as a node agent calls it;
-* `record_signatures`: a spy on one pilot's `CertificateAuthority.sign`, so that a
+* `record_signatures`: a spy on one pilot's `CertificateAuthority.issue_workload`, so that a
   test can say "nothing was signed";
 * `node`: an Envoy node claiming an identity in Istio's metadata, for the xDS test
   client (`tests.protocol.client`);
@@ -40,6 +40,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from envoy.config.core.v3 import base_pb2
 
@@ -367,16 +368,20 @@ class CaCaller:
 
 
 def record_signatures(monkeypatch: pytest.MonkeyPatch, ca: CertificateAuthority) -> list[str]:
-    """From now on, the identity of every certificate `ca` signs is appended to the list."""
+    """From now on, the identity of every workload certificate `ca` issues is appended to
+    the list: for a CSR (`sign`) or for a key pilot made itself (`LocalCa.mint`), both of
+    which issue the leaf through `issue_workload`."""
     signed: list[str] = []
-    original = ca.sign
+    original = ca.issue_workload
 
-    def sign(csr_pem: bytes, identity: Identity, ttl: datetime.timedelta) -> list[str]:
-        chain = original(csr_pem, identity, ttl)
+    def issue_workload(
+        public_key: CertificatePublicKeyTypes, identity: Identity, ttl: datetime.timedelta
+    ) -> x509.Certificate:
+        leaf = original(public_key, identity, ttl)
         signed.append(identity.uri)
-        return chain
+        return leaf
 
-    monkeypatch.setattr(ca, "sign", sign)
+    monkeypatch.setattr(ca, "issue_workload", issue_workload)
     return signed
 
 
