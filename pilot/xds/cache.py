@@ -26,9 +26,10 @@ The cache also keeps, per type and per table a stream reads (flavor and
 overlay), a small memo of *first answers* (`first_answers`): what a stream
 that holds nothing yet is owed for one subscription, worked out once and read
 by every stream that subscribes alike (a restart's thousand Envoys ask for the
-same clusters and assignments). A memo lives while its type's version does:
-any change to the type starts it afresh. Resources that belong to one proxy
-get none.
+same clusters and assignments). A memo lives while what its type's tables hold
+does: any change to them starts it afresh, while an overlay laid over one
+proxy's view, which changes no table, does not. Resources that belong to one
+proxy get none.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ class ResourceCache:
     def __init__(self) -> None:
         self._tables: dict[TableKey, dict[str, Resource]] = {}
         self._versions: dict[str, int] = {}
+        # Per type, a count of changes to its tables' contents: overlays laid or lifted
+        # change what one proxy reads, not what a table holds, so they leave it as it is.
+        self._contents: dict[str, int] = {}
         self._pending: set[tuple[str, ProxyKey, str]] = set()
         self._overlays: dict[ProxyKey, dict[str, Overlay]] = {}
         self._answers: dict[str, AnswerMemo] = {}
@@ -93,6 +97,7 @@ class ResourceCache:
                 del self._tables[key]  # owners come and go: keep no empty tables
         if changed:
             self._versions[type_url] = self._versions.get(type_url, 0) + 1
+            self._contents[type_url] = self._contents.get(type_url, 0) + 1
         return changed
 
     def get(
@@ -114,8 +119,8 @@ class ResourceCache:
 
     def drop_flavor(self, type_url: str, flavor: str) -> None:
         """Forget every shared resource of a flavor no stream reads any more."""
-        if flavor != SHARED:
-            self._tables.pop((type_url, flavor, None), None)
+        if flavor != SHARED and self._tables.pop((type_url, flavor, None), None) is not None:
+            self._contents[type_url] = self._contents.get(type_url, 0) + 1
 
     def set_pending(self, type_url: str, name: str, owner: ProxyKey, pending: bool) -> None:
         """Mark (or unmark) an owner's resource as being made: not absent, not there yet."""
@@ -152,8 +157,9 @@ class ResourceCache:
         return True
 
     def first_answers(self, type_url: str, table: Hashable) -> FirstAnswers:
-        """The memo of first answers for streams that read `table` of a type, at its version."""
-        version = self._versions.get(type_url, 0)
+        """The memo of first answers for streams that read `table` of a type, while its
+        tables hold what they hold now (a proxy's overlay coming or going changes none)."""
+        version = self._contents.get(type_url, 0)
         memo = self._answers.get(type_url)
         if memo is None or memo.version != version:
             memo = self._answers[type_url] = AnswerMemo(version)

@@ -9,6 +9,9 @@ from hypothesis import strategies as st
 from pilot.protocol import DeltaRequest, DeltaStream, SotwRequest, SotwStream
 from pilot.server import convert
 from pilot.xds import types
+from pilot.xds.cache import ResourceCache
+from pilot.xds.proxy import ProxyKey
+from pilot.xds.resource import Resource
 from tests.unit.views import FakeView
 
 CDS, EDS = types.CLUSTER, types.ENDPOINT
@@ -152,3 +155,29 @@ def test_a_change_to_the_type_starts_its_memo_afresh() -> None:
     world.step(("write", 1))
     older, newer = world.wire
     assert older != newer, "the second stream gets the assignment as it is now"
+
+
+def test_a_proxy_with_an_overlay_reads_its_own_answer_and_lays_no_reset_on_others() -> None:
+    """Through the real cache: a sidecar whose inbound clusters lie over the shared ones
+    gets them in its first answer; the others keep sharing theirs, laid overlay or not."""
+    cache = ResourceCache()
+    cache.update(CDS, [Resource.from_payload(CDS, n, n.encode()) for n in ("a", "b")])
+    cache.update(CDS, [Resource.from_payload(CDS, "inbound|80||", b"in")], flavor="shape")
+    sidecar, other = ProxyKey("sidecar-1", None), ProxyKey("router-1", None)
+
+    def first_answer(proxy: ProxyKey) -> tuple[list[str], bytes]:
+        stream = DeltaStream()
+        stream.on_request(DeltaRequest(CDS, subscribe=("*",)))
+        (response,) = stream.take_responses(cache.view(owner=proxy))
+        return [r.name for r in response.resources], convert.encode(response)
+
+    names, before = first_answer(other)
+    assert names == ["a", "b"]
+    memo = cache._answers[CDS]
+    assert cache.set_overlay(sidecar, CDS, "shape")
+    assert first_answer(sidecar)[0] == ["a", "b", "inbound|80||"]
+    names, after = first_answer(other)
+    assert names == ["a", "b"]
+    assert after != before, "the type's version rose: another version_info, new bytes"
+    assert cache._answers[CDS] is memo, "laying an overlay changed no table: memo kept"
+    assert len(memo.answers) == 2, "one answer per table read"
