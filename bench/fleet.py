@@ -63,7 +63,7 @@ class _Member:
     failures: dict[str, int] = field(default_factory=dict)  # kind -> count
     sync_bytes: dict[str, int] = field(default_factory=dict)  # type URL -> bytes, all its streams
     sync_responses: dict[str, int] = field(default_factory=dict)  # type URL -> responses
-    secrets: dict[str, float] | None = None  # first SDS request, last secret in, streams held
+    secrets: dict[str, float] | None = None  # first SDS request, last certificate in, held
 
 
 class Fleet:
@@ -163,7 +163,7 @@ class Fleet:
 
     def secrets(self) -> SecretsHeld | None:
         """With SDS streams: over every process, the first SDS request, the last stream's
-        receipt of both secrets, and how many streams hold both."""
+        receipt of its certificate, and how many streams hold both secrets."""
         reports = [m.secrets for m in self.members if m.secrets is not None]
         if not reports:
             return None

@@ -32,14 +32,16 @@ sidecars as above (the sync the floor is compared with); pilot stopped; a new
 pilot, and the sidecars again, each also opening, once its clusters arrive (their
 transport sockets name SDS secrets from `sds-grpc`), a stream of its own as
 Envoy's `sds-grpc` cluster does: delta SDS
-(`SecretDiscoveryService/DeltaSecrets`, the service Envoy calls for a
-non-ADS config source, on connections of its own) for `default` and `ROOTCA`,
+(`SecretDiscoveryService/DeltaSecrets`: the SDS service, not ADS, since
+`sds-grpc` is a config source of its own, on connections of its own; delta as
+the bench's other streams, though the clusters pilot sends say `api_type:
+GRPC`, for which Envoy would call StreamSecrets) for `default` and `ROOTCA`,
 its node the sidecar's (NAMESPACE and SERVICE_ACCOUNT metadata: pilot runs
 with `--xds-auth none` and takes the identity from them), every response
 ACKed. That sync ends once every sidecar also holds both secrets (its listeners
 asked for only then, as Envoy's clusters warm only with their secrets), and
 steps 3 and 4 run on it. Reported: certificates per second from the first SDS
-request to the last certificate received; pilot's CPU per certificate, (its
+request to the last certificate (`default`) received; pilot's CPU per certificate, (its
 CPU over the sync with secrets - over the sync without) / N, against a bare
 mint (`bench.certificates.bare_mint_seconds`, here, after the run); /ready
 during each sync.

@@ -25,7 +25,8 @@ LISTENER: Final = "type.googleapis.com/envoy.config.listener.v3.Listener"
 ROUTE: Final = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 SECRET: Final = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
 # Istio's two secrets: the proxy's certificate and key, and the trust root.
-SECRET_NAMES: Final = ("default", "ROOTCA")
+WORKLOAD_SECRET: Final = "default"
+SECRET_NAMES: Final = (WORKLOAD_SECRET, "ROOTCA")
 # Short names for reports, in Istio's push order.
 SHORT: Final = {CLUSTER: "CDS", ENDPOINT: "EDS", LISTENER: "LDS", ROUTE: "RDS"}
 
