@@ -11,8 +11,21 @@ with listeners, doing what Envoy does: once the first clusters are warm (their
 assignments in), it subscribes to every Listener (`*`), then to the
 RouteConfiguration each listener's HTTP connection manager names (`rds`
 `route_config_name`); only clusters of discovery type EDS get an assignment
-subscription, as in Envoy. Secrets are not asked for: in Istio's split the
-agent serves them to Envoy over its own socket.
+subscription, as in Envoy. Secrets are not asked for (in Istio's split the
+agent serves them to Envoy over its own socket) unless `--secrets` is given.
+
+With `--secrets` (sidecars only) each sidecar, once its first clusters arrive
+(their transport sockets name SDS secrets), also opens a stream of its own to
+the same server, as Envoy's `sds-grpc` cluster does: a delta SDS stream
+(`SecretDiscoveryService/DeltaSecrets`, on channels of its own: another
+cluster, other connections), its first request carrying the sidecar's node
+and subscribing to `default` and `ROOTCA`, every response ACKed. (The clusters
+pilot sends name `sds-grpc` with `api_type: GRPC`, for which Envoy would call
+StreamSecrets, state of the world: the same secrets and mint, another framing.
+The bench speaks delta, as its other streams do.) As in Envoy,
+whose clusters warm only once their secrets are in, the listeners are asked
+for once the assignments *and* both secrets are in, and the stream counts as
+synced only then.
 
 Reports go to stdout as JSON lines, timestamps from `time.monotonic()`
 (CLOCK_MONOTONIC, comparable across the processes of one Linux machine):
@@ -21,7 +34,10 @@ Reports go to stdout as JSON lines, timestamps from `time.monotonic()`
   once every stream holds the clusters and all their assignments (sidecars: and
   the listeners and their routes), each response ACKed; B and R the bytes and
   responses of each type all streams received until then (with `--capture FILE`,
-  stream 0's responses up to then are written to FILE first);
+  stream 0's responses up to then are written to FILE first); with `--secrets`
+  also `"secrets": {"first": T, "last": T, "held": H}`: the first SDS request,
+  the last stream's receipt of its first certificate, and how many streams hold
+  both secrets;
 - then, each time every stream of this process has received a new version of a
   resource: `{"event": "update", "type": TYPE, "name": C, "version": V,
   "first": T, "last": T, "streams": N, "bytes": B, "raw": BASE64, "responses":
@@ -50,6 +66,7 @@ import contextlib
 import functools
 import gc
 import json
+import math
 import random
 import signal
 import sys
@@ -120,6 +137,11 @@ class Recorder:
     retries: int = 0
     failures: collections.Counter[str] = field(default_factory=collections.Counter)
 
+    secrets: bool = False  # the streams also hold `default` and `ROOTCA`
+    secrets_first: float = math.inf  # the first SDS request
+    secrets_last: float = 0.0  # the last stream's receipt of its first certificate
+    secrets_held: int = 0  # streams holding both secrets
+
     def received(self, type_url: str, size: int, synced: bool) -> None:
         """One response reached one stream (synced: that stream had synced before)."""
         if synced:
@@ -127,6 +149,13 @@ class Recorder:
         else:
             self.sync_bytes[type_url] += size
             self.sync_responses[type_url] += 1
+
+    def asked_secrets(self, t: float) -> None:
+        self.secrets_first = min(self.secrets_first, t)
+
+    def certificate_in(self, t: float) -> None:
+        """One stream received its first certificate (`default`) at t."""
+        self.secrets_last = max(self.secrets_last, t)
 
     def stream_synced(self) -> None:
         self.synced_streams += 1
@@ -136,6 +165,10 @@ class Recorder:
                 self.captured.clear()
             self.live = True
             gc.freeze()  # the sync's objects stay; later collections skip them
+            more: dict[str, Any] = {}
+            if self.secrets:
+                held = {"first": self.secrets_first, "last": self.secrets_last}
+                more["secrets"] = {**held, "held": self.secrets_held}
             emit(
                 "synced",
                 t=time.monotonic(),
@@ -144,6 +177,7 @@ class Recorder:
                 failures=dict(self.failures),
                 bytes=dict(self.sync_bytes),
                 sync_responses=dict(self.sync_responses),
+                **more,
             )
 
     def arrival(self, key: Key, t: float, raw: bytes, capturing: bool) -> None:
@@ -224,6 +258,66 @@ class StreamEnded(RuntimeError):
     """The server ended the stream without an error status."""
 
 
+class Secrets:
+    """A sidecar's SDS stream, as Envoy's `sds-grpc` cluster opens it: DeltaSecrets for
+    `default` and `ROOTCA`, every response ACKed, opened again after a failure (Envoy's
+    backoff) up to `retries` times.
+
+    It waits for `wanted` (the first clusters arrived); `held` is done once both
+    secrets are in, or failed if the stream failed for good.
+    """
+
+    def __init__(
+        self, node: base_pb2.Node, open_call: Callable[[], Any], recorder: Recorder, retries: int
+    ) -> None:
+        self.node = node
+        self.open_call = open_call
+        self.recorder = recorder
+        self.retries = retries
+        self.wanted = asyncio.Event()
+        self.held: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.names: set[str] = set()
+
+    async def run(self) -> None:
+        await self.wanted.wait()
+        failures = 0
+        while True:
+            try:
+                await self._serve()
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError, StreamEnded) as error:
+                self.recorder.failures[f"SDS {_failure(error)}"] += 1
+                failures += 1
+                if failures > self.retries:
+                    if not self.held.done():
+                        self.held.set_exception(error)
+                    raise
+                self.recorder.retried.add(self.node.id)
+                self.recorder.retries += 1
+                await asyncio.sleep(_backoff(failures))
+
+    async def _serve(self) -> None:
+        call = self.open_call()
+        self.recorder.asked_secrets(time.monotonic())
+        await call.write(wire.subscribe(wire.SECRET, wire.SECRET_NAMES, self.node))
+        while True:
+            raw = await call.read()
+            t = time.monotonic()
+            if not isinstance(raw, bytes):  # grpc.aio.EOF
+                raise StreamEnded(f"{self.node.id}: the server ended the SDS stream")
+            response = wire.DeltaResponse.FromString(raw)
+            # Until both are in, its responses are the sync's; later ones (a rotation) are not
+            # updates a series waits for, only counted.
+            self.recorder.received(response.type_url, len(raw), self.held.done())
+            names = {resource.name for resource in response.resources}
+            if wire.WORKLOAD_SECRET in names - self.names:
+                self.recorder.certificate_in(t)
+            self.names |= names
+            await call.write(wire.ack(response.type_url, response.nonce))
+            if not self.held.done() and self.names.issuperset(wire.SECRET_NAMES):
+                self.recorder.secrets_held += 1
+                self.held.set_result(None)
+
+
 class Stream:
     """One simulated Envoy: a DeltaAggregatedResources stream, opened again if it fails."""
 
@@ -236,8 +330,10 @@ class Stream:
         capturing: bool = False,
         retries: int = 0,
         sidecar: Decoded | None = None,
+        secrets: Secrets | None = None,
     ) -> None:
         self.node = node
+        self.secrets = secrets  # None: no SDS stream
         self.node_id = node.id
         self.open_call = open_call
         self.recorder = recorder
@@ -273,7 +369,7 @@ class Stream:
         self.asked_listeners = False
         await self.call.write(wire.subscribe(wire.CLUSTER, ["*"], self.node))
         while True:
-            raw = await self.call.read()
+            raw = await self._read()
             t = time.monotonic()
             if not isinstance(raw, bytes):  # grpc.aio.EOF
                 raise StreamEnded(f"{self.node_id}: the server ended the stream")
@@ -292,11 +388,28 @@ class Stream:
             await self.call.write(wire.ack(response.type_url, response.nonce))
             await self._progress()
 
+    async def _read(self) -> Any:
+        """The next response; with an SDS stream, the secrets' arrival in the meantime also
+        moves the sync on (they may be the last thing the listeners wait for)."""
+        secrets = self.secrets
+        if secrets is None:
+            return await self.call.read()
+        if secrets.held.done():
+            await self._progress()
+            return await self.call.read()
+        read = asyncio.ensure_future(self.call.read())
+        await asyncio.wait([read, secrets.held], return_when=asyncio.FIRST_COMPLETED)
+        if not read.done() and secrets.held.exception() is None:
+            await self._progress()
+        return await read  # an SDS stream failed for good fails the process through its task
+
     def _follow(self, response: wire.DeltaResponse) -> bytes | None:
         """The subscription a response calls for (assignments of new clusters, routes of
         new listeners), if any; notes what it brought that the sync was missing."""
         kind = response.type_url
         self.types.add(kind)
+        if kind == wire.CLUSTER and self.secrets is not None:
+            self.secrets.wanted.set()  # the clusters' transport sockets name SDS secrets
         if kind in self.missing:
             for resource in response.resources:
                 self.missing[kind].discard(resource.name)
@@ -326,6 +439,8 @@ class Stream:
     async def _progress(self) -> None:
         """Ask for listeners once the first clusters are warm (as Envoy); note the sync."""
         warm = wire.CLUSTER in self.types and not self.missing[wire.ENDPOINT]
+        if self.secrets is not None:
+            warm = warm and self.secrets.held.done() and self.secrets.held.exception() is None
         if self.sidecar is not None and warm and not self.asked_listeners:
             self.asked_listeners = True
             await self.call.write(wire.subscribe(wire.LISTENER, ["*"]))
@@ -357,7 +472,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--capture", type=Path, help="record stream 0's responses here")
     parser.add_argument("--retries", type=int, default=0, help="per stream, with backoff (0)")
     parser.add_argument("--nodes", type=Path, help="sidecars: their nodes, JSON lines")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--secrets", action="store_true", help="sidecars: also an SDS stream each (see above)"
+    )
+    args = parser.parse_args(argv)
+    if args.secrets and args.nodes is None:
+        parser.error("--secrets: sidecars only (--nodes)")
+    return args
 
 
 def _nodes(args: argparse.Namespace) -> list[base_pb2.Node]:
@@ -388,29 +509,47 @@ async def _stop_signal() -> None:
     await stopped.wait()
 
 
-async def run(args: argparse.Namespace) -> int:
-    recorder = Recorder(args.streams, args.capture)
-    channels = [
-        grpc.aio.insecure_channel(args.target, options=_CHANNEL_OPTIONS)
-        for _ in range(max(1, min(args.channels, args.streams)))
-    ]
-    methods = [
-        c.stream_stream(wire.ADS_PATH, request_serializer=None, response_deserializer=None)
+def _methods(channels: list[grpc.aio.Channel], path: str) -> list[Callable[[], Any]]:
+    """Per channel, a call of the streaming method at path (raw bytes each way)."""
+    return [
+        functools.partial(
+            c.stream_stream(path, request_serializer=None, response_deserializer=None), None
+        )
         for c in channels
     ]
+
+
+async def run(args: argparse.Namespace) -> int:
+    recorder = Recorder(args.streams, args.capture, secrets=args.secrets)
+    count = max(1, min(args.channels, args.streams))
+    channels = [
+        grpc.aio.insecure_channel(args.target, options=_CHANNEL_OPTIONS) for _ in range(count)
+    ]
+    methods = _methods(channels, wire.ADS_PATH)
+    # sds-grpc is a cluster of its own: its streams go over connections of their own.
+    sds_channels = [
+        grpc.aio.insecure_channel(args.target, options=_CHANNEL_OPTIONS)
+        for _ in range(count if args.secrets else 0)
+    ]
+    sds_methods = _methods(sds_channels, wire.SDS_PATH)
     sidecar = Decoded() if args.nodes is not None else None
-    streams = [
-        Stream(
+    streams = []
+    secrets = []
+    for i, node in enumerate(_nodes(args)):
+        if args.secrets:
+            secrets.append(Secrets(node, sds_methods[i % count], recorder, args.retries))
+        stream = Stream(
             node,
-            functools.partial(methods[i % len(methods)], None),
+            methods[i % count],
             recorder,
             capturing=i == 0 and args.capture is not None,
             retries=args.retries,
             sidecar=sidecar,
+            secrets=secrets[-1] if args.secrets else None,
         )
-        for i, node in enumerate(_nodes(args))
-    ]
+        streams.append(stream)
     tasks = [asyncio.create_task(s.run()) for s in streams]
+    tasks += [asyncio.create_task(s.run()) for s in secrets]
     tasks += [asyncio.create_task(_stdin_closed()), asyncio.create_task(_stop_signal())]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -423,7 +562,7 @@ async def run(args: argparse.Namespace) -> int:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for channel in channels:
+        for channel in [*channels, *sds_channels]:
             await channel.close(grace=None)
 
 

@@ -32,11 +32,25 @@ class FleetSpec:
     channels: int = 8
     retries: int = 0  # per stream, with Envoy's backoff
     nodes: Path | None = None  # sidecars: their nodes, one JSON line per stream (bench.clients)
+    secrets: bool = False  # sidecars: each also an SDS stream for `default` and `ROOTCA`
 
     def shares(self) -> list[int]:
         """Streams per process, as even as possible."""
         base, extra = divmod(self.streams, self.processes)
         return [base + (1 if i < extra else 0) for i in range(self.processes) if base or i < extra]
+
+
+@dataclass(frozen=True)
+class SecretsHeld:
+    """The sidecars' SDS streams over a sync (times from `time.monotonic()`)."""
+
+    first_request: float
+    last_received: float
+    streams: int  # holding both secrets
+
+    @property
+    def seconds(self) -> float:
+        return self.last_received - self.first_request
 
 
 @dataclass
@@ -49,6 +63,7 @@ class _Member:
     failures: dict[str, int] = field(default_factory=dict)  # kind -> count
     sync_bytes: dict[str, int] = field(default_factory=dict)  # type URL -> bytes, all its streams
     sync_responses: dict[str, int] = field(default_factory=dict)  # type URL -> responses
+    secrets: dict[str, float] | None = None  # first SDS request, last certificate in, held
 
 
 class Fleet:
@@ -74,6 +89,8 @@ class Fleet:
             argv += ["--retries", str(spec.retries)]
             if spec.nodes is not None:
                 argv += ["--nodes", str(spec.nodes)]
+            if spec.secrets:
+                argv.append("--secrets")
             if i == 0 and capture is not None:
                 argv += ["--capture", str(capture)]
             log = workdir / f"clients-{tag}-{i}.log"
@@ -93,6 +110,7 @@ class Fleet:
                 member.failures = report["failures"]
                 member.sync_bytes = report["bytes"]
                 member.sync_responses = report["sync_responses"]
+                member.secrets = report.get("secrets")
                 member.synced.set_result(float(report["t"]))
             elif report["event"] == "update":
                 member.updates.put_nowait(report)
@@ -142,6 +160,18 @@ class Fleet:
             sent.update(member.sync_bytes)
             responses.update(member.sync_responses)
         return sent, responses
+
+    def secrets(self) -> SecretsHeld | None:
+        """With SDS streams: over every process, the first SDS request, the last stream's
+        receipt of its certificate, and how many streams hold both secrets."""
+        reports = [m.secrets for m in self.members if m.secrets is not None]
+        if not reports:
+            return None
+        return SecretsHeld(
+            min(r["first"] for r in reports),
+            max(r["last"] for r in reports),
+            int(sum(r["held"] for r in reports)),
+        )
 
     async def updates_for(self, expected: Expected) -> list[list[Report]]:
         """Per process, its reports that all its streams got a new version of each expected

@@ -27,7 +27,7 @@ from typing import Protocol, TypeVar
 import aiohttp
 
 from bench import pilot_cli, wire
-from bench.fleet import Expected, Fleet, FleetSpec, Report
+from bench.fleet import Expected, Fleet, FleetSpec, Report, SecretsHeld
 from bench.kube import SERVICE_NAME_LABEL, SLICES, KubeApi, Watch
 from bench.procs import (
     PYTHON,
@@ -79,6 +79,7 @@ class Synced:
     sent: Counter[str]  # bytes per type URL, all clients, until synced
     responses: Counter[str]  # responses per type URL, all clients, until synced
     cpu: float = 0.0  # the server's CPU seconds (user + system) from the start until synced
+    secrets: SecretsHeld | None = None  # the sidecars' SDS streams, if they had any
 
 
 class Expectation(Protocol):
@@ -179,23 +180,24 @@ class Run:
         self.stack.push_async_callback(watch.stop)
         return watch
 
-    async def start_pilot(self, kubeconfig: Path) -> tuple[Child, str, int]:
+    async def start_pilot(self, kubeconfig: Path, name: str = "pilot") -> tuple[Child, str, int]:
         """Pilot on the Kubernetes registry, once /ready: it, its xDS address, its HTTP port.
 
         Pilot runs from the run's directory, not the repository root, so that a
-        PYTHONPATH in its environment can choose which pilot runs.
+        PYTHONPATH in its environment can choose which pilot runs. Its log is
+        `name`.log there.
         """
         newer = pilot_cli.newer_flags(self.workdir)
-        started = await self._start_pilot(kubeconfig, newer)
+        started = await self._start_pilot(kubeconfig, newer, name)
         if started is None:
             self.pilot_flags = self.pilot_flags[: -len(newer)]
-            started = await self._start_pilot(kubeconfig, [])
+            started = await self._start_pilot(kubeconfig, [], name)
         if started is None:
             raise RuntimeError(f"pilot refused its flags:\n{self.children[-1].log_tail()}")
         return started
 
     async def _start_pilot(
-        self, kubeconfig: Path, extra: list[str]
+        self, kubeconfig: Path, extra: list[str], name: str
     ) -> tuple[Child, str, int] | None:
         """None if pilot exits refusing the extra flags."""
         self.pilot_flags = ["--log-level", pilot_cli.log_level(self.config.pilot_log_level)]
@@ -203,7 +205,7 @@ class Run:
         argv = [PYTHON, "-m", "pilot", "discovery", "--kubeconfig", str(kubeconfig)]
         argv += ["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]
         argv += self.pilot_flags
-        child = await self._spawn("pilot", argv, env=self.config.pilot_env, cwd=self.workdir)
+        child = await self._spawn(name, argv, env=self.config.pilot_env, cwd=self.workdir)
         async with self.within("pilot's /ready"):
             with contextlib.suppress(RuntimeError):  # it exited: see below why
                 serving = await log_match(child, pilot_cli.SERVING)
@@ -261,11 +263,13 @@ class Run:
         *,
         capture: Path | None = None,
         ready_port: int | None = None,
+        spec: FleetSpec | None = None,
     ) -> AsyncIterator[tuple[Fleet, Synced]]:
         """Connect N clients to the server and wait until all are synced; stop them after.
 
         With `ready_port`, the server's /ready is probed every 10 ms during the sync:
         its answers are the event loop's lag while every client connects at once.
+        `spec`: the clients, if not the configured ones.
         """
         await wait_idle([server.pid])
         rss_before = rss_bytes(server.pid)
@@ -275,7 +279,7 @@ class Run:
             if prober is not None:
                 await prober.start()
             started, cpu_before = time.monotonic(), cpu_seconds(server.pid)
-            await fleet.start(target, self.config.fleet, self.workdir, tag, capture)
+            await fleet.start(target, spec or self.config.fleet, self.workdir, tag, capture)
             async with self.within(f"{tag}: the clients' initial sync"):
                 synced = await fleet.wait_synced() - started
             sync_cpu = cpu_seconds(server.pid) - cpu_before
@@ -289,7 +293,15 @@ class Run:
             yield (
                 fleet,
                 Synced(
-                    rss_before, rss_synced, synced, *fleet.retried(), lag, sent, responses, sync_cpu
+                    rss_before,
+                    rss_synced,
+                    synced,
+                    *fleet.retried(),
+                    lag,
+                    sent,
+                    responses,
+                    sync_cpu,
+                    fleet.secrets(),
                 ),
             )
         finally:

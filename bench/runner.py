@@ -75,14 +75,27 @@ def _env_pair(text: str) -> tuple[str, str]:
     return key, value
 
 
-def add_mesh_flags(parser: argparse.ArgumentParser, *, changes: int, clients_are: str) -> None:
-    """S services of E endpoints, N clients, K endpoint changes."""
+def add_mesh_flags(
+    parser: argparse.ArgumentParser,
+    *,
+    changes: int,
+    clients_are: str,
+    endpoints: str | None = None,
+) -> None:
+    """S services of E endpoints, N clients, K endpoint changes.
+
+    `endpoints`: the help of a bench whose default E depends on the other sizes;
+    `--endpoints` is then None unless given, for the bench to fill in. Else E is 3.
+    """
     parser.add_argument("--services", type=int, default=1000, help="S (default %(default)s)")
     parser.add_argument(
         "--clients", type=int, default=1000, help=f"N {clients_are} (default %(default)s)"
     )
     parser.add_argument("--changes", type=int, default=changes, help="K (default %(default)s)")
-    parser.add_argument("--endpoints", type=int, default=3, help="per service (%(default)s)")
+    if endpoints is None:
+        parser.add_argument("--endpoints", type=int, default=3, help="per service (%(default)s)")
+    else:
+        parser.add_argument("--endpoints", type=int, help=endpoints)
 
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:

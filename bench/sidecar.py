@@ -10,7 +10,8 @@ One run, every process on 127.0.0.1 with ephemeral ports:
    Envoy does on delta ADS: CDS `*`; EDS for every EDS cluster; once those are
    in, LDS `*`; RDS for the route configurations the listeners name; every
    response ACKed. Initial sync: until every sidecar has ACKed all four types.
-   Secrets (SDS) are not asked for: in Istio's split the agent serves them.
+   Secrets (SDS) are not asked for (in Istio's split the agent serves them),
+   unless `--secrets` (below).
 3. A services are added one at a time (the EndpointSlice first, then, pilot
    idle again, the Service), each timed until every sidecar has received its
    clusters, their assignments, its listener and route configuration 80.
@@ -20,7 +21,30 @@ One run, every process on 127.0.0.1 with ephemeral ports:
 5. Floor: pilot stops; `bench.floor`, a bare grpc.aio server, serves new
    sidecars of the same kind the responses pilot sent sidecar 0: those of its
    sync (each type's at its first subscription), then, on each trigger, those
-   of one service added (all four at once) or of one endpoint changed.
+   of one service added (all four at once) or of one endpoint changed. The
+   floor serves no secrets, with `--secrets` too.
+
+With `--secrets`, certificates at the rate of a rollout: step 2 is done twice,
+each time by a pilot started afresh on the same mesh (two pilot phases rather
+than two syncs of one pilot, so that neither sync finds the other's heap,
+caches and warmed code: the difference is the secrets' alone). First the
+sidecars as above (the sync the floor is compared with); pilot stopped; a new
+pilot, and the sidecars again, each also opening, once its clusters arrive (their
+transport sockets name SDS secrets from `sds-grpc`), a stream of its own as
+Envoy's `sds-grpc` cluster does: delta SDS
+(`SecretDiscoveryService/DeltaSecrets`: the SDS service, not ADS, since
+`sds-grpc` is a config source of its own, on connections of its own; delta as
+the bench's other streams, though the clusters pilot sends say `api_type:
+GRPC`, for which Envoy would call StreamSecrets) for `default` and `ROOTCA`,
+its node the sidecar's (NAMESPACE and SERVICE_ACCOUNT metadata: pilot runs
+with `--xds-auth none` and takes the identity from them), every response
+ACKed. That sync ends once every sidecar also holds both secrets (its listeners
+asked for only then, as Envoy's clusters warm only with their secrets), and
+steps 3 and 4 run on it. Reported: certificates per second from the first SDS
+request to the last certificate (`default`) received; pilot's CPU per certificate, (its
+CPU over the sync with secrets - over the sync without) / N, against a bare
+mint (`bench.certificates.bare_mint_seconds`, here, after the run); /ready
+during each sync.
 
 Figures, for pilot and the floor: the initial sync time; bytes received per
 sidecar, per type (the DeltaDiscoveryResponse messages, without gRPC's
@@ -47,6 +71,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import pilot_cli, wire
+from bench.certificates import bare_mint_seconds
 from bench.kube import SERVICE_NAME_LABEL, SERVICES, SLICES, KubeApi, Watch
 from bench.procs import Child, wait_idle
 from bench.report import latency_rows, percentile, ratio_table
@@ -65,6 +90,7 @@ TYPES = list(wire.SHORT)  # Istio's push order: CDS, EDS, LDS, RDS
 # In Kubernetes mode pilot's plaintext port serves CDS and EDS only, LDS and RDS on
 # the TLS port (with a token); this flag has the plaintext port serve every type.
 LISTENERS_ON_PLAINTEXT = ("--plaintext-secrets",)
+BARE_MINTS = 300  # timed after the run, for pilot's CPU per certificate to be read against
 
 
 @dataclass
@@ -78,12 +104,20 @@ class Phase:
 
 @dataclass
 class SidecarMeasured:
-    """pilot's phase, the floor's, and how pilot ran."""
+    """pilot's phase, the floor's, and how pilot ran; with secrets, also the sync without
+    them (a pilot of its own) and the bare mint's seconds per certificate."""
 
     pilot: Phase
     floor: Phase
     pilot_knobs: dict[str, str]
     pilot_flags: list[str]
+    plain: Synced | None = None
+    bare_mint: float = math.nan
+
+    @property
+    def plain_sync(self) -> Synced:
+        """The sync without secrets: the one the floor's compares with."""
+        return self.plain or self.pilot.sync
 
 
 class AdditionTrigger:
@@ -102,8 +136,11 @@ class AdditionTrigger:
         return await self.services.arrival(await self.api.apply(addition.service))
 
 
-async def measure(config: Config, additions: int, workdir: Path) -> SidecarMeasured:
-    """Start the processes, sync the sidecars, run both series, stop everything."""
+async def measure(
+    config: Config, additions: int, workdir: Path, secrets: bool = False
+) -> SidecarMeasured:
+    """Start the processes, sync the sidecars (with secrets: twice), run both series, stop
+    everything."""
     mesh = SidecarMesh(
         config.services,
         config.endpoints,
@@ -114,17 +151,24 @@ async def measure(config: Config, additions: int, workdir: Path) -> SidecarMeasu
     )
     nodes = workdir / "nodes.jsonl"
     mesh.write_nodes(nodes)
-    fleet = dataclasses.replace(config.fleet, nodes=nodes)
-    config = dataclasses.replace(config, fleet=fleet, pilot_flags=LISTENERS_ON_PLAINTEXT)
+    sidecars = dataclasses.replace(config.fleet, nodes=nodes)
+    config = dataclasses.replace(config, fleet=sidecars, pilot_flags=LISTENERS_ON_PLAINTEXT)
     run = Run(config, workdir)
     try:
         knobs = asyncio.create_task(run.pilot_knobs())  # only for the report: not waited on
         api, kubeconfig = await run.start_mesh(mesh.yaml())
         slices = await run.watch(api, SLICES, SERVICE_NAME_LABEL)
         services = await run.watch(api, SERVICES)
-        pilot, target, http_port = await run.start_pilot(kubeconfig)
         initial = workdir / "initial.bin"
-        synced = run.synced_fleet("pilot", pilot, target, capture=initial, ready_port=http_port)
+        plain = await _plain_sync(run, kubeconfig, initial) if secrets else None
+        pilot, target, http_port = await run.start_pilot(kubeconfig)
+        spec = dataclasses.replace(sidecars, secrets=secrets)
+        # With secrets, the capture only serves the series (their raw responses): the floor
+        # replays the sync without secrets.
+        capture = workdir / "initial-secrets.bin" if secrets else initial
+        synced = run.synced_fleet(
+            "pilot", pilot, target, capture=capture, ready_port=http_port, spec=spec
+        )
         async with synced as (fleet, sync):
             add = AdditionTrigger(api, slices, services, pilot)
             added = await run.series(fleet, pilot, add, mesh.additions)
@@ -132,12 +176,26 @@ async def measure(config: Config, additions: int, workdir: Path) -> SidecarMeasu
         ours = Phase(sync, added, changed)
         await pilot.stop()  # before the API server: its log ends with the run, not with retries
         base = await _floor_phase(run, mesh, initial, ours)
-        return SidecarMeasured(ours, base, await knobs, run.pilot_flags)
+        measured = SidecarMeasured(ours, base, await knobs, run.pilot_flags, plain)
     except Exception:
         run.report_logs()
         raise
     finally:
         await run.close()
+    if secrets:  # every process stopped: the mint has the machine to itself, as pilot had
+        measured.bare_mint = await asyncio.to_thread(bare_mint_seconds, BARE_MINTS)
+    return measured
+
+
+async def _plain_sync(run: Run, kubeconfig: Path, capture: Path) -> Synced:
+    """The sidecars' sync without secrets, by a pilot of its own (stopped after)."""
+    pilot, target, http_port = await run.start_pilot(kubeconfig, name="pilot-plain")
+    async with run.synced_fleet(
+        "pilot-plain", pilot, target, capture=capture, ready_port=http_port
+    ) as (_, sync):
+        pass
+    await pilot.stop()
+    return sync
 
 
 async def _floor_phase(run: Run, mesh: SidecarMesh, initial: Path, ours: Phase) -> Phase:
@@ -258,12 +316,48 @@ def _item_bytes(series: Series) -> float:
     return total / len(series.reports)
 
 
+def _secrets_lines(measured: SidecarMeasured, clients: int) -> list[str]:
+    """With secrets: their sync, certificates per second, pilot's CPU per certificate."""
+    sync, plain = measured.pilot.sync, measured.plain
+    held = sync.secrets
+    if plain is None or held is None:
+        return []
+    per_cert = (sync.cpu - plain.cpu) / max(1, held.streams)
+    bare = measured.bare_mint
+    sds = sync.sent[wire.SECRET] / clients
+    return [
+        "with --secrets: a second pilot, started afresh, synced the sidecars again, each also"
+        " with a delta SDS stream (DeltaSecrets) for `default` and `ROOTCA`; the series below"
+        " ran on it",
+        f"initial sync with secrets (CDS, EDS, LDS, RDS, SDS all ACKed): {sync.seconds:.2f} s"
+        f" ({sync.retried_streams} streams retried, {sync.retries} retries); SDS per sidecar"
+        f" {_kib(sds)} KiB in {sync.responses[wire.SECRET] / clients:.2f} responses;"
+        f" /ready during it{_ready(sync)}",
+        f"certificates: {held.streams} sidecars hold both secrets; first SDS request to last"
+        f" certificate received {held.seconds:.2f} s: {held.streams / held.seconds:.0f}"
+        " certificates/s",
+        f"pilot CPU per certificate: ({sync.cpu:.2f} s over the sync with secrets -"
+        f" {plain.cpu:.2f} s without) / {held.streams} = {per_cert * 1e3:.2f} ms; bare mint"
+        f" {bare * 1e3:.2f} ms; ratio {per_cert / bare:.2f}",
+        f"pilot RSS per sidecar with secrets: {_kib(_per_sidecar(sync, clients) * 1024)} KiB",
+        "",
+    ]
+
+
+def _log_lines(workdir: Path, secrets: bool) -> list[str]:
+    """pilot's log summaries: the pilot of the series, and with secrets the one without."""
+    lines = [pilot_log_summary(workdir / "pilot.log")]
+    if secrets:
+        lines.append("without secrets, " + pilot_log_summary(workdir / "pilot-plain.log"))
+    return lines
+
+
 def render(
     config: Config, additions: int, measured: SidecarMeasured, machine: Machine, workdir: str
 ) -> str:
     """The report: setup, the sync's figures, the two series side by side, context lines."""
     ours, base, clients = measured.pilot, measured.floor, config.clients
-    sync = ours.sync
+    sync = measured.plain_sync
     adds, changes = max(1, additions), max(1, config.changes)
     tcp = len(range(0, config.services, TCP_EVERY))
     return "\n".join(
@@ -278,16 +372,18 @@ def render(
             ),
             "",
             f"initial sync of all sidecars (CDS, EDS, LDS, RDS all ACKed): {sync.seconds:.2f} s"
-            f" ({sync.retried_streams} streams retried)",
+            f" ({sync.retried_streams} streams retried, {sync.retries} retries)",
             _traffic_table(sync, clients),
             f"pilot RSS per sidecar: {_kib((sync.rss_synced - sync.rss_before) / clients)} KiB"
             f" ({sync.rss_before / 2**20:.1f} MiB before any, {sync.rss_synced / 2**20:.1f} MiB"
             f" with all synced); /ready during the sync{_ready(sync)}",
             "",
             _sync_table(sync, base.sync, clients),
-            f"floor: {base.sync.retried_streams} streams retried; it replays pilot's responses"
-            " to sidecar 0 at each type's first subscription",
+            f"floor: {base.sync.retried_streams} streams retried ({base.sync.retries} retries);"
+            " it replays pilot's responses to sidecar 0 at each type's first subscription;"
+            " no secrets (it serves no SDS)",
             "",
+            *_secrets_lines(measured, clients),
             _series_table("per service added", ours.added, base.added),
             _series_table("per endpoint changed", ours.changed, base.changed),
             _against(ours, base),
@@ -301,33 +397,54 @@ def render(
             "the Service's (added) or EndpointSlice's (changed) watch event reaching the API "
             "server's watchers, the floor's from its trigger, to the last sidecar receiving the "
             "last of what it is sent.",
-            pilot_log_summary(Path(workdir) / "pilot.log"),
+            *_log_lines(Path(workdir), measured.plain is not None),
             machine.describe(os.cpu_count() or 1),
         ]
     )
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[Config, int]:
+@dataclass(frozen=True)
+class Args:
+    """The run's configuration, and what only this bench has."""
+
+    config: Config
+    additions: int
+    secrets: bool
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
     parser = argparse.ArgumentParser(
         prog="python -m bench.sidecar",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_mesh_flags(parser, changes=50, clients_are="sidecars")
+    add_mesh_flags(
+        parser,
+        changes=50,
+        clients_are="sidecars",
+        endpoints="per service (default: 3, or ceil(N / S) + 1 if more: one no sidecar sits on)",
+    )
     parser.add_argument("--additions", type=int, default=10, help="A (default %(default)s)")
+    parser.add_argument(
+        "--secrets", action="store_true", help="sync again, each sidecar also on SDS (above)"
+    )
     add_run_flags(parser)
     args = parser.parse_args(argv)
-    if args.additions < 1:
+    if args.additions < 1 or args.services < 1 or args.clients < 1:
         parser.error("counts must be positive")
-    if math.ceil(args.clients / args.services) >= args.endpoints:
+    on_each = math.ceil(args.clients / args.services)  # sidecars on a service's endpoints
+    if args.endpoints is None:
+        args.endpoints = max(3, on_each + 1)
+    if on_each >= args.endpoints:
         parser.error("each service needs an endpoint no sidecar sits on: more --endpoints")
-    return config_of(parser, args), args.additions
+    return Args(config_of(parser, args), args.additions, args.secrets)
 
 
 def main(argv: list[str] | None = None) -> int:
-    config, additions = parse_args(argv)
+    args = parse_args(argv)
+    config, additions = args.config, args.additions
     return run_main(
-        lambda workdir: measure(config, additions, workdir),
+        lambda workdir: measure(config, additions, workdir, args.secrets),
         lambda measured, machine, workdir: render(config, additions, measured, machine, workdir),
     )
 

@@ -1,4 +1,4 @@
-"""What the bench's processes share: the ADS method, type URLs, messages and capture files.
+"""What the bench's processes share: ADS and SDS methods, type URLs, messages, capture files.
 
 A capture file is a sequence of records, each a 4-byte big-endian length and
 the raw bytes of one DeltaDiscoveryResponse as a client received it.
@@ -17,10 +17,16 @@ from envoy.service.discovery.v3 import discovery_pb2
 ADS_SERVICE: Final = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 ADS_METHOD: Final = "DeltaAggregatedResources"
 ADS_PATH: Final = f"/{ADS_SERVICE}/{ADS_METHOD}"
+# What a sidecar's `sds-grpc` cluster calls for its certificate and trust root.
+SDS_PATH: Final = "/envoy.service.secret.v3.SecretDiscoveryService/DeltaSecrets"
 CLUSTER: Final = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 ENDPOINT: Final = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 LISTENER: Final = "type.googleapis.com/envoy.config.listener.v3.Listener"
 ROUTE: Final = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+SECRET: Final = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+# Istio's two secrets: the proxy's certificate and key, and the trust root.
+WORKLOAD_SECRET: Final = "default"
+SECRET_NAMES: Final = (WORKLOAD_SECRET, "ROOTCA")
 # Short names for reports, in Istio's push order.
 SHORT: Final = {CLUSTER: "CDS", ENDPOINT: "EDS", LISTENER: "LDS", ROUTE: "RDS"}
 

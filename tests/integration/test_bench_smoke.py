@@ -2,7 +2,8 @@
 
 `python -m bench.eds_push` prints a table of finite positive figures;
 `python -m bench.sidecar` syncs sidecars with all four types and prints bytes per type,
-RSS per sidecar and the CPU of a service added against an endpoint changed; `python -m bench.fuzz`
+RSS per sidecar and the CPU of a service added against an endpoint changed, and with `--secrets`
+gets every sidecar its certificate and says at what rate and CPU; `python -m bench.fuzz`
 prints a PASS or FAIL for each of its targets and exits 0 exactly when all pass;
 `python -m bench.registry_file` loads and reloads a file in each format;
 `python -m bench.certificates` gets N proxies their certificates;
@@ -77,6 +78,28 @@ def test_bench_sidecar_prints_its_lines() -> None:
     changed = _line(out, "responses per sidecar per endpoint changed:")
     assert changed.endswith(": EDS 1.00"), f"an endpoint change is EDS alone: {changed}"
     assert "pilot's log: 0 tracebacks, 0 lines at ERROR" in out, out
+
+
+def test_bench_sidecar_secrets_gets_every_sidecar_its_certificate() -> None:
+    command = [sys.executable, "-m", "bench.sidecar", "--services", "10", "--clients", "4"]
+    command += ["--additions", "1", "--changes", "1", "--timeout", "60", "--secrets"]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=110, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "initial sync of all sidecars (CDS, EDS, LDS, RDS all ACKed)" in out, out
+    with_secrets = _line(out, "initial sync with secrets (CDS, EDS, LDS, RDS, SDS all ACKed): ")
+    assert "SDS per sidecar" in with_secrets and "/ready during it p99" in with_secrets, out
+    held = _line(out, "certificates: ")
+    assert held.startswith("certificates: 4 sidecars hold both secrets"), held
+    rate = float(held.split(": ")[-1].removesuffix(" certificates/s"))
+    assert math.isfinite(rate) and rate > 0, held
+    per_cert = _line(out, "pilot CPU per certificate: ")
+    assert " / 4 = " in per_cert and "bare mint" in per_cert, per_cert
+    assert "no secrets (it serves no SDS)" in _line(out, "floor: "), out
+    assert "pilot's log: 0 tracebacks, 0 lines at ERROR" in out, out
+    assert "without secrets, pilot's log: 0 tracebacks, 0 lines at ERROR" in out, out
 
 
 FUZZ_TARGETS = ("crashes", "UNKNOWN statuses", "RSS growth", "asyncio tasks", "worst /ready")

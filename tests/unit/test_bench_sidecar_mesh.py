@@ -4,10 +4,13 @@ The mesh must look like a real one to pilot: every endpoint a Pod running a
 sidecar, sidecars on endpoints that never change (a changed endpoint is a Pod
 gone), node ids as Istio's agent makes them. The clients must find the route
 configurations listeners read over RDS, as Envoy does, or their sync never ends.
+The bench's flags: a storm's sizes get enough endpoints, and only sidecars ask for
+certificates.
 """
 
 from __future__ import annotations
 
+import pytest
 from envoy.config.core.v3 import config_source_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
@@ -17,7 +20,7 @@ from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
-from bench import wire
+from bench import clients, sidecar, wire
 from bench.clients import _route_names
 from bench.sidecar_mesh import TLS_MODE, SidecarMesh
 
@@ -85,3 +88,18 @@ def test_clients_subscribe_to_the_routes_listeners_read_over_rds() -> None:
     assert _route_names(listener.SerializeToString()) == ("9080",)
     only_tcp = listener_pb2.Listener(name="10.0.0.1_5432", filter_chains=[_chain(tcp, "tcp")])
     assert _route_names(only_tcp.SerializeToString()) == ()
+
+
+def test_a_storm_of_sidecars_gets_enough_endpoints_unless_told_too_few() -> None:
+    storm = ["--clients", "3000", "--services", "100"]
+    assert sidecar.parse_args(storm).config.endpoints == 31  # 30 sidecars on each, 1 to change
+    assert sidecar.parse_args(["--clients", "5", "--services", "20"]).config.endpoints == 3
+    with pytest.raises(SystemExit):  # told: 30 sidecars on 30 endpoints leave none to change
+        sidecar.parse_args([*storm, "--endpoints", "30"])
+
+
+def test_only_sidecars_open_sds_streams() -> None:
+    args = clients.parse_args(["--target", "x:1", "--streams", "2", "--nodes", "n", "--secrets"])
+    assert args.secrets
+    with pytest.raises(SystemExit):  # plain streams have no identity to ask a certificate for
+        clients.parse_args(["--target", "x:1", "--streams", "2", "--secrets"])
