@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 from pilot.protocol.answers import FirstAnswer, shared_first_answer
 from pilot.protocol.messages import (
-    AnswerStore,
     DeltaRequest,
     DeltaResponse,
     ProtocolError,
@@ -78,12 +77,11 @@ class DeltaStream(StreamCore):
         """
         changes: list[_Change] = []
         for state in self._work_order():
-            answers = view.first_answers(state.type_url)
-            change = self._change(state, view, answers)
-            # A type with shared first answers has nothing in the making (ResourceView).
+            change = self._change(state, view)
+            # Only a proxy's own resources are ever in the making (a secret being minted).
             in_the_making = (
                 {n for n in state.must_send if view.pending(state.type_url, n)}
-                if answers is None
+                if state.must_send and state.type_url in types.OWNED_TYPES
                 else None
             )
             state.clear_work()
@@ -112,10 +110,9 @@ class DeltaStream(StreamCore):
         now.extend(self._emit(c.state, view, (), c.removed) for c in deferred)
         return now
 
-    def _change(
-        self, state: TypeState, view: ResourceView, answers: AnswerStore | None
-    ) -> _Change | None:
-        if answers is not None and not state.sent and _owed_whole(state):
+    def _change(self, state: TypeState, view: ResourceView) -> _Change | None:
+        answers = view.first_answers(state.type_url) if not state.sent else None
+        if answers is not None and _owed_whole(state):
             first = shared_first_answer(state, view, answers)
             if not first.updated and not first.removed and not state.answer_required:
                 return None

@@ -110,7 +110,9 @@ class Connection:
         self._credential: str | None = None
         self._served = context.types
         self._wake = asyncio.Event()
-        self._closing = asyncio.Event()  # pilot ends the stream: shutdown, or the send timeout
+        # Done once pilot ends the stream (shutdown, or the send timeout): a future, not a
+        # task waiting on an event, since thousands of streams may arrive at once.
+        self._closing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._warned: set[str] = set()
         self._send_timed_out = False  # why `_closing` was set, when it was the send timeout
         self._writing = False  # a write is in gRPC's hands right now
@@ -140,7 +142,11 @@ class Connection:
 
     def close(self) -> None:
         """End the stream (server shutdown); Envoy reconnects, possibly elsewhere."""
-        self._closing.set()
+        self._close()
+
+    def _close(self) -> None:
+        if not self._closing.done():
+            self._closing.set_result(None)
 
     # -- the stream ----------------------------------------------------------
 
@@ -177,7 +183,7 @@ class Connection:
         reader = asyncio.create_task(self._read(requests), name=f"{named}-reader")
         writer = self._writer = asyncio.create_task(self._write(context), name=f"{named}-writer")
         writer.add_done_callback(_retrieve)
-        closing = asyncio.create_task(self._closing.wait(), name=f"{named}-closing")
+        closing = self._closing
         running = {reader, writer, closing}
         try:
             while True:
@@ -382,7 +388,7 @@ class Connection:
     def _time_out(self) -> None:
         """A write outlived the send timeout: end the stream (`_run` says why)."""
         self._send_timed_out = True
-        self._closing.set()
+        self._close()
 
     async def _send(
         self,
