@@ -98,15 +98,7 @@ class World:
 def test_shared_first_answers_are_the_answers_each_stream_would_get_alone(
     plan: list[tuple[object, ...]],
 ) -> None:
-    shared, alone = World(share=True), World(share=False)
-    for step in plan:
-        shared.step(step)
-        alone.step(step)
-        assert shared.wire == alone.wire
-    for number in range(4):
-        shared.step(("write", number))
-        alone.step(("write", number))
-    assert shared.wire == alone.wire
+    _same_bytes_either_way(plan, sotw=False)
 
 
 @settings(max_examples=300, deadline=None)
@@ -124,15 +116,16 @@ def test_shared_first_answers_are_the_answers_each_stream_would_get_alone(
 def test_shared_sotw_answers_are_the_answers_each_stream_would_get_alone(
     plan: list[tuple[object, ...]],
 ) -> None:
-    shared, alone = World(share=True, sotw=True), World(share=False, sotw=True)
-    for step in plan:
+    _same_bytes_either_way(plan, sotw=True)
+
+
+def _same_bytes_either_way(plan: list[tuple[object, ...]], *, sotw: bool) -> None:
+    """Every step, then a last write on every stream: the same bytes, memo or none."""
+    shared, alone = World(share=True, sotw=sotw), World(share=False, sotw=sotw)
+    for step in [*plan, *(("write", number) for number in range(4))]:
         shared.step(step)
         alone.step(step)
         assert shared.wire == alone.wire
-    for number in range(4):
-        shared.step(("write", number))
-        alone.step(("write", number))
-    assert shared.wire == alone.wire
 
 
 def test_streams_that_subscribe_alike_share_one_answer_and_its_bytes() -> None:
