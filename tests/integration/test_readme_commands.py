@@ -216,6 +216,8 @@ NOT_HERE = {
     " 10,000 cycles": _BENCH,
     "python -m bench.sidecar --services 1000 --clients 1000   # the full sidecar config,"
     " 1,000 sidecars": _BENCH,
+    "python -m bench.sidecar --services 1000 --clients 1000 --secrets   # ... and each one's"
+    " certificate": _BENCH,
     "docker build -t registry.example/pilot:0.1.0 .": (
         "tagged for an example registry; tests/integration/test_container.py builds the"
         " same Dockerfile with a plain docker build and runs the image"
