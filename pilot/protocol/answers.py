@@ -4,7 +4,7 @@ The Envoys of one mesh subscribe to the same names: after a restart, a thousand
 of them ask for the same thousand clusters and assignments within a second.
 What a stream holding nothing is owed for a subscription depends only on that
 subscription and on what the stream reads (`ResourceView.first_answers`, kept
-per table and per version of the type), so it is worked out once and read by
+per table while the type's tables hold what they hold), so it is worked out once and read by
 every stream that subscribes alike: the resources, the names to answer as
 removed (delta), the name -> version entries the stream records as sent, and
 the last wire bytes made of it (`wire`, for streams whose nonce is the same).
@@ -14,15 +14,13 @@ at every push, not only the first.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
-from pilot.protocol.messages import AnswerStore, ResourceView
+from pilot.protocol.messages import AnswerStore, ResourceView, Wire
 from pilot.protocol.stream import TypeState
 from pilot.protocol.subscription import WILDCARD
 from pilot.xds.resource import Resource
-
-Wire = dict[tuple[str, str, int], bytes]  # (version, nonce, removals or -1 for SotW) -> bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +62,17 @@ def shared_first_answer(state: TypeState, view: ResourceView, answers: AnswerSto
     """The first answer for this stream's subscription, worked out once per subscription."""
     subscription = state.subscription
     key = WILDCARD if subscription.wildcard else subscription.names
-    found = answers.get(key)
+    return remembered(answers, key, lambda: FirstAnswer.work_out(state, view))
+
+
+def remembered(
+    answers: AnswerStore | None, key: Hashable, make: Callable[[], FirstAnswer]
+) -> FirstAnswer:
+    """The answer the memo holds under `key`, else `make`'s, remembered if there is room."""
+    found = answers.get(key) if answers is not None else None
     if isinstance(found, FirstAnswer):
         return found
-    made = FirstAnswer.work_out(state, view)
-    answers.put(key, made, len(made.names) + len(made.removed))
+    made = make()
+    if answers is not None:
+        answers.put(key, made, len(made.names) + len(made.removed))
     return made

@@ -148,14 +148,15 @@ class DeltaStream(StreamCore):
     ) -> DeltaResponse:
         nonce = self._next_nonce(state)
         state.sent_version = view.version(state.type_url)
-        if first is not None and updated is first.updated:
-            state.sent.update(first.versions)  # one C-level copy, not a loop over names
-            state.record_sent(first.names)
+        shared = first if first is not None and updated is first.updated else None
+        if shared is not None:
+            state.sent.update(shared.versions)  # one C-level copy, not a loop over names
+            state.record_sent(shared.names)
         else:
             for resource in updated:
                 state.sent[resource.name] = resource.version
             state.record_sent(tuple(r.name for r in updated))
-        wire = first.wire if first is not None and updated is first.updated else None
+        wire = shared.wire if shared is not None else None
         return DeltaResponse(state.type_url, state.sent_version, nonce, updated, removed, wire)
 
 

@@ -8,6 +8,9 @@ from typing import Protocol
 
 from pilot.xds.resource import Resource
 
+# A shared answer's last wire bytes, by (version, nonce, removals; -1 for SotW).
+Wire = dict[tuple[str, str, int], bytes]
+
 
 class ProtocolError(Exception):
     """The client broke the protocol; the shell turns this into INVALID_ARGUMENT."""
@@ -31,8 +34,8 @@ class ResourceView(Protocol):
         ...
 
     def first_answers(self, type_url: str) -> AnswerStore | None:
-        """Where streams that read what this one reads of a type, at this version of it,
-        share their first answers (None: work each out alone). Never for a type whose
+        """Where streams that read what this one reads of a type share their answers while
+        its tables hold what they hold now (None: work each out alone). Never for a type whose
         resources may be in the making (`pending`)."""
         ...
 
@@ -78,8 +81,7 @@ class SotwResponse:
     version_info: str
     nonce: str
     resources: tuple[Resource, ...]
-    # A shared answer's last wire bytes (see DeltaResponse.wire).
-    wire: dict[tuple[str, str, int], bytes] | None = field(default=None, compare=False)
+    wire: Wire | None = field(default=None, compare=False)  # see DeltaResponse.wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +96,7 @@ class DeltaResponse:
     # Set on a first answer shared by streams that subscribe alike: where the encoder
     # keeps the last wire bytes it made of it, which streams whose nonce is the same
     # (streams that asked alike count alike) send as they are.
-    wire: dict[tuple[str, str, int], bytes] | None = field(default=None, compare=False)
+    wire: Wire | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ Rules it implements (see shared/xds-protocol.md):
 
 from __future__ import annotations
 
-from pilot.protocol.answers import FirstAnswer, shared_first_answer
+from pilot.protocol.answers import FirstAnswer, remembered, shared_first_answer
 from pilot.protocol.messages import (
     ProtocolError,
     ResourceView,
@@ -22,6 +22,7 @@ from pilot.protocol.messages import (
     StreamEvent,
     SubscriptionChanged,
     WildcardRefused,
+    Wire,
 )
 from pilot.protocol.stream import StreamCore, TypeState
 from pilot.protocol.subscription import SubscriptionDiff
@@ -75,8 +76,8 @@ class SotwStream(StreamCore):
         return response
 
     def _named_response(self, state: TypeState, view: ResourceView) -> SotwResponse | None:
-        answers = view.first_answers(state.type_url)
-        if answers is not None and not state.sent and _owed_whole(state):
+        answers = view.first_answers(state.type_url) if not state.sent else None
+        if answers is not None and _owed_whole(state):
             first = shared_first_answer(state, view, answers)
             if not first.updated:
                 return None
@@ -105,7 +106,7 @@ class SotwStream(StreamCore):
         state: TypeState,
         view: ResourceView,
         resources: tuple[Resource, ...],
-        wire: dict[tuple[str, str, int], bytes] | None = None,
+        wire: Wire | None = None,
     ) -> SotwResponse:
         nonce = self._next_nonce(state)
         state.sent_version = view.version(state.type_url)
@@ -115,16 +116,13 @@ class SotwStream(StreamCore):
 def _full_state(state: TypeState, view: ResourceView) -> FirstAnswer:
     """Everything a wildcard-capable type's subscription holds now: the same for every
     stream that subscribes alike, so shared through the view's memo where it has one."""
-    answers = view.first_answers(state.type_url)
     key = ("full", state.subscription.wildcard, state.subscription.names)
-    found = answers.get(key) if answers is not None else None
-    if isinstance(found, FirstAnswer):
-        return found
-    resources = tuple(_existing(view, state.type_url, sorted(state.wanted_now(view))))
-    full = FirstAnswer.of(resources, ())
-    if answers is not None:
-        answers.put(key, full, len(full.names))
-    return full
+
+    def work_out() -> FirstAnswer:
+        wanted = sorted(state.wanted_now(view))
+        return FirstAnswer.of(tuple(_existing(view, state.type_url, wanted)), ())
+
+    return remembered(view.first_answers(state.type_url), key, work_out)
 
 
 def _owed_whole(state: TypeState) -> bool:

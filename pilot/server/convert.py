@@ -8,7 +8,13 @@ from types import MappingProxyType
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from pilot.protocol.messages import DeltaRequest, DeltaResponse, SotwRequest, SotwResponse
+from pilot.protocol.messages import (
+    DeltaRequest,
+    DeltaResponse,
+    SotwRequest,
+    SotwResponse,
+    Wire,
+)
 from pilot.xds.resource import encode_delta_response, encode_sotw_response
 
 
@@ -70,7 +76,7 @@ def encode(response: SotwResponse | DeltaResponse) -> bytes:
 
 def _shared_encoding(
     response: SotwResponse | DeltaResponse,
-    wire: dict[tuple[str, str, int], bytes],
+    wire: Wire,
     key: tuple[str, str, int],
 ) -> bytes:
     """A shared answer's bytes: made once per (version, nonce, removals) in a row.

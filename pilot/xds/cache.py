@@ -281,7 +281,8 @@ class FirstAnswers:
 
 @dataclass(slots=True)
 class AnswerMemo:
-    """A type's first answers at one version of it, and how many names they cover.
+    """A type's first answers while its tables hold what they hold (`version` counts
+    changes to them), and how many names the answers cover.
 
     The keys are (table, subscription): what `FirstAnswers` puts.
     """
