@@ -32,12 +32,12 @@ good state, and `/ready`'s lines and `pilot_cluster_synced` say what is failing.
 
 from __future__ import annotations
 
-import gc
 import logging
 from typing import Protocol
 
 from kubernetes_asyncio import client
 
+from pilot import collector
 from pilot.debug.csds import CSDS_SERVICE, StatusReaders, csds_handler
 from pilot.debug.http import DebugState, HttpServer
 from pilot.debug.metrics import Metrics, Sources, WatchCounts
@@ -127,6 +127,7 @@ class Discovery:
         self.remote_secrets: Informer | None = None
         self._grpc: GrpcServer | None = None
         self._serving = False
+        self._thresholds: tuple[int, int, int] | None = None  # the collector's, once settled
 
     @property
     def grpc(self) -> GrpcServer:
@@ -325,11 +326,8 @@ class Discovery:
         await self._start_remotes(updater)
         await self.source.wait_synced()
         pipeline.publish_initial()
-        # The registry, cache and code are long-lived: keep full collections from
-        # rescanning them on every push (they caused the benchmark's p99 pauses).
         if self.settings.freeze_heap:
-            gc.collect()
-            gc.freeze()
+            self._thresholds = collector.settle()
         self.supervisor.start("push", pipeline.run)
         if tls is not None:
             self.supervisor.start("tls-renewal", tls.run)
@@ -397,8 +395,9 @@ class Discovery:
     async def stop(self) -> None:
         """Health goes NOT_SERVING, streams end, background work stops."""
         self._serving = False
-        if self.settings.freeze_heap:
-            gc.unfreeze()  # what start() froze becomes collectable again
+        if self._thresholds is not None:
+            collector.release(self._thresholds)
+            self._thresholds = None
         if self._grpc is not None:
             await self._grpc.stop(self.settings.drain_duration)
         await self.supervisor.stop()

@@ -52,7 +52,7 @@ class Settings:
     tls_dns_names: tuple[str, ...] = ()
     tls_require_client_cert: bool = False
     drain_duration: float = 5.0
-    freeze_heap: bool = True  # gc.freeze() after the initial state (see app.py)
+    freeze_heap: bool = True  # collector.settle() after the initial state
     max_connection_age: float = 1800.0
 
 
