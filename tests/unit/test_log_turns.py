@@ -1,0 +1,101 @@
+"""pilot's stderr handler: lines logged on the loop go out together, at the loop's next turn.
+
+What a reader of pilot's log must still see: every line, in the order logged,
+a warning at once (and everything logged before it), lines from other threads
+at once, and nothing left behind at exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from pilot.logs import MAX_WAITING, TurnHandler
+
+
+@pytest.fixture
+def logged() -> Iterator[tuple[logging.Logger, io.StringIO]]:
+    stream = io.StringIO()
+    handler = TurnHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    logger = logging.getLogger("pilot.test-turns")
+    logger.propagate, logger.level = False, logging.INFO
+    logger.addHandler(handler)
+    yield logger, stream
+    logger.removeHandler(handler)
+    handler.close()
+
+
+def lines(stream: io.StringIO) -> list[str]:
+    return stream.getvalue().splitlines()
+
+
+async def test_lines_of_one_turn_are_written_together_at_the_next(
+    logged: tuple[logging.Logger, io.StringIO],
+) -> None:
+    logger, stream = logged
+    for i in range(3):
+        logger.info("proxy %d connected", i)
+    assert lines(stream) == [], "written before the turn ended"
+    await asyncio.sleep(0)  # one turn of the loop
+    assert lines(stream) == [f"INFO proxy {i} connected" for i in range(3)]
+
+
+async def test_a_warning_is_written_at_once_after_what_waits(
+    logged: tuple[logging.Logger, io.StringIO],
+) -> None:
+    logger, stream = logged
+    logger.info("first")
+    logger.warning("proxy rejected a version")
+    assert lines(stream) == ["INFO first", "WARNING proxy rejected a version"]
+    await asyncio.sleep(0)
+    assert len(lines(stream)) == 2, "a line was written twice"
+
+
+async def test_lines_from_another_thread_are_written_at_once(
+    logged: tuple[logging.Logger, io.StringIO],
+) -> None:
+    logger, stream = logged
+    logger.info("on the loop")
+    thread = threading.Thread(target=logger.info, args=("from a minting thread",))
+    thread.start()
+    thread.join()
+    assert lines(stream) == ["INFO on the loop", "INFO from a minting thread"]
+
+
+def test_without_a_loop_lines_are_written_at_once(
+    logged: tuple[logging.Logger, io.StringIO],
+) -> None:
+    logger, stream = logged
+    logger.info("before the loop runs")
+    assert lines(stream) == ["INFO before the loop runs"]
+
+
+def test_what_waits_when_the_loop_stops_is_written_at_shutdown(
+    logged: tuple[logging.Logger, io.StringIO],
+) -> None:
+    logger, stream = logged
+
+    async def log_and_stop() -> None:
+        logger.info("the last line before the loop stopped")
+
+    asyncio.run(log_and_stop())  # the loop closes before the turn that would write it
+    for handler in logger.handlers:
+        handler.flush()  # what logging.shutdown does at exit
+    assert lines(stream) == ["INFO the last line before the loop stopped"]
+
+
+async def test_a_flood_in_one_turn_waits_only_so_many_lines(
+    logged: tuple[logging.Logger, io.StringIO],
+) -> None:
+    logger, stream = logged
+    for i in range(MAX_WAITING * 3):
+        logger.info("line %d", i)
+    assert len(lines(stream)) >= MAX_WAITING * 2, "a whole flood waited in memory"
+    await asyncio.sleep(0)
+    assert lines(stream) == [f"INFO line {i}" for i in range(MAX_WAITING * 3)]
