@@ -10,6 +10,7 @@ token or key can appear.
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,12 @@ def _await_chain(awaitable: Any) -> list[str]:
     while awaitable is not None and len(chain) < MAX_DEPTH:
         frame = getattr(awaitable, "cr_frame", None) or getattr(awaitable, "gi_frame", None)
         if frame is None:
+            if type(awaitable).__name__ == "coroutine_wrapper":
+                # Compiled code (gRPC's handler, running a stream's writer) awaits a
+                # coroutine through its __await__ wrapper, which names it only to the
+                # collector.
+                awaitable = _wrapped(awaitable)
+                continue
             if isinstance(awaitable, asyncio.Future):
                 chain.append(f"<{type(awaitable).__name__}>")
             break
@@ -43,6 +50,11 @@ def _await_chain(awaitable: Any) -> list[str]:
         chain.append(f"{_short(code.co_filename)}:{frame.f_lineno} {code.co_name}")
         awaitable = getattr(awaitable, "cr_await", None) or getattr(awaitable, "gi_yieldfrom", None)
     return chain
+
+
+def _wrapped(wrapper: object) -> Any:
+    """The coroutine a `coroutine_wrapper` (what `coro.__await__()` returns) runs."""
+    return next((r for r in gc.get_referents(wrapper) if asyncio.iscoroutine(r)), None)
 
 
 def _short(filename: str) -> str:

@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -110,14 +110,12 @@ class Connection:
         self._credential: str | None = None
         self._served = context.types
         self._wake = asyncio.Event()
-        # Done once pilot ends the stream (shutdown, or the send timeout): a future, not a
-        # task waiting on an event, since thousands of streams may arrive at once.
-        self._closing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._warned: set[str] = set()
-        self._send_timed_out = False  # why `_closing` was set, when it was the send timeout
-        self._writing = False  # a write is in gRPC's hands right now
         self._ended = False
-        self._writer: asyncio.Task[None] | None = None
+        self._ended_by: BaseException | None = None  # what ended it, when an error did
+        self._status: tuple[grpc.StatusCode, str] | None = None  # the client's, for that error
+        self._reader: asyncio.Task[None] | None = None
+        self._stop_waiting: Callable[[], object] | None = None  # ends a wait for readiness
 
     @property
     def proxy_id(self) -> str:
@@ -142,11 +140,7 @@ class Connection:
 
     def close(self) -> None:
         """End the stream (server shutdown); Envoy reconnects, possibly elsewhere."""
-        self._close()
-
-    def _close(self) -> None:
-        if not self._closing.done():
-            self._closing.set_result(None)
+        self._end(None)
 
     # -- the stream ----------------------------------------------------------
 
@@ -165,48 +159,62 @@ class Connection:
         except LimitExceeded as refused:
             self._context.admission.hits.hit(refused, f"xDS stream from {self.peer}")
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(refused))
-        ended_by = await self._run(requests, context)
-        ending = self._ending(ended_by) if ended_by is not None else None
-        await self._landed()
-        if ending is not None:
-            await context.abort(*ending)
+        await self._run(requests, context)
+        if self._status is not None:
+            await context.abort(*self._status)
+        if self._ended_by is not None:
+            raise self._ended_by  # no error of the client's: the handler's own
 
     async def _run(
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, bytes]
-    ) -> BaseException | None:
-        """Read and write until the stream ends; returns what ended it, if an error.
+    ) -> None:
+        """Write until the stream ends, while a reader task feeds the protocol machine.
 
-        Everything stops here but a write gRPC already has: cancelling it would
-        not take it back from gRPC, so it is let land (`_landed`) before the status.
+        The handler's own task is the writer: one task per stream fewer, since
+        thousands may arrive at once. Whatever ends the stream (`_end`) lets go
+        of it at once, even while a write is in gRPC's hands. That write is let
+        land, as cancelling it would not take it back from gRPC, and gRPC refuses
+        a status while a write is in flight.
         """
         named = f"stream-{self.id}"  # as /debug/connections and /debug/tasks show it
-        reader = asyncio.create_task(self._read(requests), name=f"{named}-reader")
-        writer = self._writer = asyncio.create_task(self._write(context), name=f"{named}-writer")
-        writer.add_done_callback(_retrieve)
-        closing = self._closing
-        running = {reader, writer, closing}
+        current = asyncio.current_task()
+        if current is not None:
+            current.set_name(f"{named}-writer")
+        self._reader = asyncio.create_task(self._read(requests), name=f"{named}-reader")
+        self._reader.add_done_callback(self._read_ended)
         try:
-            while True:
-                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    if task.exception() is not None:
-                        return task.exception()
-                if closing in done and self._send_timed_out:
-                    return TimeoutError()
-                if writer in done or closing in done:
-                    return None  # a reader that ended cleanly (half-close) ends nothing
+            await self._write(context)
+        except Exception:
+            if not self._ended:
+                raise  # pilot's fault or gRPC's, not the stream's: the handler's error
+            # The write let land after the stream ended failed: its client is gone.
         finally:
-            self._ended = True
-            stopped = [reader, closing] + ([] if self._writing else [writer])
-            for task in stopped:
-                task.cancel()
-            # Let go before awaiting anything: a second cancellation (the client going
-            # away while the stream ends) would cut the await short, and the stream
-            # would stay registered, and subscribed, forever.
-            self._context.connections.discard(self)
-            self._pipeline.leave(self)
-            log.info("proxy %s disconnected (%s, %s)", self.proxy, self.kind.label, self.peer)
-            await asyncio.gather(*stopped, return_exceptions=True)
+            self._end(None)
+
+    def _read_ended(self, reader: asyncio.Task[None]) -> None:
+        """A reader that failed ends the stream; one that ended cleanly (half-close) does not."""
+        if not reader.cancelled() and reader.exception() is not None:
+            self._end(reader.exception())
+
+    def _end(self, error: BaseException | None) -> None:
+        """End the stream, for `error` if one ended it: let go of all it holds, now.
+
+        Nothing here awaits: a second cancellation (the client going away while
+        the stream ends) cannot cut it short, so the stream never stays
+        registered, and subscribed, forever. The first cause of an end wins.
+        """
+        if self._ended:
+            return
+        self._ended, self._ended_by = True, error
+        self._status = self._ending(error) if error is not None else None
+        if self._reader is not None:
+            self._reader.cancel()
+        if self._stop_waiting is not None:
+            self._stop_waiting()
+        self._wake.set()  # the writer returns once its write, if any, has landed
+        self._context.connections.discard(self)
+        self._pipeline.leave(self)
+        log.info("proxy %s disconnected (%s, %s)", self.proxy, self.kind.label, self.peer)
 
     def _admit(self) -> None:
         """Join the registry if the stream limits allow (no await: check and add at once)."""
@@ -223,8 +231,8 @@ class Connection:
             )
         connections.add(self)
 
-    def _ending(self, error: BaseException) -> tuple[grpc.StatusCode, str]:
-        """What ended the stream, logged, as its status (an unexpected error is raised)."""
+    def _ending(self, error: BaseException) -> tuple[grpc.StatusCode, str] | None:
+        """What ended the stream, logged now, as its status; None for an unexpected error."""
         if isinstance(error, LimitExceeded):
             self._context.admission.hits.hit(error, f"proxy {self.proxy} ({self.peer})")
             return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
@@ -238,19 +246,7 @@ class Connection:
             message = "not reading its responses: closing the stream (PILOT_XDS_SEND_TIMEOUT)"
             log.warning("proxy %s (%s) %s", self.proxy, self.peer, message)
             return grpc.StatusCode.UNAVAILABLE, message
-        raise error
-
-    async def _landed(self) -> None:
-        """Wait for a response gRPC is still sending before the stream's status.
-
-        gRPC refuses a status while a write is in flight (TOO_MANY_OPERATIONS, and
-        the client never learns why its stream ended). The write lands once the
-        client reads, or fails once it goes away; either way pilot has already let
-        go of everything the stream held, and waits holding only this call.
-        """
-        writer = self._writer
-        if writer is not None and not writer.done():
-            await asyncio.wait([writer])
+        return None
 
     async def _authenticate(self, context: grpc.aio.ServicerContext[Any, bytes]) -> None:
         """Check the stream's credentials; aborts UNAUTHENTICATED if refused."""
@@ -371,11 +367,14 @@ class Connection:
         log.warning(message, self.proxy, *args)
 
     async def _write(self, context: grpc.aio.ServicerContext[Any, bytes]) -> None:
+        """Send what the stream owes whenever it is woken, until it ends."""
         pipeline = self._pipeline
-        await pipeline.ready.wait()
-        while True:
+        await self._until_ready()
+        while not self._ended:
             await self._wake.wait()
             async with pipeline.push_slots:
+                if self._ended:
+                    return
                 self._wake.clear()
                 since, self.pending_since = self.pending_since, None
                 for response in self.stream.take_responses(pipeline.view(self)):
@@ -385,10 +384,22 @@ class Connection:
                 if since is not None:
                     self._context.metrics.converged(time.monotonic() - since)
 
+    async def _until_ready(self) -> None:
+        """A stream that arrives before the initial state waits for it, or for its end."""
+        ready = self._pipeline.ready
+        if ready.is_set():
+            return
+        waiting = asyncio.ensure_future(ready.wait())
+        self._stop_waiting = waiting.cancel
+        try:
+            await asyncio.wait([waiting])  # returns, not raises, when `_end` cancels it
+        finally:
+            waiting.cancel()
+            self._stop_waiting = None
+
     def _time_out(self) -> None:
-        """A write outlived the send timeout: end the stream (`_run` says why)."""
-        self._send_timed_out = True
-        self._close()
+        """A write outlived the send timeout: end the stream (`_ending` says why)."""
+        self._end(TimeoutError())
 
     async def _send(
         self,
@@ -400,19 +411,10 @@ class Connection:
         timeout = self._pipeline.settings.send_timeout
         # A timer rather than a cancellation: a cancelled write stays in gRPC anyway.
         timer = asyncio.get_running_loop().call_later(timeout, self._time_out) if timeout else None
-        self._writing = True
         try:
             await context.write(data)
         finally:
-            self._writing = False
             if timer is not None:
                 timer.cancel()
         self._context.stats.responses[response.type_url] += 1
         self._context.metrics.written(response.type_url, len(data), time.monotonic() - started)
-
-
-def _retrieve(writer: asyncio.Task[None]) -> None:
-    """Mark the writer's failure as seen: it is the stream's outcome (`_run`), or, for a
-    write let land after the stream ended, a client gone mid-write: no error of pilot's."""
-    if not writer.cancelled():
-        writer.exception()
