@@ -111,7 +111,11 @@ class RateLimiter:
 
     As Istio's PILOT_MAX_REQUESTS_PER_SECOND: a caller waits up to `wait`
     seconds for its turn, then is refused (Envoy retries with backoff, often at
-    another replica).
+    another replica). A caller that must wait reserves its turn, as Go's
+    `rate.Limiter.Wait` does: the bucket goes into debt by one token, and the
+    caller sleeps once, until that token exists. Callers are admitted in the
+    order they came, and a thousand waiting callers cost a thousand timers, not
+    a thousand wake-ups per token.
     """
 
     def __init__(
@@ -120,7 +124,7 @@ class RateLimiter:
         self._rate = rate
         self._wait = wait
         self._clock = clock
-        self._tokens = rate
+        self._tokens = rate  # below 0: the turns reserved by callers still waiting
         self._updated = clock()
 
     def _refill(self) -> None:
@@ -132,20 +136,23 @@ class RateLimiter:
         """Take a token, waiting for one at most `wait`; raises LimitExceeded."""
         if self._rate <= 0:
             return
-        deadline = self._clock() + self._wait
-        while True:
-            self._refill()
-            if self._tokens >= 1:
-                self._tokens -= 1
-                return
-            delay = (1 - self._tokens) / self._rate
-            if self._clock() + delay > deadline:
-                raise LimitExceeded(
-                    "requests_per_second",
-                    f"more than {self._rate:g} new streams and calls per second"
-                    " (PILOT_MAX_REQUESTS_PER_SECOND); retry later",
-                )
+        self._refill()
+        self._tokens -= 1
+        if self._tokens >= 0:
+            return
+        delay = -self._tokens / self._rate  # until the token this caller reserved exists
+        if delay > self._wait:
+            self._tokens += 1  # refused: its turn goes back to the bucket
+            raise LimitExceeded(
+                "requests_per_second",
+                f"more than {self._rate:g} new streams and calls per second"
+                " (PILOT_MAX_REQUESTS_PER_SECOND); retry later",
+            )
+        try:
             await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            self._tokens += 1  # a caller gone before its turn gives it back
+            raise
 
 
 @dataclass
