@@ -144,13 +144,13 @@ class TurnHandler(logging.StreamHandler[TextIO]):
 
     def _write_waiting(self) -> None:
         self._flush_on = None
-        if self._waiting:
-            lines, self._waiting = "".join(self._waiting), []
-            try:
+        lines, self._waiting = "".join(self._waiting), []
+        try:
+            if lines:
                 self.stream.write(lines)
-            except Exception:  # a closed or broken stderr must not stop the loop
-                return
-        super().flush()
+            super().flush()
+        except Exception:  # a closed or broken stderr must not stop the loop, or the caller
+            return
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -99,3 +99,25 @@ async def test_a_flood_in_one_turn_waits_only_so_many_lines(
     assert len(lines(stream)) >= MAX_WAITING * 2, "a whole flood waited in memory"
     await asyncio.sleep(0)
     assert lines(stream) == [f"INFO line {i}" for i in range(MAX_WAITING * 3)]
+
+
+class BrokenStream(io.StringIO):
+    def write(self, text: str) -> int:
+        raise BrokenPipeError("stderr's reader is gone")
+
+    def flush(self) -> None:
+        raise BrokenPipeError("stderr's reader is gone")
+
+
+async def test_a_broken_stderr_raises_into_no_caller() -> None:
+    handler = TurnHandler(BrokenStream())
+    logger = logging.getLogger("pilot.test-turns-broken")
+    logger.propagate, logger.level = False, logging.INFO
+    logger.addHandler(handler)
+    try:
+        logger.info("a line nobody can read")
+        logger.warning("a warning nobody can read")
+        await asyncio.sleep(0)  # the turn's write fails inside the loop's callback
+        handler.flush()
+    finally:
+        logger.removeHandler(handler)
