@@ -143,6 +143,11 @@ class GrpcServer:
         return next((p.port for p in self._ports if p.listener.credentials is None), 0)
 
     @property
+    def streams(self) -> StreamContext:
+        """What the xDS streams of the first port share (for in-process benches)."""
+        return self._ports[0].listener.streams
+
+    @property
     def tls_port(self) -> int:
         """The first TLS port (0 if there is none)."""
         return next((p.port for p in self._ports if p.listener.credentials is not None), 0)

@@ -6,7 +6,8 @@ RSS per sidecar and the CPU of a service added against an endpoint changed, and 
 gets every sidecar its certificate and says at what rate and CPU; `python -m bench.fuzz`
 prints a PASS or FAIL for each of its targets and exits 0 exactly when all pass;
 `python -m bench.registry_file` loads and reloads a file in each format;
-`python -m bench.certificates` gets N proxies their certificates;
+`python -m bench.certificates` gets N proxies their certificates, and
+`python -m bench.arrival_path` their certificates in process, without gRPC;
 `python -m bench.sweep` writes its Markdown table and PNG plot;
 `python -m bench.codecs` times every codec on one assignment, all writing the same bytes.
 """
@@ -151,6 +152,18 @@ def test_bench_certificates_prints_its_figures() -> None:
         (line,) = [line for line in done.stdout.splitlines() if line.startswith(label)]
         value = float(line[len(label) :].split()[0])
         assert math.isfinite(value) and value > 0, line
+
+
+def test_bench_arrival_path_gets_every_proxy_its_certificate() -> None:
+    command = [sys.executable, "-m", "bench.arrival_path", "--proxies", "20"]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=110, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = done.stdout.splitlines()
+    assert line.startswith("20 proxies at once: CPU "), line
+    figures = [float(word) for word in line.replace("(", " ").split() if word[0].isdigit()]
+    assert len(figures) == 4 and all(math.isfinite(f) and f > 0 for f in figures), line
 
 
 def test_bench_sweep_writes_its_table_and_plot(tmp_path: Path) -> None:
