@@ -12,23 +12,33 @@ import io
 import logging
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
 from pilot.logs import MAX_WAITING, TurnHandler
 
 
+@contextmanager
+def _logger_on(stream: io.StringIO) -> Iterator[logging.Logger]:
+    """A logger of its own whose only handler is pilot's, writing to `stream`."""
+    handler = TurnHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    logger = logging.getLogger(f"pilot.test-turns.{type(stream).__name__}")
+    logger.propagate, logger.level = False, logging.INFO
+    logger.addHandler(handler)
+    try:
+        yield logger
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+
+
 @pytest.fixture
 def logged() -> Iterator[tuple[logging.Logger, io.StringIO]]:
     stream = io.StringIO()
-    handler = TurnHandler(stream)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-    logger = logging.getLogger("pilot.test-turns")
-    logger.propagate, logger.level = False, logging.INFO
-    logger.addHandler(handler)
-    yield logger, stream
-    logger.removeHandler(handler)
-    handler.close()
+    with _logger_on(stream) as logger:
+        yield logger, stream
 
 
 def lines(stream: io.StringIO) -> list[str]:
@@ -110,14 +120,9 @@ class BrokenStream(io.StringIO):
 
 
 async def test_a_broken_stderr_raises_into_no_caller() -> None:
-    handler = TurnHandler(BrokenStream())
-    logger = logging.getLogger("pilot.test-turns-broken")
-    logger.propagate, logger.level = False, logging.INFO
-    logger.addHandler(handler)
-    try:
+    with _logger_on(BrokenStream()) as logger:
         logger.info("a line nobody can read")
         logger.warning("a warning nobody can read")
         await asyncio.sleep(0)  # the turn's write fails inside the loop's callback
-        handler.flush()
-    finally:
-        logger.removeHandler(handler)
+        for handler in logger.handlers:
+            handler.flush()
