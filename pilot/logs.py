@@ -19,6 +19,7 @@ import datetime
 import json
 import logging
 import sys
+import time
 from typing import Final, TextIO
 
 SCOPES: Final = {
@@ -59,9 +60,24 @@ def _cut(message: str) -> str:
 class TextFormatter(logging.Formatter):
     """Istio-like text lines, the message cut at MAX_MESSAGE characters."""
 
+    def __init__(self, fmt: str) -> None:
+        super().__init__(fmt)
+        self._second: tuple[int, str] = (-1, "")  # one attribute: swapped whole, thread-safe
+
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = _cut(record.message)
         return super().formatMessage(record)
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        """logging's own `asctime`, its date and time of day formatted once a second."""
+        if datefmt is not None:
+            return super().formatTime(record, datefmt)
+        second, stamp = self._second
+        if int(record.created) != second:
+            second = int(record.created)
+            stamp = time.strftime(self.default_time_format, self.converter(second))
+            self._second = (second, stamp)
+        return f"{stamp},{int(record.msecs):03d}"  # logging's default_msec_format
 
 
 class LogSpecError(ValueError):
@@ -107,13 +123,14 @@ class TurnHandler(logging.StreamHandler[TextIO]):
 
     Thousands of proxies arriving at once log thousands of lines a second. Written
     and flushed one by one, each costs a system call, and a wake-up of whatever
-    reads the pipe. Each one also lets pilot's minting threads take the GIL from
-    the loop. So a line logged on a running loop waits for that loop's next turn
-    (`call_soon`), and then all of the turn's lines go out in one write. Three
-    kinds of line are written at once, after any that wait, so the order holds:
-    a warning or worse, a line from another thread, and a line logged with no
-    loop running. A line waits for at most one turn of the loop, and at most
-    `MAX_WAITING` lines wait; `logging.shutdown` writes what waits at exit.
+    reads the pipe. Each one also lets any thread waiting for the GIL (gRPC's,
+    pilot's minting threads) take it from the loop. So a line logged on a running
+    loop waits for that loop's next turn (`call_soon`), and then all of the
+    turn's lines go out in one write. Three kinds of line are written at once,
+    after any that wait, so the order holds: a warning or worse, a line from
+    another thread, and a line logged with no loop running. A line waits for at
+    most one turn of the loop, and at most `MAX_WAITING` lines wait;
+    `logging.shutdown` writes what waits at exit.
     """
 
     def __init__(self, stream: TextIO) -> None:

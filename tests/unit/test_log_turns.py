@@ -2,7 +2,8 @@
 
 What a reader of pilot's log must still see: every line, in the order logged,
 a warning at once (and everything logged before it), lines from other threads
-at once, and nothing left behind at exit.
+at once, and nothing left behind at exit; and on each text line the time
+logging's own format would write.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from pilot.logs import MAX_WAITING, TurnHandler
+from pilot.logs import MAX_WAITING, TEXT_FORMAT, TextFormatter, TurnHandler
 
 
 @contextmanager
@@ -126,3 +127,20 @@ async def test_a_broken_stderr_raises_into_no_caller() -> None:
         await asyncio.sleep(0)  # the turn's write fails inside the loop's callback
         for handler in logger.handlers:
             handler.flush()
+
+
+@pytest.mark.parametrize(
+    "created",
+    [
+        [1_790_000_000.001, 1_790_000_000.999, 1_790_000_001.0, 1_790_000_000.5],
+        [1_790_003_599.75, 1_790_003_600.25, 1_790_003_600.0],  # across an hour and back
+    ],
+)
+def test_text_lines_carry_the_time_logging_itself_would_write(created: list[float]) -> None:
+    """pilot's text format formats the date and time of day once a second: each line still
+    reads as logging's own `asctime` would, whatever second it was logged in."""
+    ours, standard = TextFormatter(TEXT_FORMAT), logging.Formatter(TEXT_FORMAT)
+    for when in created:
+        record = logging.makeLogRecord({"name": "pilot.xds", "msg": "m", "levelname": "INFO"})
+        record.created, record.msecs = when, (when - int(when)) * 1000
+        assert ours.format(record) == standard.format(record)
