@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from bench import wire
 # Pilot's transport options (pilot.server.grpc_server), its default stream limit included:
 # up to that many new streams wait in gRPC core's queue instead of being dropped past 1,000.
 _PENDING = 20_000
-_SERVER_OPTIONS = [
+SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
     ("grpc.max_receive_message_length", 1 << 24),
     ("grpc.server.max_pending_requests", _PENDING),
@@ -136,16 +136,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def serve(args: argparse.Namespace) -> None:
-    floor = Floor(list(wire.read_records(args.initial)), list(wire.read_records(args.changes)))
-    server = grpc.aio.server(options=_SERVER_OPTIONS)
-    handler = grpc.stream_stream_rpc_method_handler(floor.handle)
+async def start_ads_floor(handle: Callable[..., Awaitable[None]], address: str) -> grpc.aio.Server:
+    """A grpc.aio server with pilot's transport options whose DeltaAggregatedResources is
+    `handle` (bytes in, bytes out), started on `address`; prints `floor listening on PORT`."""
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    handler = grpc.stream_stream_rpc_method_handler(handle)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(wire.ADS_SERVICE, {wire.ADS_METHOD: handler}),)
     )
-    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    port = server.add_insecure_port(address)
     await server.start()
     print(f"floor listening on {port}", flush=True)
+    return server
+
+
+async def serve(args: argparse.Namespace) -> None:
+    floor = Floor(list(wire.read_records(args.initial)), list(wire.read_records(args.changes)))
+    server = await start_ads_floor(floor.handle, f"{args.host}:{args.port}")
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -6,7 +6,8 @@ RSS per sidecar and the CPU of a service added against an endpoint changed, and 
 gets every sidecar its certificate and says at what rate and CPU; `python -m bench.fuzz`
 prints a PASS or FAIL for each of its targets and exits 0 exactly when all pass;
 `python -m bench.registry_file` loads and reloads a file in each format;
-`python -m bench.certificates` gets N proxies their certificates, and
+`python -m bench.certificates` gets N proxies their certificates from pilot and from its
+floor (bare grpc.aio and pilot's mint), and
 `python -m bench.arrival_path` their certificates in process, without gRPC;
 `python -m bench.sweep` writes its Markdown table and PNG plot;
 `python -m bench.codecs` times every codec on one assignment, all writing the same bytes.
@@ -148,7 +149,15 @@ def test_bench_certificates_prints_its_figures() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "20 proxies asking for `default` at once" in done.stdout, done.stdout
-    for label in ("certificates per second", "pilot CPU per certificate", "ratio"):
+    labels = (
+        "certificates per second",
+        "pilot CPU per certificate",
+        "ratio",
+        "floor CPU per certificate",
+        "floor over the bare mint",
+        "pilot over the floor",
+    )
+    for label in labels:
         (line,) = [line for line in done.stdout.splitlines() if line.startswith(label)]
         value = float(line[len(label) :].split()[0])
         assert math.isfinite(value) and value > 0, line
