@@ -6,7 +6,10 @@ with the token in `CA_TOKEN_FILE` (read on every call: projected tokens
 rotate) and, when the workload's identity is not pilot's own, asks for it with
 `ImpersonatedIdentity` metadata. Every chain must verify against the configured
 root (`root_pem`, also what proxies get as `ROOTCA`), whatever the transport: a
-root is never learned from what a CA answers.
+root is never learned from what a CA answers. An answer above MAX_ANSWER_BYTES
+is refused by gRPC as it arrives, one of more than MAX_CHAIN certificates before
+any is parsed, and the checks run in a thread: a CA's answer never holds up
+the event loop.
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ from pilot.security.certs import (
 from pilot.security.identity import Identity
 
 CALL_TIMEOUT = 10.0
+# A CA's answer: a leaf, its intermediates and the root. Refused beyond these, before
+# any of it is parsed (the answer's size at gRPC's door, the count before verifying).
+MAX_CHAIN = 10
+MAX_ANSWER_BYTES = 256 * 1024
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_ANSWER_BYTES)]
 # Certificates pilot's own CA mints per thread hand-off, and threads at once (see LocalCa).
 MINT_BATCH: Final[Mapping[KeyType, int]] = MappingProxyType({KeyType.EC: 16, KeyType.RSA: 1})
 MINT_THREADS: Final[Mapping[KeyType, int]] = MappingProxyType({KeyType.EC: 1, KeyType.RSA: 4})
@@ -215,10 +223,12 @@ class RemoteCa:
         self.roots: list[x509.Certificate] = load_certificates(pem)
         self.root_pem = pem.decode()
         if settings.insecure:
-            self._channel = grpc.aio.insecure_channel(settings.address)
+            self._channel = grpc.aio.insecure_channel(settings.address, options=_CHANNEL_OPTIONS)
         else:
             credentials = grpc.ssl_channel_credentials(root_certificates=pem)
-            self._channel = grpc.aio.secure_channel(settings.address, credentials)
+            self._channel = grpc.aio.secure_channel(
+                settings.address, credentials, options=_CHANNEL_OPTIONS
+            )
         self._call = self._channel.unary_unary(
             f"/{CA_SERVICE}/CreateCertificate",
             request_serializer=ca_pb2.IstioCertificateRequest.SerializeToString,
@@ -248,10 +258,18 @@ class RemoteCa:
                 f"CA at {self.settings.address}: {error.code().name}: {error.details()}"
             ) from error
         chain = list(response.cert_chain)
-        self._check(chain, identity)
+        # Parsing and verifying are crypto: off the loop, as every mint is.
+        await asyncio.to_thread(self._check, chain, identity)
         return chain
 
     def _check(self, chain: list[str], identity: Identity) -> None:
+        """The answer verifies to the configured root and names `identity` (in a thread)."""
+        announced = sum(pem.count("-----BEGIN") for pem in chain)
+        if announced > MAX_CHAIN:
+            raise CaError(
+                f"CA at {self.settings.address} returned a chain of {announced} certificates"
+                f" (at most {MAX_CHAIN})"
+            )
         try:
             certificates = [c for pem in chain for c in load_certificates(pem.encode())]
             verify_chain(certificates, self.roots)

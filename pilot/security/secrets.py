@@ -261,10 +261,16 @@ class SecretManager:
         started = time.monotonic()
         chain = await self._ca.sign(csr, identity, self._settings.ttl)
         self._observe_ca_latency(time.monotonic() - started)
-        leaf = load_certificates(chain[0].encode())[0]
-        if not key_matches(serialization.load_pem_private_key(key_pem, password=None), leaf):
-            raise CaError("the CA signed a different key than the one in the CSR")
-        certificate = WorkloadCertificate(
-            "".join(chain).encode(), key_pem, leaf.serial_number, leaf.not_valid_after_utc
-        )
-        return certificate, created
+        async with self._mint_slots:
+            return await asyncio.to_thread(_certificate_of, key_pem, chain), created
+
+
+def _certificate_of(key_pem: bytes, chain: list[str]) -> WorkloadCertificate:
+    """The chain as SDS serves it, once its leaf is seen to certify the key (in a thread:
+    parsing a private key, an RSA one above all, is crypto too)."""
+    leaf = load_certificates(chain[0].encode())[0]
+    if not key_matches(serialization.load_pem_private_key(key_pem, password=None), leaf):
+        raise CaError("the CA signed a different key than the one in the CSR")
+    return WorkloadCertificate(
+        "".join(chain).encode(), key_pem, leaf.serial_number, leaf.not_valid_after_utc
+    )

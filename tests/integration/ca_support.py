@@ -406,6 +406,8 @@ class Fault(enum.Enum):
     LEAF_NOT_SIGNED_BY_ROOT = "leaf-not-signed-by-root"  # chain [leaf, root], leaf forged
     OTHER_ROOT = "other-root"  # a consistent chain, but under a root pilot does not trust
     WRONG_IDENTITY = "wrong-identity"  # signs for another SPIFFE identity than asked
+    LONG_CHAIN = "long-chain"  # a chain that verifies, its root repeated: 11 certificates
+    HUGE_ANSWER = "huge-answer"  # the same, the root repeated to 1 MiB
 
 
 @dataclass(frozen=True)
@@ -535,6 +537,10 @@ class FakeIstioCa:
             issuer, csr.public_key(), [identity], valid_for=valid_for, signing_key=forger
         )
         chain = [pem(leaf), issuer.cert_pem]
+        if self.fault is Fault.LONG_CHAIN:
+            chain += [issuer.cert_pem] * 9
+        elif self.fault is Fault.HUGE_ANSWER:
+            chain += [issuer.cert_pem] * ((1 << 20) // len(issuer.cert_pem))
         self.signed.append(chain)
         return ca_pb2.IstioCertificateResponse(cert_chain=chain)
 

@@ -9,8 +9,10 @@ proxy's identity as `ImpersonatedIdentity` when it is not pilot's own, and the
 configured lifetime. pilot always has the CA's root (CA_ROOT_CERT), TLS or
 plaintext: `ROOTCA` is that root and every chain must lead to it; nothing is
 trusted on first use. While the CA is down or answers something that does not
-verify, `ca_errors` rises and no secret (least of all an empty one) is pushed;
-the subscription gets its secret once the CA signs properly again.
+verify (or more than MAX_CHAIN certificates, or more than MAX_ANSWER_BYTES),
+`ca_errors` rises and no secret (least of all an empty one) is pushed; the
+subscription gets its secret once the CA signs properly again. The answer is
+checked off the event loop.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ import asyncio
 import datetime
 import os
 import sys
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pilot.security import ca_client, secrets
 from pilot.security.ca_client import RemoteCaSettings
 from pilot.security.identity import Identity
 from pilot.security.secrets import SdsSettings
@@ -267,10 +271,18 @@ async def test_secret_arrives_once_the_ca_is_back(tmp_path: Path) -> None:
     assert len(fake.signed) == 1
 
 
-@pytest.mark.parametrize(
-    "fault", [Fault.LEAF_NOT_SIGNED_BY_ROOT, Fault.WRONG_IDENTITY], ids=lambda f: f.value
-)
-async def test_chain_that_does_not_verify_is_refused(tmp_path: Path, fault: Fault) -> None:
+REFUSAL = {
+    Fault.LEAF_NOT_SIGNED_BY_ROOT: "returned a chain that does not verify",
+    Fault.WRONG_IDENTITY: "signed for ['spiffe://cluster.local/ns/somewhere-else",
+    Fault.LONG_CHAIN: "returned a chain of 11 certificates (at most 10)",
+    Fault.HUGE_ANSWER: "RESOURCE_EXHAUSTED",  # refused by gRPC as it arrives, never parsed
+}
+
+
+@pytest.mark.parametrize("fault", list(REFUSAL), ids=lambda f: f.value)
+async def test_chain_that_does_not_verify_is_refused(
+    tmp_path: Path, fault: Fault, caplog: pytest.LogCaptureFixture
+) -> None:
     async with (
         FakeIstioCa({TOKEN: OWN.uri}) as fake,
         _pilot_using(tmp_path, fake.address, fake.root_pem) as pilot,
@@ -283,12 +295,42 @@ async def test_chain_that_does_not_verify_is_refused(tmp_path: Path, fault: Faul
         await _ca_errors_reach(pilot, 3)
         await _no_workload_pushed(ads)
         assert _stats(pilot).minted == 0
+        refusals = [
+            r.getMessage() for r in caplog.records if "cannot get a certificate" in r.getMessage()
+        ]
+        assert refusals and all(REFUSAL[fault] in r for r in refusals), refusals
 
         fake.fault = Fault.NONE  # the CA mends its ways: the retry succeeds
         secrets = await ads.ack_until(types.SECRET, [WORKLOAD], WAIT)
         _only_complete_secrets(ads)
     assert_issued_chain(list(workload_in(secrets).chain), fake.root.cert)
     assert load_chain(rootca) == [fake.root.cert]
+
+
+async def test_the_cas_answer_is_checked_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Verifying the chain, and loading the key to match it with the leaf, are crypto:
+    none of it runs on the event loop's thread, which a rollout would otherwise stall."""
+    ran_on: dict[str, int] = {}
+
+    def recorded(name: str, check: Callable[..., Any]) -> Callable[..., Any]:
+        def spy(*args: Any) -> Any:
+            ran_on[name] = threading.get_ident()
+            return check(*args)
+
+        return spy
+
+    monkeypatch.setattr(ca_client, "verify_chain", recorded("verify", ca_client.verify_chain))
+    monkeypatch.setattr(secrets, "key_matches", recorded("key match", secrets.key_matches))
+    async with (
+        FakeIstioCa({TOKEN: OWN.uri}) as fake,
+        _pilot_using(tmp_path, fake.address, fake.root_pem) as pilot,
+    ):
+        workload = await _workload_for(pilot, node("proxy-1", *PROXY))
+    assert workload.key_matches_leaf
+    assert set(ran_on) == {"verify", "key match"}
+    assert threading.get_ident() not in ran_on.values(), "a check ran on the event loop"
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "tls"])
