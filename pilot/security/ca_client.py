@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from cryptography import x509
 from google.protobuf import struct_pb2
 
 from pilot._gen.istio.v1.auth import ca_pb2
+from pilot.security.batches import SIGNING_BATCH, ThreadBatches, signing_lane
 from pilot.security.ca import CaExpired, CertificateAuthority, CsrError
 from pilot.security.ca_service import CA_SERVICE, IMPERSONATED_IDENTITY
 from pilot.security.certs import (
@@ -47,8 +49,10 @@ CALL_TIMEOUT = 10.0
 MAX_CHAIN = 10
 MAX_ANSWER_BYTES = 256 * 1024
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_ANSWER_BYTES)]
-# Certificates pilot's own CA mints per thread hand-off, and threads at once (see LocalCa).
-MINT_BATCH: Final[Mapping[KeyType, int]] = MappingProxyType({KeyType.EC: 16, KeyType.RSA: 1})
+# Calls per thread hand-off, and threads at once, by key type (see LocalCa).
+MINT_BATCH: Final[Mapping[KeyType, int]] = MappingProxyType(
+    {KeyType.EC: SIGNING_BATCH, KeyType.RSA: 1}
+)
 MINT_THREADS: Final[Mapping[KeyType, int]] = MappingProxyType({KeyType.EC: 1, KeyType.RSA: 4})
 
 
@@ -64,16 +68,6 @@ class CaClient(Protocol):
     ) -> list[str]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class _MintJob:
-    """One certificate to mint, and where its result goes."""
-
-    key_type: KeyType
-    identity: Identity
-    ttl: datetime.timedelta
-    result: asyncio.Future[WorkloadCertificate]
-
-
 class LocalCa:
     """pilot's own CA, called in process (off the event loop).
 
@@ -83,82 +77,43 @@ class LocalCa:
     possession of it to no one). The certificate's key is still checked to be
     the one made, as for any CA's answer.
 
-    Mints wait in a queue and go to a thread in batches (MINT_BATCH), each batch
-    holding a signing slot (the slots the CA service shares): a burst of
-    proxies costs one thread hand-off per batch, not per certificate. EC minting
-    holds the GIL throughout, so a second thread would only add switching, and
-    the event loop waits for the GIL behind every busy thread: one thread mints
-    EC keys. RSA key generation releases the GIL and runs on several cores at
-    once: up to MINT_THREADS threads, one key each. The queue holds at most one job
-    per live workload (each workload's task waits for its one mint), so the
-    certificate limits bound it.
+    Both run in batches (`ThreadBatches`). Signing and EC keys hold the GIL, so
+    they share one lane of one thread, `signing`, with the CA service's
+    CreateCertificate calls when the component passes the same lane to both.
+    RSA keys release the GIL: a lane of up to MINT_THREADS threads, one key each.
     """
 
-    def __init__(self, ca: CertificateAuthority, slots: asyncio.Semaphore) -> None:
+    def __init__(
+        self,
+        ca: CertificateAuthority,
+        slots: asyncio.Semaphore,
+        signing: ThreadBatches | None = None,
+    ) -> None:
         self.ca = ca
-        self._slots = slots
-        self._queue: list[_MintJob] = []
-        self._drainers: set[asyncio.Task[None]] = set()
+        self._lanes = {
+            KeyType.EC: signing or signing_lane(slots),
+            KeyType.RSA: ThreadBatches(
+                slots, MINT_BATCH[KeyType.RSA], MINT_THREADS[KeyType.RSA], "ca-mint-rsa"
+            ),
+        }
 
     async def sign(self, csr_pem: bytes, identity: Identity, ttl: datetime.timedelta) -> list[str]:
-        async with self._slots:
-            try:
-                return await asyncio.to_thread(self.ca.sign, csr_pem, identity, ttl)
-            except (CsrError, CaExpired) as error:
-                raise CaError(f"pilot's CA: {error}") from error
+        try:
+            return await self._lanes[KeyType.EC].run(
+                functools.partial(self.ca.sign, csr_pem, identity, ttl)
+            )
+        except (CsrError, CaExpired) as error:
+            raise CaError(f"pilot's CA: {error}") from error
 
     async def mint(
         self, key_type: KeyType, identity: Identity, ttl: datetime.timedelta
     ) -> WorkloadCertificate:
         """A new private key and its certificate naming `identity` (the proven one)."""
-        result: asyncio.Future[WorkloadCertificate] = asyncio.get_running_loop().create_future()
-        self._queue.append(_MintJob(key_type, identity, ttl, result))
-        drainers = len(self._drainers)
-        if drainers < MINT_THREADS[key_type] and drainers * MINT_BATCH[key_type] < len(self._queue):
-            drainer = asyncio.create_task(self._drain(), name="ca-mint")
-            self._drainers.add(drainer)
-            drainer.add_done_callback(self._drainers.discard)
-        return await result
-
-    async def _drain(self) -> None:
-        """Mint batches from the queue until it is empty."""
+        work = functools.partial(self._mint, key_type, identity, ttl)
         try:
-            await self._drain_batches()
-        finally:
-            # Now, not in a done callback: a job queued before that ran would see this
-            # drainer still counted and start none, though this one takes no more jobs.
-            self._drainers.discard(asyncio.current_task())
-
-    async def _drain_batches(self) -> None:
-        while self._queue:
-            async with self._slots:
-                # Taken once a slot is free: jobs queued meanwhile join this batch.
-                if not self._queue:
-                    break  # another drainer took the rest while this one waited
-                size = MINT_BATCH[self._queue[0].key_type]
-                batch = [job for job in self._queue[:size] if not job.result.done()]
-                del self._queue[:size]
-                if not batch:
-                    continue
-                try:
-                    outcomes = await asyncio.to_thread(self._mint_batch, batch)
-                except BaseException as error:
-                    _fail(batch, error)
-                    raise
-            for job, outcome in zip(batch, outcomes, strict=True):
-                _settle(job.result, outcome)
-
-    def _mint_batch(self, batch: list[_MintJob]) -> list[WorkloadCertificate | Exception]:
-        """In a thread: each job's certificate, or what stopped it (the others go on)."""
-        outcomes: list[WorkloadCertificate | Exception] = []
-        for job in batch:
-            try:
-                outcomes.append(self._mint(job.key_type, job.identity, job.ttl))
-            except CaExpired as error:
-                outcomes.append(CaError(f"pilot's CA: {error}"))
-            except Exception as error:  # a fault of pilot's: the secret manager logs it
-                outcomes.append(error)
-        return outcomes
+            return await self._lanes[key_type].run(work)
+        except CaExpired as error:
+            raise CaError(f"pilot's CA: {error}") from error
 
     def _mint(
         self, key_type: KeyType, identity: Identity, ttl: datetime.timedelta
@@ -170,28 +125,6 @@ class LocalCa:
         chain = "".join(self.ca.chain_pem(leaf)).encode()
         expires = leaf.not_valid_after_utc
         return WorkloadCertificate(chain, key_pem(key), leaf.serial_number, expires)
-
-
-def _settle(
-    result: asyncio.Future[WorkloadCertificate], outcome: WorkloadCertificate | Exception
-) -> None:
-    if result.done():
-        return  # its caller gave up (the proxy was released meanwhile)
-    if isinstance(outcome, Exception):
-        result.set_exception(outcome)
-    else:
-        result.set_result(outcome)
-
-
-def _fail(batch: list[_MintJob], error: BaseException) -> None:
-    """A batch that never finished: its callers must not wait for ever."""
-    for job in batch:
-        if job.result.done():
-            continue
-        if isinstance(error, asyncio.CancelledError):
-            job.result.cancel()
-        else:
-            job.result.set_exception(CaError(f"pilot's CA: {error}"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,12 +8,15 @@ without valid credentials (a token or certificate naming no valid service
 account included), PERMISSION_DENIED for another identity without that trust,
 INVALID_ARGUMENT for a malformed or oversized CSR, an invalid identity, or a
 lifetime below zero or above the maximum, FAILED_PRECONDITION once the CA's own
-certificate has expired. Signing runs off the event loop, a bounded number at once.
+certificate has expired. Signing runs off the event loop, in batches on one
+thread (`ThreadBatches`, the lane pilot's SDS mints share): a rollout's burst
+of calls costs a hand-off per batch, and no two threads take turns at the GIL.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,6 +28,7 @@ from pilot._gen.istio.v1.auth import ca_pb2
 from pilot.decoding import BadRequest, decode
 from pilot.limits import Admission, LimitExceeded
 from pilot.security.authn import Authenticator, AuthError
+from pilot.security.batches import ThreadBatches, signing_lane
 from pilot.security.ca import CaExpired, CertificateAuthority, CsrError
 from pilot.security.identity import Identity
 
@@ -64,13 +68,14 @@ class CaService:
         ca: CertificateAuthority,
         authenticator: Authenticator,
         trusted_node_accounts: Iterable[str] = (),
-        signing_slots: asyncio.Semaphore | None = None,
+        signing: ThreadBatches | None = None,
         admission: Admission | None = None,
     ) -> None:
         self.ca = ca
         self._authenticator = authenticator
         self._trusted = frozenset(trusted_node_accounts)
-        self._slots = signing_slots or asyncio.Semaphore(4)
+        # The lane SDS mints use too (one thread for what holds the GIL): see LocalCa.
+        self._signing = signing or signing_lane(asyncio.Semaphore(4))
         self._admission = admission or Admission.unlimited()
         self.in_flight = 0  # requests admitted and not answered yet
         self.stats = CaStats()
@@ -171,8 +176,8 @@ class CaService:
     async def _sign(self, request: ca_pb2.IstioCertificateRequest, identity: Identity) -> list[str]:
         try:
             ttl = self.ca.lifetime(request.validity_duration)
-            async with self._slots:
-                return await asyncio.to_thread(self.ca.sign, request.csr.encode(), identity, ttl)
+            csr = request.csr.encode()
+            return await self._signing.run(functools.partial(self.ca.sign, csr, identity, ttl))
         except CsrError as error:
             raise RequestRefused(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from error
         except CaExpired as error:

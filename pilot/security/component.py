@@ -10,6 +10,7 @@ from kubernetes_asyncio import client
 
 from pilot.limits import Admission
 from pilot.security.authn import Authenticator, TokenReviewer
+from pilot.security.batches import signing_lane
 from pilot.security.ca import CertificateAuthority
 from pilot.security.ca_client import CaClient, LocalCa, RemoteCa
 from pilot.security.ca_service import CaService
@@ -68,9 +69,11 @@ class Security:
             ca.settings.trust_domain, reviewer, settings.token_audiences, [ca.signing_cert]
         )
         slots = asyncio.Semaphore(SIGNING_SLOTS)
-        ca_service = CaService(ca, authenticator, settings.trusted_node_accounts, slots, admission)
+        signing = signing_lane(slots)  # the CA service's CSRs and SDS's EC mints, one thread
+        trusted = settings.trusted_node_accounts
+        ca_service = CaService(ca, authenticator, trusted, signing, admission)
         remote = RemoteCa(settings.remote_ca) if settings.remote_ca is not None else None
-        ca_client: CaClient = remote if remote is not None else LocalCa(ca, slots)
+        ca_client: CaClient = remote if remote is not None else LocalCa(ca, slots, signing)
         root_pem = remote.root_pem if remote is not None else ca.root_pem
         secrets = SecretManager(ca_client, root_pem, settings.sds, observe_ca_latency, admission)
         mode = settings.xds_auth or default_xds_auth

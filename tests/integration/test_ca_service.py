@@ -19,6 +19,7 @@ the one TokenReviews ask for, and so the one a caller's token must carry.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import ipaddress
 from collections.abc import AsyncIterator
@@ -362,6 +363,33 @@ async def test_good_token_gets_a_certificate_for_its_identity(ca: Ca) -> None:
     assert abs(lifetime - default) <= datetime.timedelta(seconds=1)
     assert ca.signed == [spiffe(*CALLER)]
     assert reviews(ca.srv) == [(("istio-ca",), True, "system:serviceaccount:ns1:sa1")]
+
+
+async def test_a_rollout_burst_is_signed_each_for_its_caller_and_a_bad_csr_fails_alone(
+    ca: Ca,
+) -> None:
+    """Calls arriving together are signed in batches: each caller still gets its own
+    certificate, for its own key and identity, and one CSR that does not verify is
+    refused without costing the others theirs."""
+    callers = [(f"ns{i % 5}", f"sa{i}") for i in range(40)]
+    made = [make_csr([spiffe(*who)]) for who in callers]
+    _, good_csr = make_csr([spiffe(*CALLER)])
+    der = x509.load_pem_x509_csr(good_csr).public_bytes(serialization.Encoding.DER)
+    tampered = x509.load_der_x509_csr(der.replace(b"/sa/sa1", b"/sa/sa9"))
+    bad = tampered.public_bytes(serialization.Encoding.PEM)
+    calls = [
+        ca.caller.create(csr, token=ca.token(*who))
+        for who, (_, csr) in zip(callers, made, strict=True)
+    ]
+    calls.insert(17, ca.caller.create(bad, token=ca.token(*CALLER)))
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    refused = outcomes.pop(17)
+    assert isinstance(refused, grpc.aio.AioRpcError), refused
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    for chain, who, (key, _) in zip(outcomes, callers, made, strict=True):
+        assert isinstance(chain, list), chain
+        _leaf_checks(ca, chain, public_der(key), spiffe(*who))
+    assert sorted(ca.signed) == sorted(spiffe(*who) for who in callers)
 
 
 @pytest.mark.parametrize("validity", [3600, MAX_TTL])
