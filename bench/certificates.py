@@ -14,6 +14,11 @@ grpc.aio server that mints with pilot's own CA code and nothing else: its CPU
 per certificate is what gRPC and the crypto cost any Python SDS server, and
 pilot's over it is what pilot's own machinery costs.
 
+`--via ca` is a rollout through `pilot agent` instead: each of the N agents
+has its own token (`--token-auth-file`) and its own key and CSR, made here
+beforehand, and calls pilot's CA (CreateCertificate) at once; pilot checks the
+token and the CSR and signs. The same figures, with no floor.
+
 Targets (issue 20): >= 1,000 certificates/s on 2 cores, pilot's CPU per
 certificate <= 3x the bare mint, `/ready` answering throughout.
 """
@@ -23,12 +28,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import functools
 import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 from cryptography import x509
@@ -50,6 +58,9 @@ from bench.procs import (
     wait_idle,
 )
 from bench.report import percentile
+from pilot._gen.istio.v1.auth import ca_pb2
+from pilot.security.ca_service import CA_SERVICE
+from pilot.security.certs import KeyType, new_key_and_csr, write_private
 from tests.fuzz.ready import ReadyProber
 
 SECRET = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
@@ -72,13 +83,13 @@ class Storm:
 @dataclass(frozen=True)
 class Figures:
     proxies: int
+    via: str  # "sds" (Envoys' streams) or "ca" (agents' CreateCertificate calls)
     pilot: Storm
-    floor: Storm  # bench.certificate_floor: bare grpc.aio and pilot's own minting
+    floor: Storm | None  # bench.certificate_floor: bare grpc.aio and pilot's own minting
     bare_mint: float  # CPU seconds per certificate, here, single-threaded
 
     def render(self) -> str:
         per_cert = self.pilot.cpu / self.proxies
-        floor = self.floor.cpu / self.proxies
         ready = self.pilot.ready
         lag = (
             f"p99 {percentile(ready, 99) * 1e3:.0f} ms, worst {max(ready) * 1e3:.0f} ms"
@@ -86,23 +97,30 @@ class Figures:
             if ready
             else "no probe answered"
         )
-        return "\n".join(
-            [
-                f"{self.proxies:,} proxies asking for `default` at once, ECDSA P-256"
-                f" ({self.pilot.retries} streams opened again)",
-                f"last certificate after     {self.pilot.seconds:.2f} s",
-                f"certificates per second    {self.proxies / self.pilot.seconds:.0f}",
-                f"pilot CPU per certificate  {per_cert * 1e3:.2f} ms",
-                f"bare mint per certificate  {self.bare_mint * 1e3:.2f} ms",
-                f"ratio                      {per_cert / self.bare_mint:.2f}",
-                f"/ready meanwhile           {lag}",
+        asking = (
+            "proxies asking for `default` at once, ECDSA P-256"
+            if self.via == "sds"
+            else "agents asking pilot's CA at once (CreateCertificate, each its own key and CSR)"
+        )
+        lines = [
+            f"{self.proxies:,} {asking} ({self.pilot.retries} streams opened again)",
+            f"last certificate after     {self.pilot.seconds:.2f} s",
+            f"certificates per second    {self.proxies / self.pilot.seconds:.0f}",
+            f"pilot CPU per certificate  {per_cert * 1e3:.2f} ms",
+            f"bare mint per certificate  {self.bare_mint * 1e3:.2f} ms",
+            f"ratio                      {per_cert / self.bare_mint:.2f}",
+            f"/ready meanwhile           {lag}",
+        ]
+        if self.floor is not None:
+            floor = self.floor.cpu / self.proxies
+            lines += [
                 f"floor CPU per certificate  {floor * 1e3:.2f} ms"
                 f" ({self.proxies / self.floor.seconds:.0f}/s,"
                 f" {self.floor.retries} streams opened again; bare grpc.aio and pilot's mint)",
                 f"floor over the bare mint   {floor / self.bare_mint:.2f}",
                 f"pilot over the floor       {per_cert / floor:.2f}",
             ]
-        )
+        return "\n".join(lines)
 
 
 def bare_mint_seconds(count: int) -> float:
@@ -149,14 +167,86 @@ def _node(index: int) -> base_pb2.Node:
     return base_pb2.Node(id=node_id, metadata=metadata)
 
 
-async def _certificate(
-    stub: ads_pb2_grpc.AggregatedDiscoveryServiceStub, index: int, retried: list[int]
-) -> object:
-    """A proxy's stream that got `default`; a failed stream is opened again, as Envoy
-    does (a burst of thousands of new streams loses a few to gRPC)."""
+class Asker(Protocol):
+    async def ask(self, index: int) -> object:
+        """Proxy `index`'s certificate, asked for once (an error of gRPC's is raised)."""
+        ...
+
+
+class _Envoys:
+    """Envoys asking over ADS: a delta stream each, subscribing to `default`."""
+
+    def __init__(self, channels: list[grpc.aio.Channel]) -> None:
+        self._stubs = [ads_pb2_grpc.AggregatedDiscoveryServiceStub(c) for c in channels]
+
+    async def ask(self, index: int) -> object:
+        """The stream, once it got `default` (left open, as Envoy's is, until the end)."""
+        call = self._stubs[index % len(self._stubs)].DeltaAggregatedResources()
+        request = discovery_pb2.DeltaDiscoveryRequest(
+            node=_node(index), type_url=SECRET, resource_names_subscribe=["default"]
+        )
+        await call.write(request)
+        while True:
+            response = await call.read()
+            if not isinstance(response, discovery_pb2.DeltaDiscoveryResponse):
+                raise RuntimeError(f"proxy {index}: the stream ended before its certificate")
+            if any(r.name == "default" for r in response.resources):
+                return call
+
+
+class _Agents:
+    """`pilot agent`s asking pilot's CA: a CreateCertificate each, with the agent's token
+    and a CSR made beforehand, here (the agent makes its key: pilot verifies and signs)."""
+
+    def __init__(self, channels: list[grpc.aio.Channel], csrs: list[str]) -> None:
+        self._calls = [
+            channel.unary_unary(
+                f"/{CA_SERVICE}/CreateCertificate",
+                request_serializer=ca_pb2.IstioCertificateRequest.SerializeToString,
+                response_deserializer=ca_pb2.IstioCertificateResponse.FromString,
+            )
+            for channel in channels
+        ]
+        self._csrs = csrs
+
+    async def ask(self, index: int) -> object:
+        request = ca_pb2.IstioCertificateRequest(csr=self._csrs[index], validity_duration=86400)
+        metadata = (("authorization", f"Bearer {_token(index)}"),)
+        response = await self._calls[index % len(self._calls)](
+            request, metadata=metadata, timeout=WAIT
+        )
+        if not response.cert_chain:
+            raise RuntimeError(f"agent {index}: an answer without a chain")
+        return None
+
+
+def _token(index: int) -> str:
+    return f"bench-agent-token-{index}"
+
+
+def _agent_csrs(proxies: int) -> list[str]:
+    """Each agent's CSR for its own identity (its key, made here, stays here)."""
+    return [new_key_and_csr(KeyType.EC, [_identity(index)])[1].decode() for index in range(proxies)]
+
+
+def _identity(index: int) -> str:
+    return f"spiffe://cluster.local/ns/ns-{index % 50}/sa/sa-{index}"
+
+
+def _token_file(workdir: Path, proxies: int) -> Path:
+    """`--token-auth-file`: each agent's token, naming its service account (0600)."""
+    lines = [f"{_token(i)},system:serviceaccount:ns-{i % 50}:sa-{i}\n" for i in range(proxies)]
+    path = workdir / "tokens.csv"
+    write_private(path, "".join(lines).encode())
+    return path
+
+
+async def _certificate(asker: Asker, index: int, retried: list[int]) -> object:
+    """Proxy `index`'s certificate; a failed stream is opened again, as Envoy does (a
+    burst of thousands of new streams loses a few to gRPC)."""
     for attempt in range(RETRIES + 1):
         try:
-            return await _ask(stub, index)
+            return await asker.ask(index)
         except grpc.aio.AioRpcError:
             if attempt == RETRIES:
                 raise
@@ -165,28 +255,14 @@ async def _certificate(
     raise AssertionError("unreachable")
 
 
-async def _ask(stub: ads_pb2_grpc.AggregatedDiscoveryServiceStub, index: int) -> object:
-    call = stub.DeltaAggregatedResources()
-    request = discovery_pb2.DeltaDiscoveryRequest(
-        node=_node(index), type_url=SECRET, resource_names_subscribe=["default"]
-    )
-    await call.write(request)
-    while True:
-        response = await call.read()
-        if not isinstance(response, discovery_pb2.DeltaDiscoveryResponse):
-            raise RuntimeError(f"proxy {index}: the stream ended before its certificate")
-        if any(r.name == "default" for r in response.resources):
-            return call
-
-
-async def _start_pilot(workdir: Path) -> tuple[Child, int, int]:
+async def _start_pilot(workdir: Path, extra: list[str]) -> tuple[Child, int, int]:
     """pilot on an empty registry file, on ports it picks: it, its gRPC and HTTP ports."""
     config = workdir / "empty.yaml"
     # An explicit empty List: no services (an empty file would be a broken write).
     config.write_text("apiVersion: v1\nkind: List\nitems: []\n")
     argv = [PYTHON, "-m", "pilot", "discovery", "--config", str(config)]
     argv += ["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]
-    argv += newer_flags(workdir)
+    argv += newer_flags(workdir) + extra
     pilot = await spawn("pilot", argv, workdir / "pilot.log")
     try:
         async with asyncio.timeout(60):
@@ -197,19 +273,28 @@ async def _start_pilot(workdir: Path) -> tuple[Child, int, int]:
     return pilot, *serving_ports(serving)
 
 
-async def measure(proxies: int, mints: int, workdir: Path) -> Figures:
-    """The proxies against pilot, then against the floor, then the bare mint."""
-    pilot, grpc_port, http_port = await _start_pilot(workdir)
+async def measure(proxies: int, mints: int, workdir: Path, via: str = "sds") -> Figures:
+    """The proxies against pilot, then (Envoys' streams) against the floor, then the bare
+    mint."""
+    if via == "ca":
+        csrs = _agent_csrs(proxies)
+        extra = ["--token-auth-file", str(_token_file(workdir, proxies))]
+        askers: Callable[[list[grpc.aio.Channel]], Asker] = functools.partial(_Agents, csrs=csrs)
+    else:
+        extra, askers = [], _Envoys
+    pilot, grpc_port, http_port = await _start_pilot(workdir, extra)
     try:
-        served = await _storm(pilot, grpc_port, proxies, ReadyProber(http_port))
+        served = await _storm(pilot, grpc_port, proxies, askers, ReadyProber(http_port))
     finally:
         await pilot.stop()
-    floor, floor_port = await _start_floor(workdir)
-    try:
-        floor_served = await _storm(floor, floor_port, proxies, None)
-    finally:
-        await floor.stop()
-    return Figures(proxies, served, floor_served, bare_mint_seconds(mints))
+    floor_served = None
+    if via == "sds":
+        floor, floor_port = await _start_floor(workdir)
+        try:
+            floor_served = await _storm(floor, floor_port, proxies, _Envoys, None)
+        finally:
+            await floor.stop()
+    return Figures(proxies, via, served, floor_served, bare_mint_seconds(mints))
 
 
 async def _start_floor(workdir: Path) -> tuple[Child, int]:
@@ -225,7 +310,13 @@ async def _start_floor(workdir: Path) -> tuple[Child, int]:
     return floor, int(port)
 
 
-async def _storm(server: Child, port: int, proxies: int, prober: ReadyProber | None) -> Storm:
+async def _storm(
+    server: Child,
+    port: int,
+    proxies: int,
+    askers: Callable[[list[grpc.aio.Channel]], Asker],
+    prober: ReadyProber | None,
+) -> Storm:
     """Every proxy asks `server` for its certificate at once; until the last has it."""
     count = max(1, proxies // PROXIES_PER_CONNECTION)
     channels = [
@@ -236,17 +327,16 @@ async def _storm(server: Child, port: int, proxies: int, prober: ReadyProber | N
         await wait_idle([server.pid], window=0.2, limit=30)
         if prober is not None:
             await prober.start()
-        stubs = [ads_pb2_grpc.AggregatedDiscoveryServiceStub(c) for c in channels]
+        asker = askers(channels)
         cpu_before, started = cpu_seconds(server.pid), time.monotonic()
         retried: list[int] = []
         async with asyncio.timeout(WAIT):
-            calls = await asyncio.gather(
-                *(_certificate(stubs[i % count], i, retried) for i in range(proxies))
-            )
+            calls = await asyncio.gather(*(_certificate(asker, i, retried) for i in range(proxies)))
         seconds, cpu = time.monotonic() - started, cpu_seconds(server.pid) - cpu_before
         ready = prober.latencies_since(started) if prober is not None else []
         for call in calls:
-            call.cancel()  # type: ignore[attr-defined]
+            if call is not None:
+                call.cancel()  # type: ignore[attr-defined]
     finally:
         if prober is not None:
             await prober.stop()
@@ -264,9 +354,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.certificates", description=__doc__)
     parser.add_argument("--proxies", type=int, default=1000, help="(1000)")
     parser.add_argument("--mints", type=int, default=1000, help="bare mints timed (1000)")
+    parser.add_argument(
+        "--via",
+        choices=("sds", "ca"),
+        default="sds",
+        help="sds: Envoys' SDS streams (the default); ca: `pilot agent`s' CreateCertificate calls",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="pilot-certificates-") as folder:
-        figures = asyncio.run(measure(args.proxies, args.mints, Path(folder)))
+        figures = asyncio.run(measure(args.proxies, args.mints, Path(folder), args.via))
     print(figures.render())
     return 0
 

@@ -7,7 +7,7 @@ gets every sidecar its certificate and says at what rate and CPU; `python -m ben
 prints a PASS or FAIL for each of its targets and exits 0 exactly when all pass;
 `python -m bench.registry_file` loads and reloads a file in each format;
 `python -m bench.certificates` gets N proxies their certificates from pilot and from its
-floor (bare grpc.aio and pilot's mint), and
+floor (bare grpc.aio and pilot's mint), or N agents theirs from pilot's CA, and
 `python -m bench.arrival_path` their certificates in process, without gRPC;
 `python -m bench.sweep` writes its Markdown table and PNG plot;
 `python -m bench.codecs` times every codec on one assignment, all writing the same bytes.
@@ -19,6 +19,8 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = ("latency p50 (ms)", "latency p99 (ms)", "CPU per change (ms)", "memory per client (KiB)")
@@ -142,21 +144,27 @@ def test_bench_registry_file_loads_and_reloads_both_formats() -> None:
         assert all(math.isfinite(value) and value > 0 for value in seconds), row
 
 
-def test_bench_certificates_prints_its_figures() -> None:
+FIGURES = ("certificates per second", "pilot CPU per certificate", "ratio")
+FLOOR_FIGURES = ("floor CPU per certificate", "floor over the bare mint", "pilot over the floor")
+
+
+@pytest.mark.parametrize(
+    ("via", "asking", "labels"),
+    [
+        ("sds", "20 proxies asking for `default` at once", FIGURES + FLOOR_FIGURES),
+        ("ca", "20 agents asking pilot's CA at once", FIGURES),
+    ],
+)
+def test_bench_certificates_prints_its_figures(
+    via: str, asking: str, labels: tuple[str, ...]
+) -> None:
     command = [sys.executable, "-m", "bench.certificates", "--proxies", "20", "--mints", "5"]
     done = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=110, check=False
+        [*command, "--via", via], cwd=ROOT, capture_output=True, text=True, timeout=110, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "20 proxies asking for `default` at once" in done.stdout, done.stdout
-    labels = (
-        "certificates per second",
-        "pilot CPU per certificate",
-        "ratio",
-        "floor CPU per certificate",
-        "floor over the bare mint",
-        "pilot over the floor",
-    )
+    assert asking in done.stdout, done.stdout
+    assert ("floor CPU" in done.stdout) == (via == "sds"), done.stdout
     for label in labels:
         (line,) = [line for line in done.stdout.splitlines() if line.startswith(label)]
         value = float(line[len(label) :].split()[0])
