@@ -7,9 +7,12 @@ batches, as pilot mints), write a DeltaDiscoveryResponse carrying the Secret
 `default` (chain and key), then read the stream to its end. The identity is
 the node's metadata NAMESPACE/SERVICE_ACCOUNT, taken as given. Nothing else:
 no proof of identity, no subscription state, no push pipeline, no cache, no
-log line, no rotation. `bench.certificates` runs the same proxies against it
-after pilot, to show what of pilot's CPU per certificate is gRPC's and the
-crypto's, and what is pilot's own.
+log line, no rotation. It also answers CreateCertificate, as pilot's CA does
+for `pilot agent`: the CSR signed with pilot's own CA code (`LocalCa.sign`, the
+same one-thread lane) for the identity it names, with no token checked.
+`bench.certificates` runs the same proxies (or agents) against it after pilot,
+to show what of pilot's CPU per certificate is gRPC's and the crypto's, and
+what is pilot's own.
 
 Prints `floor listening on PORT` once serving; stops on SIGTERM.
 """
@@ -26,12 +29,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import grpc
+from cryptography import x509
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 
 from bench import wire
 from bench.floor import start_ads_floor
+from pilot._gen.istio.v1.auth import ca_pb2
 from pilot.security.ca import CaSettings, CertificateAuthority
 from pilot.security.ca_client import LocalCa
+from pilot.security.ca_service import CA_SERVICE
 from pilot.security.certs import KeyType, WorkloadCertificate
 from pilot.security.identity import Identity
 
@@ -58,11 +65,25 @@ def _response(certificate: WorkloadCertificate, nonce: int) -> bytes:
 
 
 class CertificateFloor:
-    """Each stream's certificate, minted by pilot's own CA code, written once."""
+    """Each stream's certificate, minted by pilot's own CA code, written once; and each
+    CreateCertificate call's CSR, signed by it."""
 
     def __init__(self, ca: LocalCa) -> None:
         self._ca = ca
         self._written = 0
+
+    async def create_certificate(self, data: bytes, context: Any) -> bytes:
+        """An agent's call: its CSR signed (for the identity it asks, taken as given)."""
+        request = ca_pb2.IstioCertificateRequest.FromString(data)
+        csr = x509.load_pem_x509_csr(request.csr.encode())
+        san = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        identity = Identity.parse(san.get_values_for_type(x509.UniformResourceIdentifier)[0])
+        chain = await self._ca.sign(request.csr.encode(), identity, TTL)
+        return ca_pb2.IstioCertificateResponse(cert_chain=chain).SerializeToString()
+
+    def ca_handler(self) -> grpc.GenericRpcHandler:
+        method = grpc.unary_unary_rpc_method_handler(self.create_certificate)
+        return grpc.method_handlers_generic_handler(CA_SERVICE, {"CreateCertificate": method})
 
     async def handle(self, requests: AsyncIterator[bytes], context: Any) -> None:
         stream = aiter(requests)
@@ -78,7 +99,7 @@ async def serve(port: int) -> None:
     with tempfile.TemporaryDirectory(prefix="pilot-certificate-floor-") as folder:
         authority = CertificateAuthority.load(CaSettings(state_dir=Path(folder) / "ca"))
         floor = CertificateFloor(LocalCa(authority, asyncio.Semaphore(SIGNING_SLOTS)))
-        server = await start_ads_floor(floor.handle, f"127.0.0.1:{port}")
+        server = await start_ads_floor(floor.handle, f"127.0.0.1:{port}", [floor.ca_handler()])
         stopped = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopped.set)
         try:

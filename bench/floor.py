@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,14 +136,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def start_ads_floor(handle: Callable[..., Awaitable[None]], address: str) -> grpc.aio.Server:
+async def start_ads_floor(
+    handle: Callable[..., Awaitable[None]],
+    address: str,
+    others: Sequence[grpc.GenericRpcHandler] = (),
+) -> grpc.aio.Server:
     """A grpc.aio server with pilot's transport options whose DeltaAggregatedResources is
-    `handle` (bytes in, bytes out), started on `address`; prints `floor listening on PORT`."""
+    `handle` (bytes in, bytes out), and `others` beside it, started on `address`; prints
+    `floor listening on PORT`."""
     server = grpc.aio.server(options=SERVER_OPTIONS)
     handler = grpc.stream_stream_rpc_method_handler(handle)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(wire.ADS_SERVICE, {wire.ADS_METHOD: handler}),)
     )
+    server.add_generic_rpc_handlers(tuple(others))
     port = server.add_insecure_port(address)
     await server.start()
     print(f"floor listening on {port}", flush=True)

@@ -152,7 +152,7 @@ FLOOR_FIGURES = ("floor CPU per certificate", "floor over the bare mint", "pilot
     ("via", "asking", "labels"),
     [
         ("sds", "20 proxies asking for `default` at once", FIGURES + FLOOR_FIGURES),
-        ("ca", "20 agents asking pilot's CA at once", FIGURES),
+        ("ca", "20 agents asking pilot's CA at once", FIGURES + FLOOR_FIGURES),
     ],
 )
 def test_bench_certificates_prints_its_figures(
@@ -164,7 +164,6 @@ def test_bench_certificates_prints_its_figures(
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert asking in done.stdout, done.stdout
-    assert ("floor CPU" in done.stdout) == (via == "sds"), done.stdout
     for label in labels:
         (line,) = [line for line in done.stdout.splitlines() if line.startswith(label)]
         value = float(line[len(label) :].split()[0])
