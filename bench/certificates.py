@@ -160,9 +160,15 @@ def bare_mint_seconds(count: int) -> float:
     return (time.process_time() - started) / count
 
 
+def _account(index: int) -> tuple[str, str]:
+    """Proxy `index`'s namespace and service account: its identity, whichever way it asks."""
+    return f"ns-{index % 50}", f"sa-{index}"
+
+
 def _node(index: int) -> base_pb2.Node:
+    namespace, account = _account(index)
     metadata = struct_pb2.Struct()
-    metadata.update({"NAMESPACE": f"ns-{index % 50}", "SERVICE_ACCOUNT": f"sa-{index}"})
+    metadata.update({"NAMESPACE": namespace, "SERVICE_ACCOUNT": account})
     node_id = f"sidecar~10.0.0.1~proxy-{index}.ns~ns.svc.cluster.local"
     return base_pb2.Node(id=node_id, metadata=metadata)
 
@@ -230,12 +236,14 @@ def _agent_csrs(proxies: int) -> list[str]:
 
 
 def _identity(index: int) -> str:
-    return f"spiffe://cluster.local/ns/ns-{index % 50}/sa/sa-{index}"
+    return "spiffe://cluster.local/ns/{}/sa/{}".format(*_account(index))
 
 
 def _token_file(workdir: Path, proxies: int) -> Path:
     """`--token-auth-file`: each agent's token, naming its service account (0600)."""
-    lines = [f"{_token(i)},system:serviceaccount:ns-{i % 50}:sa-{i}\n" for i in range(proxies)]
+    lines = [
+        "{},system:serviceaccount:{}:{}\n".format(_token(i), *_account(i)) for i in range(proxies)
+    ]
     path = workdir / "tokens.csv"
     write_private(path, "".join(lines).encode())
     return path

@@ -204,16 +204,19 @@ async def test_oversized_csr_is_invalid(ca: Ca) -> None:
     assert "16384" in refusal.details
 
 
-async def test_csr_whose_signature_does_not_verify_is_invalid(ca: Ca) -> None:
+def _tampered_csr() -> bytes:
+    """The caller's CSR with one byte of its SAN changed: it parses, but does not verify."""
     _, csr_pem = make_csr([spiffe(*CALLER)])
     der = x509.load_pem_x509_csr(csr_pem).public_bytes(serialization.Encoding.DER)
     altered = der.replace(b"/sa/sa1", b"/sa/sa9")  # same length: still parses
     assert altered != der
     tampered = x509.load_der_x509_csr(altered)
     assert not tampered.is_signature_valid
-    refusal = await ca.refused(
-        tampered.public_bytes(serialization.Encoding.PEM), token=ca.token(*CALLER)
-    )
+    return tampered.public_bytes(serialization.Encoding.PEM)
+
+
+async def test_csr_whose_signature_does_not_verify_is_invalid(ca: Ca) -> None:
+    refusal = await ca.refused(_tampered_csr(), token=ca.token(*CALLER))
     assert refusal.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "signature" in refusal.details
 
@@ -373,15 +376,11 @@ async def test_a_rollout_burst_is_signed_each_for_its_caller_and_a_bad_csr_fails
     refused without costing the others theirs."""
     callers = [(f"ns{i % 5}", f"sa{i}") for i in range(40)]
     made = [make_csr([spiffe(*who)]) for who in callers]
-    _, good_csr = make_csr([spiffe(*CALLER)])
-    der = x509.load_pem_x509_csr(good_csr).public_bytes(serialization.Encoding.DER)
-    tampered = x509.load_der_x509_csr(der.replace(b"/sa/sa1", b"/sa/sa9"))
-    bad = tampered.public_bytes(serialization.Encoding.PEM)
     calls = [
         ca.caller.create(csr, token=ca.token(*who))
         for who, (_, csr) in zip(callers, made, strict=True)
     ]
-    calls.insert(17, ca.caller.create(bad, token=ca.token(*CALLER)))
+    calls.insert(17, ca.caller.create(_tampered_csr(), token=ca.token(*CALLER)))
     outcomes = await asyncio.gather(*calls, return_exceptions=True)
     refused = outcomes.pop(17)
     assert isinstance(refused, grpc.aio.AioRpcError), refused
