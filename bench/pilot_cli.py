@@ -24,15 +24,18 @@ UNRECOGNIZED = "unrecognized arguments"
 # "pilot discovery serving xDS on ADDR (port P, TLS port T), HTTP on HOST:PORT"; older
 # pilots, without a TLS port, leave that part out.
 SERVING = re.compile(r"serving xDS on \S+ \(port (\d+)(?:, TLS port \d+)?\), HTTP on \S+:(\d+)")
-# The loggers below `pilot` (its components, named in `--log-level`'s help, and limits):
-# they keep the level asked for when `pilot` itself is kept at info.
-_COMPONENT_LOGGERS = (
-    "pilot.xds",
-    "pilot.push",
-    "pilot.sources",
-    "pilot.security",
-    "pilot.agent",
-    "pilot.limits",
+# The scopes below `pilot` that `--log-level` names (its help lists them): they keep the
+# level asked for when `pilot` itself is kept at info. `--log-level` takes scope names,
+# not logger names: it refuses `pilot.xds:warning`, and pilot would not start.
+_COMPONENT_SCOPES = (
+    "xds",
+    "push",
+    "file",
+    "kubernetes",
+    "security",
+    "agent",
+    "limits",
+    "supervisor",
 )
 
 
@@ -61,7 +64,7 @@ def log_level(spec: str) -> str:
             scoped.append(part)
     if default.lower() in ("debug", "info"):
         return spec
-    components = [f"{name}:{default}" for name in _COMPONENT_LOGGERS]
+    components = [f"{name}:{default}" for name in _COMPONENT_SCOPES]
     return ",".join([default, "pilot:info", *components, *scoped])
 
 
