@@ -20,6 +20,10 @@ beforehand, and calls pilot's CA (CreateCertificate) at once; pilot checks the
 token and the CSR and signs; the floor signs the same CSRs with no token. The
 same figures.
 
+`--runs K` does all of it K times and ends with each figure's median and range:
+on a shared machine one run moves by a fifth or more, the bare mint (the
+ratio's denominator) as much as pilot.
+
 Targets (issue 20): >= 1,000 certificates/s on 2 cores, pilot's CPU per
 certificate <= 3x the bare mint, `/ready` answering throughout.
 """
@@ -37,6 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 from typing import Protocol
 
 import grpc
@@ -89,8 +94,28 @@ class Figures:
     floor: Storm  # bench.certificate_floor: bare grpc.aio and pilot's own CA code
     bare_mint: float  # CPU seconds per certificate, here, single-threaded
 
+    @property
+    def per_certificate(self) -> float:
+        """pilot's CPU seconds per certificate."""
+        return self.pilot.cpu / self.proxies
+
+    @property
+    def floor_per_certificate(self) -> float:
+        return self.floor.cpu / self.proxies
+
+    def summary(self) -> dict[str, float]:
+        """The figures a run is judged by, by the label `render` prints them under."""
+        return {
+            "certificates per second": self.proxies / self.pilot.seconds,
+            "pilot CPU per certificate": self.per_certificate * 1e3,
+            "bare mint per certificate": self.bare_mint * 1e3,
+            "ratio": self.per_certificate / self.bare_mint,
+            "floor CPU per certificate": self.floor_per_certificate * 1e3,
+            "floor over the bare mint": self.floor_per_certificate / self.bare_mint,
+            "pilot over the floor": self.per_certificate / self.floor_per_certificate,
+        }
+
     def render(self) -> str:
-        per_cert = self.pilot.cpu / self.proxies
         ready = self.pilot.ready
         lag = (
             f"p99 {percentile(ready, 99) * 1e3:.0f} ms, worst {max(ready) * 1e3:.0f} ms"
@@ -103,24 +128,34 @@ class Figures:
             if self.via == "sds"
             else "agents asking pilot's CA at once (CreateCertificate, each its own key and CSR)"
         )
+        figures = self.summary()
         lines = [
             f"{self.proxies:,} {asking} ({self.pilot.retries} streams opened again)",
             f"last certificate after     {self.pilot.seconds:.2f} s",
-            f"certificates per second    {self.proxies / self.pilot.seconds:.0f}",
-            f"pilot CPU per certificate  {per_cert * 1e3:.2f} ms",
-            f"bare mint per certificate  {self.bare_mint * 1e3:.2f} ms",
-            f"ratio                      {per_cert / self.bare_mint:.2f}",
+            f"certificates per second    {figures['certificates per second']:.0f}",
+            f"pilot CPU per certificate  {figures['pilot CPU per certificate']:.2f} ms",
+            f"bare mint per certificate  {figures['bare mint per certificate']:.2f} ms",
+            f"ratio                      {figures['ratio']:.2f}",
             f"/ready meanwhile           {lag}",
-        ]
-        floor = self.floor.cpu / self.proxies
-        lines += [
-            f"floor CPU per certificate  {floor * 1e3:.2f} ms"
+            f"floor CPU per certificate  {figures['floor CPU per certificate']:.2f} ms"
             f" ({self.proxies / self.floor.seconds:.0f}/s,"
             f" {self.floor.retries} streams opened again; bare grpc.aio and pilot's CA code)",
-            f"floor over the bare mint   {floor / self.bare_mint:.2f}",
-            f"pilot over the floor       {per_cert / floor:.2f}",
+            f"floor over the bare mint   {figures['floor over the bare mint']:.2f}",
+            f"pilot over the floor       {figures['pilot over the floor']:.2f}",
         ]
         return "\n".join(lines)
+
+
+def render_runs(runs: list[Figures]) -> str:
+    """Each figure's median over the runs, and its range: one run on a shared machine
+    moves by a fifth or more, the bare mint (the ratio's denominator) included."""
+    lines = [f"median of {len(runs)} runs (lowest-highest):"]
+    for label in runs[0].summary():
+        values = [run.summary()[label] for run in runs]
+        shown = "{:.0f}" if label == "certificates per second" else "{:.2f}"
+        middle, low, high = (shown.format(v) for v in (median(values), min(values), max(values)))
+        lines.append(f"{label:<26} {middle} ({low}-{high})")
+    return "\n".join(lines)
 
 
 def bare_mint_seconds(count: int) -> float:
@@ -365,10 +400,22 @@ def main(argv: list[str] | None = None) -> int:
         default="sds",
         help="sds: Envoys' SDS streams (the default); ca: `pilot agent`s' CreateCertificate calls",
     )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="pilot, its floor and the bare mint this many times, then each figure's median (1)",
+    )
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="pilot-certificates-") as folder:
-        figures = asyncio.run(measure(args.proxies, args.mints, Path(folder), args.via))
-    print(figures.render())
+    if min(args.proxies, args.mints, args.runs) < 1:
+        parser.error("--proxies, --mints and --runs must be at least 1")
+    runs = []
+    for _ in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="pilot-certificates-") as folder:
+            runs.append(asyncio.run(measure(args.proxies, args.mints, Path(folder), args.via)))
+        print(runs[-1].render(), flush=True)
+    if len(runs) > 1:
+        print(render_runs(runs))
     return 0
 
 
