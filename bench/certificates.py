@@ -149,9 +149,10 @@ class Figures:
 def render_runs(runs: list[Figures]) -> str:
     """Each figure's median over the runs, and its range: one run on a shared machine
     moves by a fifth or more, the bare mint (the ratio's denominator) included."""
+    summaries = [run.summary() for run in runs]
     lines = [f"median of {len(runs)} runs (lowest-highest):"]
-    for label in runs[0].summary():
-        values = [run.summary()[label] for run in runs]
+    for label in summaries[0]:
+        values = [summary[label] for summary in summaries]
         shown = "{:.0f}" if label == "certificates per second" else "{:.2f}"
         middle, low, high = (shown.format(v) for v in (median(values), min(values), max(values)))
         lines.append(f"{label:<26} {middle} ({low}-{high})")
