@@ -34,6 +34,7 @@ from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 
 from bench import wire
 from bench.floor import start_ads_floor
+from pilot import event_loop
 from pilot._gen.istio.v1.auth import ca_pb2
 from pilot.security.ca import CaSettings, CertificateAuthority
 from pilot.security.ca_client import LocalCa
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.port))
+        event_loop.run(serve(args.port))  # pilot's loop (PILOT_EVENT_LOOP), as pilot's
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from typing import Any
 import grpc
 
 from bench import wire
+from pilot import event_loop
 
 # Pilot's transport options (pilot.server.grpc_server), its default stream limit included:
 # up to that many new streams wait in gRPC core's queue instead of being dropped past 1,000.
@@ -174,7 +175,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(parse_args(argv)))
+        event_loop.run(serve(parse_args(argv)))  # pilot's loop (PILOT_EVENT_LOOP), as pilot's
 
 
 if __name__ == "__main__":

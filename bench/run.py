@@ -234,7 +234,9 @@ class Run:
 
     async def start_floor(self, initial: Path, changes: Path) -> tuple[Child, str]:
         argv = [PYTHON, "-m", "bench.floor", "--initial", str(initial), "--changes", str(changes)]
-        child = await self._spawn("floor", argv, stdin=True, stdout=True)
+        # On pilot's event loop: what the floor saves on the loop is not pilot's to claim.
+        loop = {k: v for k, v in self.config.pilot_env.items() if k == "PILOT_EVENT_LOOP"}
+        child = await self._spawn("floor", argv, stdin=True, stdout=True, env=loop)
         async with self.within("the floor's start"):
             port = await read_line_starting(child, "floor listening on")
         return child, f"127.0.0.1:{port}"

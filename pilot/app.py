@@ -37,7 +37,7 @@ from typing import Protocol
 
 from kubernetes_asyncio import client
 
-from pilot import collector
+from pilot import collector, event_loop
 from pilot.debug.csds import CSDS_SERVICE, StatusReaders, csds_handler
 from pilot.debug.http import DebugState, HttpServer
 from pilot.debug.metrics import Metrics, Sources, WatchCounts
@@ -347,12 +347,14 @@ class Discovery:
         await self.grpc.set_serving(True)
         self._serving = True
         log.info(
-            "pilot discovery serving xDS on %s (port %d, TLS port %d), HTTP on %s:%d",
+            "pilot discovery serving xDS on %s (port %d, TLS port %d), HTTP on %s:%d"
+            " (event loop: %s)",
             self.settings.grpc_addr,
             self.grpc.port,
             self.grpc.tls_port,
             self.http.host,
             self.http.port,
+            event_loop.running(),
         )
 
     async def _start_remotes(self, updater: IndexUpdater) -> None:

@@ -2,6 +2,8 @@
 
 gRPC's asyncio integration drives its completion queue from a thread of its
 own and hands results to whatever loop runs the server, so either loop works.
+asyncio's stays the default: measured against a floor on the same loop, uvloop
+was no better overall (docs/performance.md, "uvloop").
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ def loop_factory(
         ) from error
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory
+
+
+def running() -> str:
+    """The name of the loop this code runs on, as PILOT_EVENT_LOOP spells it."""
+    module = type(asyncio.get_running_loop()).__module__
+    return "uvloop" if module.startswith("uvloop") else "asyncio"
 
 
 def run(main: Coroutine[Any, Any, T], env: Mapping[str, str] | None = None) -> T:

@@ -1,5 +1,6 @@
-"""`PILOT_EVENT_LOOP=uvloop`: pilot serves and pushes on uvloop as on asyncio's loop;
-a loop pilot does not know is a one-line error at start."""
+"""`PILOT_EVENT_LOOP`: pilot serves and pushes on uvloop as on asyncio's loop (the
+default), and its serving line says which; a loop pilot does not know is a one-line error
+at start."""
 
 from __future__ import annotations
 
@@ -8,18 +9,30 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.protocol.client import CLUSTER, XdsClient, node
 from tests.security.pilot_process import start_file_pilot_with_ca
 from tests.support.mesh import cluster_name, simple_mesh, write_mesh
 
 
-async def test_pilot_on_uvloop_serves_and_pushes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("setting", "loop"),
+    [(None, "asyncio"), ("uvloop", "uvloop"), ("asyncio", "asyncio")],
+    ids=["default", "uvloop", "asyncio"],
+)
+async def test_pilot_serves_and_pushes_on_the_loop_it_names(
+    tmp_path: Path, setting: str | None, loop: str
+) -> None:
     config = tmp_path / "mesh.yaml"
     write_mesh(config, simple_mesh({"a": ["127.0.0.1"]}))
-    pilot = await start_file_pilot_with_ca(tmp_path, config, env={"PILOT_EVENT_LOOP": "uvloop"})
+    env = {} if setting is None else {"PILOT_EVENT_LOOP": setting}
+    pilot = await start_file_pilot_with_ca(tmp_path, config, env=env)
     try:
+        (serving,) = [e["msg"] for e in pilot.log if "serving xDS on" in e["msg"]]
+        assert serving.endswith(f"(event loop: {loop})"), serving
         async with XdsClient(pilot.target(tls=False)) as client:
-            stream = client.delta_ads(node("uvloop-proxy"))
+            stream = client.delta_ads(node(f"{loop}-proxy"))
             await stream.subscribe(CLUSTER, ["*"])
             await stream.ack_until(CLUSTER, [cluster_name("a")])
             write_mesh(config, simple_mesh({"a": ["127.0.0.1"], "b": ["127.0.0.2"]}))
