@@ -57,7 +57,8 @@ class Child:
                 with contextlib.suppress(ProcessLookupError):
                     self.process.terminate()
                 try:
-                    await asyncio.wait_for(self.process.wait(), grace)
+                    async with asyncio.timeout(grace):
+                        await self.process.wait()
                 except TimeoutError:
                     with contextlib.suppress(ProcessLookupError):
                         self.process.kill()

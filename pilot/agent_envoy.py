@@ -129,7 +129,8 @@ class EnvoyChild:
             return
         process.terminate()
         try:
-            await asyncio.wait_for(process.wait(), STOP_GRACE)
+            async with asyncio.timeout(STOP_GRACE):
+                await process.wait()
         except TimeoutError:
             process.kill()
             await process.wait()

@@ -99,7 +99,8 @@ class Debouncer:
                 return
             self._arrived.clear()
             try:
-                await asyncio.wait_for(self._arrived.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._arrived.wait()
             except TimeoutError:
                 return
 

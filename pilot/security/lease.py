@@ -5,6 +5,11 @@ client-go's scheme: a replica holds the Lease while it renews it within
 concurrency on resourceVersion decides races). The holder releases it on
 shutdown by clearing the holder, so a successor need not wait. Whoever must
 act when this replica starts or stops holding it registers with `on_change`.
+
+Every attempt has a deadline, as client-go's RenewDeadline: a holder whose API
+server does not answer within two thirds of the Lease's duration stops acting as
+holder before the Lease can pass to another replica; the release on shutdown gets
+RELEASE_WITHIN seconds, after which pilot stops anyway and the Lease expires.
 """
 
 from __future__ import annotations
@@ -17,11 +22,16 @@ import secrets
 import socket
 from collections.abc import Awaitable, Callable
 
+import aiohttp
 from kubernetes_asyncio import client
 
 log = logging.getLogger("pilot.security")
 
 CONFLICT, NOT_FOUND = 409, 404
+RELEASE_WITHIN = 5.0  # seconds shutdown waits for the release
+RENEW_DEADLINE = 2 / 3  # of the Lease's duration, as client-go's 10 s of 15
+# What an API server that fails or cannot be reached raises through the client.
+_UNREACHABLE = (client.ApiException, OSError, aiohttp.ClientError)
 
 
 def default_identity() -> str:
@@ -53,6 +63,7 @@ class LeaseElector:
         self.identity = identity or default_identity()
         self._duration = lease_duration
         self._renew_every = renew_every
+        self._renew_deadline = lease_duration * RENEW_DEADLINE
         self.is_leader = False
         self._listeners: list[Callable[[bool], None]] = []
 
@@ -133,8 +144,17 @@ class LeaseElector:
         """Keep trying to hold (and renew) the Lease until cancelled."""
         while True:
             try:
-                await self.try_acquire()
-            except (client.ApiException, OSError, TimeoutError) as error:
+                async with asyncio.timeout(self._renew_deadline):
+                    await self.try_acquire()
+            except TimeoutError:
+                log.warning(
+                    "lease %s/%s: the API server did not answer within %gs; not holding it",
+                    self.namespace,
+                    self.name,
+                    self._renew_deadline,
+                )
+                self._set_leader(False)
+            except _UNREACHABLE as error:
                 log.warning("lease %s/%s: %s", self.namespace, self.name, error)
                 self._set_leader(False)
             await asyncio.sleep(self._renew_every)
@@ -145,11 +165,23 @@ class LeaseElector:
             return
         self._set_leader(False)
         try:
-            lease = await self._api.read_namespaced_lease(self.name, self.namespace)
-            if lease.spec is not None and lease.spec.holder_identity == self.identity:
-                lease.spec.holder_identity = ""
-                lease.spec.lease_duration_seconds = 1
-                await self._api.replace_namespaced_lease(self.name, self.namespace, lease)
-                log.info("%s released lease %s/%s", self.identity, self.namespace, self.name)
-        except (client.ApiException, OSError) as error:
+            async with asyncio.timeout(RELEASE_WITHIN):
+                await self._clear_holder()
+        except TimeoutError:
+            log.warning(
+                "could not release lease %s/%s: the API server did not answer within %gs;"
+                " it passes to another replica once it expires",
+                self.namespace,
+                self.name,
+                RELEASE_WITHIN,
+            )
+        except _UNREACHABLE as error:
             log.warning("could not release lease %s/%s: %s", self.namespace, self.name, error)
+
+    async def _clear_holder(self) -> None:
+        lease = await self._api.read_namespaced_lease(self.name, self.namespace)
+        if lease.spec is not None and lease.spec.holder_identity == self.identity:
+            lease.spec.holder_identity = ""
+            lease.spec.lease_duration_seconds = 1
+            await self._api.replace_namespaced_lease(self.name, self.namespace, lease)
+            log.info("%s released lease %s/%s", self.identity, self.namespace, self.name)

@@ -39,6 +39,8 @@ from typing import Any, Self, TypedDict, TypeVar, Unpack, overload
 import aiohttp
 import yaml
 
+from tests.support.deadline import bounded
+
 T = TypeVar("T")
 Json = dict[str, Any]
 HostKey = tuple[str, int]
@@ -441,7 +443,7 @@ class EnvoyProcess:
     async def _terminate(self, process: asyncio.subprocess.Process, grace: float) -> None:
         try:
             process.terminate()
-            await asyncio.wait_for(process.wait(), grace)
+            await bounded(process.wait(), grace)
         except ProcessLookupError:
             await process.wait()
         except TimeoutError:

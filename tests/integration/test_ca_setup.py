@@ -44,6 +44,7 @@ from tests.integration.ca_support import (
 )
 from tests.integration.sds_secrets import ROOT, WORKLOAD, root_in, workload_in
 from tests.protocol.client import XdsClient
+from tests.support.deadline import bounded
 from tests.support.mesh import simple_mesh, write_mesh
 from tests.support.pilot import running_pilot
 
@@ -228,7 +229,7 @@ async def test_cli_exits_2_naming_the_missing_file(tmp_path: Path) -> None:
         stderr=asyncio.subprocess.PIPE,
         env=env,
     )
-    _, err = await asyncio.wait_for(process.communicate(), 30)
+    _, err = await bounded(process.communicate(), 30)
     stderr = err.decode()
     assert process.returncode == 2, stderr
     assert f"pilot: error: --ca-cert-dir {plugged.directory} lacks ca-key.pem" in stderr

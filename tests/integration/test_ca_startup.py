@@ -27,6 +27,7 @@ from tests.integration.ca_support import (
     write_plugged_in,
     write_state_dir,
 )
+from tests.support.deadline import bounded
 from tests.support.mesh import simple_mesh, write_mesh
 
 DAY = datetime.timedelta(days=1)
@@ -71,7 +72,7 @@ async def _run(tmp_path: Path, start: Start) -> tuple[int | None, str]:
         env=env,
     )
     try:
-        _, err = await asyncio.wait_for(process.communicate(), 30)
+        _, err = await bounded(process.communicate(), 30)
     finally:
         if process.returncode is None:
             process.kill()

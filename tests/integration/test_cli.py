@@ -22,6 +22,7 @@ from tests.security.pilot_process import (
     start_command,
     start_file_pilot_with_ca,
 )
+from tests.support.deadline import bounded
 from tests.support.mesh import simple_mesh, write_mesh
 
 ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
@@ -78,7 +79,7 @@ async def test_unreachable_cluster_is_a_one_line_error(tmp_path: Path) -> None:
         process = await _pilot(
             "discovery", "--kubeconfig", str(kubeconfig), "--http-addr", "127.0.0.1:0"
         )
-        _, err = await asyncio.wait_for(process.communicate(), 30)
+        _, err = await bounded(process.communicate(), 30)
     assert process.returncode == 2
     assert f"cannot reach the Kubernetes API server at http://127.0.0.1:{port}" in err.decode()
     assert "Traceback" not in err.decode()
@@ -106,12 +107,12 @@ async def test_sigterm_ends_streams_and_exits_zero(tmp_path: Path) -> None:
             assert len(first.resources) == 1
             pilot.process.send_signal(signal.SIGTERM)
             try:
-                ended = await asyncio.wait_for(call.read(), 5)
+                ended = await bounded(call.read(), 5)
             except grpc.aio.AioRpcError as error:  # closed by the drain, or cancelled by stop
                 assert error.code() == grpc.StatusCode.UNAVAILABLE
             else:
                 assert ended is grpc.aio.EOF
-        assert await asyncio.wait_for(pilot.process.wait(), 10) == 0
+        assert await bounded(pilot.process.wait(), 10) == 0
     finally:
         await pilot.stop()
 

@@ -34,6 +34,7 @@ from tests.security.pilot_process import (
     spawn,
     wait_serving,
 )
+from tests.support.deadline import bounded
 from tests.support.mesh import simple_mesh, write_mesh
 from tests.support.stderr_log import terminate
 
@@ -67,7 +68,7 @@ async def _refused(folder: Path, *args: str, env: dict[str, str] | None = None) 
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        _, err = await asyncio.wait_for(process.communicate(), EXIT_WITHIN)
+        _, err = await bounded(process.communicate(), EXIT_WITHIN)
     except TimeoutError:
         process.kill()
         await process.wait()

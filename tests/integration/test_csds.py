@@ -8,7 +8,6 @@ an assignment a real `pilot discovery` sends, and the README's grpcurl CSDS comm
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -30,6 +29,7 @@ from tests.integration.envoy_view import dynamic_clusters, wait_for_view
 from tests.integration.test_envoy_ads import expected
 from tests.security.pilot_process import PilotProcess, start_file_pilot_with_ca
 from tests.support.cli import run_pilot
+from tests.support.deadline import bounded
 from tests.support.mesh import cluster_name, simple_mesh, write_mesh
 from tests.support.pilot import RunningPilot, running_pilot
 
@@ -65,9 +65,7 @@ class Proxy:
             request.node.CopyFrom(self.node)
             self.node = None
         await self.call.write(request)
-        response: discovery_pb2.DeltaDiscoveryResponse = await asyncio.wait_for(
-            self.call.read(), 10
-        )
+        response: discovery_pb2.DeltaDiscoveryResponse = await bounded(self.call.read(), 10)
         return response
 
     async def reply(self, response: discovery_pb2.DeltaDiscoveryResponse, error: str = "") -> None:
@@ -188,7 +186,7 @@ async def test_stream_client_status_answers_each_request(tmp_path: Path) -> None
         )()
         for _ in range(2):
             await call.write(csds_pb2.ClientStatusRequest())
-            response = await asyncio.wait_for(call.read(), 10)
+            response = await bounded(call.read(), 10)
             assert [c.node.id for c in response.config] == ["p1"]
         await call.done_writing()
 

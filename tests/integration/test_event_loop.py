@@ -13,6 +13,7 @@ import pytest
 
 from tests.protocol.client import CLUSTER, XdsClient, node
 from tests.security.pilot_process import start_file_pilot_with_ca
+from tests.support.deadline import bounded
 from tests.support.mesh import cluster_name, simple_mesh, write_mesh
 
 
@@ -56,7 +57,7 @@ async def test_an_unknown_event_loop_is_a_one_line_error(tmp_path: Path) -> None
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )
-    _, err = await asyncio.wait_for(process.communicate(), 30)
+    _, err = await bounded(process.communicate(), 30)
     assert process.returncode == 2
     assert "PILOT_EVENT_LOOP=trio: choose one of asyncio, uvloop" in err.decode()
     assert "Traceback" not in err.decode()

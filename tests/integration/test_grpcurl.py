@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests.security.pilot_process import PilotProcess, pilot_environment, start_command
+from tests.support.deadline import bounded
 from tests.support.served import ADS, SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -213,7 +214,7 @@ class Stream:
         assert self.process.stdout is not None
         decoder = json.JSONDecoder()
         while True:
-            chunk = await asyncio.wait_for(self.process.stdout.read(65536), TIMEOUT)
+            chunk = await bounded(self.process.stdout.read(65536), TIMEOUT)
             if not chunk:
                 result = await self.result()
                 raise AssertionError(f"grpcurl printed no response:\n{result}")
@@ -227,9 +228,9 @@ class Stream:
 
     async def result(self) -> Result:
         assert self.process.stdout is not None and self.process.stderr is not None
-        self.output += await asyncio.wait_for(self.process.stdout.read(), TIMEOUT)
-        stderr = await asyncio.wait_for(self.process.stderr.read(), TIMEOUT)
-        returncode = await asyncio.wait_for(self.process.wait(), TIMEOUT)
+        self.output += await bounded(self.process.stdout.read(), TIMEOUT)
+        stderr = await bounded(self.process.stderr.read(), TIMEOUT)
+        returncode = await bounded(self.process.wait(), TIMEOUT)
         return Result(self.command, returncode, self.output.decode(), stderr.decode())
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import json
 import logging
@@ -20,6 +19,7 @@ from tests.harness.envoy_process import wait_until
 from tests.integration.test_csds import Proxy
 from tests.protocol.client import XdsClient, node
 from tests.security.pilot_process import start_file_pilot_with_ca
+from tests.support.deadline import bounded
 from tests.support.mesh import cluster_name, simple_mesh, write_mesh
 from tests.support.pilot import RunningPilot, running_pilot
 
@@ -54,7 +54,7 @@ async def test_metrics_count_what_pilot_does(tmp_path: Path) -> None:
                 lambda: pilot.discovery.stats.nacks[types.ENDPOINT], 10, "the NACK to be recorded"
             )
             pilot.write(simple_mesh({"alpha": ["127.0.0.1", "127.0.0.9"], "beta": ["127.0.0.2"]}))
-            pushed = await asyncio.wait_for(proxy.call.read(), 10)
+            pushed = await bounded(proxy.call.read(), 10)
             assert pushed.type_url == types.ENDPOINT
             _, after = await _get(pilot, "/metrics")
         assert _metric(after, "pilot_xds_pushes", '{type="eds"}') == 2

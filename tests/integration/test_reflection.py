@@ -28,6 +28,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 
 from pilot.server import reflection_v1
 from tests.security.pilot_process import PilotProcess, start_file_pilot_with_ca
+from tests.support.deadline import bounded
 from tests.support.served import ADS, SERVICES
 from tests.support.served import REFLECTION_V1 as V1
 from tests.support.served import REFLECTION_V1ALPHA as V1ALPHA
@@ -148,7 +149,7 @@ async def grpcurl(pilot: PilotProcess, *args: str, flags: Sequence[str] = ()) ->
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
+    out, err = await bounded(process.communicate(), TIMEOUT)
     command = f"grpcurl {' '.join(args)}"
     assert (process.returncode, err.decode()) == (0, ""), (
         f"{command}:\n{out.decode()}{err.decode()}"

@@ -30,6 +30,7 @@ from tests.integration.test_csds import Proxy
 from tests.integration.test_envoy_ads import expected
 from tests.protocol.client import CLUSTER, Closed, DeltaStream, XdsClient, node
 from tests.security.pilot_process import STOP_TIMEOUT, start_file_pilot_with_ca
+from tests.support.deadline import bounded
 from tests.support.mesh import cluster_name, simple_mesh
 from tests.support.pilot import running_pilot
 
@@ -172,7 +173,7 @@ async def test_old_connections_are_closed(tmp_path: Path) -> None:
         proxy = Proxy(channel, "aged")
         await proxy.subscribe("type.googleapis.com/envoy.config.cluster.v3.Cluster", ["*"])
         with pytest.raises(grpc.aio.AioRpcError) as ended:
-            await asyncio.wait_for(proxy.call.read(), 15)
+            await bounded(proxy.call.read(), 15)
         assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "max connection age" in str(ended.value.details())
 
@@ -198,7 +199,7 @@ async def _drained_streams(clients: list[XdsClient]) -> list[DeltaStream]:
 async def _next_health(watch: Any, within: float) -> Any:
     """The next status a grpc.health.v1 Watch reports, within `within` seconds."""
     try:
-        return (await asyncio.wait_for(watch.read(), within)).status
+        return (await bounded(watch.read(), within)).status
     except (TimeoutError, grpc.aio.AioRpcError) as error:
         pytest.fail(f"health reported no change within {within:g}s: {error!r}")
 

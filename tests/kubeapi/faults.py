@@ -3,12 +3,14 @@
 Owns the switches that make the server misbehave the way a real one can:
 watches dropped abruptly or ended cleanly, history compacted (old
 resourceVersions get 410), every watch expired with a 410 ERROR event, list
-requests failing with 500, BOOKMARKs sent at a moment the test picks, and a
+requests failing with 500, BOOKMARKs sent at a moment the test picks, a
 hostile server's raw bytes on open watches (`stream_raw`: garbage lines, a line
-that never ends).
+that never ends), and requests accepted and never answered (`hang`).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from .resources import ResourceType
 from .store import ApiError, Store
@@ -22,6 +24,8 @@ class Faults:
         self.store = store
         self.watches = watches
         self._failing_lists: int | None = 0  # None: every list fails
+        self._hung: str | None = None  # requests whose path holds this are never answered
+        self._unhung = asyncio.Event()
 
     def drop_watches(self, abrupt: bool = True) -> None:
         """End every open watch: abrupt cuts the connection (a crashed server),
@@ -49,6 +53,20 @@ class Faults:
     def send_bookmarks(self) -> None:
         """A BOOKMARK now on every open watch that allowed bookmarks."""
         self.watches.bookmark_all()
+
+    def hang(self, path_part: str | None) -> None:
+        """Accept every request whose path contains `path_part` and never answer it
+        (None: answer again, the held ones too): a server that hangs on some calls."""
+        self._hung = path_part
+        if path_part is None:
+            self._unhung.set()
+            self._unhung = asyncio.Event()
+
+    async def hold_if_hung(self, path: str) -> None:
+        """Hold this request while `hang` says so: until the client gives up, the
+        server stops or `hang(None)`."""
+        if self._hung is not None and self._hung in path:
+            await self._unhung.wait()
 
     def check_list(self) -> None:
         """Raise the injected 500 if this list request is one that must fail."""

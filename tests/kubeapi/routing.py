@@ -76,6 +76,7 @@ class Router:
             RequestRecord(request.method, request.path, dict(request.query), is_watch, accept)
         )
         self.changes.notify()
+        await self.faults.hold_if_hung(request.path)
         try:
             self._authorize(request)
             return await self._route(request, is_watch)

@@ -279,6 +279,11 @@ class KubeAPIServer:
         """The next n list requests (all, if None, until fail_lists(0)) get 500."""
         self._faults.fail_lists(n)
 
+    def hang(self, path_part: str | None) -> None:
+        """Accept requests whose path contains `path_part` and never answer them (None:
+        answer again)."""
+        self._faults.hang(path_part)
+
     def send_bookmarks(self) -> None:
         """A BOOKMARK now on every open watch that allowed bookmarks."""
         self._faults.send_bookmarks()

@@ -23,6 +23,8 @@ import pytest
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from tests.support.deadline import bounded
+
 from .kubeconfig import write_kubeconfig
 from .server import KubeAPIServer
 
@@ -748,7 +750,7 @@ async def test_standalone_process_with_control_api(tmp_path: Path) -> None:
     )
     try:
         assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 15)
+        line = await bounded(proc.stdout.readline(), 15)
         url = line.decode().split()[-1]
         async with (
             aiohttp.ClientSession() as session,
@@ -762,4 +764,4 @@ async def test_standalone_process_with_control_api(tmp_path: Path) -> None:
         assert [s.metadata.name for s in found.items] == ["a"]
     finally:
         proc.terminate()
-        await asyncio.wait_for(proc.wait(), 10)
+        await bounded(proc.wait(), 10)

@@ -275,7 +275,10 @@ class WatchHub:
             wakes = [t for t in (deadline, next_bookmark if watch.bookmarks else None) if t]
             wake = min(wakes, default=now + 3600.0)
             try:
-                first = await asyncio.wait_for(watch.queue.get(), max(0.0, wake - now))
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the
+                # cancellation that ends this watch when the server stops.
+                async with asyncio.timeout(max(0.0, wake - now)):
+                    first = await watch.queue.get()
             except TimeoutError:
                 continue
             chunk, control = _drain(watch.queue, first)

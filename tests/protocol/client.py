@@ -56,6 +56,8 @@ from google.rpc import status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from tests.support.deadline import bounded
+
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
@@ -436,7 +438,7 @@ class _Stream(Generic[Req, Resp]):
     async def next_event(self, timeout: float = DEFAULT_TIMEOUT) -> Resp | Closed:  # noqa: ASYNC109
         """The next response, or how the stream ended; fails if neither comes in time."""
         try:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
+            item = await bounded(self._queue.get(), timeout)
         except TimeoutError:
             last = self.sent[-1] if self.sent else None
             seen = [describe(r) for r in self.received[-3:]]
@@ -504,7 +506,7 @@ class _Stream(Generic[Req, Resp]):
         """Assert that nothing at all arrives for `seconds`, not even the stream's end:
         for a test whose point is that nothing happens by a deadline."""
         try:
-            item = await asyncio.wait_for(self._queue.get(), max(seconds, 0.0))
+            item = await bounded(self._queue.get(), max(seconds, 0.0))
         except TimeoutError:
             return
         shown = item if isinstance(item, Closed) else describe(item)

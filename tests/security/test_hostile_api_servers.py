@@ -17,17 +17,26 @@ server (tests/kubeapi), which streams what a hostile one would on pilot's open w
   clusters served are the local ones only.
 * A remote cluster's Pod at a local Pod's address (another service account) changes
   neither the local endpoint's sidecar nor the identities its cluster accepts.
+* An API server that stops answering Lease calls: pilot still stops on SIGTERM (its
+  release of the Lease gives up after a deadline and says so); a holder whose renewals
+  hang stops acting as holder, and holds the Lease again once they are answered.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import pytest
+from kubernetes_asyncio import client
 
+from pilot.security.lease import RELEASE_WITHIN, LeaseElector
+from pilot.security.token_review import KubernetesTokenReviewer
+from pilot.sources.kubernetes import api_client
+from pilot.sources.kubernetes.api_client import BoundedApiClient
 from tests.harness.envoy_process import wait_until
 from tests.integration.ca_support import write_plugged_in
 from tests.integration.kube_helpers import apply_mesh, kube_api, ready
@@ -270,3 +279,62 @@ async def test_a_remote_clusters_pod_cannot_claim_a_local_pods_address(tmp_path:
                 )
                 view = await sidecar_view(client.delta_ads(mtls_node), alpha)
             assert view == (["spiffe://cluster.local/ns/default/sa/alpha"], True)
+
+
+def lease_holder(srv: KubeAPIServer) -> str:
+    """Who the Lease pilot-ca names as its holder ("" for nobody)."""
+    lease = srv.get("Lease", "default", "pilot-ca") or {}
+    return str(lease.get("spec", {}).get("holderIdentity") or "")
+
+
+async def test_pilot_stops_on_sigterm_while_the_api_server_hangs_its_lease(
+    tmp_path: Path,
+) -> None:
+    async with pilot_on(tmp_path) as (srv, pilot):
+        await wait_until(lambda: lease_holder(srv), WITHIN, "pilot holding the Lease")
+        srv.hang("/leases/")  # accepted, never answered: the release on the way out
+        await pilot.stop()  # fails if pilot ignores SIGTERM (it waited for ever)
+        (line,) = pilot.logged(lambda e: "could not release lease" in e["msg"])
+        assert f"did not answer within {RELEASE_WITHIN:g}s" in line["msg"], line["msg"]
+        assert lease_holder(srv), "never released: the Lease is left to expire"
+
+
+async def test_a_lease_holder_whose_renewals_hang_stops_holding_it() -> None:
+    async with KubeAPIServer() as srv:
+        lease_client = BoundedApiClient(client.Configuration(host=srv.url))
+        elector = LeaseElector(
+            lease_client, "default", "pilot-ca", lease_duration=3.0, renew_every=0.2
+        )
+        changes: list[bool] = []
+        elector.on_change(changes.append)
+        task = asyncio.create_task(elector.run())
+        try:
+            await wait_until(lambda: elector.is_leader, WITHIN, "the Lease held")
+            srv.hang("/leases/")
+            # Within its renew deadline (2 s here), not the client's 30 s, nor never.
+            await wait_until(lambda: not elector.is_leader, 10.0, "the hung holder stepping down")
+            srv.hang(None)
+            await wait_until(lambda: elector.is_leader, WITHIN, "the Lease held again")
+            assert changes == [True, False, True]
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await lease_client.close()
+
+
+async def test_a_request_that_names_no_timeout_still_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    # kubernetes_asyncio waits for ever by default; pilot's client gives such a request
+    # REQUEST_TIMEOUT (30 s; shortened here): a hung TokenReview fails, it does not hang.
+    monkeypatch.setattr(api_client, "REQUEST_TIMEOUT", 0.5)
+    async with KubeAPIServer() as srv:
+        srv.hang("/tokenreviews")
+        bounded_client = BoundedApiClient(client.Configuration(host=srv.url))
+        try:
+            review = asyncio.create_task(
+                KubernetesTokenReviewer(bounded_client).review("token", ["istio-ca"])
+            )
+            done, _ = await asyncio.wait([review], timeout=WITHIN)
+            assert done, "the review waited for ever"
+            assert isinstance(review.exception(), TimeoutError), review.exception()
+        finally:
+            await bounded_client.close()

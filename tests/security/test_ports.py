@@ -30,6 +30,7 @@ from tests.security.peers import (
     running_mesh,
     victim,
 )
+from tests.support.deadline import bounded
 from tests.support.mesh import cluster_name
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
@@ -109,7 +110,7 @@ async def _proxy_status(*args: str) -> tuple[int, str, str]:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(process.communicate(), WAIT)
+    out, err = await bounded(process.communicate(), WAIT)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
 

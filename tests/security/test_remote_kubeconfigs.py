@@ -47,6 +47,7 @@ from tests.security.remote_attackers import (
     recorder,
     silent,
 )
+from tests.support.deadline import bounded
 
 ALPHA = "alpha"
 WITHIN = 15.0  # generous: the machine is shared
@@ -152,7 +153,7 @@ class ReadyProber:
         while True:
             started = time.monotonic()
             try:
-                status, _body = await asyncio.wait_for(self.pilot.get("/ready"), 5.0)
+                status, _body = await bounded(self.pilot.get("/ready"), 5.0)
                 if status != 200:
                     self.failures.append(f"HTTP {status}")
             except (TimeoutError, OSError) as error:

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from tests.support.deadline import bounded
+
 TIMEOUT = 30.0  # a bound on a hung command, never a way to wait for something
 
 
@@ -64,7 +66,7 @@ async def run_pilot(*argv: str) -> Output:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
+    out, err = await bounded(process.communicate(), TIMEOUT)
     assert process.returncode is not None
     return Output(tuple(argv), process.returncode, out.decode(), err.decode())
 

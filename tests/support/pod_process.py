@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.deadline import bounded
 from tests.support.pods import Pod
 
 START_TIMEOUT = 30.0
@@ -56,13 +57,13 @@ class PodProcess:
                 pytest.fail(f"no line with {text!r} {when}; {self.tail()}")
             self.changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), remaining)
+                await bounded(self.changed.wait(), remaining)
 
     async def stop(self) -> int:
         if self.process.returncode is None:
             self.process.terminate()
             try:
-                await asyncio.wait_for(self.process.wait(), STOP_TIMEOUT)
+                await bounded(self.process.wait(), STOP_TIMEOUT)
             except TimeoutError:
                 self.process.kill()
                 await self.process.wait()

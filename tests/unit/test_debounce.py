@@ -201,3 +201,23 @@ def test_a_timer_that_fires_early_still_flushes() -> None:
 
     flushes = run_in_virtual_time(lagging())
     assert [round(f.at, 3) for f in flushes] == [1.001], "flushed once the lag had passed"
+
+
+def test_a_cancel_that_meets_a_change_still_ends_the_debouncer() -> None:
+    # pilot stops its push task by cancelling it. A change arriving in the same turn of
+    # the loop, while the window waits, must not undo that: asyncio.wait_for on Python
+    # 3.11 swallows a cancellation whose inner wait has just finished, and the task
+    # would run on, holding pilot's shutdown (SIGTERM ignored) for ever.
+    async def cancelled_meeting_a_change() -> bool:
+        clock = asyncio.get_running_loop().time
+        debouncer = Debouncer(DebounceSettings(after=1.0, max_delay=10.0), clock=clock)
+        task = asyncio.create_task(debouncer.run(Flushes()))
+        debouncer.submit(_full("a"))
+        await _until(0.5)  # the window is open, the task waits for quiet or a change
+        debouncer.submit(_full("b"))  # wakes the task's wait ...
+        await asyncio.sleep(0)  # ... whose inner wait finishes this turn
+        task.cancel()  # and pilot stops the task in that same turn
+        await asyncio.wait([task], timeout=SETTLE)
+        return task.cancelled()
+
+    assert run_in_virtual_time(cancelled_meeting_a_change()), "the debouncer ran on"

@@ -32,6 +32,7 @@ from pilot.security.identity import Identity
 from pilot.security.secrets import SdsSettings, SecretManager
 from pilot.xds.proxy import ProxyKey
 from tests.integration.ca_support import make_csr, new_ca, utcnow
+from tests.support.deadline import bounded
 
 PROXY = Identity("cluster.local", "shop", "cart")
 OTHER = Identity("cluster.local", "bank", "vault")
@@ -193,7 +194,7 @@ class _CsrOnlyCa:
 async def _served(secrets: SecretManager, proxy: ProxyKey) -> WorkloadCertificate:
     ready = asyncio.Event()
     assert secrets.want(proxy, lambda _proxy: ready.set())
-    await asyncio.wait_for(ready.wait(), 30)
+    await bounded(ready.wait(), 30)
     served = secrets.current(proxy)
     assert served is not None
     await secrets.close()

@@ -15,6 +15,7 @@ import pytest
 
 from pilot.limits import LimitHits
 from pilot.security.review_cache import CachedReviewer
+from tests.support.deadline import bounded
 
 
 class _SlowReviewer:
@@ -43,7 +44,7 @@ async def test_the_others_get_their_answer_when_the_first_caller_goes_away() -> 
     with pytest.raises(asyncio.CancelledError):
         await first
     api.release.set()
-    assert await asyncio.wait_for(second, 5) == "system:serviceaccount:ns-b:victim"
+    assert await bounded(second, 5) == "system:serviceaccount:ns-b:victim"
     assert api.calls == 2, "the second caller asked again"
 
 
@@ -59,5 +60,5 @@ async def test_a_waiting_caller_cancelled_is_cancelled_alone() -> None:
     with pytest.raises(asyncio.CancelledError):
         await second
     api.release.set()
-    assert await asyncio.wait_for(first, 5) == "system:serviceaccount:ns-b:victim"
+    assert await bounded(first, 5) == "system:serviceaccount:ns-b:victim"
     assert api.calls == 1

@@ -192,7 +192,8 @@ class RemoteClusters:
             raise ClusterConflict(f"{origin}: more than PILOT_MAX_REMOTE_CLUSTERS clusters")
         wanted = Wanted.of(origin, kubeconfig)
         try:
-            built = await asyncio.wait_for(self._build(wanted), self.remote.start_timeout)
+            async with asyncio.timeout(self.remote.start_timeout):
+                built = await self._build(wanted)
         except TimeoutError:
             raise KubeconfigError(f"{origin}: {self._too_slow()}") from None
         except KubeconfigError as error:

@@ -15,6 +15,7 @@ import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
+from pilot.sources.kubernetes.api_client import BoundedApiClient
 from pilot.sources.kubernetes.config import KubernetesUnavailable
 
 IN_CLUSTER_HOST_ENV = "KUBERNETES_SERVICE_HOST"
@@ -84,7 +85,7 @@ def _one_line(error: Exception) -> str:
 async def connect(kubeconfig: Path | None) -> tuple[client.ApiClient, str]:
     """An API client for the configured cluster, checked to answer `/version`."""
     configuration, source = await _configure(kubeconfig)
-    api_client = client.ApiClient(configuration)
+    api_client = BoundedApiClient(configuration)
     try:
         await client.VersionApi(api_client).get_code(
             _request_timeout=(CONNECT_TIMEOUT, CONNECT_TIMEOUT)

@@ -39,6 +39,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from pilot.cluster_ids import quoted
+from pilot.sources.kubernetes.api_client import BoundedApiClient
 from pilot.sources.kubernetes.config import KubernetesUnavailable
 
 MAX_DEPTH = 20  # a kubeconfig nests 4-5 levels
@@ -298,7 +299,7 @@ def api_client_for(credentials: RemoteCredentials) -> RemoteClient:
             configuration.cert_file = add(credentials.cert_pem)
             configuration.key_file = add(credentials.key_pem)
         try:
-            api_client = client.ApiClient(configuration)
+            api_client = BoundedApiClient(configuration)
         except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
             raise KubeconfigError(
                 f"the kubeconfig's TLS material does not load ({type(error).__name__})"
@@ -320,7 +321,7 @@ async def plugin_api_client(credentials: RemoteCredentials) -> RemoteClient:
             client_configuration=configuration,
             temp_file_path=str(private),
         )
-        return RemoteClient(client.ApiClient(configuration), credentials.server, private)
+        return RemoteClient(BoundedApiClient(configuration), credentials.server, private)
     except (ConfigException, ValueError, TypeError, KeyError, AttributeError, OSError) as error:
         shutil.rmtree(private, ignore_errors=True)
         raise KubeconfigError(f"the kubeconfig does not load ({type(error).__name__})") from None
