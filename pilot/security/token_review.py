@@ -1,13 +1,16 @@
 """TokenReview against the cluster's API server: a bearer token becomes a user name.
 
 Kept apart from `authn` because it needs the Kubernetes client, which only
-`pilot discovery` in a cluster (or with `--kubeconfig`) loads.
+`pilot discovery` in a cluster (or with `--kubeconfig`) loads. An API server that
+fails, cannot be reached or does not answer (the client's request timeout) is a
+refusal that says so, as any other: the caller's status names it, and it is retried.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import aiohttp
 from kubernetes_asyncio import client
 
 from pilot.security.authn import AuthError
@@ -27,6 +30,11 @@ class KubernetesTokenReviewer:
             result = await self._api.create_token_review(body)
         except client.ApiException as error:
             raise AuthError(f"token review failed: HTTP {error.status} {error.reason}") from error
+        except TimeoutError as error:
+            raise AuthError("token review failed: the Kubernetes API did not answer") from error
+        except aiohttp.ClientError as error:
+            reason = type(error).__name__
+            raise AuthError(f"token review failed: the Kubernetes API ({reason})") from error
         status = result.status
         if status is None or not status.authenticated or status.user is None:
             reason = (status.error if status is not None else None) or "token not authenticated"
