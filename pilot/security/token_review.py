@@ -33,8 +33,8 @@ class KubernetesTokenReviewer:
         except TimeoutError as error:
             raise AuthError("token review failed: the Kubernetes API did not answer") from error
         except aiohttp.ClientError as error:
-            reason = type(error).__name__
-            raise AuthError(f"token review failed: the Kubernetes API ({reason})") from error
+            reason = f"no answer from the Kubernetes API ({type(error).__name__})"
+            raise AuthError(f"token review failed: {reason}") from error
         status = result.status
         if status is None or not status.authenticated or status.user is None:
             reason = (status.error if status is not None else None) or "token not authenticated"
