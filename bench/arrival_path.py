@@ -7,9 +7,9 @@ in-memory gRPC context. They are started at once, and each asks for `default`.
 The run ends when every stream has written its certificate. Reported per proxy:
 CPU seconds (all threads of this process, the minting thread included), the
 event loop's thread alone, and the stream's end afterwards. No socket, no gRPC
-thread, no client: what is left is pilot's, and it repeats to within a few per
-cent from run to run. Run it with another checkout first on PYTHONPATH to
-compare two versions.
+thread, no client: what is left is pilot's. On a quiet machine it repeats to
+within a few per cent; on a shared one runs spread by a quarter, so compare
+two versions (another checkout first on PYTHONPATH) in alternating runs.
 """
 
 from __future__ import annotations
