@@ -22,16 +22,15 @@ import secrets
 import socket
 from collections.abc import Awaitable, Callable
 
-import aiohttp
 from kubernetes_asyncio import client
+
+from pilot.sources.kubernetes.api_client import API_FAILED
 
 log = logging.getLogger("pilot.security")
 
 CONFLICT, NOT_FOUND = 409, 404
 RELEASE_WITHIN = 5.0  # seconds shutdown waits for the release
 RENEW_DEADLINE = 2 / 3  # of the Lease's duration, as client-go's 10 s of 15
-# What an API server that fails or cannot be reached raises through the client.
-_UNREACHABLE = (client.ApiException, OSError, aiohttp.ClientError)
 
 
 def default_identity() -> str:
@@ -154,7 +153,7 @@ class LeaseElector:
                     self._renew_deadline,
                 )
                 self._set_leader(False)
-            except _UNREACHABLE as error:
+            except API_FAILED as error:
                 log.warning("lease %s/%s: %s", self.namespace, self.name, error)
                 self._set_leader(False)
             await asyncio.sleep(self._renew_every)
@@ -175,7 +174,7 @@ class LeaseElector:
                 self.name,
                 RELEASE_WITHIN,
             )
-        except _UNREACHABLE as error:
+        except API_FAILED as error:
             log.warning("could not release lease %s/%s: %s", self.namespace, self.name, error)
 
     async def _clear_holder(self) -> None:

@@ -25,11 +25,11 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
-import aiohttp
 from kubernetes_asyncio import client
 
 from pilot.backoff import Backoff
 from pilot.security.lease import CONFLICT, NOT_FOUND, LeaseElector
+from pilot.sources.kubernetes.api_client import CONNECTION_FAILED
 from pilot.sources.kubernetes.config import KubernetesSettings
 from pilot.sources.kubernetes.informer import Informer, Obj, Request
 from pilot.sources.kubernetes.metadata import metadata_only
@@ -224,7 +224,7 @@ class RootPublisher:
             if error.status == CONFLICT or (error.status == NOT_FOUND and current is not None):
                 return  # created, changed or deleted meanwhile: the watch brings it, we look again
             self._retry(namespace, f"{error.status} {error.reason}")
-        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+        except CONNECTION_FAILED as error:
             self._retry(namespace, str(error) or type(error).__name__)
         else:
             self._backoffs.pop(namespace, None)

@@ -21,12 +21,15 @@ from pilot.backoff import Backoff
 from pilot.security.ca import CaSettings, CertificateAuthority
 from pilot.security.certs import cert_pem, key_pem, self_signed_root
 from pilot.security.lease import CONFLICT, NOT_FOUND, LeaseElector
+from pilot.sources.kubernetes.api_client import API_FAILED
 
 log = logging.getLogger("pilot.security.ca")
 
 SECRET_NAME = "pilot-ca-secret"
 LEASE_NAME = "pilot-ca"
 CERT_KEY, KEY_KEY, ROOT_KEY = "ca-cert.pem", "ca-key.pem", "root-cert.pem"
+# The API failed, or the Secret holds no such key: not signing, and asking again.
+_UNREADABLE: tuple[type[Exception], ...] = (*API_FAILED, ValueError)
 
 
 def _decode(secret: client.V1Secret, key: str) -> bytes:
@@ -59,12 +62,12 @@ class SharedRoot:
         while True:
             try:
                 ca = await self._attempt()
-            except (client.ApiException, OSError, TimeoutError, ValueError) as error:
+            except _UNREADABLE as error:
                 log.warning(
                     "cannot read the CA root from Secret %s/%s: %s; not signing until it can",
                     self.namespace,
                     SECRET_NAME,
-                    getattr(error, "reason", None) or error,
+                    getattr(error, "reason", None) or str(error) or type(error).__name__,
                 )
                 ca = None
             if ca is not None:

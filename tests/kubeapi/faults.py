@@ -5,7 +5,8 @@ watches dropped abruptly or ended cleanly, history compacted (old
 resourceVersions get 410), every watch expired with a 410 ERROR event, list
 requests failing with 500, BOOKMARKs sent at a moment the test picks, a
 hostile server's raw bytes on open watches (`stream_raw`: garbage lines, a line
-that never ends), and requests accepted and never answered (`hang`).
+that never ends), requests accepted and never answered (`hang`), and
+connections closed with a request unanswered (`drop`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class Faults:
         self._failing_lists: int | None = 0  # None: every list fails
         self._hung: str | None = None  # requests whose path holds this are never answered
         self._unhung = asyncio.Event()
+        self._dropping: tuple[str, int] = ("", 0)  # (path part, how many more to drop)
 
     def drop_watches(self, abrupt: bool = True) -> None:
         """End every open watch: abrupt cuts the connection (a crashed server),
@@ -67,6 +69,19 @@ class Faults:
         server stops or `hang(None)`."""
         if self._hung is not None and self._hung in path:
             await self._unhung.wait()
+
+    def drop(self, path_part: str, times: int = 1) -> None:
+        """Close the connection on the next `times` requests whose path contains
+        `path_part`, unanswered: a server that crashes, or a balancer that resets it."""
+        self._dropping = (path_part, times)
+
+    def drops(self, path: str) -> bool:
+        """Whether this request is one that `drop` closes the connection on (counted)."""
+        part, left = self._dropping
+        if left <= 0 or part not in path:
+            return False
+        self._dropping = (part, left - 1)
+        return True
 
     def check_list(self) -> None:
         """Raise the injected 500 if this list request is one that must fail."""

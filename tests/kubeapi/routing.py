@@ -77,6 +77,9 @@ class Router:
         )
         self.changes.notify()
         await self.faults.hold_if_hung(request.path)
+        if self.faults.drops(request.path) and request.transport is not None:
+            request.transport.abort()
+            return web.Response()  # never sent: the connection is gone
         try:
             self._authorize(request)
             return await self._route(request, is_watch)

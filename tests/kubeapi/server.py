@@ -284,6 +284,11 @@ class KubeAPIServer:
         answer again)."""
         self._faults.hang(path_part)
 
+    def drop(self, path_part: str, times: int = 1) -> None:
+        """Close the connection, unanswered, on the next `times` requests whose path
+        contains `path_part`."""
+        self._faults.drop(path_part, times)
+
     def send_bookmarks(self) -> None:
         """A BOOKMARK now on every open watch that allowed bookmarks."""
         self._faults.send_bookmarks()

@@ -238,9 +238,13 @@ async def launch(
     )
 
 
-def discovery_command(folder: Path, source: list[str], ca_cert_dir: Path, *extra: str) -> list[str]:
+def discovery_command(
+    folder: Path, source: list[str], ca_cert_dir: Path | None, *extra: str
+) -> list[str]:
     """The `pilot discovery` command line `launch` runs: ephemeral loopback ports, JSON
-    logs, no drain, the CA from `ca_cert_dir` and its state under `folder`."""
+    logs, no drain, the CA from `ca_cert_dir` (None: the root the replicas share, in
+    a Secret) and its state under `folder`."""
+    ca = ["--ca-cert-dir", str(ca_cert_dir)] if ca_cert_dir is not None else []
     return [
         sys.executable,
         "-m",
@@ -253,8 +257,7 @@ def discovery_command(folder: Path, source: list[str], ca_cert_dir: Path, *extra
         "127.0.0.1:0",
         "--http-addr",
         "127.0.0.1:0",
-        "--ca-cert-dir",
-        str(ca_cert_dir),
+        *ca,
         "--ca-state-dir",
         str(folder / "ca-state"),
         "--drain-duration",

@@ -20,6 +20,8 @@ server (tests/kubeapi), which streams what a hostile one would on pilot's open w
 * An API server that stops answering Lease calls: pilot still stops on SIGTERM (its
   release of the Lease gives up after a deadline and says so); a holder whose renewals
   hang stops acting as holder, and holds the Lease again once they are answered.
+* An API server that drops the connection while pilot reads the CA root it shares
+  with its replicas: pilot says so, asks again, and starts; it does not exit.
 """
 
 from __future__ import annotations
@@ -44,7 +46,14 @@ from tests.integration.kube_helpers import apply_mesh, kube_api, ready
 from tests.integration.pod_views import sidecar_view
 from tests.kubeapi import KubeAPIServer
 from tests.protocol.client import clusters, node
-from tests.security.pilot_process import Entry, PilotProcess, start_pilot
+from tests.security.pilot_process import (
+    Entry,
+    PilotProcess,
+    discovery_command,
+    pilot_environment,
+    start_command,
+    start_pilot,
+)
 from tests.support.mesh import cluster_name, endpoint_slice, pod, service
 
 LOCAL = "Kubernetes"  # pilot's default --cluster-id
@@ -280,6 +289,26 @@ async def test_a_remote_clusters_pod_cannot_claim_a_local_pods_address(tmp_path:
                 )
                 view = await sidecar_view(client.delta_ads(mtls_node), alpha)
             assert view == (["spiffe://cluster.local/ns/default/sa/alpha"], True)
+
+
+async def test_a_connection_dropped_while_pilot_reads_its_root_is_asked_again(
+    tmp_path: Path,
+) -> None:
+    # aiohttp's ServerDisconnectedError is no OSError: it once escaped the root's retry
+    # loop, and pilot exited at start because its API server restarted.
+    async with kube_api(tmp_path / "local") as (srv, kubeconfig):
+        apply_mesh(srv, {"alpha": ready("127.0.1.1")})
+        srv.drop("/secrets/pilot-ca-secret", times=2)
+        command = discovery_command(tmp_path, ["--kubeconfig", str(kubeconfig)], None)
+        pilot = await start_command(tmp_path, command, env=pilot_environment(tmp_path))
+        try:
+            dropped = pilot.logged(lambda e: "cannot read the CA root" in e["msg"])
+            # aiohttp itself sends a request again once, on a reused connection: one line or two.
+            assert dropped and all("Server disconnected" in e["msg"] for e in dropped), dropped
+            assert srv.get("Secret", "default", "pilot-ca-secret") is not None, "root made"
+            await wait_served(pilot, cluster_name("alpha"), "alpha, served by a pilot that started")
+        finally:
+            await pilot.stop()
 
 
 def lease_holder(srv: KubeAPIServer) -> str:

@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import aiohttp
 import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
-from pilot.sources.kubernetes.api_client import BoundedApiClient
+from pilot.sources.kubernetes.api_client import API_FAILED, BoundedApiClient
 from pilot.sources.kubernetes.config import KubernetesUnavailable
 
 IN_CLUSTER_HOST_ENV = "KUBERNETES_SERVICE_HOST"
@@ -90,7 +89,7 @@ async def connect(kubeconfig: Path | None) -> tuple[client.ApiClient, str]:
         await client.VersionApi(api_client).get_code(
             _request_timeout=(CONNECT_TIMEOUT, CONNECT_TIMEOUT)
         )
-    except (aiohttp.ClientError, TimeoutError, client.ApiException) as error:
+    except API_FAILED as error:
         await api_client.close()
         reason = getattr(error, "reason", None) or error
         raise KubernetesUnavailable(
