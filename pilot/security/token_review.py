@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import aiohttp
 from kubernetes_asyncio import client
 
 from pilot.security.authn import AuthError
+from pilot.sources.kubernetes.api_client import CONNECTION_FAILED
 
 
 class KubernetesTokenReviewer:
@@ -32,7 +32,7 @@ class KubernetesTokenReviewer:
             raise AuthError(f"token review failed: HTTP {error.status} {error.reason}") from error
         except TimeoutError as error:
             raise AuthError("token review failed: the Kubernetes API did not answer") from error
-        except aiohttp.ClientError as error:
+        except CONNECTION_FAILED as error:  # refused or dropped (a timeout is caught above)
             reason = f"no answer from the Kubernetes API ({type(error).__name__})"
             raise AuthError(f"token review failed: {reason}") from error
         status = result.status
