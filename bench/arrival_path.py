@@ -9,7 +9,8 @@ CPU seconds (all threads of this process, the minting thread included), the
 event loop's thread alone, and the stream's end afterwards. No socket, no gRPC
 thread, no client: what is left is pilot's. On a quiet machine it repeats to
 within a few per cent; on a shared one runs spread by a quarter, so compare
-two versions (another checkout first on PYTHONPATH) in alternating runs.
+two versions in alternating runs, each run from its own checkout's directory:
+`python -m` puts the current directory ahead of PYTHONPATH.
 """
 
 from __future__ import annotations

@@ -307,7 +307,9 @@ async def _start_pilot(workdir: Path, extra: list[str]) -> tuple[Child, int, int
     argv = [PYTHON, "-m", "pilot", "discovery", "--config", str(config)]
     argv += ["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]
     argv += newer_flags(workdir) + extra
-    pilot = await spawn("pilot", argv, workdir / "pilot.log")
+    # From the run's folder, not this checkout: `-m` puts the current directory first on
+    # sys.path, so PYTHONPATH=OTHER (another checkout's pilot) would otherwise be ignored.
+    pilot = await spawn("pilot", argv, workdir / "pilot.log", cwd=workdir)
     try:
         async with asyncio.timeout(60):
             serving = await log_match(pilot, SERVING)

@@ -16,6 +16,7 @@ floor (bare grpc.aio and pilot's mint), or N agents theirs from pilot's CA, and
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -177,6 +178,28 @@ def test_bench_certificates_prints_its_figures(via: str, runs: int, asking: str)
         assert 0 < low <= float(middle.split()[-1]) <= high, line
     if runs > 1:
         assert len(medians.strip().splitlines()) == 7, medians
+
+
+def test_bench_certificates_runs_the_pilot_on_pythonpath(tmp_path: Path) -> None:
+    """Comparing two trees: `PYTHONPATH=OTHER python -m bench.certificates` from this
+    checkout must start OTHER's pilot, not this one's (`-m` puts the current directory
+    first on sys.path). OTHER here is a pilot that refuses to start."""
+    other = tmp_path / "other" / "pilot"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("")
+    (other / "__main__.py").write_text('raise SystemExit("the other checkout\'s pilot")\n')
+    command = [sys.executable, "-m", "bench.certificates", "--proxies", "2", "--mints", "2"]
+    done = subprocess.run(
+        command,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(other.parent)},
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert done.returncode != 0, done.stdout
+    assert "pilot exited before logging" in done.stderr, done.stderr[-3000:]
 
 
 def test_bench_arrival_path_gets_every_proxy_its_certificate() -> None:
