@@ -43,6 +43,7 @@ from pilot.protocol.kind import StreamKind
 from pilot.protocol.messages import StreamEvent, SubscriptionChanged
 from pilot.protocol.node import streams_to_wake
 from pilot.protocol.stream import StreamCore
+from pilot.push.deadlines import WriteDeadlines
 from pilot.push.debounce import Debouncer
 from pilot.push.history import PushHistory, PushRecord
 from pilot.push.localities import Joined, LocalityBudget
@@ -208,6 +209,8 @@ class Pipeline:
         self.served_types = frozenset(t for g in generators for t in g.type_urls)
         # Bounds the responses being built and written at once, across all streams.
         self.push_slots = asyncio.Semaphore(self.settings.throttle)
+        # The send timeout of the writes in flight, all on one timer.
+        self.write_deadlines = WriteDeadlines(self.settings.send_timeout)
         # Set once the first full state is built: streams answer nothing before.
         self.ready = asyncio.Event()
         self._stats = stats

@@ -408,13 +408,13 @@ class Connection:
     ) -> None:
         started = time.monotonic()
         data = convert.encode(response)
-        timeout = self._pipeline.settings.send_timeout
-        # A timer rather than a cancellation: a cancelled write stays in gRPC anyway.
-        timer = asyncio.get_running_loop().call_later(timeout, self._time_out) if timeout else None
+        deadlines = self._pipeline.write_deadlines
+        # A deadline rather than a cancellation: a cancelled write stays in gRPC anyway.
+        if deadlines.timeout:
+            deadlines.started(self, self._time_out)
         try:
             await context.write(data)
         finally:
-            if timer is not None:
-                timer.cancel()
+            deadlines.ended(self)
         self._context.stats.responses[response.type_url] += 1
         self._context.metrics.written(response.type_url, len(data), time.monotonic() - started)
