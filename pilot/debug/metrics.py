@@ -23,6 +23,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from pilot.debug.loop_histogram import LoopHistogram, Series
 from pilot.security.ca_service import CaStats
 from pilot.security.secrets import SecretStats
 from pilot.stats import XdsStats
@@ -255,18 +256,14 @@ class Metrics:
         self.sources = sources
         self.registry = CollectorRegistry()
         self.registry.register(PilotCollector(sources))
-        self.push_time = Histogram(
-            "pilot_xds_push_time",
-            "Time to build and write one xDS response.",
-            ["type"],
-            buckets=_SECONDS,
-            registry=self.registry,
+        # Observed for every response written: counted on the loop, shaped when scraped.
+        self.push_time = LoopHistogram(
+            "pilot_xds_push_time", "Time to build and write one xDS response.", _SECONDS, "type"
         )
-        self.convergence = Histogram(
+        self.convergence = LoopHistogram(
             "pilot_proxy_convergence_time",
             "From a change reaching pilot to the response that carries it being written.",
-            buckets=_SECONDS,
-            registry=self.registry,
+            _SECONDS,
         )
         self.debounce = Histogram(
             "pilot_debounce_time",
@@ -274,14 +271,12 @@ class Metrics:
             buckets=_SECONDS,
             registry=self.registry,
         )
-        self.config_size = Histogram(
-            "pilot_xds_config_size_bytes",
-            "Size of xDS responses.",
-            ["type"],
-            buckets=_BYTES,
-            registry=self.registry,
+        self.config_size = LoopHistogram(
+            "pilot_xds_config_size_bytes", "Size of xDS responses.", _BYTES, "type"
         )
-        self._per_type: dict[str, tuple[Histogram, Histogram]] = {}
+        for histogram in (self.push_time, self.convergence, self.config_size):
+            self.registry.register(histogram)
+        self._per_type: dict[str, tuple[Series, Series]] = {}
         self.ca_latency = Histogram(
             "pilot_sds_ca_request_duration_seconds",
             "Time for the CA to sign a workload CSR.",
@@ -316,11 +311,11 @@ class Metrics:
         push_time.observe(seconds)
         config_size.observe(size)
 
-    def _labelled(self, type_url: str) -> tuple[Histogram, Histogram]:
-        """A type's histograms, looked up once: `labels()` costs more than `observe()`,
-        and every response written reports here."""
+    def _labelled(self, type_url: str) -> tuple[Series, Series]:
+        """A type's series, looked up once by its type URL: every response written
+        reports here."""
         short = types.short_name(type_url)
-        pair = (self.push_time.labels(short), self.config_size.labels(short))
+        pair = (self.push_time.series(short), self.config_size.series(short))
         self._per_type[type_url] = pair
         return pair
 
