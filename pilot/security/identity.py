@@ -6,10 +6,16 @@ environment): the namespace is a Kubernetes namespace name (a DNS-1123 label),
 the service account a Kubernetes object name (a DNS-1123 subdomain), the trust
 domain a DNS name. Anything else raises ValueError saying which part and why,
 so that no `..`, `/` or other surprise ever reaches a certificate.
+
+A proxy's arrival checks its identity's parts several times over (its claims, its
+identity, the secret manager's and the sidecar's reading of it), and the pods of
+one workload share one: names that passed a check are remembered (a bounded cache
+of valid names only), and so are parsed URIs.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -22,6 +28,8 @@ _DNS1123_SUBDOMAIN = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
 MAX_LABEL = 63
 MAX_SUBDOMAIN = 253
 _SHOWN = 64  # how much of a rejected value a message repeats
+# Valid names (and parsed URIs) remembered: a rejected one raises, and is never kept.
+REMEMBERED = 4096
 
 
 def _shown(value: str) -> str:
@@ -29,6 +37,7 @@ def _shown(value: str) -> str:
     return repr(value if len(value) <= _SHOWN else value[:_SHOWN] + "...")
 
 
+@functools.lru_cache(maxsize=REMEMBERED)
 def check_namespace(namespace: str) -> str:
     """`namespace` if it is a valid Kubernetes namespace name, else ValueError."""
     if len(namespace) > MAX_LABEL or not _DNS1123_LABEL.fullmatch(namespace):
@@ -40,6 +49,7 @@ def check_namespace(namespace: str) -> str:
     return namespace
 
 
+@functools.lru_cache(maxsize=REMEMBERED)
 def check_service_account(service_account: str) -> str:
     """`service_account` if it is a valid Kubernetes service account name, else ValueError.
 
@@ -55,6 +65,7 @@ def check_service_account(service_account: str) -> str:
     return service_account
 
 
+@functools.lru_cache(maxsize=REMEMBERED)
 def check_trust_domain(trust_domain: str) -> str:
     """`trust_domain` if it is a lowercase DNS name, else ValueError."""
     labels = trust_domain.split(".")
@@ -96,18 +107,10 @@ class Identity:
     def __str__(self) -> str:
         return self.uri
 
-    @classmethod
-    def parse(cls, uri: str) -> Identity:
+    @staticmethod
+    def parse(uri: str) -> Identity:
         """Parse a SPIFFE URI; raises ValueError when it is not Istio-shaped or not valid."""
-        match = _SPIFFE.fullmatch(uri)
-        if match is None:
-            raise ValueError(
-                f"not a SPIFFE identity of the form spiffe://TD/ns/NS/sa/SA: {_shown(uri)}"
-            )
-        try:
-            return cls(*match.groups())
-        except ValueError as error:
-            raise ValueError(f"invalid SPIFFE identity {_shown(uri)}: {error}") from None
+        return _parse(uri)
 
     @classmethod
     def from_username(cls, username: str, trust_domain: str) -> Identity:
@@ -119,6 +122,19 @@ class Identity:
             return cls(trust_domain, *match.groups())
         except ValueError as error:
             raise ValueError(f"{_shown(username)}: {error}") from None
+
+
+@functools.lru_cache(maxsize=REMEMBERED)
+def _parse(uri: str) -> Identity:
+    match = _SPIFFE.fullmatch(uri)
+    if match is None:
+        raise ValueError(
+            f"not a SPIFFE identity of the form spiffe://TD/ns/NS/sa/SA: {_shown(uri)}"
+        )
+    try:
+        return Identity(*match.groups())
+    except ValueError as error:
+        raise ValueError(f"invalid SPIFFE identity {_shown(uri)}: {error}") from None
 
 
 def check_account(account: str) -> tuple[str, str]:

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pilot.security import identity
 from pilot.security.certs import cert_pem, self_signed_root
 from pilot.security.identity import Identity
 from pilot.security.settings import (
@@ -343,3 +344,27 @@ def test_remote_ca_from_env(tmp_path: Path) -> None:
     assert remote.own_identity == Identity("cluster.local", "istio-system", "istiod")
     insecure = remote_ca_from_env(env | {"CA_INSECURE": "true"}, "x")
     assert insecure is not None and insecure.insecure and insecure.root_cert == root
+
+
+# ------------------------------------------------------------------ remembered names
+
+
+def test_a_refused_name_is_refused_every_time_however_many_pass() -> None:
+    """Valid names are remembered (an arrival checks its identity several times); a
+    refused one is never, and a flood of valid ones keeps the memory bounded."""
+    for _ in range(2):
+        with pytest.raises(ValueError, match="namespace"):
+            Identity("cluster.local", "Not-A-Label", "sa")
+        with pytest.raises(ValueError, match="not a SPIFFE identity"):
+            Identity.parse("spiffe://cluster.local/ns/a/sa/b/c")
+    for index in range(identity.REMEMBERED + 100):
+        Identity.parse(f"spiffe://cluster.local/ns/ns-{index}/sa/sa-{index}")
+    for check in (identity.check_namespace, identity.check_service_account, identity._parse):
+        assert check.cache_info().currsize <= identity.REMEMBERED
+    with pytest.raises(ValueError, match="service account"):
+        Identity("cluster.local", "ns-1", "sa-1/..")
+    with pytest.raises(ValueError, match="trust domain"):
+        Identity.parse("spiffe://Cluster.Local/ns/ns-1/sa/sa-1")
+    assert Identity.parse("spiffe://cluster.local/ns/ns-1/sa/sa-1") == Identity(
+        "cluster.local", "ns-1", "sa-1"
+    )
