@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 
-from pilot.logs import MAX_WAITING, TEXT_FORMAT, TextFormatter, TurnHandler
+from pilot.logs import MAX_MESSAGE, MAX_WAITING, TEXT_FORMAT, TextFormatter, TurnHandler
 
 
 @contextmanager
@@ -144,3 +145,24 @@ def test_text_lines_carry_the_time_logging_itself_would_write(created: list[floa
         record = logging.makeLogRecord({"name": "pilot.xds", "msg": "m", "levelname": "INFO"})
         record.created, record.msecs = when, (when - int(when)) * 1000
         assert ours.format(record) == standard.format(record)
+
+
+def test_text_lines_read_as_logging_itself_would_write_them() -> None:
+    """The text format is written out rather than `%`-formatted from the record: the
+    lines must not change, arguments, levels, tracebacks and cut messages included."""
+    ours, standard = TextFormatter(TEXT_FORMAT), logging.Formatter(TEXT_FORMAT)
+    try:
+        raise ValueError("a failure")
+    except ValueError:
+        failure = sys.exc_info()
+    records = [
+        {"name": "pilot.xds", "msg": "proxy %s connected (%s)", "args": ("a~b", "delta ADS")},
+        {"name": "pilot", "msg": "100%% sure", "args": (), "levelname": "WARNING"},
+        {"name": "pilot.security.sds", "msg": "cannot mint", "exc_info": failure},
+        {"name": "pilot.push", "msg": "with a stack", "stack_info": "Stack (most recent)"},
+    ]
+    for fields in records:
+        record = logging.makeLogRecord({"levelname": "INFO", **fields})
+        assert ours.format(record) == standard.format(logging.makeLogRecord(record.__dict__))
+    long = logging.makeLogRecord({"name": "pilot", "msg": "x" * (MAX_MESSAGE + 10)})
+    assert ours.format(long).endswith("x...(+10 chars)")
