@@ -68,8 +68,11 @@ async def _requests(first: bytes, held: asyncio.Future[None]) -> AsyncIterator[b
     await held  # the client stays, and sends nothing more
 
 
-async def measure(proxies: int, folder: Path) -> tuple[float, float, float]:
-    """(CPU, loop-thread CPU, CPU of the ends) in seconds per proxy."""
+async def measure(
+    proxies: int, folder: Path, burst: Callable[[bool], None] = lambda started: None
+) -> tuple[float, float, float]:
+    """(CPU, loop-thread CPU, CPU of the ends) in seconds per proxy; `burst(True)` just
+    before the streams start, `burst(False)` once the last has its certificate."""
     async with running_pilot(folder, [], debounce=DebounceSettings(), freeze_heap=True) as pilot:
         streams: StreamContext = pilot.discovery.grpc.streams
         loop = asyncio.get_running_loop()
@@ -88,6 +91,7 @@ async def measure(proxies: int, folder: Path) -> tuple[float, float, float]:
             ).SerializeToString()
             for i in range(proxies)
         ]
+        burst(True)
         cpu, loop_cpu = time.process_time(), time.thread_time()
         tasks = [
             asyncio.ensure_future(
@@ -100,6 +104,7 @@ async def measure(proxies: int, folder: Path) -> tuple[float, float, float]:
         ]
         await everyone
         cpu, loop_cpu = time.process_time() - cpu, time.thread_time() - loop_cpu
+        burst(False)
         ends = time.process_time()
         for task in tasks:
             task.cancel()
@@ -108,18 +113,25 @@ async def measure(proxies: int, folder: Path) -> tuple[float, float, float]:
     return cpu / proxies, loop_cpu / proxies, ends / proxies
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.arrival_path", description=__doc__)
-    parser.add_argument("--proxies", type=int, default=1000, help="(1000)")
-    args = parser.parse_args(argv)
+def run(
+    proxies: int, burst: Callable[[bool], None] = lambda started: None
+) -> tuple[float, float, float]:
+    """`measure`, with pilot's own log lines and handler writing into a file, as its
+    stderr would be."""
     with tempfile.TemporaryDirectory(prefix="pilot-arrivals-") as folder:
-        # pilot's own log lines and handler, into a file as its stderr would be.
         logs.configure("info")
         handler = logging.getLogger().handlers[0]
         assert isinstance(handler, logging.StreamHandler)
         with (Path(folder) / "pilot.log").open("w") as log_file:
             handler.setStream(log_file)
-            cpu, loop_cpu, ends = asyncio.run(measure(args.proxies, Path(folder)))
+            return asyncio.run(measure(proxies, Path(folder), burst))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.arrival_path", description=__doc__)
+    parser.add_argument("--proxies", type=int, default=1000, help="(1000)")
+    args = parser.parse_args(argv)
+    cpu, loop_cpu, ends = run(args.proxies)
     print(
         f"{args.proxies:,} proxies at once: CPU {cpu * 1e3:.3f} ms each"
         f" (the loop's thread {loop_cpu * 1e3:.3f} ms), their ends {ends * 1e3:.3f} ms each"

@@ -8,7 +8,8 @@ prints a PASS or FAIL for each of its targets and exits 0 exactly when all pass;
 `python -m bench.registry_file` loads and reloads a file in each format;
 `python -m bench.certificates` gets N proxies their certificates from pilot and from its
 floor (bare grpc.aio and pilot's mint), or N agents theirs from pilot's CA, and
-`python -m bench.arrival_path` their certificates in process, without gRPC;
+`python -m bench.arrival_path` their certificates in process, without gRPC, and
+`python -m bench.instructions` the same burst's instructions, which repeat run after run;
 `python -m bench.sweep` writes its Markdown table and PNG plot;
 `python -m bench.codecs` times every codec on one assignment, all writing the same bytes.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -212,6 +214,28 @@ def test_bench_arrival_path_gets_every_proxy_its_certificate() -> None:
     assert line.startswith("20 proxies at once: CPU "), line
     figures = [float(word) for word in line.replace("(", " ").split() if word[0].isdigit()]
     assert len(figures) == 4 and all(math.isfinite(f) and f > 0 for f in figures), line
+
+
+def _instructions_per_proxy() -> tuple[float, float]:
+    command = [sys.executable, "-m", "bench.instructions", "--proxies", "20"]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=170, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = done.stdout.splitlines()
+    assert line.startswith("20 proxies at once, instructions per proxy: the loop's thread "), line
+    counted = re.findall(r"\d{1,3}(?:,\d{3})*", line.split(":", 1)[1])
+    loop, others, total = (float(number.replace(",", "")) for number in counted)
+    assert loop > 0 and others > 0 and total == loop + others, line
+    return loop, others
+
+
+def test_bench_instructions_counts_the_same_burst_alike_twice() -> None:
+    """The point of counting instructions: two runs of one tree agree, where CPU time
+    moves by a fifth (the minting thread's crypto moves a little more: key sizes)."""
+    first, second = _instructions_per_proxy(), _instructions_per_proxy()
+    assert abs(first[0] - second[0]) <= 0.02 * first[0], (first, second)
+    assert abs(first[1] - second[1]) <= 0.05 * first[1], (first, second)
 
 
 def test_bench_sweep_writes_its_table_and_plot(tmp_path: Path) -> None:
