@@ -68,8 +68,12 @@ async def _requests(first: bytes, held: asyncio.Future[None]) -> AsyncIterator[b
     await held  # the client stays, and sends nothing more
 
 
+def _unobserved(started: bool) -> None:
+    """No one to tell when the burst starts or ends."""
+
+
 async def measure(
-    proxies: int, folder: Path, burst: Callable[[bool], None] = lambda started: None
+    proxies: int, folder: Path, burst: Callable[[bool], None] = _unobserved
 ) -> tuple[float, float, float]:
     """(CPU, loop-thread CPU, CPU of the ends) in seconds per proxy; `burst(True)` just
     before the streams start, `burst(False)` once the last has its certificate."""
@@ -113,9 +117,7 @@ async def measure(
     return cpu / proxies, loop_cpu / proxies, ends / proxies
 
 
-def run(
-    proxies: int, burst: Callable[[bool], None] = lambda started: None
-) -> tuple[float, float, float]:
+def run(proxies: int, burst: Callable[[bool], None] = _unobserved) -> tuple[float, float, float]:
     """`measure`, with pilot's own log lines and handler writing into a file, as its
     stderr would be."""
     with tempfile.TemporaryDirectory(prefix="pilot-arrivals-") as folder:

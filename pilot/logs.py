@@ -60,7 +60,7 @@ def _cut(message: str) -> str:
 class TextFormatter(logging.Formatter):
     """Istio-like text lines, the message cut at MAX_MESSAGE characters."""
 
-    def __init__(self, fmt: str = TEXT_FORMAT) -> None:
+    def __init__(self, fmt: str) -> None:
         super().__init__(fmt)
         self._second: tuple[int, str] = (-1, "")  # one attribute: swapped whole, thread-safe
         self._istio_text = fmt == TEXT_FORMAT

@@ -204,25 +204,26 @@ def test_bench_certificates_runs_the_pilot_on_pythonpath(tmp_path: Path) -> None
     assert "pilot exited before logging" in done.stderr, done.stderr[-3000:]
 
 
-def test_bench_arrival_path_gets_every_proxy_its_certificate() -> None:
-    command = [sys.executable, "-m", "bench.arrival_path", "--proxies", "20"]
+def _twenty_proxies(bench: str, timeout: float) -> str:
+    """The one line `python -m BENCH --proxies 20` prints, once it exited cleanly."""
+    command = [sys.executable, "-m", bench, "--proxies", "20"]
     done = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=110, check=False
+        command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
     (line,) = done.stdout.splitlines()
+    return line
+
+
+def test_bench_arrival_path_gets_every_proxy_its_certificate() -> None:
+    line = _twenty_proxies("bench.arrival_path", timeout=110)
     assert line.startswith("20 proxies at once: CPU "), line
     figures = [float(word) for word in line.replace("(", " ").split() if word[0].isdigit()]
     assert len(figures) == 4 and all(math.isfinite(f) and f > 0 for f in figures), line
 
 
 def _instructions_per_proxy() -> tuple[float, float]:
-    command = [sys.executable, "-m", "bench.instructions", "--proxies", "20"]
-    done = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=170, check=False
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    (line,) = done.stdout.splitlines()
+    line = _twenty_proxies("bench.instructions", timeout=170)
     assert line.startswith("20 proxies at once, instructions per proxy: the loop's thread "), line
     counted = re.findall(r"\d{1,3}(?:,\d{3})*", line.split(":", 1)[1])
     loop, others, total = (float(number.replace(",", "")) for number in counted)
