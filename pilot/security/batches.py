@@ -49,14 +49,22 @@ class ThreadBatches:
 
     async def run(self, work: Callable[[], T]) -> T:
         """`work()`'s result (or what it raised), once a thread of this lane has run it."""
-        result: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        return await self.submit(work)
+
+    def submit(self, work: Callable[[], T]) -> asyncio.Future[T]:
+        """A future of `work()`'s outcome, for callers that want a callback, not a task.
+
+        Cancelling it before its batch runs leaves `work` undone.
+        """
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[T] = loop.create_future()
         self._queue.append(_Job(work, result))
         drainers = len(self._drainers)
         if drainers < self._threads and drainers * self._batch < len(self._queue):
-            drainer = asyncio.create_task(self._drain(), name=self._name)
+            drainer = loop.create_task(self._drain(), name=self._name)
             self._drainers.add(drainer)
             drainer.add_done_callback(self._drainers.discard)
-        return await result
+        return result
 
     async def _drain(self) -> None:
         """Run batches from the queue until it is empty."""

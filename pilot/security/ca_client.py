@@ -109,17 +109,23 @@ class LocalCa:
         self, key_type: KeyType, identity: Identity, ttl: datetime.timedelta
     ) -> WorkloadCertificate:
         """A new private key and its certificate naming `identity` (the proven one)."""
-        work = functools.partial(self._mint, key_type, identity, ttl)
-        try:
-            return await self._lanes[key_type].run(work)
-        except CaExpired as error:
-            raise CaError(f"pilot's CA: {error}") from error
+        return await self.mint_soon(key_type, identity, ttl)
+
+    def mint_soon(
+        self, key_type: KeyType, identity: Identity, ttl: datetime.timedelta
+    ) -> asyncio.Future[WorkloadCertificate]:
+        """`mint` as a future, for a caller that keeps no task waiting on it; cancel it
+        and the key is never made."""
+        return self._lanes[key_type].submit(functools.partial(self._mint, key_type, identity, ttl))
 
     def _mint(
         self, key_type: KeyType, identity: Identity, ttl: datetime.timedelta
     ) -> WorkloadCertificate:
         key = generate_key(key_type)
-        leaf = self.ca.issue_workload(key.public_key(), identity, ttl)
+        try:
+            leaf = self.ca.issue_workload(key.public_key(), identity, ttl)
+        except CaExpired as error:
+            raise CaError(f"pilot's CA: {error}") from error
         if not key_matches(key, leaf):
             raise CaError("pilot's CA certified a different key than the one it was given")
         chain = "".join(self.ca.chain_pem(leaf)).encode()

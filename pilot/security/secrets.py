@@ -10,10 +10,12 @@ left that call. While wanted, a new one is minted at SECRET_GRACE_PERIOD_RATIO
 of its lifetime; after each mint the manager calls the `ready` callback it was
 given, which hands the proxy to the push pipeline. When released, key and
 certificate are forgotten. CA failures are retried with backoff; a chain that
-does not match the key is never kept. A proxy's rotation task is per proxy, not
-a supervised service: anything a mint raises (a CA's answer no check foresaw,
-say) is logged at ERROR with its traceback and the mint retried with backoff,
-so the task never ends while the certificate is wanted.
+does not match the key is never kept. A workload holds no task: its mint is a
+future with a callback, its next rotation or retry a timer on the loop, since a
+rollout brings thousands of proxies at once. Anything a mint raises (a CA's
+answer no check foresaw, say) is logged at ERROR with its traceback and the
+mint retried with backoff, so the workload is renewed for as long as it is
+wanted.
 
 The trust root (`ROOTCA`) is the one the manager is given: pilot's own CA's,
 or the configured root of a remote CA. It never comes from a CA's answer.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import logging
 import random
 import time
@@ -77,12 +80,14 @@ class SecretStats:
 
 @dataclass
 class _Workload:
-    """One proxy's certificate: the current one and the task keeping it fresh."""
+    """One proxy's certificate: the current one, and the mint or timer renewing it."""
 
     identity: Identity
     ready: Ready
     certificate: WorkloadCertificate | None = None
-    task: asyncio.Task[None] | None = None
+    minting: asyncio.Future[WorkloadCertificate] | None = None
+    timer: asyncio.TimerHandle | None = None  # the next rotation, or a failed mint's retry
+    backoff: Backoff | None = None  # only while mints fail
 
 
 class SecretManager:
@@ -126,9 +131,7 @@ class SecretManager:
             return False
         workload = self._workloads[proxy] = _Workload(Identity.parse(proxy.identity), ready)
         self._per_identity[proxy.identity] += 1
-        workload.task = asyncio.create_task(
-            self._maintain(proxy, workload), name=f"sds-{proxy.node_id}"
-        )
+        self._mint_for(proxy, workload)
         return True
 
     def _check_limits(self, identity: str) -> None:
@@ -153,8 +156,11 @@ class SecretManager:
         self._per_identity[workload.identity.uri] -= 1
         if not self._per_identity[workload.identity.uri]:
             del self._per_identity[workload.identity.uri]
-        if workload.task is not None:
-            workload.task.cancel()
+        minting, workload.minting = workload.minting, None  # its callback now sees it gone
+        if minting is not None:
+            minting.cancel()
+        if workload.timer is not None:
+            workload.timer.cancel()
         if workload.certificate is not None:
             self.stats.dropped += 1
             log.info("dropped the certificate of proxy %s (no longer wanted)", proxy)
@@ -178,24 +184,84 @@ class SecretManager:
 
     # -- minting and rotation ----------------------------------------------------
 
-    async def _maintain(self, proxy: ProxyKey, workload: _Workload) -> None:
-        """Mint now, then again at the grace period, for as long as the task lives."""
-        while True:
-            certificate, created = await self._mint_until_signed(proxy, workload.identity)
-            rotation = workload.certificate is not None
-            workload.certificate = certificate
-            self.stats.minted += 1
-            if rotation:
-                self.stats.rotated += 1
-            log.info(
-                "%s certificate for proxy %s, serial %x, expires %s",
-                "rotated" if rotation else "minted",
-                proxy,
-                certificate.serial,
-                certificate.expires.isoformat(),
+    def _mint_for(self, proxy: ProxyKey, workload: _Workload) -> None:
+        """Start the workload's next mint; `_minted` takes it from there."""
+        workload.timer = None
+        created, started = utcnow(), time.monotonic()
+        if self._local is not None:
+            settings = self._settings
+            minting = self._local.mint_soon(settings.key_type, workload.identity, settings.ttl)
+        else:
+            minting = asyncio.get_running_loop().create_task(
+                self._mint_with_csr(workload.identity), name=f"sds-{proxy.node_id}"
             )
-            workload.ready(proxy)
-            await asyncio.sleep(self._until_rotation(created, certificate.expires))
+        workload.minting = minting
+        minted = functools.partial(self._minted, proxy, workload, created, started)
+        minting.add_done_callback(minted)
+
+    def _minted(
+        self,
+        proxy: ProxyKey,
+        workload: _Workload,
+        created: datetime.datetime,
+        started: float,
+        minting: asyncio.Future[WorkloadCertificate],
+    ) -> None:
+        """A mint ended: keep its certificate and time the next, or retry with backoff."""
+        if workload.minting is not minting:
+            return  # released meanwhile
+        workload.minting = None
+        # Cancelled, yet not released: the lane stopped under it (pilot stopping, say).
+        error = minting.exception() if not minting.cancelled() else None
+        if error is not None or minting.cancelled():
+            self._retry(proxy, workload, error)
+            return
+        if self._local is not None:
+            self._observe_ca_latency(time.monotonic() - started)  # a remote CA's is its call's
+        certificate = minting.result()
+        rotation = workload.certificate is not None
+        workload.certificate, workload.backoff = certificate, None
+        self.stats.minted += 1
+        if rotation:
+            self.stats.rotated += 1
+        log.info(
+            "%s certificate for proxy %s, serial %x, expires %s",
+            "rotated" if rotation else "minted",
+            proxy,
+            certificate.serial,
+            certificate.expires.isoformat(),
+        )
+        # The timer first: a `ready` that raised must not leave the certificate unrenewed.
+        workload.timer = asyncio.get_running_loop().call_later(
+            self._until_rotation(created, certificate.expires), self._mint_for, proxy, workload
+        )
+        workload.ready(proxy)
+
+    def _retry(self, proxy: ProxyKey, workload: _Workload, error: BaseException | None) -> None:
+        """A mint that failed (`error`; None: cancelled) is tried again after a backoff,
+        for as long as it is wanted."""
+        if workload.backoff is None:
+            workload.backoff = Backoff(self._settings.retry_initial, self._settings.retry_max)
+        delay = workload.backoff.next_delay()
+        if error is None:
+            log.debug("the mint for proxy %s was cancelled; retrying in %.1fs", proxy, delay)
+        elif isinstance(error, CaError):
+            self.stats.ca_errors += 1
+            log.warning(
+                "cannot get a certificate for proxy %s: %s; retrying in %.1fs", proxy, error, delay
+            )
+        else:  # a fault of pilot's or an answer nobody checked for: loudly
+            self.stats.ca_errors += 1
+            log.error(
+                "cannot get a certificate for proxy %s: %s; retrying in %.1fs",
+                proxy,
+                describe(error),
+                delay,
+                exc_info=error,
+            )
+        workload.timer = asyncio.get_running_loop().call_later(
+            delay, self._mint_for, proxy, workload
+        )
 
     def _until_rotation(self, created: datetime.datetime, expires: datetime.datetime) -> float:
         settings = self._settings
@@ -203,66 +269,17 @@ class SecretManager:
         rotate_at = expires - (expires - created) * ratio
         return max((rotate_at - utcnow()).total_seconds(), 0.0)
 
-    async def _mint_until_signed(
-        self, proxy: ProxyKey, identity: Identity
-    ) -> tuple[WorkloadCertificate, datetime.datetime]:
-        backoff = Backoff(self._settings.retry_initial, self._settings.retry_max)
-        while True:
-            try:
-                return await self._mint(identity)
-            except CaError as error:
-                self.stats.ca_errors += 1
-                delay = backoff.next_delay()
-                log.warning(
-                    "cannot get a certificate for proxy %s: %s; retrying in %.1fs",
-                    proxy,
-                    error,
-                    delay,
-                )
-                await asyncio.sleep(delay)
-            except Exception as error:  # a fault of pilot's or an answer nobody checked for
-                # This task is the proxy's only source of certificates: dying here would
-                # leave it without one, silently. Say so loudly, and try again.
-                self.stats.ca_errors += 1
-                delay = backoff.next_delay()
-                log.error(
-                    "cannot get a certificate for proxy %s: %s; retrying in %.1fs",
-                    proxy,
-                    describe(error),
-                    delay,
-                    exc_info=error,
-                )
-                await asyncio.sleep(delay)
-
-    async def _mint(self, identity: Identity) -> tuple[WorkloadCertificate, datetime.datetime]:
-        if self._local is not None:
-            return await self._mint_locally(self._local, identity)
-        return await self._mint_with_csr(identity)
-
-    async def _mint_locally(
-        self, ca: LocalCa, identity: Identity
-    ) -> tuple[WorkloadCertificate, datetime.datetime]:
-        """Key and certificate from pilot's own CA, which bounds how many it makes at once."""
-        created = utcnow()
-        started = time.monotonic()
-        certificate = await ca.mint(self._settings.key_type, identity, self._settings.ttl)
-        self._observe_ca_latency(time.monotonic() - started)
-        return certificate, created
-
-    async def _mint_with_csr(
-        self, identity: Identity
-    ) -> tuple[WorkloadCertificate, datetime.datetime]:
+    async def _mint_with_csr(self, identity: Identity) -> WorkloadCertificate:
         """A key and CSR made here, signed by the CA; its answer checked against the key."""
         async with self._mint_slots:
             key_pem, csr = await asyncio.to_thread(
                 new_key_and_csr, self._settings.key_type, [identity.uri]
             )
-        created = utcnow()
         started = time.monotonic()
         chain = await self._ca.sign(csr, identity, self._settings.ttl)
         self._observe_ca_latency(time.monotonic() - started)
         async with self._mint_slots:
-            return await asyncio.to_thread(_certificate_of, key_pem, chain), created
+            return await asyncio.to_thread(_certificate_of, key_pem, chain)
 
 
 def _certificate_of(key_pem: bytes, chain: list[str]) -> WorkloadCertificate:

@@ -41,9 +41,18 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
+# The tag of a length-delimited field numbered below 16 is one byte.
+_DELIMITED_TAGS = tuple(bytes([(number << 3) | 2]) for number in range(16))
+
+
 def length_delimited(field_number: int, payload: bytes) -> bytes:
     """Encode one length-delimited (wire type 2) protobuf field."""
-    return _varint((field_number << 3) | 2) + _varint(len(payload)) + payload
+    # Inline for the common case: each response assembles several of these.
+    size = len(payload)
+    length = _ONE_BYTE[size] if size < 0x80 else _varint(size)
+    if field_number < 16:
+        return _DELIMITED_TAGS[field_number] + length + payload
+    return _varint((field_number << 3) | 2) + length + payload
 
 
 def varint_field(field_number: int, value: int) -> bytes:
@@ -81,16 +90,14 @@ class Resource:
     def from_payload(cls, type_url: str, name: str, payload: bytes) -> Resource:
         """Wrap already-serialized message bytes; the version is their content hash."""
         version = content_version(payload)
-        any_bytes = length_delimited(1, type_url.encode()) + length_delimited(2, payload)
-        delta_resource = (
-            _string_field(1, version) + length_delimited(2, any_bytes) + _string_field(3, name)
-        )
+        any_field = length_delimited(2, _shared_field(1, type_url) + length_delimited(2, payload))
+        delta_resource = length_delimited(1, version.encode()) + any_field + _string_field(3, name)
         return cls(
             type_url=type_url,
             name=name,
             version=version,
             payload=payload,
-            sotw_field=length_delimited(2, any_bytes),
+            sotw_field=any_field,
             delta_field=length_delimited(2, delta_resource),
         )
 

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import pytest
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import descriptor_pb2
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pilot.xds import types
-from pilot.xds.resource import Resource, encode_delta_response, encode_sotw_response
+from pilot.xds.resource import (
+    Resource,
+    encode_delta_response,
+    encode_sotw_response,
+    length_delimited,
+)
 
 
 def _assignment(name: str, ports: list[int]) -> endpoint_pb2.ClusterLoadAssignment:
@@ -60,3 +67,12 @@ def test_version_follows_content_only() -> None:
     other = Resource.from_message(types.ENDPOINT, "a", _assignment("a", [81]))
     assert first.version == same.version
     assert first.version != other.version
+
+
+# FileOptions' string fields: java_package is field 1, objc_class_prefix field 36.
+@pytest.mark.parametrize(("number", "field"), [(1, "java_package"), (36, "objc_class_prefix")])
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 300, 16383, 16384, 2**21])
+def test_a_field_is_encoded_as_protobuf_encodes_it(number: int, field: str, size: int) -> None:
+    text = "x" * size
+    expected = descriptor_pb2.FileOptions(**{field: text}).SerializeToString()
+    assert length_delimited(number, text.encode()) == expected
