@@ -8,7 +8,7 @@ and always resolves against the latest resources: latest state wins.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
@@ -130,6 +130,20 @@ class StreamCore:
     @property
     def has_work(self) -> bool:
         return any(s.has_work for s in self._types.values())
+
+    def owes_now(self, in_the_making: Callable[[str, str], bool]) -> bool:
+        """Whether `take_responses` may answer anything now: work other than a proxy's own
+        names still being made (`in_the_making(type_url, name)`: a secret being minted),
+        which no response can carry until they are made, and their making wakes it."""
+        for state in self._types.values():
+            if not state.has_work:
+                continue
+            type_url = state.type_url
+            if state.pending_all or state.answer_required or type_url not in types.OWNED_TYPES:
+                return True
+            if not all(in_the_making(type_url, name) for name in state.pending | state.must_send):
+                return True
+        return False
 
     def wants(self, type_url: str, name: str) -> bool:
         state = self._types.get(type_url)

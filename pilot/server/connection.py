@@ -287,8 +287,11 @@ class Connection:
         unknown = self._pipeline.on_events(self, events)
         if unknown:
             self._unknown_names(request.type_url, unknown)
-        if self.stream.has_work:
-            self._wake.set()
+        if self.stream.owes_now(self._in_the_making):
+            self._wake.set()  # not for a secret still being minted: its mint wakes the stream
+
+    def _in_the_making(self, type_url: str, name: str) -> bool:
+        return self._pipeline.cache.pending(type_url, name, self.proxy)
 
     def _convert(self, message: Any) -> SotwRequest | DeltaRequest:
         default_type = self.kind.fixed_type or ""

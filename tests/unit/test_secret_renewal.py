@@ -26,7 +26,7 @@ from pilot.security.ca_client import LocalCa
 from pilot.security.identity import Identity
 from pilot.security.secrets import SdsSettings, SecretManager
 from pilot.xds.proxy import ProxyKey
-from tests.support.deadline import bounded
+from tests.harness.envoy_process import wait_until
 
 WAIT = 30.0
 FAST_RETRY = SdsSettings(retry_initial=0.01, retry_max=0.02)
@@ -60,14 +60,7 @@ def _count_mints(ca: CertificateAuthority, monkeypatch: pytest.MonkeyPatch) -> C
 
 
 async def _until(condition: Callable[[], bool], what: str) -> None:
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0.005)
-
-    try:
-        await bounded(poll(), WAIT)
-    except TimeoutError:
-        raise AssertionError(f"never: {what}") from None
+    await wait_until(condition, WAIT, what)
 
 
 async def test_wanted_certificates_hold_no_task_each(ca: CertificateAuthority) -> None:
