@@ -20,6 +20,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from typing import Final, TextIO
 
 SCOPES: Final = {
@@ -77,12 +78,23 @@ class TextFormatter(logging.Formatter):
         """logging's own `asctime`, its date and time of day formatted once a second."""
         if datefmt is not None:
             return super().formatTime(record, datefmt)
-        second, stamp = self._second
-        if int(record.created) != second:
-            second = int(record.created)
+        return self._stamp(int(record.created), int(record.msecs))
+
+    def _stamp(self, second: int, msecs: int) -> str:
+        cached, stamp = self._second
+        if second != cached:
             stamp = time.strftime(self.default_time_format, self.converter(second))
             self._second = (second, stamp)
-        return f"{stamp},{int(record.msecs):03d}"  # logging's default_msec_format
+        return f"{stamp},{msecs:03d}"  # logging's default_msec_format
+
+    def info_line(self, name: str, message: str) -> str | None:
+        """The line `format` writes for an INFO record of logger `name` without exception or
+        stack, logged now; None unless the format is TEXT_FORMAT."""
+        if not self._istio_text:
+            return None
+        now = time.time()
+        second = int(now)
+        return f"{self._stamp(second, int((now - second) * 1000))} INFO {name}: {_cut(message)}"
 
 
 class LogSpecError(ValueError):
@@ -157,6 +169,28 @@ class TurnHandler(logging.StreamHandler[TextIO]):
             self._flush_on = loop
             loop.call_soon(self.flush)
 
+    def write_info(self, name: str, message: str) -> bool:
+        """Write an INFO line of logger `name` as `emit` would, without a record; False when
+        this handler would not write it so (a filter, a level, another format)."""
+        formatter = self.formatter
+        if self.filters or self.level > logging.INFO or not isinstance(formatter, TextFormatter):
+            return False
+        line = formatter.info_line(name, message)
+        loop = _running_loop()
+        if line is None or loop is None:
+            return False
+        self.acquire()  # as Handler.handle holds it around emit
+        try:
+            self._waiting.append(line + self.terminator)
+            if len(self._waiting) >= MAX_WAITING:
+                self._write_waiting()
+            elif self._flush_on is not loop:
+                self._flush_on = loop
+                loop.call_soon(self.flush)
+        finally:
+            self.release()
+        return True
+
     def flush(self) -> None:
         self.acquire()
         try:
@@ -173,6 +207,45 @@ class TurnHandler(logging.StreamHandler[TextIO]):
             super().flush()
         except Exception:  # a closed or broken stderr must not stop the loop, or the caller
             return
+
+
+def info(logger: logging.Logger, message: str, *args: object) -> None:
+    """`logger.info(message, *args)`, for the lines logged once per proxy, thousands a
+    second when proxies arrive together.
+
+    The same line. When pilot's own handler is the only one that would see it,
+    with no filter on the way, it gets the line without a LogRecord: half of a
+    line's cost was logging's record and its walk through the handlers. Any
+    other set-up (a test's capture, a filter, the JSON format) gets the record.
+    """
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    handler = _sole_handler(logger)
+    if handler is not None and not (len(args) == 1 and isinstance(args[0], Mapping)):
+        try:
+            text = message % args if args else message
+        except Exception:  # logging's own path reports a bad format, and raises nothing
+            text = None
+        if text is not None and handler.write_info(logger.name, text):
+            return
+    logger.info(message, *args, stacklevel=2)
+
+
+def _sole_handler(logger: logging.Logger) -> TurnHandler | None:
+    """pilot's handler if it is the only one a record of `logger` would reach unfiltered."""
+    found: TurnHandler | None = None
+    current: logging.Logger | None = logger
+    while current is not None:
+        if current.filters:
+            return None
+        for handler in current.handlers:
+            if found is not None or not isinstance(handler, TurnHandler):
+                return None
+            found = handler
+        if not current.propagate:
+            break
+        current = current.parent
+    return found
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

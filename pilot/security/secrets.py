@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from cryptography.hazmat.primitives import serialization
 
+from pilot import logs
 from pilot.backoff import Backoff
 from pilot.limits import Admission, LimitExceeded
 from pilot.security.ca_client import CaClient, CaError, LocalCa
@@ -163,7 +164,7 @@ class SecretManager:
             workload.timer.cancel()
         if workload.certificate is not None:
             self.stats.dropped += 1
-            log.info("dropped the certificate of proxy %s (no longer wanted)", proxy)
+            logs.info(log, "dropped the certificate of proxy %s (no longer wanted)", proxy)
         workload.certificate = None
 
     def current(self, proxy: ProxyKey) -> WorkloadCertificate | None:
@@ -224,7 +225,8 @@ class SecretManager:
         self.stats.minted += 1
         if rotation:
             self.stats.rotated += 1
-        log.info(
+        logs.info(
+            log,
             "%s certificate for proxy %s, serial %x, expires %s",
             "rotated" if rotation else "minted",
             proxy,

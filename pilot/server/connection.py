@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import grpc
 from envoy.config.core.v3 import base_pb2
 
+from pilot import logs
 from pilot.limits import Admission, LimitExceeded
 from pilot.logs import clipped
 from pilot.protocol import DeltaStream, ProtocolError, SotwStream
@@ -214,7 +215,7 @@ class Connection:
         self._wake.set()  # the writer returns once its write, if any, has landed
         self._context.connections.discard(self)
         self._pipeline.leave(self)
-        log.info("proxy %s disconnected (%s, %s)", self.proxy, self.kind.label, self.peer)
+        logs.info(log, "proxy %s disconnected (%s, %s)", self.proxy, self.kind.label, self.peer)
 
     def _admit(self) -> None:
         """Join the registry if the stream limits allow (no await: check and add at once)."""
@@ -310,7 +311,7 @@ class Connection:
         identity = auth.identity_of(node, self._credential) if auth is not None else None
         self.proxy = ProxyKey(node.id or self.proxy.node_id, identity)
         self._pipeline.join(self)
-        log.info("proxy %s connected (%s, %s)", self.proxy, self.kind.label, self.peer)
+        logs.info(log, "proxy %s connected (%s, %s)", self.proxy, self.kind.label, self.peer)
 
     def _note(self, events: Iterable[StreamEvent]) -> None:
         """Logs and counters for what the client said."""
