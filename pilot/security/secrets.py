@@ -209,8 +209,10 @@ class SecretManager:
         minting: asyncio.Future[WorkloadCertificate],
     ) -> None:
         """A mint ended: keep its certificate and time the next, or retry with backoff."""
-        if workload.minting is not minting:
-            return  # released meanwhile
+        if workload.minting is not minting:  # released meanwhile
+            if not minting.cancelled():
+                minting.exception()  # seen: it had ended before `release` could cancel it
+            return
         workload.minting = None
         # Cancelled, yet not released: the lane stopped under it (pilot stopping, say).
         error = minting.exception() if not minting.cancelled() else None

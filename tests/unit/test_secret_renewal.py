@@ -110,10 +110,14 @@ async def test_a_released_proxy_is_not_renewed_while_a_wanted_one_is(
     await secrets.close()
 
 
-async def test_a_mint_that_raises_is_logged_with_its_traceback_and_tried_again(
-    ca: CertificateAuthority, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    issue, failures = ca.issue_workload, [RuntimeError("a fault of pilot's")]
+async def _served_after_one_failure(
+    ca: CertificateAuthority,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    failure: Exception,
+) -> SecretManager:
+    """A proxy's certificate, once the CA's first leaf for it raised `failure`."""
+    issue, failures = ca.issue_workload, [failure]
 
     def failing_once(key: Any, who: Identity, ttl: datetime.timedelta) -> x509.Certificate:
         if failures:
@@ -126,33 +130,30 @@ async def test_a_mint_that_raises_is_logged_with_its_traceback_and_tried_again(
     with caplog.at_level(logging.INFO, "pilot.security.sds"):
         secrets.want(_proxy("cart"), served.append)
         await _until(lambda: served == [_proxy("cart")], "a certificate after the failure")
+    await secrets.close()
+    return secrets
+
+
+async def test_a_mint_that_raises_is_logged_with_its_traceback_and_tried_again(
+    ca: CertificateAuthority, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    failure = RuntimeError("a fault of pilot's")
+    secrets = await _served_after_one_failure(ca, monkeypatch, caplog, failure)
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "cannot get a certificate for proxy" in errors[0].getMessage()
     assert "a fault of pilot's" in errors[0].getMessage() and errors[0].exc_info is not None
     assert secrets.stats.ca_errors == 1 and secrets.stats.minted == 1
-    await secrets.close()
 
 
 async def test_an_expired_ca_is_a_ca_error_warned_of_and_tried_again(
     ca: CertificateAuthority, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    issue, failures = ca.issue_workload, [CaExpired("the CA's certificate expired")]
-
-    def expired_once(key: Any, who: Identity, ttl: datetime.timedelta) -> x509.Certificate:
-        if failures:
-            raise failures.pop()
-        return issue(key, who, ttl)
-
-    monkeypatch.setattr(ca, "issue_workload", expired_once)
-    secrets = SecretManager(LocalCa(ca, asyncio.Semaphore(1)), ca.root_pem, FAST_RETRY)
-    served: list[ProxyKey] = []
-    with caplog.at_level(logging.INFO, "pilot.security.sds"):
-        secrets.want(_proxy("cart"), served.append)
-        await _until(lambda: served == [_proxy("cart")], "a certificate once the CA signs")
+    failure = CaExpired("the CA's certificate expired")
+    secrets = await _served_after_one_failure(ca, monkeypatch, caplog, failure)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("pilot's CA: the CA's certificate expired" in line for line in warnings), warnings
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    await secrets.close()
+    assert secrets.stats.ca_errors == 1 and secrets.stats.minted == 1
 
 
 async def test_a_ready_callback_that_raises_does_not_stop_renewal(
