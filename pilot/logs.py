@@ -162,8 +162,12 @@ class TurnHandler(logging.StreamHandler[TextIO]):
             self.handleError(record)
             return
         loop = _running_loop()
+        self._queue(line, None if record.levelno >= logging.WARNING else loop)
+
+    def _queue(self, line: str, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Keep `line` for `loop`'s next turn; with no loop, write it and what waits now."""
         self._waiting.append(line)
-        if loop is None or record.levelno >= logging.WARNING or len(self._waiting) >= MAX_WAITING:
+        if loop is None or len(self._waiting) >= MAX_WAITING:
             self._write_waiting()
         elif self._flush_on is not loop:
             self._flush_on = loop
@@ -181,12 +185,7 @@ class TurnHandler(logging.StreamHandler[TextIO]):
             return False
         self.acquire()  # as Handler.handle holds it around emit
         try:
-            self._waiting.append(line + self.terminator)
-            if len(self._waiting) >= MAX_WAITING:
-                self._write_waiting()
-            elif self._flush_on is not loop:
-                self._flush_on = loop
-                loop.call_soon(self.flush)
+            self._queue(line + self.terminator, loop)
         finally:
             self.release()
         return True

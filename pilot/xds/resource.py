@@ -41,18 +41,12 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
-# The tag of a length-delimited field numbered below 16 is one byte.
-_DELIMITED_TAGS = tuple(bytes([(number << 3) | 2]) for number in range(16))
-
-
 def length_delimited(field_number: int, payload: bytes) -> bytes:
     """Encode one length-delimited (wire type 2) protobuf field."""
-    # Inline for the common case: each response assembles several of these.
-    size = len(payload)
-    length = _ONE_BYTE[size] if size < 0x80 else _varint(size)
-    if field_number < 16:
-        return _DELIMITED_TAGS[field_number] + length + payload
-    return _varint((field_number << 3) | 2) + length + payload
+    # One-byte tag and length inline, the common case: a response assembles several.
+    tag, size = (field_number << 3) | 2, len(payload)
+    head = _ONE_BYTE[tag] if tag < 0x80 else _varint(tag)
+    return head + (_ONE_BYTE[size] if size < 0x80 else _varint(size)) + payload
 
 
 def varint_field(field_number: int, value: int) -> bytes:
