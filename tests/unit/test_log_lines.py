@@ -9,7 +9,6 @@ caller.
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import logging
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 
 from pilot import logs
-from pilot.logs import MAX_MESSAGE, TEXT_FORMAT, JsonFormatter, TextFormatter, TurnHandler
+from pilot.logs import MAX_MESSAGE, TEXT_FORMAT, BatchingHandler, JsonFormatter, TextFormatter
 from pilot.xds.proxy import ProxyKey
 
 STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
@@ -43,11 +42,11 @@ def text_log(request: pytest.FixtureRequest) -> Iterator[TextLog]:
     Made in the test itself: pytest hands its capture to every logger that does not
     propagate and exists when the test starts.
     """
-    made: list[tuple[logging.Logger, TurnHandler]] = []
+    made: list[tuple[logging.Logger, BatchingHandler]] = []
 
     def make() -> tuple[logging.Logger, io.StringIO]:
         stream = io.StringIO()
-        handler = TurnHandler(stream)
+        handler = BatchingHandler(stream)
         handler.setFormatter(TextFormatter(TEXT_FORMAT))
         logger = logging.getLogger(f"pilot.test-lines.{request.node.name}")
         logger.propagate, logger.level = False, logging.INFO
@@ -97,8 +96,8 @@ async def test_a_line_reads_as_logging_writes_it_in_the_order_logged(
     finally:
         logging.setLogRecordFactory(make_record)
     assert records == len(LINES), "logs.info made a record where pilot's handler was alone"
-    assert stream.getvalue() == "", "written before the turn ended"
-    await asyncio.sleep(0)
+    assert stream.getvalue() == "", "written before the interval's write"
+    logger.handlers[0].flush()  # the interval's write
     written = _unstamped(stream)
     assert written[0::2] == written[1::2], "a line differs from logging's own"
     assert "\\x1b[2J" in written[0] and "\x1b" not in stream.getvalue(), "client text unescaped"
@@ -128,7 +127,7 @@ async def test_a_capture_beside_pilots_handler_gets_the_record(
     finally:
         logger.removeHandler(kept)
     assert [r.getMessage() for r in kept.records] == ["proxy a~b connected"]
-    await asyncio.sleep(0)
+    logger.handlers[0].flush()  # the interval's write
     assert _unstamped(stream) == [f"INFO {logger.name}: proxy a~b connected"]
 
 
@@ -147,7 +146,7 @@ async def test_filters_and_levels_are_honoured(
     logger.setLevel(logging.WARNING)
     logs.info(logger, "below the logger's level")
     logger.setLevel(logging.INFO)
-    await asyncio.sleep(0)
+    logger.handlers[0].flush()  # the interval's write
     assert _unstamped(stream) == [f"INFO {logger.name}: a plain line"]
 
 
@@ -157,7 +156,7 @@ async def test_the_json_format_gets_its_record(
     logger, stream = text_log()
     logger.handlers[0].setFormatter(JsonFormatter())
     logs.info(logger, "proxy %s connected", "a~b")
-    await asyncio.sleep(0)
+    logger.handlers[0].flush()  # the interval's write
     entry = json.loads(stream.getvalue())
     assert (entry["level"], entry["scope"], entry["msg"]) == (
         "info",
@@ -179,6 +178,6 @@ async def test_a_bad_format_raises_into_no_caller(
 ) -> None:
     logger, stream = text_log()
     logs.info(logger, "serial %x", "not a number")
-    await asyncio.sleep(0)
+    logger.handlers[0].flush()  # the interval's write
     assert stream.getvalue() == ""
     assert "Logging error" in capsys.readouterr().err, "logging's own report of a bad call"

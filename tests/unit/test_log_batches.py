@@ -1,4 +1,4 @@
-"""pilot's stderr handler: lines logged on the loop go out together, at the loop's next turn.
+"""pilot's stderr handler: lines logged on the loop go out together, once an interval ends.
 
 What a reader of pilot's log must still see: every line, in the order logged,
 a warning at once (and everything logged before it), lines from other threads
@@ -18,13 +18,23 @@ from contextlib import contextmanager
 
 import pytest
 
-from pilot.logs import MAX_MESSAGE, MAX_WAITING, TEXT_FORMAT, TextFormatter, TurnHandler
+from pilot.logs import (
+    FLUSH_INTERVAL,
+    MAX_MESSAGE,
+    MAX_WAITING,
+    TEXT_FORMAT,
+    BatchingHandler,
+    TextFormatter,
+)
+from tests.harness.envoy_process import wait_until
+
+DEADLINE = 5 + 10 * FLUSH_INTERVAL
 
 
 @contextmanager
 def _logger_on(stream: io.StringIO) -> Iterator[logging.Logger]:
     """A logger of its own whose only handler is pilot's, writing to `stream`."""
-    handler = TurnHandler(stream)
+    handler = BatchingHandler(stream)
     handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     logger = logging.getLogger(f"pilot.test-turns.{type(stream).__name__}")
     logger.propagate, logger.level = False, logging.INFO
@@ -47,15 +57,34 @@ def lines(stream: io.StringIO) -> list[str]:
     return stream.getvalue().splitlines()
 
 
-async def test_lines_of_one_turn_are_written_together_at_the_next(
-    logged: tuple[logging.Logger, io.StringIO],
-) -> None:
-    logger, stream = logged
-    for i in range(3):
-        logger.info("proxy %d connected", i)
-    assert lines(stream) == [], "written before the turn ended"
-    await asyncio.sleep(0)  # one turn of the loop
-    assert lines(stream) == [f"INFO proxy {i} connected" for i in range(3)]
+async def written(stream: io.StringIO, count: int) -> list[str]:
+    """The stream's lines once it holds `count` of them (the interval's write came)."""
+    return await wait_until(
+        lambda: lines(stream), DEADLINE, f"{count} lines", until=lambda got: len(got) >= count
+    )
+
+
+class CountedWrites(io.StringIO):
+    """A stream that counts the writes it was given: one a batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+async def test_lines_on_the_loop_are_written_together_once_the_interval_ends() -> None:
+    stream = CountedWrites()
+    with _logger_on(stream) as logger:
+        for i in range(3):
+            logger.info("proxy %d connected", i)
+        await asyncio.sleep(0)
+        assert lines(stream) == [], "written at the next turn of the loop: a write a turn"
+        assert await written(stream, 3) == [f"INFO proxy {i} connected" for i in range(3)]
+        assert stream.writes == 1, "the lines of one interval went out in several writes"
 
 
 async def test_a_warning_is_written_at_once_after_what_waits(
@@ -65,8 +94,12 @@ async def test_a_warning_is_written_at_once_after_what_waits(
     logger.info("first")
     logger.warning("proxy rejected a version")
     assert lines(stream) == ["INFO first", "WARNING proxy rejected a version"]
-    await asyncio.sleep(0)
-    assert len(lines(stream)) == 2, "a line was written twice"
+    logger.info("after")  # written at the interval's end, and nothing written twice
+    assert await written(stream, 3) == [
+        "INFO first",
+        "WARNING proxy rejected a version",
+        "INFO after",
+    ]
 
 
 async def test_lines_from_another_thread_are_written_at_once(
@@ -96,7 +129,7 @@ def test_what_waits_when_the_loop_stops_is_written_at_shutdown(
     async def log_and_stop() -> None:
         logger.info("the last line before the loop stopped")
 
-    asyncio.run(log_and_stop())  # the loop closes before the turn that would write it
+    asyncio.run(log_and_stop())  # the loop closes before the interval's write
     for handler in logger.handlers:
         handler.flush()  # what logging.shutdown does at exit
     assert lines(stream) == ["INFO the last line before the loop stopped"]
@@ -109,12 +142,17 @@ async def test_a_flood_in_one_turn_waits_only_so_many_lines(
     for i in range(MAX_WAITING * 3):
         logger.info("line %d", i)
     assert len(lines(stream)) >= MAX_WAITING * 2, "a whole flood waited in memory"
-    await asyncio.sleep(0)
-    assert lines(stream) == [f"INFO line {i}" for i in range(MAX_WAITING * 3)]
+    total = MAX_WAITING * 3
+    assert await written(stream, total) == [f"INFO line {i}" for i in range(total)]
 
 
 class BrokenStream(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tried = 0
+
     def write(self, text: str) -> int:
+        self.tried += 1
         raise BrokenPipeError("stderr's reader is gone")
 
     def flush(self) -> None:
@@ -122,10 +160,13 @@ class BrokenStream(io.StringIO):
 
 
 async def test_a_broken_stderr_raises_into_no_caller() -> None:
-    with _logger_on(BrokenStream()) as logger:
+    stream = BrokenStream()
+    with _logger_on(stream) as logger:
         logger.info("a line nobody can read")
         logger.warning("a warning nobody can read")
-        await asyncio.sleep(0)  # the turn's write fails inside the loop's callback
+        logger.info("a line for the interval's write")
+        # That write fails inside the loop's callback, and the loop goes on.
+        await wait_until(lambda: stream.tried, DEADLINE, "the write", until=lambda n: n >= 2)
         for handler in logger.handlers:
             handler.flush()
 
