@@ -65,15 +65,22 @@ async def written(stream: io.StringIO, count: int) -> list[str]:
 
 
 class CountedWrites(io.StringIO):
-    """A stream that counts the writes it was given: one a batch."""
+    """A stream that counts the writes it was given (one a batch); a broken one raises
+    as a closed pipe would."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, broken: bool = False) -> None:
         super().__init__()
-        self.writes = 0
+        self.writes, self.broken = 0, broken
 
     def write(self, text: str) -> int:
         self.writes += 1
+        if self.broken:
+            raise BrokenPipeError("stderr's reader is gone")
         return super().write(text)
+
+    def flush(self) -> None:
+        if self.broken:
+            raise BrokenPipeError("stderr's reader is gone")
 
 
 async def test_lines_on_the_loop_are_written_together_once_the_interval_ends() -> None:
@@ -146,27 +153,14 @@ async def test_a_flood_in_one_turn_waits_only_so_many_lines(
     assert await written(stream, total) == [f"INFO line {i}" for i in range(total)]
 
 
-class BrokenStream(io.StringIO):
-    def __init__(self) -> None:
-        super().__init__()
-        self.tried = 0
-
-    def write(self, text: str) -> int:
-        self.tried += 1
-        raise BrokenPipeError("stderr's reader is gone")
-
-    def flush(self) -> None:
-        raise BrokenPipeError("stderr's reader is gone")
-
-
 async def test_a_broken_stderr_raises_into_no_caller() -> None:
-    stream = BrokenStream()
+    stream = CountedWrites(broken=True)
     with _logger_on(stream) as logger:
         logger.info("a line nobody can read")
         logger.warning("a warning nobody can read")
         logger.info("a line for the interval's write")
         # That write fails inside the loop's callback, and the loop goes on.
-        await wait_until(lambda: stream.tried, DEADLINE, "the write", until=lambda n: n >= 2)
+        await wait_until(lambda: stream.writes, DEADLINE, "the write", until=lambda n: n >= 2)
         for handler in logger.handlers:
             handler.flush()
 
