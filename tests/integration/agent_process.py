@@ -150,6 +150,15 @@ class AgentProcess:
             within,
         )
 
+    async def count_once_logged(self, text: str, within: float = 10.0) -> int:
+        """How many lines hold `text`, once one does.
+
+        An info line logged on the agent's loop reaches its stderr up to the log
+        handler's interval (`pilot.logs.FLUSH_INTERVAL`) after what it reports.
+        """
+        await self.wait_count(text, 1, within)
+        return self.count(text)
+
     def tail(self, count: int = 8) -> str:
         return "its last log lines:\n  " + "\n  ".join(self.lines[-count:])
 

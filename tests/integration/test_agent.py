@@ -260,7 +260,7 @@ async def test_envoy_gets_its_certificate_from_the_agent(tmp_path: Path) -> None
             assert _uris(served) == [IDENTITY.uri]
             pilot_root = x509.load_pem_x509_certificate(mesh.root_pem.encode())
             assert {c.serial for c in await ca_certs(envoy)} == {pilot_root.serial_number}
-            assert agent.count(MINTED) == 1
+            assert await agent.count_once_logged(MINTED) == 1
             assert agent.count(CA_ERROR) == 0
             assert mesh.reviewed() == [
                 f"system:serviceaccount:{IDENTITY.account.replace('/', ':')}"
@@ -300,7 +300,7 @@ async def test_plaintext_only_with_ca_insecure(tmp_path: Path) -> None:
                 arrived = await sds.ack_until(SECRET, [WORKLOAD, ROOT], 10)
                 assert root_in(arrived) == mesh.root_pem
                 assert workload_in(arrived).uris == (IDENTITY.uri,)
-                assert agent.count(MINTED) == 1
+                assert await agent.count_once_logged(MINTED) == 1
         assert len(mesh.reviewed()) == 1
 
 

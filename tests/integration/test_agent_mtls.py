@@ -260,7 +260,8 @@ async def test_request_crosses_mtls_between_envoys_of_two_agents(tmp_path: Path)
             # Each agent minted once, through pilot's CA, with its own service account's
             # token; pilot itself minted nothing (no Envoy asked it for secrets).
             for agent in (agents.server_agent, agents.client_agent):
-                assert (agent.count(MINTED), agent.count(CA_ERROR)) == (1, 0), agent.tail()
+                minted = await agent.count_once_logged(MINTED)
+                assert (minted, agent.count(CA_ERROR)) == (1, 0), agent.tail()
             assert security.secrets.stats.minted == 0
             reviews = sorted((r.username, r.authenticated) for r in api.token_reviews)
             assert reviews == [
