@@ -29,10 +29,10 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from pilot.security import leaf_der
 from pilot.security.certs import (
     KeyType,
     PrivateKey,
@@ -41,6 +41,7 @@ from pilot.security.certs import (
     key_matches,
     key_pem,
     load_certificates,
+    public_key_der,
     self_signed_root,
     utcnow,
     verify_chain,
@@ -67,6 +68,17 @@ class CaExpired(Exception):
 
 class CaSetupError(RuntimeError):
     """The CA cannot start: a setting or its key material is unusable; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Leaf:
+    """A certificate this CA issued: its DER and PEM, and the fields its holder reads,
+    known as it was made rather than parsed back."""
+
+    der: bytes
+    pem: str
+    serial: int
+    not_after: datetime.datetime  # whole seconds, as the certificate holds it
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,9 +155,10 @@ class CertificateAuthority:
         # A leaf is valid only while every certificate above it is.
         self.not_before = max(c.not_valid_before_utc for c in above)
         self.not_after = min(c.not_valid_after_utc for c in above)
-        self._authority_extension = _extension(
-            _authority_key_id(signing_cert, signing_key), critical=False
-        )
+        authority = _extension(_authority_key_id(signing_cert, signing_key), critical=False)
+        rsa_key = isinstance(signing_key, rsa.RSAPrivateKey)
+        algorithm = _RSA_SHA256 if rsa_key else _ECDSA_SHA256
+        self._template = leaf_der.LeafTemplate(signing_cert, algorithm, _LEAF_FIXED, authority)
         self._told_of_cap = False
 
     @classmethod
@@ -245,23 +258,22 @@ class CertificateAuthority:
         Raises CsrError for a CSR it will not sign, CaExpired when the CA is not valid now.
         """
         csr = _checked_csr(csr_pem)
-        leaf = self.issue_workload(csr.public_key(), identity, ttl)
+        leaf = self.issue_workload(public_key_der(csr.public_key()), identity, ttl)
         return self.chain_pem(leaf)
 
-    def issue_workload(
-        self, public_key: CertificatePublicKeyTypes, identity: Identity, ttl: datetime.timedelta
-    ) -> x509.Certificate:
-        """The leaf naming `identity` for a public key already checked (or made here).
+    def issue_workload(self, spki: bytes, identity: Identity, ttl: datetime.timedelta) -> Leaf:
+        """The leaf naming `identity` for a key already checked (or made here), given as
+        its DER SubjectPublicKeyInfo.
 
         `sign` calls it once a CSR has proved possession of the key; pilot's own
         minting calls it directly with a key it made in the same thread, which
         no one else has held, so there is nothing a CSR would prove.
         """
-        return self._leaf(public_key, [x509.UniformResourceIdentifier(identity.uri)], ttl)
+        return self._leaf(spki, leaf_der.uri_names(identity.uri), ttl)
 
-    def chain_pem(self, leaf: x509.Certificate) -> list[str]:
+    def chain_pem(self, leaf: Leaf) -> list[str]:
         """The PEM chain of a leaf this CA issued: leaf first, root last."""
-        return [cert_pem(leaf), *self._chain_pem]
+        return [leaf.pem, *self._chain_pem]
 
     def issue_server(
         self, dns_names: list[str], ttl: datetime.timedelta
@@ -270,7 +282,9 @@ class CertificateAuthority:
         key = generate_key(KeyType.EC)
         san: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
         san.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
-        return key_pem(key), self.chain_pem(self._leaf(key.public_key(), san, ttl))
+        names = x509.SubjectAlternativeName(san).public_bytes()
+        leaf = self._leaf(public_key_der(key.public_key()), names, ttl)
+        return key_pem(key), self.chain_pem(leaf)
 
     def _validity(self, ttl: datetime.timedelta) -> tuple[datetime.datetime, datetime.datetime]:
         """(NotBefore, NotAfter) of a leaf issued now: within the CA's own validity."""
@@ -297,31 +311,23 @@ class CertificateAuthority:
             ttl = remaining
         return max(now - BACKDATE, self.not_before), now + ttl
 
-    def _leaf(
-        self,
-        public_key: CertificatePublicKeyTypes,
-        san: list[x509.GeneralName],
-        ttl: datetime.timedelta,
-    ) -> x509.Certificate:
+    def _leaf(self, spki: bytes, san: bytes, ttl: datetime.timedelta) -> Leaf:
+        """A leaf for the key `spki`, with `san` as its SubjectAltName value.
+
+        Assembled from the CA's template and signed here, not through cryptography's
+        builder, which cost as much again as the signature (`leaf_der`).
+        """
         not_before, not_after = self._validity(ttl)
-        # The builder's constructor, not a chain of calls: each call copies the builder
-        # and checks every extension added so far, a quarter of a leaf's cost.
-        extensions = [
-            _extension(x509.SubjectAlternativeName(san), critical=True),
-            *_LEAF_FIXED,
-            _extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False),
-            self._authority_extension,
-        ]
-        builder = x509.CertificateBuilder(
-            self._cert.subject,
-            x509.Name([]),
-            public_key,
-            x509.random_serial_number(),
-            not_before,
-            not_after,
-            extensions,
-        )
-        return builder.sign(self._key, hashes.SHA256())
+        serial = x509.random_serial_number()
+        template = self._template
+        tbs = template.tbs(serial, (not_before, not_after), spki, san)
+        der = template.certificate(tbs, self._signature(tbs))
+        return Leaf(der, leaf_der.pem("CERTIFICATE", der), serial, not_after.replace(microsecond=0))
+
+    def _signature(self, tbs: bytes) -> bytes:
+        if isinstance(self._key, rsa.RSAPrivateKey):
+            return self._key.sign(tbs, padding.PKCS1v15(), hashes.SHA256())
+        return self._key.sign(tbs, _ECDSA)
 
 
 def _authority_key_id(issuer: x509.Certificate, key: PrivateKey) -> x509.AuthorityKeyIdentifier:
@@ -497,6 +503,14 @@ _LEAF_EXTENDED_KEY_USAGE = x509.ExtendedKeyUsage(
 def _extension(value: x509.ExtensionType, *, critical: bool) -> x509.Extension[x509.ExtensionType]:
     return x509.Extension(value.oid, critical, value)
 
+
+# The signatures pilot's CA makes, and their AlgorithmIdentifiers as cryptography encodes
+# them (RSA's with NULL parameters).
+_ECDSA = ec.ECDSA(hashes.SHA256())
+_ECDSA_SHA256 = leaf_der.tlv(leaf_der.SEQUENCE, leaf_der.object_identifier("1.2.840.10045.4.3.2"))
+_RSA_SHA256 = leaf_der.tlv(
+    leaf_der.SEQUENCE, leaf_der.object_identifier("1.2.840.113549.1.1.11") + b"\x05\x00"
+)
 
 _LEAF_FIXED = (
     _extension(_LEAF_CONSTRAINTS, critical=True),

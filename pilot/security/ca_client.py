@@ -28,6 +28,7 @@ from cryptography import x509
 from google.protobuf import struct_pb2
 
 from pilot._gen.istio.v1.auth import ca_pb2
+from pilot.security import leaf_der
 from pilot.security.batches import SIGNING_BATCH, ThreadBatches, signing_lane
 from pilot.security.ca import CaExpired, CertificateAuthority, CsrError
 from pilot.security.ca_service import CA_SERVICE, IMPERSONATED_IDENTITY
@@ -35,9 +36,9 @@ from pilot.security.certs import (
     KeyType,
     WorkloadCertificate,
     generate_key,
-    key_matches,
     key_pem,
     load_certificates,
+    public_key_der,
     uri_sans,
     verify_chain,
 )
@@ -122,15 +123,16 @@ class LocalCa:
         self, key_type: KeyType, identity: Identity, ttl: datetime.timedelta
     ) -> WorkloadCertificate:
         key = generate_key(key_type)
+        spki = public_key_der(key.public_key())
         try:
-            leaf = self.ca.issue_workload(key.public_key(), identity, ttl)
+            leaf = self.ca.issue_workload(spki, identity, ttl)
         except CaExpired as error:
             raise CaError(f"pilot's CA: {error}") from error
-        if not key_matches(key, leaf):
+        # Read from the leaf's own bytes, not from what it was asked to certify.
+        if leaf_der.certified_key(leaf.der) != spki:
             raise CaError("pilot's CA certified a different key than the one it was given")
         chain = "".join(self.ca.chain_pem(leaf)).encode()
-        expires = leaf.not_valid_after_utc
-        return WorkloadCertificate(chain, key_pem(key), leaf.serial_number, expires)
+        return WorkloadCertificate(chain, key_pem(key), leaf.serial, leaf.not_after)
 
 
 @dataclass(frozen=True, slots=True)

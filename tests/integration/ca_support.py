@@ -40,12 +40,11 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from envoy.config.core.v3 import base_pb2
 
 from pilot._gen.istio.v1.auth import ca_pb2
-from pilot.security.ca import CertificateAuthority
+from pilot.security.ca import CertificateAuthority, Leaf
 from pilot.security.identity import Identity
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
 from tests.protocol.client import node as envoy_node
@@ -374,10 +373,8 @@ def record_signatures(monkeypatch: pytest.MonkeyPatch, ca: CertificateAuthority)
     signed: list[str] = []
     original = ca.issue_workload
 
-    def issue_workload(
-        public_key: CertificatePublicKeyTypes, identity: Identity, ttl: datetime.timedelta
-    ) -> x509.Certificate:
-        leaf = original(public_key, identity, ttl)
+    def issue_workload(spki: bytes, identity: Identity, ttl: datetime.timedelta) -> Leaf:
+        leaf = original(spki, identity, ttl)
         signed.append(identity.uri)
         return leaf
 

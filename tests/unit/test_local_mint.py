@@ -25,9 +25,15 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from pilot.security import ca as ca_module
-from pilot.security.ca import CaSettings, CertificateAuthority
+from pilot.security.ca import CaSettings, CertificateAuthority, Leaf
 from pilot.security.ca_client import MINT_BATCH, CaError, LocalCa
-from pilot.security.certs import KeyType, WorkloadCertificate, load_certificates, verify_chain
+from pilot.security.certs import (
+    KeyType,
+    WorkloadCertificate,
+    load_certificates,
+    public_key_der,
+    verify_chain,
+)
 from pilot.security.identity import Identity
 from pilot.security.secrets import SdsSettings, SecretManager
 from pilot.xds.proxy import ProxyKey
@@ -105,7 +111,7 @@ async def test_rsa_keys_are_minted_too(ca: CertificateAuthority) -> None:
 async def test_a_leaf_for_another_key_is_never_handed_out(
     ca: CertificateAuthority, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    stranger = ec.generate_private_key(ec.SECP256R1()).public_key()
+    stranger = public_key_der(ec.generate_private_key(ec.SECP256R1()).public_key())
     issue = ca.issue_workload
     monkeypatch.setattr(ca, "issue_workload", lambda _key, who, ttl: issue(stranger, who, ttl))
     with pytest.raises(CaError, match="different key"):
@@ -138,10 +144,10 @@ async def test_one_failed_job_does_not_fail_its_batch(
 ) -> None:
     issue = ca.issue_workload
 
-    def refuse_other(key: Any, who: Identity, ttl: datetime.timedelta) -> x509.Certificate:
+    def refuse_other(spki: bytes, who: Identity, ttl: datetime.timedelta) -> Leaf:
         if who == OTHER:
             raise RuntimeError("a fault while minting")
-        return issue(key, who, ttl)
+        return issue(spki, who, ttl)
 
     monkeypatch.setattr(ca, "issue_workload", refuse_other)
     local = LocalCa(ca, asyncio.Semaphore(1))
@@ -161,9 +167,9 @@ async def test_a_caller_that_gave_up_is_skipped_and_the_rest_answered(
     minted_for: list[Identity] = []
     issue = ca.issue_workload
 
-    def spy(key: Any, who: Identity, ttl: datetime.timedelta) -> x509.Certificate:
+    def spy(spki: bytes, who: Identity, ttl: datetime.timedelta) -> Leaf:
         minted_for.append(who)
-        return issue(key, who, ttl)
+        return issue(spki, who, ttl)
 
     monkeypatch.setattr(ca, "issue_workload", spy)
     slots = asyncio.Semaphore(1)

@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography import x509
 
-from pilot.security.ca import CaExpired, CaSettings, CertificateAuthority
+from pilot.security.ca import CaExpired, CaSettings, CertificateAuthority, Leaf
 from pilot.security.ca_client import LocalCa
 from pilot.security.identity import Identity
 from pilot.security.secrets import SdsSettings, SecretManager
@@ -51,9 +50,9 @@ def _count_mints(ca: CertificateAuthority, monkeypatch: pytest.MonkeyPatch) -> C
     issued: Counter[str] = Counter()
     issue = ca.issue_workload
 
-    def counted(key: Any, who: Identity, ttl: datetime.timedelta) -> x509.Certificate:
+    def counted(spki: bytes, who: Identity, ttl: datetime.timedelta) -> Leaf:
         issued[who.service_account] += 1
-        return issue(key, who, ttl)
+        return issue(spki, who, ttl)
 
     monkeypatch.setattr(ca, "issue_workload", counted)
     return issued
@@ -119,10 +118,10 @@ async def _served_after_one_failure(
     """A proxy's certificate, once the CA's first leaf for it raised `failure`."""
     issue, failures = ca.issue_workload, [failure]
 
-    def failing_once(key: Any, who: Identity, ttl: datetime.timedelta) -> x509.Certificate:
+    def failing_once(spki: bytes, who: Identity, ttl: datetime.timedelta) -> Leaf:
         if failures:
             raise failures.pop()
-        return issue(key, who, ttl)
+        return issue(spki, who, ttl)
 
     monkeypatch.setattr(ca, "issue_workload", failing_once)
     secrets = SecretManager(LocalCa(ca, asyncio.Semaphore(1)), ca.root_pem, FAST_RETRY)
