@@ -274,15 +274,16 @@ class Metrics:
         self.config_size = LoopHistogram(
             "pilot_xds_config_size_bytes", "Size of xDS responses.", _BYTES, "type"
         )
-        for histogram in (self.push_time, self.convergence, self.config_size):
-            self.registry.register(histogram)
         self._per_type: dict[str, tuple[Series, Series]] = {}
-        self.ca_latency = Histogram(
+        # Observed once a certificate, on the loop (a local mint's callback, a remote CA's
+        # call): a rollout's burst observes it thousands of times a second.
+        self.ca_latency = LoopHistogram(
             "pilot_sds_ca_request_duration_seconds",
             "Time for the CA to sign a workload CSR.",
-            buckets=_SECONDS,
-            registry=self.registry,
+            _SECONDS,
         )
+        for histogram in (self.push_time, self.convergence, self.config_size, self.ca_latency):
+            self.registry.register(histogram)
         self.localities_refused = Counter(
             "pilot_locality_refused",
             "Streams served no locality variant of their own, by budget: proven"

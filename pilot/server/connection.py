@@ -282,7 +282,8 @@ class Connection:
             request = known[1]
         else:
             request = self._convert(message)
-            memo.put(data, kind.delta, kind.fixed_type, (message, request))
+            if not message.HasField("node"):  # a node's bytes are its proxy's alone: no hit
+                memo.put(data, kind.delta, kind.fixed_type, (message, request))
         events = self.stream.on_request(request)
         self._note(events)
         unknown = self._pipeline.on_events(self, events)

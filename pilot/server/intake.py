@@ -12,6 +12,8 @@ send the same requests (a restart's thousand proxies ask for the same
 thousand assignments, and ACK the same nonces), so each is decoded and
 converted once. A request is never remembered before it has passed every check
 a new one goes through, and the checks that depend on the stream run every time.
+A request that names its node (a stream's first) is never remembered: no other
+stream sends those bytes, and a storm of them would push out the ones shared.
 """
 
 from __future__ import annotations

@@ -16,8 +16,10 @@ import pytest
 from pilot.logs import JsonFormatter, LogSpecError, parse_levels
 from pilot.xds import types
 from tests.harness.envoy_process import wait_until
+from tests.integration.proxies import Proxy as Sidecar
+from tests.integration.sds_secrets import WORKLOAD
 from tests.integration.test_csds import Proxy
-from tests.protocol.client import XdsClient, node
+from tests.protocol.client import SECRET, XdsClient, node
 from tests.security.pilot_process import start_file_pilot_with_ca
 from tests.support.deadline import bounded
 from tests.support.mesh import cluster_name, simple_mesh, write_mesh
@@ -65,6 +67,23 @@ async def test_metrics_count_what_pilot_does(tmp_path: Path) -> None:
         assert _metric(after, "pilot_xds_config_size_bytes_count", '{type="eds"}') == 2
         assert "proxy" not in after.split("# HELP")[0]  # no per-proxy labels anywhere
         assert "p1" not in after
+
+
+async def test_each_certificate_minted_is_timed_in_the_ca_histogram(tmp_path: Path) -> None:
+    proxies = [Sidecar.sidecar(f"cart-{i}", "shop", "cart") for i in range(3)]
+    async with running_pilot(tmp_path, simple_mesh(MESH)) as pilot:
+        _, before = await _get(pilot, "/metrics")
+        assert _metric(before, "pilot_sds_ca_request_duration_seconds_count") == 0
+        async with XdsClient(pilot.grpc_target) as client:
+            for proxy in proxies:
+                stream = client.delta_sds(proxy.node())
+                await stream.subscribe(SECRET, [WORKLOAD])
+                await stream.ack_until(SECRET, [WORKLOAD], 10)
+            _, after = await _get(pilot, "/metrics")
+    assert _metric(after, "pilot_sds_ca_request_duration_seconds_count") == len(proxies)
+    everything = '{le="+Inf"}'
+    assert _metric(after, "pilot_sds_ca_request_duration_seconds_bucket", everything) == 3
+    assert _metric(after, "pilot_sds_ca_request_duration_seconds_sum") > 0
 
 
 async def test_debug_endpoints(tmp_path: Path) -> None:
