@@ -14,7 +14,8 @@ Valgrind runs the process about fifty times slower, and one thread at a time:
 the counts say how much work there is, not how long it takes or how the
 threads contend. Compare two trees by running each from its own directory
 (`python -m` puts the current directory first on `sys.path`). Needs valgrind
-(Debian: `apt-get install valgrind`).
+(Debian: `apt-get install valgrind`). `--storm S` counts the reconnect storm's
+streams instead (`bench.arrival_path --storm`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Counts:
     proxies: int
     loop: float
     others: float
+    storm: int = 0  # services of the storm's streams; 0: proxies asking for certificates
 
     @property
     def total(self) -> float:
@@ -48,7 +50,7 @@ class Counts:
 
     def render(self) -> str:
         return (
-            f"{self.proxies:,} proxies at once, instructions per proxy:"
+            f"{arrival_path.arrivals(self.proxies, self.storm)}, instructions per proxy:"
             f" the loop's thread {self.loop:,.0f}, the other threads {self.others:,.0f},"
             f" all {self.total:,.0f}"
         )
@@ -66,9 +68,9 @@ def _switch(on: bool) -> None:
         raise RuntimeError(f"{CONTROL} failed: {switched.stderr or switched.stdout}")
 
 
-def _counted(proxies: int) -> None:
+def _counted(proxies: int, storm: int) -> None:
     """The child, under callgrind: the burst, with counting switched on around it."""
-    arrival_path.run(proxies, _switch)
+    arrival_path.run(proxies, _switch, storm)
 
 
 def _thread_totals(folder: Path) -> dict[int, int]:
@@ -83,7 +85,7 @@ def _thread_totals(folder: Path) -> dict[int, int]:
     return totals
 
 
-def count(proxies: int) -> Counts:
+def count(proxies: int, storm: int = 0) -> Counts:
     """Run the burst under callgrind; its counts per proxy."""
     if shutil.which(VALGRIND) is None or shutil.which(CONTROL) is None:
         raise SystemExit("bench.instructions needs valgrind (Debian: apt-get install valgrind)")
@@ -91,25 +93,27 @@ def count(proxies: int) -> Counts:
         argv = [VALGRIND, "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes"]
         argv += [f"--callgrind-out-file={folder}/callgrind.%p", "-q"]
         argv += [sys.executable, "-m", "bench.instructions", "--counted", str(proxies)]
+        argv += ["--storm", str(storm)]
         subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
         totals = _thread_totals(Path(folder))
     if not totals.get(1):
         raise RuntimeError("callgrind counted nothing on the event loop's thread")
     others = sum(n for thread, n in totals.items() if thread != 1)
-    return Counts(proxies, totals[1] / proxies, others / proxies)
+    return Counts(proxies, totals[1] / proxies, others / proxies, storm)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__)
     parser.add_argument("--proxies", type=int, default=1000, help="(1000)")
+    arrival_path.add_storm_flag(parser)
     parser.add_argument("--counted", type=int, help=argparse.SUPPRESS)  # the child's
     args = parser.parse_args(argv)
     if args.counted is not None:
-        _counted(args.counted)
+        _counted(args.counted, args.storm)
         return 0
-    if args.proxies < 1:
-        parser.error("--proxies must be at least 1")
-    print(count(args.proxies).render())
+    if args.proxies < 1 or args.storm < 0:
+        parser.error("--proxies must be at least 1, --storm at least 0")
+    print(count(args.proxies, args.storm).render())
     return 0
 
 

@@ -204,9 +204,9 @@ def test_bench_certificates_runs_the_pilot_on_pythonpath(tmp_path: Path) -> None
     assert "pilot exited before logging" in done.stderr, done.stderr[-3000:]
 
 
-def _twenty_proxies(bench: str, timeout: float) -> str:
-    """The one line `python -m BENCH --proxies 20` prints, once it exited cleanly."""
-    command = [sys.executable, "-m", bench, "--proxies", "20"]
+def _twenty_proxies(bench: str, timeout: float, *flags: str) -> str:
+    """The one line `python -m BENCH --proxies 20 [FLAGS]` prints, once it exited cleanly."""
+    command = [sys.executable, "-m", bench, "--proxies", "20", *flags]
     done = subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
     )
@@ -220,6 +220,15 @@ def test_bench_arrival_path_gets_every_proxy_its_certificate() -> None:
     assert line.startswith("20 proxies at once: CPU "), line
     figures = [float(word) for word in line.replace("(", " ").split() if word[0].isdigit()]
     assert len(figures) == 4 and all(math.isfinite(f) and f > 0 for f in figures), line
+
+
+def test_bench_arrival_path_storm_gets_every_proxy_its_assignments() -> None:
+    line = _twenty_proxies("bench.arrival_path", 110, "--storm", "5")
+    assert line.startswith("20 proxies at once, each for 5 clusters and their assignments: CPU ")
+    figures = [
+        float(word) for word in line.split(":", 1)[1].replace("(", " ").split() if word[0].isdigit()
+    ]
+    assert len(figures) == 3 and all(math.isfinite(f) and f > 0 for f in figures), line
 
 
 def _instructions_per_proxy() -> tuple[float, float]:
