@@ -14,7 +14,8 @@ problem. What pilot writes there is 0700/0600 whatever the umask.
 into the certificate, never what the CSR asks for. A certificate never outlives
 the CA's own (its lifetime is cut short, logged once), and an expired CA signs
 nothing (`CaExpired`). It is synchronous and CPU-bound: callers run it off the
-event loop.
+event loop. Each leaf is assembled around the bytes all of this CA's leaves
+share (`leaf_der.LeafTemplate`) and signed with cryptography.
 """
 
 from __future__ import annotations
