@@ -192,10 +192,7 @@ class RemoteClusters:
             raise ClusterConflict(f"{origin}: more than PILOT_MAX_REMOTE_CLUSTERS clusters")
         wanted = Wanted.of(origin, kubeconfig)
         try:
-            async with asyncio.timeout(self.remote.start_timeout):
-                built = await self._build(wanted)
-        except TimeoutError:
-            raise KubeconfigError(f"{origin}: {self._too_slow()}") from None
+            built = await self._build(wanted)
         except KubeconfigError as error:
             raise KubeconfigError(f"{origin}: {error}") from None
         await self._swap(cluster, wanted, built)
@@ -254,24 +251,20 @@ class RemoteClusters:
                 log.exception("cluster %s: applying %s failed", cluster, wanted.origin)
 
     async def _apply(self, cluster: str, lane: _Lane, wanted: Wanted) -> None:
-        """Build a client for `wanted` within the deadline, unless a newer state is wanted
-        first; then watch through it. Raises KubeconfigError."""
+        """Build a client for `wanted` (within its deadline: `_build`), unless a newer state
+        is wanted first; then watch through it. Raises KubeconfigError."""
         build = asyncio.create_task(self._build(wanted), name=f"remote-cluster-{cluster}-build")
         newer = asyncio.create_task(lane.wake.wait())
         try:
-            done, _ = await asyncio.wait(
-                {build, newer}, timeout=self.remote.start_timeout, return_when="FIRST_COMPLETED"
-            )
+            done, _ = await asyncio.wait({build, newer}, return_when="FIRST_COMPLETED")
         finally:
             newer.cancel()
-        if build not in done:
+        if build not in done:  # superseded: the lane takes the newer state now
             build.cancel()
             (late,) = await asyncio.gather(build, return_exceptions=True)
             if isinstance(late, RemoteClient):
                 await late.close()
-            if lane.wake.is_set():
-                return  # superseded: the lane takes the newer state now
-            raise KubeconfigError(self._too_slow())
+            return
         await self._swap(cluster, wanted, build.result())
 
     def _too_slow(self) -> str:
@@ -281,16 +274,27 @@ class RemoteClusters:
         )
 
     async def _build(self, wanted: Wanted) -> RemoteClient:
-        """A client from the kubeconfig: parsed and checked in a worker thread."""
+        """A client from the kubeconfig: parsed and checked in a worker thread.
+
+        The cluster's own steps, which its kubeconfig can make hang (a file it names,
+        an allowed plugin), have PILOT_REMOTE_CLUSTER_START_TIMEOUT; its wait for its
+        turn behind other clusters' clients has none: 100 clusters starting at once on
+        a busy machine outlasted it in that queue, and were never watched.
+        """
         if len(wanted.kubeconfig.encode()) > self.remote.max_kubeconfig_bytes:
             raise self._too_large(wanted.origin)
         allowed = self.remote.insecure_options
-        credentials = await asyncio.to_thread(load_credentials, wanted.kubeconfig, allowed)
-        if credentials.plugin_document is not None:
-            return await plugin_api_client(credentials)
+        try:
+            async with asyncio.timeout(self.remote.start_timeout):
+                credentials = await asyncio.to_thread(load_credentials, wanted.kubeconfig, allowed)
+                if credentials.plugin_document is not None:
+                    return await plugin_api_client(credentials)
+        except TimeoutError:
+            raise KubeconfigError(self._too_slow()) from None
         # Building a client loads a TLS context on the loop (tens of ms with the system's
-        # CAs): one lane at a time, a turn of the loop after each, so that 100 clusters
-        # starting at once never hold up /ready or a stream for long.
+        # CAs; its own material is in memory by now): one lane at a time, a turn of the
+        # loop after each, so that 100 clusters starting at once never hold up /ready or
+        # a stream for long.
         async with self._building:
             built = api_client_for(credentials)
             await asyncio.sleep(0)

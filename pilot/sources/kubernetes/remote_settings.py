@@ -30,4 +30,4 @@ class RemoteSettings:
     max_clusters: int = 100  # PILOT_MAX_REMOTE_CLUSTERS: remote clusters at once, all sources
     max_kubeconfig_bytes: int = 64 * 1024  # PILOT_MAX_REMOTE_KUBECONFIG_BYTES: one value
     max_secret_bytes: int = 1024 * 1024  # PILOT_MAX_REMOTE_SECRET_BYTES: one Secret's data
-    start_timeout: float = 10.0  # PILOT_REMOTE_CLUSTER_START_TIMEOUT: building one client
+    start_timeout: float = 10.0  # PILOT_REMOTE_CLUSTER_START_TIMEOUT: one client's own steps
