@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from pilot.sources.kubernetes.kubeconfig import MAX_NAMED_FILE_BYTES
 from tests.harness.envoy_process import wait_until
 from tests.integration.ca_support import write_plugged_in
 from tests.integration.kube_helpers import apply_mesh, kube_api, ready
@@ -496,41 +497,76 @@ async def test_a_hung_remote_delays_no_other_cluster(tmp_path: Path) -> None:
         )
 
 
-async def test_a_kubeconfig_whose_file_never_ends_times_out_alone(tmp_path: Path) -> None:
-    """A cluster whose own start hangs (here its allowed tokenFile, a FIFO nobody writes)
-    is refused after PILOT_REMOTE_CLUSTER_START_TIMEOUT, saying so; a cluster added
-    meanwhile comes up, and only the time a cluster's own steps take is counted."""
-    stuck = tmp_path / "token-fifo"
-    os.mkfifo(stuck)
+async def test_a_start_that_hangs_times_out_alone(tmp_path: Path) -> None:
+    """A cluster whose own start hangs (an allowed auth provider's issuer that never
+    answers) is refused after PILOT_REMOTE_CLUSTER_START_TIMEOUT, saying so; a cluster
+    added meanwhile comes up; and pilot still stops on SIGTERM."""
     env = {
-        "PILOT_INSECURE_MULTICLUSTER_KUBECONFIG_OPTIONS": "tokenFile",
+        "PILOT_INSECURE_MULTICLUSTER_KUBECONFIG_OPTIONS": "authProvider",
         "PILOT_REMOTE_CLUSTER_START_TIMEOUT": "1s",
     }
     async with (
         pilot_on_local(tmp_path, env) as (local, pilot),
+        silent() as hung,
         remote("127.0.2.1") as west,
         probing(pilot),
     ):
-        try:
-            local.apply(remote_secret("a-stuck", {"stuck": west.kubeconfig(tokenFile=str(stuck))}))
-            local.apply(remote_secret("b-west", {"west": west.kubeconfig()}))
-            await wait_endpoints(
-                pilot, {"Kubernetes": {"127.0.0.1"}, "west": {"127.0.2.1"}}, "west"
-            )
-            refused = await wait_warned(pilot, origin("a-stuck", "stuck"), "the stuck cluster")
-            assert "not ready within 1s (PILOT_REMOTE_CLUSTER_START_TIMEOUT)" in refused, refused
-            assert await metric(pilot, "pilot_remote_clusters") == 1
-        finally:
-            _release(stuck)
+        local.apply(remote_secret("a-hung", {"hung": _hung_oidc(hung.url)}))
+        local.apply(remote_secret("b-west", {"west": west.kubeconfig()}))
+        await wait_endpoints(pilot, {"Kubernetes": {"127.0.0.1"}, "west": {"127.0.2.1"}}, "west")
+        refused = await wait_warned(pilot, origin("a-hung", "hung"), "the hung cluster refused")
+        assert "not ready within 1s (PILOT_REMOTE_CLUSTER_START_TIMEOUT)" in refused, refused
+        assert hung.connections > 0, "the issuer was never asked"
+        assert await metric(pilot, "pilot_remote_clusters") == 1
 
 
-def _release(fifo: Path) -> None:
-    """Let the worker thread still blocked on opening `fifo` finish (if one is)."""
-    try:
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-    except OSError:  # ENXIO: no reader is waiting
-        return
-    os.close(fd)
+def _hung_oidc(url: str) -> str:
+    """A kubeconfig whose OIDC auth provider's issuer is at `url`."""
+    oidc = {
+        "name": "oidc",
+        "config": {
+            "client-id": "pilot",
+            "client-secret": "s",
+            "idp-issuer-url": url,
+            "refresh-token": "r",
+        },
+    }
+    return yaml.safe_dump(kubeconfig(url, {"auth-provider": oidc}))
+
+
+async def test_files_a_kubeconfig_names_are_regular_and_bounded(tmp_path: Path) -> None:
+    """Where the operator allows files, a FIFO nobody writes (it held a worker thread, and
+    pilot's exit, for good), a device that never ends, and a file past the bound are each
+    refused at once, saying why; a regular file next to them is read; pilot stops on
+    SIGTERM."""
+    fifo, huge, token = tmp_path / "fifo", tmp_path / "huge", tmp_path / "token"
+    os.mkfifo(fifo)
+    huge.write_bytes(b"t" * (MAX_NAMED_FILE_BYTES + 1))
+    token.write_text("west-token-51aa\n")
+    env = {"PILOT_INSECURE_MULTICLUSTER_KUBECONFIG_OPTIONS": "tokenFile,certificateAuthority"}
+    async with (
+        pilot_on_local(tmp_path, env) as (local, pilot),
+        remote("127.0.2.1", require_token="west-token-51aa") as west,
+        probing(pilot),
+    ):
+        server = west.srv.url
+        named = {
+            "fifo": yaml.safe_dump(kubeconfig(server, {"tokenFile": str(fifo)})),
+            "zero": yaml.safe_dump(
+                kubeconfig(server, {"token": "t"}, certificate_authority="/dev/zero")
+            ),
+            "huge": yaml.safe_dump(kubeconfig(server, {"tokenFile": str(huge)})),
+            "west": west.kubeconfig(tokenFile=str(token)),
+        }
+        local.apply(remote_secret("named-files", named))
+        await wait_endpoints(pilot, {"Kubernetes": {"127.0.0.1"}, "west": {"127.0.2.1"}}, "west")
+        said = {
+            key: await wait_warned(pilot, origin("named-files", key), f"{key} refused")
+            for key in ("fifo", "zero", "huge")
+        }
+        assert "tokenFile is not a regular file" in said["fifo"], said
+        assert "certificate-authority is not a regular file" in said["zero"], said
+        assert f"tokenFile is larger than {MAX_NAMED_FILE_BYTES} bytes" in said["huge"], said
 
 
 # ------------------------------------------------------------------ names and claims

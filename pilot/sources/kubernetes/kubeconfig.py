@@ -27,6 +27,7 @@ import binascii
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from pilot.sources.kubernetes.config import KubernetesUnavailable
 
 MAX_DEPTH = 20  # a kubeconfig nests 4-5 levels
 MAX_ALIASES = 8  # kubeconfigs have none; a few are tolerated, never an alias bomb
+MAX_NAMED_FILE_BYTES = 1 << 20  # a file an allowed option names: a token, a CA bundle, a key
 ALLOW_SETTING = "PILOT_INSECURE_MULTICLUSTER_KUBECONFIG_OPTIONS"
 _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _OPENS = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
@@ -258,10 +260,24 @@ def _material(body: Mapping[str, Any], key: str, what: str) -> bytes | None:
 
 
 def _read_file(path: str, key: str) -> bytes:
+    """The regular file at `path`, a token or PEM the operator allowed the kubeconfig to
+    name, at most MAX_NAMED_FILE_BYTES.
+
+    Opened without waiting and refused unless regular: a FIFO nobody writes held the
+    worker thread for good, and with it pilot's exit on SIGTERM; a device such as
+    /dev/zero never ends.
+    """
     try:
-        return Path(path).read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as named:
+            if not stat.S_ISREG(os.fstat(named.fileno()).st_mode):
+                raise KubeconfigError(f"the kubeconfig's {key} is not a regular file")
+            data = named.read(MAX_NAMED_FILE_BYTES + 1)
     except OSError as error:
         raise KubeconfigError(f"the kubeconfig's {key} cannot be read ({error.strerror})") from None
+    if len(data) > MAX_NAMED_FILE_BYTES:
+        raise KubeconfigError(f"the kubeconfig's {key} is larger than {MAX_NAMED_FILE_BYTES} bytes")
+    return data
 
 
 # ------------------------------------------------------------------ the API client
