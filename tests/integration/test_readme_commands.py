@@ -218,6 +218,10 @@ NOT_HERE = {
     " 1,000 sidecars": _BENCH,
     "python -m bench.sidecar --services 1000 --clients 1000 --secrets   # ... and each one's"
     " certificate": _BENCH,
+    "python -m bench.arrival_path --proxies 1000 --storm 100  # pilot's own part of a storm,"
+    " in process": _BENCH,
+    "python -m bench.instructions --proxies 1000              # ... of 1,000 certificates,"
+    " in instructions": _BENCH,
     "docker build -t registry.example/pilot:0.1.0 .": (
         "tagged for an example registry; tests/integration/test_container.py builds the"
         " same Dockerfile with a plain docker build and runs the image"
