@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 from envoy.config.core.v3 import base_pb2
@@ -24,22 +23,14 @@ from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 from pilot.xds.flavor import Flavor
 from tests.harness.envoy_process import wait_until
+from tests.support.servicer_context import StubContext
 
 
-class _Context:
-    """The part of a grpc.aio ServicerContext a stream touches before any request."""
-
-    def invocation_metadata(self) -> tuple[()]:
-        return ()
-
-    def auth_context(self) -> dict[str, list[bytes]]:
-        return {}
+class _Context(StubContext):
+    """Before any request a stream writes nothing."""
 
     async def write(self, _data: bytes) -> None:
         raise AssertionError("nothing to write: no request was sent")
-
-    async def abort(self, code: Any, details: str) -> None:
-        raise AssertionError(f"aborted {code}: {details}")
 
 
 def _first_request(delta: bool) -> bytes:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
@@ -24,6 +23,7 @@ from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 from pilot.xds.flavor import Flavor
 from tests.harness.envoy_process import wait_until
+from tests.support.servicer_context import StubContext
 
 DELTA_ADS = StreamKind(True, None, Flavor.ADS)
 ARRIVALS = 12  # three times what the memo holds
@@ -36,20 +36,6 @@ class _Clusters:
 
     def build(self, request: PushRequest) -> Changes:
         return Changes()
-
-
-class _Context:
-    def invocation_metadata(self) -> tuple[()]:
-        return ()
-
-    def auth_context(self) -> dict[str, list[bytes]]:
-        return {}
-
-    async def write(self, _data: bytes) -> None:
-        pass
-
-    async def abort(self, code: Any, details: str) -> None:
-        raise AssertionError(f"aborted {code}: {details}")
 
 
 def _request(node_id: str | None, type_url: str) -> bytes:
@@ -82,7 +68,7 @@ async def test_first_requests_take_no_place_from_the_requests_streams_share() ->
     for i, (first, done) in enumerate(zip(firsts, handled, strict=True)):
         connection = Connection(streams, DELTA_ADS, f"ipv4:198.18.0.{i}:1")
         requests = _client([first, shared] if i == 0 else [first], done)
-        handlers.append(asyncio.create_task(connection.serve(requests, _Context())))  # type: ignore[arg-type]
+        handlers.append(asyncio.create_task(connection.serve(requests, StubContext())))  # type: ignore[arg-type]
         await wait_until(done.is_set, 5, f"stream {i}'s requests handled")
     try:
         assert memo.get(shared, True, None) is not None, "the shared request was pushed out"
