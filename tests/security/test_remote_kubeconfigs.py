@@ -465,17 +465,7 @@ async def test_a_hung_remote_delays_no_other_cluster(tmp_path: Path) -> None:
         remote("127.0.2.1") as west,
         probing(pilot),
     ):
-        oidc = {
-            "name": "oidc",
-            "config": {
-                "client-id": "pilot",
-                "client-secret": "s",
-                "idp-issuer-url": hung.url,
-                "refresh-token": "r",
-            },
-        }
-        slow = yaml.safe_dump(kubeconfig(hung.url, {"auth-provider": oidc}))
-        local.apply(remote_secret("a-slow", {"slow": slow}))
+        local.apply(remote_secret("a-slow", {"slow": _hung_oidc(hung.url)}))
         await wait_until(
             lambda: asyncio.sleep(0.05, hung.connections),
             WITHIN,
