@@ -25,6 +25,7 @@ import ipaddress
 import logging
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,8 +158,7 @@ class CertificateAuthority:
         self.not_before = max(c.not_valid_before_utc for c in above)
         self.not_after = min(c.not_valid_after_utc for c in above)
         authority = _extension(_authority_key_id(signing_cert, signing_key), critical=False)
-        rsa_key = isinstance(signing_key, rsa.RSAPrivateKey)
-        algorithm = _RSA_SHA256 if rsa_key else _ECDSA_SHA256
+        algorithm, self._signature = _signer(signing_key)
         self._template = leaf_der.LeafTemplate(signing_cert, algorithm, _LEAF_FIXED, authority)
         self._told_of_cap = False
 
@@ -325,10 +325,15 @@ class CertificateAuthority:
         der = template.certificate(tbs, self._signature(tbs))
         return Leaf(der, leaf_der.pem("CERTIFICATE", der), serial, not_after.replace(microsecond=0))
 
-    def _signature(self, tbs: bytes) -> bytes:
-        if isinstance(self._key, rsa.RSAPrivateKey):
-            return self._key.sign(tbs, padding.PKCS1v15(), hashes.SHA256())
-        return self._key.sign(tbs, _ECDSA)
+
+def _signer(key: PrivateKey) -> tuple[bytes, Callable[[bytes], bytes]]:
+    """The AlgorithmIdentifier of the signatures `key` makes (SHA-256, as cryptography
+    encodes it), and how it signs a TBSCertificate: chosen once, with the key."""
+    if isinstance(key, rsa.RSAPrivateKey):
+        rsa_key = key
+        return _RSA_SHA256, lambda tbs: rsa_key.sign(tbs, _PKCS1, _SHA256)
+    ec_key = key
+    return _ECDSA_SHA256, lambda tbs: ec_key.sign(tbs, _ECDSA)
 
 
 def _authority_key_id(issuer: x509.Certificate, key: PrivateKey) -> x509.AuthorityKeyIdentifier:
@@ -507,7 +512,9 @@ def _extension(value: x509.ExtensionType, *, critical: bool) -> x509.Extension[x
 
 # The signatures pilot's CA makes, and their AlgorithmIdentifiers as cryptography encodes
 # them (RSA's with NULL parameters).
-_ECDSA = ec.ECDSA(hashes.SHA256())
+_SHA256 = hashes.SHA256()
+_PKCS1 = padding.PKCS1v15()
+_ECDSA = ec.ECDSA(_SHA256)
 _ECDSA_SHA256 = leaf_der.tlv(leaf_der.SEQUENCE, leaf_der.object_identifier("1.2.840.10045.4.3.2"))
 _RSA_SHA256 = leaf_der.tlv(
     leaf_der.SEQUENCE, leaf_der.object_identifier("1.2.840.113549.1.1.11") + b"\x05\x00"
