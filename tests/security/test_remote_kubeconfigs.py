@@ -44,6 +44,7 @@ from tests.kubeapi import KubeAPIServer
 from tests.security.pilot_process import PilotProcess, http_get, launch
 from tests.security.remote_attackers import (
     Pki,
+    Silent,
     b64,
     kubeconfig,
     recorder,
@@ -457,14 +458,7 @@ async def test_the_remote_cluster_limit_admits_the_next_when_one_goes(tmp_path: 
 
 
 async def test_a_hung_remote_delays_no_other_cluster(tmp_path: Path) -> None:
-    # The operator allows auth providers; the issuer accepts and never answers.
-    allowed = {"PILOT_INSECURE_MULTICLUSTER_KUBECONFIG_OPTIONS": "authProvider"}
-    async with (
-        pilot_on_local(tmp_path, allowed) as (local, pilot),
-        silent() as hung,
-        remote("127.0.2.1") as west,
-        probing(pilot),
-    ):
+    async with _hung_and_west(tmp_path) as (local, pilot, hung, west):
         local.apply(remote_secret("a-slow", {"slow": _hung_oidc(hung.url)}))
         await wait_until(
             lambda: asyncio.sleep(0.05, hung.connections),
@@ -491,16 +485,8 @@ async def test_a_start_that_hangs_times_out_alone(tmp_path: Path) -> None:
     """A cluster whose own start hangs (an allowed auth provider's issuer that never
     answers) is refused after PILOT_REMOTE_CLUSTER_START_TIMEOUT, saying so; a cluster
     added meanwhile comes up; and pilot still stops on SIGTERM."""
-    env = {
-        "PILOT_INSECURE_MULTICLUSTER_KUBECONFIG_OPTIONS": "authProvider",
-        "PILOT_REMOTE_CLUSTER_START_TIMEOUT": "1s",
-    }
-    async with (
-        pilot_on_local(tmp_path, env) as (local, pilot),
-        silent() as hung,
-        remote("127.0.2.1") as west,
-        probing(pilot),
-    ):
+    start_timeout = {"PILOT_REMOTE_CLUSTER_START_TIMEOUT": "1s"}
+    async with _hung_and_west(tmp_path, start_timeout) as (local, pilot, hung, west):
         local.apply(remote_secret("a-hung", {"hung": _hung_oidc(hung.url)}))
         local.apply(remote_secret("b-west", {"west": west.kubeconfig()}))
         await wait_endpoints(pilot, {"Kubernetes": {"127.0.0.1"}, "west": {"127.0.2.1"}}, "west")
@@ -508,6 +494,22 @@ async def test_a_start_that_hangs_times_out_alone(tmp_path: Path) -> None:
         assert "not ready within 1s (PILOT_REMOTE_CLUSTER_START_TIMEOUT)" in refused, refused
         assert hung.connections > 0, "the issuer was never asked"
         assert await metric(pilot, "pilot_remote_clusters") == 1
+
+
+@asynccontextmanager
+async def _hung_and_west(
+    tmp_path: Path, env: Mapping[str, str] | None = None
+) -> AsyncIterator[tuple[KubeAPIServer, PilotProcess, Silent, Remote]]:
+    """pilot allowing auth providers (with `env` too), an issuer that accepts and never
+    answers, and a healthy remote cluster `west`; /ready probed throughout."""
+    allowed = {"PILOT_INSECURE_MULTICLUSTER_KUBECONFIG_OPTIONS": "authProvider", **(env or {})}
+    async with (
+        pilot_on_local(tmp_path, allowed) as (local, pilot),
+        silent() as hung,
+        remote("127.0.2.1") as west,
+        probing(pilot),
+    ):
+        yield local, pilot, hung, west
 
 
 def _hung_oidc(url: str) -> str:
