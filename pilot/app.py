@@ -33,9 +33,7 @@ good state, and `/ready`'s lines and `pilot_cluster_synced` say what is failing.
 from __future__ import annotations
 
 import logging
-from typing import Protocol
-
-from kubernetes_asyncio import client
+from typing import TYPE_CHECKING, Protocol
 
 from pilot import collector, event_loop
 from pilot.debug.csds import CSDS_SERVICE, StatusReaders, csds_handler
@@ -55,7 +53,6 @@ from pilot.registry.index import EndpointIndex
 from pilot.registry.peer_authentication import PeerAuthentications
 from pilot.security.ca_service import CA_SERVICE
 from pilot.security.component import Security
-from pilot.security.root_publisher import RootPublisher
 from pilot.security.serving import TlsServing, default_dns_names
 from pilot.security.xds_auth import XdsAuth
 from pilot.server.connection import Connection, StreamContext
@@ -63,19 +60,20 @@ from pilot.server.grpc_server import ExtraService, GrpcServer, Listener
 from pilot.server.registry import ConnectionRegistry
 from pilot.settings import Settings
 from pilot.sources.file import FileRegistry
-from pilot.sources.kubernetes.clusters import (
-    RemoteClusters,
-    RemoteSecrets,
-    cluster_status,
-    secret_informer,
-)
-from pilot.sources.kubernetes.connection import connect
-from pilot.sources.kubernetes.informer import Informer
-from pilot.sources.kubernetes.registry import KubernetesRegistry, Watching
+from pilot.sources.kubernetes.informer import Informer, Watching, cluster_status
 from pilot.stats import XdsStats
 from pilot.supervisor import Supervisor
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio import client
+
+    from pilot.sources.kubernetes.clusters import RemoteClusters
+    from pilot.sources.kubernetes.registry import KubernetesRegistry
+
+# Kubernetes' client (kubernetes_asyncio) takes 0.7 s to import, about half of a start
+# from a file, which never calls it: what needs it is imported where it is first used.
 
 log = logging.getLogger("pilot")
 
@@ -123,6 +121,7 @@ class Discovery:
         self.pipeline: Pipeline | None = None
         self.inbound: InboundGenerator | None = None
         self.source: RegistrySource | None = None
+        self._kubernetes: KubernetesRegistry | None = None  # the source, in Kubernetes mode
         self.remotes: RemoteClusters | None = None
         self.remote_secrets: Informer | None = None
         self._grpc: GrpcServer | None = None
@@ -136,9 +135,7 @@ class Discovery:
 
     def _metric_sources(self) -> Sources:
         def informers() -> list[WatchCounts]:
-            return (
-                list(self.source.informers) if isinstance(self.source, KubernetesRegistry) else []
-            )
+            return list(self._kubernetes.informers) if self._kubernetes is not None else []
 
         return Sources(
             stats=self.stats,
@@ -163,11 +160,9 @@ class Discovery:
 
     def cluster_statuses(self) -> dict[str, str]:
         """Cluster id -> synced, syncing or unreachable: the local cluster first."""
-        source = self.source
-        if isinstance(source, KubernetesRegistry):
-            local = cluster_status(source.informers, source.synced)
-        else:
-            local = "synced" if source is not None and source.synced else "syncing"
+        source, kubernetes = self.source, self._kubernetes
+        informers = kubernetes.informers if kubernetes is not None else []
+        local = cluster_status(informers, source is not None and source.synced)
         remotes = self.remotes.statuses() if self.remotes is not None else {}
         return {self.settings.cluster_id: local} | remotes
 
@@ -180,6 +175,8 @@ class Discovery:
         kubernetes = self.settings.kubernetes
         if self.settings.config is None or kubernetes.kubeconfig is not None:
             # With --config, a --kubeconfig serves TokenReview only.
+            from pilot.sources.kubernetes.connection import connect  # noqa: PLC0415
+
             self.api_client, self._api_server = await connect(kubernetes.kubeconfig)
 
     async def _start_security(self) -> Security:
@@ -227,7 +224,9 @@ class Discovery:
                 rejected=self.metrics.registry_file_rejected_for,
             )
         assert self.api_client is not None
-        return KubernetesRegistry(
+        from pilot.sources.kubernetes.registry import KubernetesRegistry  # noqa: PLC0415
+
+        self._kubernetes = KubernetesRegistry(
             self.settings.kubernetes,
             updater,
             self.api_client,
@@ -236,6 +235,7 @@ class Discovery:
             watching=self.watching,
             peer_authentications=True,  # Istio's config comes from the local cluster only
         )
+        return self._kubernetes
 
     def _tls(self, security: Security) -> TlsServing | None:
         if not self.settings.grpc_tls_addr:
@@ -336,6 +336,8 @@ class Discovery:
             self.supervisor.start("ca-lease", security.elector.run)
             # ConfigMap istio-ca-root-cert in every watched namespace, written by the holder.
             assert self.api_client is not None
+            from pilot.security.root_publisher import RootPublisher  # noqa: PLC0415
+
             publisher = RootPublisher(
                 self.api_client,
                 self.settings.kubernetes,
@@ -359,7 +361,11 @@ class Discovery:
 
     async def _start_remotes(self, updater: IndexUpdater) -> None:
         """The --remote-kubeconfig clusters, then (in Kubernetes mode) the Secrets' ones."""
-        self.remotes = RemoteClusters(
+        if self.settings.config is not None and not self.settings.remote_kubeconfigs:
+            return  # a file's mesh, no cluster: nothing to watch
+        from pilot.sources.kubernetes import clusters  # noqa: PLC0415
+
+        self.remotes = clusters.RemoteClusters(
             self.settings.kubernetes,
             updater,
             self.settings.cluster_id,
@@ -377,8 +383,8 @@ class Discovery:
         if self.settings.config is None:
             assert self.api_client is not None
             namespace = self.settings.security.namespace
-            handler = RemoteSecrets(self.remotes, namespace)
-            self.remote_secrets = secret_informer(
+            handler = clusters.RemoteSecrets(self.remotes, namespace)
+            self.remote_secrets = clusters.secret_informer(
                 self.api_client,
                 namespace,
                 handler,

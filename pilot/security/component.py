@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-
-from kubernetes_asyncio import client
+from typing import TYPE_CHECKING
 
 from pilot.limits import Admission
 from pilot.security.authn import Authenticator, TokenReviewer
@@ -14,14 +13,18 @@ from pilot.security.batches import signing_lane
 from pilot.security.ca import CertificateAuthority
 from pilot.security.ca_client import CaClient, LocalCa, RemoteCa
 from pilot.security.ca_service import CaService
-from pilot.security.lease import LeaseElector
 from pilot.security.review_cache import CachedReviewer
-from pilot.security.root_store import LEASE_NAME, SharedRoot
 from pilot.security.secrets import SecretManager
 from pilot.security.settings import SecuritySettings
 from pilot.security.static_tokens import load_token_file
-from pilot.security.token_review import KubernetesTokenReviewer
 from pilot.security.xds_auth import ProxyIdentities, XdsAuth
+
+if TYPE_CHECKING:
+    # Kubernetes' client takes 0.7 s to import: what needs it (the Lease, the shared root,
+    # TokenReview) is imported only when pilot has a Kubernetes API to call.
+    from kubernetes_asyncio import client
+
+    from pilot.security.lease import LeaseElector
 
 SIGNING_SLOTS = 4
 
@@ -56,11 +59,9 @@ class Security:
         """
         elector = None
         if shared_root and api_client is not None:
-            elector = LeaseElector(
-                api_client, settings.namespace, LEASE_NAME, lease_duration=settings.lease_duration
-            )
+            elector = _elector(settings, api_client)
         if api_client is not None and elector is not None and settings.ca.cert_dir is None:
-            ca = await SharedRoot(api_client, settings.namespace, settings.ca, elector).load()
+            ca = await _shared_root(settings, api_client, elector)
         else:
             ca = await asyncio.to_thread(CertificateAuthority.load, settings.ca)
         admission = admission or Admission.unlimited()
@@ -88,6 +89,24 @@ class Security:
             await self.remote.close()
 
 
+def _elector(settings: SecuritySettings, api_client: client.ApiClient) -> LeaseElector:
+    """The Lease pilot-ca, held by the replica that does the CA's single-writer duties."""
+    from pilot.security.lease import LeaseElector  # noqa: PLC0415
+    from pilot.security.root_store import LEASE_NAME  # noqa: PLC0415
+
+    duration = settings.lease_duration
+    return LeaseElector(api_client, settings.namespace, LEASE_NAME, lease_duration=duration)
+
+
+async def _shared_root(
+    settings: SecuritySettings, api_client: client.ApiClient, elector: LeaseElector
+) -> CertificateAuthority:
+    """The root the replicas share through Secret pilot-ca-secret."""
+    from pilot.security.root_store import SharedRoot  # noqa: PLC0415
+
+    return await SharedRoot(api_client, settings.namespace, settings.ca, elector).load()
+
+
 async def _token_reviewer(
     settings: SecuritySettings,
     api_client: client.ApiClient | None,
@@ -96,6 +115,8 @@ async def _token_reviewer(
 ) -> TokenReviewer | None:
     """TokenReview when there is a Kubernetes API, else --token-auth-file's tokens, if any."""
     if api_client is not None:
+        from pilot.security.token_review import KubernetesTokenReviewer  # noqa: PLC0415
+
         reviewer = KubernetesTokenReviewer(api_client)
         return CachedReviewer(reviewer, admission.limits.token_cache, admission.hits)
     if settings.token_auth_file is not None:

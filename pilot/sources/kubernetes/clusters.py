@@ -40,7 +40,7 @@ from pilot.limits import LimitExceeded, LimitHits
 from pilot.memory import trim_heap
 from pilot.registry.updater import RegistryUpdater
 from pilot.sources.kubernetes.config import KubernetesSettings
-from pilot.sources.kubernetes.informer import Informer, Obj, WatchFaults
+from pilot.sources.kubernetes.informer import Informer, Obj, WatchFaults, Watching, cluster_status
 from pilot.sources.kubernetes.kubeconfig import (
     KubeconfigError,
     RemoteClient,
@@ -48,7 +48,7 @@ from pilot.sources.kubernetes.kubeconfig import (
     load_credentials,
     plugin_api_client,
 )
-from pilot.sources.kubernetes.registry import KubernetesRegistry, Watching
+from pilot.sources.kubernetes.registry import KubernetesRegistry
 from pilot.sources.kubernetes.remote_settings import RemoteSettings
 
 __all__ = ["ClusterConflict", "KubeconfigError", "RemoteClusters", "RemoteSecrets"]
@@ -56,22 +56,12 @@ __all__ = ["ClusterConflict", "KubeconfigError", "RemoteClusters", "RemoteSecret
 log = logging.getLogger("pilot.sources.kubernetes")
 
 MULTICLUSTER_SELECTOR = "istio/multiCluster=true"
-_REASON_CHARS = 120
 TRIM_AFTER = 1.0  # seconds after a removal: the heap is trimmed once the burst is over
 _WARNED_KEPT = 10_000  # distinct warnings remembered (so each is logged once)
 
 
 class ClusterConflict(ValueError):
     """A remote cluster id that names the local cluster, or one already taken."""
-
-
-def cluster_status(informers: list[Informer], synced: bool) -> str:
-    """`synced`, `syncing`, or `unreachable: REASON` while its informers fail."""
-    errors = [informer.error for informer in informers if informer.error]
-    if errors:
-        reason = " ".join(errors[0].split())
-        return f"unreachable: {reason[:_REASON_CHARS]}"
-    return "synced" if synced else "syncing"
 
 
 def _fingerprint(text: str) -> str:

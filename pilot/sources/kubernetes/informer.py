@@ -36,14 +36,15 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
 
 from pilot.backoff import Backoff
 from pilot.sources.kubernetes.config import InformerSettings
-from pilot.supervisor import describe, one_line
+from pilot.supervisor import Supervisor, describe, one_line
 
 log = logging.getLogger("pilot.sources.kubernetes")
 
@@ -56,6 +57,7 @@ EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
 METADATA_KIND = "PartialObjectMetadata"  # what metadata-only lists and watches answer
 PAGE_BYTES_FACTOR = 4  # a list page may hold this many of the largest events
 LOG_EVERY = 10.0
+_REASON_CHARS = 120  # of an informer's error, in `/ready`'s cluster line
 
 
 class InformerHandler(Protocol):
@@ -116,6 +118,24 @@ class WatchFaults:
         """A removed cluster's counts leave the metric."""
         for key in [key for key in self.counts if key[0] == cluster]:
             del self.counts[key]
+
+
+@dataclass(frozen=True)
+class Watching:
+    """What the informers of every cluster share: the supervisor that runs them and
+    the tally of what their API servers sent wrong."""
+
+    supervisor: Supervisor = field(default_factory=Supervisor)
+    faults: WatchFaults = field(default_factory=WatchFaults)
+
+
+def cluster_status(informers: Sequence[Informer], synced: bool) -> str:
+    """`synced`, `syncing`, or `unreachable: REASON` while its informers fail."""
+    errors = [informer.error for informer in informers if informer.error]
+    if errors:
+        reason = " ".join(errors[0].split())
+        return f"unreachable: {reason[:_REASON_CHARS]}"
+    return "synced" if synced else "syncing"
 
 
 def _key(obj: Obj) -> ObjectKey:

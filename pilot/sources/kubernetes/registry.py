@@ -24,7 +24,6 @@ import asyncio
 import functools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -44,7 +43,7 @@ from pilot.registry.peer_authentication import KIND as PEER_AUTHENTICATION
 from pilot.registry.peer_authentication import ROOT_NAMESPACE
 from pilot.registry.updater import RegistryUpdater
 from pilot.sources.kubernetes.config import EndpointsApi, KubernetesSettings
-from pilot.sources.kubernetes.informer import Informer, Obj, Request, WatchFaults
+from pilot.sources.kubernetes.informer import Informer, Obj, Request, WatchFaults, Watching
 from pilot.sources.kubernetes.metadata import metadata_only
 from pilot.sources.kubernetes.peer_authentications import (
     PeerAuthenticationHandler,
@@ -52,22 +51,13 @@ from pilot.sources.kubernetes.peer_authentications import (
     path_of,
     served_version,
 )
-from pilot.supervisor import SupervisedTask, Supervisor, describe
+from pilot.supervisor import SupervisedTask, describe
 
 log = logging.getLogger("pilot.sources.kubernetes")
 
 # What the parsers may raise on objects no API server would send (a port name nested
 # 900 deep, an addressType that is a list): the object is malformed, never a crash.
 _PARSE_ERRORS = (ObjectError, TypeError, ValueError, KeyError, AttributeError, RecursionError)
-
-
-@dataclass(frozen=True)
-class Watching:
-    """What the informers of every cluster share: the supervisor that runs them and
-    the tally of what their API servers sent wrong."""
-
-    supervisor: Supervisor = field(default_factory=Supervisor)
-    faults: WatchFaults = field(default_factory=WatchFaults)
 
 
 class _Handler:
