@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -47,6 +48,17 @@ async def _pilot(*args: str) -> asyncio.subprocess.Process:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
+
+
+async def _asked_for_clusters(channel: grpc.aio.Channel) -> Any:
+    """An ADS stream that has asked for every cluster (state of the world)."""
+    call = channel.stream_stream(
+        ADS,
+        request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+        response_deserializer=discovery_pb2.DiscoveryResponse.FromString,
+    )()
+    await call.write(discovery_pb2.DiscoveryRequest(type_url=CDS, node={"id": "n"}))
+    return call
 
 
 async def test_help_documents_every_flag() -> None:
@@ -97,12 +109,7 @@ async def test_sigterm_ends_streams_and_exits_zero(tmp_path: Path) -> None:
         status, _ = await pilot.get("/ready")
         assert status == 200
         async with grpc.aio.insecure_channel(pilot.target(tls=False)) as channel:
-            call = channel.stream_stream(
-                ADS,
-                request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
-                response_deserializer=discovery_pb2.DiscoveryResponse.FromString,
-            )()
-            await call.write(discovery_pb2.DiscoveryRequest(type_url=CDS, node={"id": "n"}))
+            call = await _asked_for_clusters(channel)
             first = await call.read()
             assert len(first.resources) == 1
             pilot.process.send_signal(signal.SIGTERM)
@@ -134,12 +141,7 @@ async def test_a_mesh_from_a_file_is_served_without_the_kubernetes_client(
         assert (await pilot.get("/ready"))[0] == 200
         assert "pilot_cluster_synced" in (await pilot.get("/metrics"))[1]
         async with grpc.aio.insecure_channel(pilot.target(tls=False)) as channel:
-            call = channel.stream_stream(
-                ADS,
-                request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
-                response_deserializer=discovery_pb2.DiscoveryResponse.FromString,
-            )()
-            await call.write(discovery_pb2.DiscoveryRequest(type_url=CDS, node={"id": "n"}))
+            call = await _asked_for_clusters(channel)
             assert len((await bounded(call.read(), 10)).resources) == 1
             call.cancel()
     finally:
