@@ -26,6 +26,10 @@ with backoff); an item that is not an object of the kind with a name is skipped.
 `synced` is true only while the first list is in and nothing is failing: not
 while the watch is down, nor while the informer's task is failing (`run` raised)
 and waits to be started again.
+
+Shared by every cluster's informers: `Watching` (their supervisor and the
+`WatchFaults` tally) and `cluster_status`, the line `/ready` shows for a cluster.
+This module needs no Kubernetes client, so pilot serving a file reads them too.
 """
 
 from __future__ import annotations
