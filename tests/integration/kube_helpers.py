@@ -27,7 +27,7 @@ import aiohttp
 
 from pilot.sources.kubernetes.informer import Informer
 from pilot.sources.kubernetes.registry import KubernetesRegistry
-from tests.harness.envoy_process import XDS_CLUSTER, EnvoyProcess
+from tests.harness.envoy_process import XDS_CLUSTER, EnvoyProcess, wait_until
 from tests.integration.envoy_view import ClusterView, wait_for_view
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
 from tests.support.background import BackgroundLoop
@@ -150,6 +150,9 @@ async def envoy_hosts(envoy: EnvoyProcess) -> frozenset[HostRef]:
     return frozenset(found)
 
 
+SAMPLES_WITHIN = 10.0  # for a presence monitor's few samples of a converged Envoy
+
+
 class PresenceMonitor(BackgroundLoop):
     """Polls one Envoy's clusters in the background and records every sample in which
     an endpoint that must be there is missing.
@@ -196,8 +199,19 @@ class PresenceMonitor(BackgroundLoop):
             self.samples += 1
             await asyncio.sleep(self.interval)  # the polling period, not a synchronisation
 
-    def assert_never_lost(self, min_samples: int = 5) -> None:
-        """Envoy never lacked an endpoint that existed (and that pilot had delivered)."""
+    async def assert_never_lost(self, min_samples: int = 5) -> None:
+        """Envoy never lacked an endpoint that existed (and that pilot had delivered).
+
+        While the monitor runs, it first takes `min_samples` samples if it has not yet:
+        a sequence that converged quickly leaves it few, and more samples of the state
+        converged to can find a loss but never hide one."""
+        if self._task is not None and not self._task.done():
+            await wait_until(
+                lambda: self.samples,
+                SAMPLES_WITHIN,
+                f"{min_samples} samples of {self.envoy.name}'s clusters",
+                until=lambda n: n >= min_samples,
+            )
         assert self.samples >= min_samples, f"only {self.samples} samples of Envoy's clusters"
         assert self.gaps == [], (
             f"Envoy lost endpoints that still existed in {len(self.gaps)} of "

@@ -83,5 +83,5 @@ async def test_envoy_follows_scaling_services_and_endpoint_conditions(
                 assert (await dynamic_clusters(envoy))[GAMMA] == {}
                 assert await cluster_pushes(pilot, envoy) == before, "endpoint-only changes"
 
-            monitor.assert_never_lost()
+            await monitor.assert_never_lost()
             await assert_nothing_rejected_or_warming(envoy)

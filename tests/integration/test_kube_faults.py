@@ -100,7 +100,7 @@ async def test_dropped_watches_resume_without_relisting(
                 await srv.wait_for_watches(len(KINDS))
                 await mesh.converge([envoy], "the changes made after the watches ended")
 
-            monitor.assert_never_lost()
+            await monitor.assert_never_lost()
             assert list_requests(srv, *KINDS) == lists, "pilot listed again after a dropped watch"
             assert relists(pilot) == dict.fromkeys(KINDS, 0)
             assert all(i.watch_restarts > restarts[i.kind] for i in informers(pilot))
@@ -143,7 +143,7 @@ async def test_expired_resource_version_relists_and_converges(
                 await srv.wait_until(lambda: relists(pilot) == dict.fromkeys(KINDS, 2))
                 await mesh.converge([envoy], "the state after relisting a compacted history")
 
-            monitor.assert_never_lost()
+            await monitor.assert_never_lost()
             assert all(n >= lists[kind] + 2 for kind, n in list_requests(srv, *KINDS).items())
             await assert_nothing_rejected_or_warming(envoy)
 
@@ -188,7 +188,7 @@ async def test_failing_lists_keep_the_last_state_until_a_list_succeeds(
                     await mesh.converge([envoy, late], "the state once lists succeed")
                     await assert_nothing_rejected_or_warming(late)
 
-            monitor.assert_never_lost()
+            await monitor.assert_never_lost()
             # An informer whose objects did not change (Nodes) lists again on its own
             # backoff, maybe after the others have converged: wait for it, bounded.
             await wait_until(
@@ -228,5 +228,5 @@ async def test_api_server_restart_keeps_endpoints_and_converges(
                 assert srv.port == port
                 await mesh.converge([envoy], "the changes made while the API server was down")
 
-            monitor.assert_never_lost()
+            await monitor.assert_never_lost()
             await assert_nothing_rejected_or_warming(envoy)

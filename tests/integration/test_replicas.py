@@ -339,7 +339,7 @@ async def test_envoys_fail_over_to_the_other_replica_without_a_failed_request(
         assert traffic.failures == [], traffic.report()
         assert during >= 1, "requests went on while the Envoy moved"
         for monitor in presence:
-            monitor.assert_never_lost()
+            await monitor.assert_never_lost()
         for cert_monitor in certs.values():
             cert_monitor.assert_always_valid()
         # The moved Envoy switched certificates once; the other one kept its own, and
