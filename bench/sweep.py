@@ -14,7 +14,8 @@ axis), not with the services that did not change (the services axis); memory
 per client stays flat along the clients axis and grows with the clusters each
 client holds along the services axis. Client processes grow with the clients
 (`--per-process` streams each, `--channels` connections each), and a failed
-stream is retried with Envoy's backoff.
+stream is retried with Envoy's backoff. A size on both axes (by default 1,000
+services x 300 clients) is measured once and shown on both.
 
 Writes `sweep.md` and `sweep.png` into `--out`, and prints the table.
 """
@@ -27,7 +28,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.fleet import FleetSpec
@@ -180,10 +181,15 @@ def _axis_label(axis: str, points: Sequence[Point]) -> str:
 
 
 async def _sweep(args: argparse.Namespace) -> list[Point]:
-    points = []
+    """Every point of both axes; a size on both (`--at-services` x `--at-clients`) runs once."""
+    points: list[Point] = []
+    measured: dict[tuple[int, int], Point] = {}
     for axis, services, clients in _sizes(args):
-        print(f"sweep: {services} services x {clients} clients ...", file=sys.stderr, flush=True)
-        points.append(await _measure_point(args, axis, services, clients))
+        size = (services, clients)
+        if size not in measured:
+            print(f"sweep: {services} services x {clients} clients ...", file=sys.stderr)
+            measured[size] = await _measure_point(args, axis, services, clients)
+        points.append(replace(measured[size], axis=axis))
     return points
 
 

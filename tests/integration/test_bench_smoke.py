@@ -286,6 +286,9 @@ def test_bench_sweep_writes_its_table_and_plot(tmp_path: Path) -> None:
             pilot, floor = (float(v) for v in cell.split("(")[0].split(" / "))
             assert math.isfinite(floor) and floor > 0 and math.isfinite(pilot), row
     assert (out / "sweep.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    # 8 services x 3 clients is on both axes: measured once, the same figures in both rows.
+    assert done.stderr.count("sweep: 8 services x 3 clients ...") == 1, done.stderr[-3000:]
+    assert rows[1].split("|")[4:] == rows[3].split("|")[4:], rows
 
 
 CODECS = (
