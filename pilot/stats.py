@@ -17,6 +17,8 @@ class XdsStats:
     inbound_updates: Counter[str] = field(default_factory=Counter)
     nacks: Counter[str] = field(default_factory=Counter)
     stale_nonces: Counter[str] = field(default_factory=Counter)
+    # Service ports given no outbound listener: the sidecar keeps them for itself.
+    reserved_ports: int = 0
 
     def reset(self) -> None:
         self.serializations.clear()
@@ -26,3 +28,4 @@ class XdsStats:
         self.inbound_updates.clear()
         self.pushes = 0
         self.streams_woken = 0
+        self.reserved_ports = 0

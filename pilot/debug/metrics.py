@@ -152,6 +152,12 @@ class PilotCollector(Collector):
             "PeerAuthentications ignored: a selector or portLevelMtls.",
             value=self._sources.peer_authentications_ignored(),
         )
+        yield CounterMetricFamily(
+            "pilot_reserved_ports",
+            "Service ports given no outbound listener or route: the sidecar keeps them for"
+            " itself (15000, 15001, 15006, 15020, 15021, 15090).",
+            value=stats.reserved_ports,
+        )
         yield GaugeMetricFamily(
             "pilot_asyncio_tasks",
             "asyncio tasks in pilot's event loop.",

@@ -18,6 +18,15 @@ a filter chain by destination port, Istio's way:
   proxies the bytes), to `InboundPassthroughCluster`; and a chain for 15006
   itself to `BlackHoleCluster`, so nothing loops into the listener.
 
+A workload port is never one of the sidecar's own (`pilot.generators.proxy_ports`;
+`pilot.generators.inbound_proxies` leaves them out of the shape): a chain there
+could outrank the blackhole (a TLS chain on 15006 is more specific) or forward
+to Envoy's own listener. What the passthrough does with those ports, under the
+capture rules (`pilot.agent_iptables`): 15020, 15021 and 15090 are not captured
+at all; 15006 meets the blackhole; 15001 is passed to the pod's 15001 from
+127.0.0.6 (never captured again), where `virtualOutbound`'s own blackhole ends
+it; 15000 is refused (the admin API listens on 127.0.0.1 only).
+
 HTTP chains run a connection manager whose one route sends everything to
 `inbound|P||`, and replace `x-forwarded-client-cert` with the peer's SPIFFE
 URI (SANITIZE_SET): a plaintext client cannot forge one. TCP chains proxy.
@@ -56,11 +65,11 @@ from pilot.generators.lds import router_filter, socket_address, tcp_proxy_filter
 from pilot.generators.mtls import sds_config
 from pilot.generators.outbound import ANY_ADDRESS, BLACKHOLE_CLUSTER
 from pilot.generators.protocols import PortProtocol, protocol_of
+from pilot.generators.proxy_ports import VIRTUAL_INBOUND_PORT
 from pilot.registry.model import ServicePort
 from pilot.registry.peer_authentication import MtlsMode
 
 VIRTUAL_INBOUND = "virtualInbound"
-VIRTUAL_INBOUND_PORT = 15006
 INBOUND_PASSTHROUGH_CLUSTER = "InboundPassthroughCluster"
 INBOUND_SOURCE_ADDRESS = "127.0.0.6"  # Envoy's source toward the app; the capture rules RETURN it
 WORKLOAD_SECRET = "default"

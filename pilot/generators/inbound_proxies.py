@@ -3,14 +3,15 @@
 A sidecar's inbound side depends on three things: its IP (the second field of
 its node id, `sidecar~IP~POD.NS~NS.svc.cluster.local`), the target ports of
 the services whose endpoints include that IP (their protocol from the service
-port), and the mTLS mode of its namespace (PeerAuthentication). Those make its
-`InboundShape`; the listener and clusters are a function of the shape alone,
-so each shape is built and serialized once, into a cache table of its own
-(listeners: one per shape; clusters: one per port set), and every proxy of that
-shape reads the same bytes through an overlay (`ResourceCache.set_overlay`)
-laid over the REDIRECT listener flavor and the ADS_WITH_LISTENERS cluster
-flavor: streams that read no listeners, or in INTERCEPTION_MODE NONE (nothing
-is captured there, and the app is reached directly), get none of it.
+port; never one of the sidecar's own, `pilot.generators.proxy_ports`), and the
+mTLS mode of its namespace (PeerAuthentication). Those make its `InboundShape`;
+the listener and clusters are a function of the shape alone, so each shape is
+built and serialized once, into a cache table of its own (listeners: one per
+shape; clusters: one per port set), and every proxy of that shape reads the
+same bytes through an overlay (`ResourceCache.set_overlay`) laid over the
+REDIRECT listener flavor and the ADS_WITH_LISTENERS cluster flavor: streams
+that read no listeners, or in INTERCEPTION_MODE NONE (nothing is captured
+there, and the app is reached directly), get none of it.
 
 Which namespace: the one the proxy *proved* (its SPIFFE identity's), when it
 proved one; else its node id's. Either way the namespace only picks which of
@@ -44,7 +45,6 @@ from dataclasses import dataclass
 from pilot.generators.inbound import (
     INBOUND_PASSTHROUGH_CLUSTER,
     VIRTUAL_INBOUND,
-    VIRTUAL_INBOUND_PORT,
     InboundProtocol,
     InboundShape,
     inbound_cluster,
@@ -53,6 +53,7 @@ from pilot.generators.inbound import (
     inbound_protocol,
     virtual_inbound,
 )
+from pilot.generators.proxy_ports import reserved
 from pilot.push.request import Changes, PushRequest
 from pilot.registry.index import EndpointIndex
 from pilot.registry.model import EndpointPort, EndpointSet, EndpointSetKey, ServiceKey
@@ -228,7 +229,9 @@ class InboundGenerator:
                     continue
                 for endpoint_ports in by_service[key]:
                     target = _target(endpoint_ports, service_port.name)
-                    if target is not None and target != VIRTUAL_INBOUND_PORT:
+                    # The sidecar's own ports get no chain, silently: a Service that
+                    # selects pods on 15090 (metrics) or 15021 is common and honest.
+                    if target is not None and not reserved(target):
                         ports.setdefault(target, protocol)  # first service by name wins
         return InboundShape(tuple(sorted(ports.items())), self._policies.mode_of(namespace))
 

@@ -5,7 +5,14 @@ endpoint change builds nothing here. Each service claims listener addresses
 (`ListenerKey`: address and port, per mode); a full change of a service
 rebuilds only the addresses it claimed before or claims now, each listener
 serialized once per mode, and shared by every proxy of that mode.
-`virtualOutbound` (REDIRECT mode only) depends on the traffic policy alone.
+`virtualOutbound` (REDIRECT mode only) depends on the traffic policy alone; its
+first chain sends a connection to 15001 itself to `BlackHoleCluster` (Istio's
+`virtualOutbound-blackhole`), so nothing loops through it.
+
+A service port on one of the sidecar's own ports (`pilot.generators.proxy_ports`)
+claims no address in any mode (`outbound_ports` leaves it out): the operator
+hears it once per service (a warning naming it and the ports, at most
+MAX_CONFLICTS_LOGGED services at a time) and `pilot_reserved_ports` counts it.
 """
 
 from __future__ import annotations
@@ -27,13 +34,16 @@ from pilot.generators.builder import BuildSettings
 from pilot.generators.naming import outbound_cluster_name
 from pilot.generators.outbound import (
     ANY_ADDRESS,
+    BLACKHOLE_CLUSTER,
     LOCALHOST,
     VIRTUAL_OUTBOUND,
-    VIRTUAL_OUTBOUND_PORT,
     OutboundSettings,
     listener_name,
     outbound_ports,
+    reserved_ports,
 )
+from pilot.generators.proxy_ports import RESERVED_PORTS, VIRTUAL_OUTBOUND_PORT
+from pilot.logs import clipped
 from pilot.push.request import Changes, PushRequest
 from pilot.registry.index import EndpointIndex
 from pilot.registry.model import ServiceKey
@@ -103,6 +113,19 @@ def http_chain(stat_prefix: str, port: int) -> listener_components_pb2.FilterCha
     )
 
 
+def virtual_outbound_blackhole() -> listener_components_pb2.FilterChain:
+    """A connection whose original destination is 15001 itself goes nowhere.
+
+    Without it, a connection to a pod's 15001 from outside (virtualInbound passes
+    it through to the pod's own 15001) is sent on by PassthroughCluster, captured
+    again, and comes back: a loop that ends when Envoy runs out of descriptors.
+    """
+    chain = tcp_proxy_chain(BLACKHOLE_CLUSTER, BLACKHOLE_CLUSTER)
+    chain.name = f"{VIRTUAL_OUTBOUND}-blackhole"
+    chain.filter_chain_match.destination_port.value = VIRTUAL_OUTBOUND_PORT
+    return chain
+
+
 def virtual_outbound(settings: OutboundSettings) -> listener_pb2.Listener:
     """15001: where captured connections land, handed on by their original destination."""
     chain = tcp_proxy_chain(settings.fallback_cluster, settings.fallback_cluster)
@@ -112,7 +135,7 @@ def virtual_outbound(settings: OutboundSettings) -> listener_pb2.Listener:
         address=socket_address(ANY_ADDRESS, VIRTUAL_OUTBOUND_PORT),
         use_original_dst=wrappers_pb2.BoolValue(value=True),
         traffic_direction=base_pb2.OUTBOUND,
-        filter_chains=[chain],
+        filter_chains=[virtual_outbound_blackhole(), chain],
         listener_filters=[
             listener_components_pb2.ListenerFilter(
                 name="envoy.filters.listener.original_dst",
@@ -177,6 +200,9 @@ class ListenerGenerator:
         self._claims: dict[ListenerKey, Claims] = {}
         self._claimed: dict[ServiceKey, set[ListenerKey]] = {}
         self._conflicts: set[ListenerKey] = set()  # logged once each
+        # Services with ports the sidecar keeps for itself: those ports, refused now.
+        self._reserved: dict[ServiceKey, tuple[int, ...]] = {}
+        self._reserved_logged: set[ServiceKey] = set()
         self._started = False
 
     def build(self, request: PushRequest) -> Changes:
@@ -202,6 +228,7 @@ class ListenerGenerator:
             self._claims[listener].pop(key, None)
         new: set[ListenerKey] = set()
         service = self._index.services.get(key)
+        self._note_reserved(key, reserved_ports(service) if service is not None else ())
         cluster_ip = service.cluster_ip if service is not None else ""
         for port, http in outbound_ports(service) if service is not None else []:
             cluster = outbound_cluster_name(key, port, self._domain)
@@ -238,6 +265,28 @@ class ListenerGenerator:
         if built:
             self._stats.serializations[types.LISTENER] += len(built)
         return self._cache.update(types.LISTENER, built, gone, flavor=mode.value)
+
+    def _note_reserved(self, key: ServiceKey, ports: tuple[int, ...]) -> None:
+        """A service on the sidecar's own ports gets no listener there: counted, said once."""
+        before = self._reserved.pop(key, ())
+        if not ports:
+            self._reserved_logged.discard(key)
+            return
+        self._reserved[key] = ports
+        refused = len(set(ports) - set(before))
+        if not refused:
+            return
+        self._stats.reserved_ports += refused
+        if len(self._reserved_logged) >= MAX_CONFLICTS_LOGGED:
+            return
+        self._reserved_logged.add(key)
+        log.warning(
+            "service %s: port(s) %s are the sidecar's own (Envoy's and the agent's %s);"
+            " no outbound listener or route for them",
+            clipped(str(key)),
+            ", ".join(map(str, ports)),
+            ", ".join(map(str, sorted(RESERVED_PORTS))),
+        )
 
     def _note_conflict(self, listener: ListenerKey, claims: Claims) -> None:
         """A TCP service shares its listener address: one wins, the operator hears it once.

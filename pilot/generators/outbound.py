@@ -15,7 +15,12 @@ or to `BlackHoleCluster` under REGISTRY_ONLY.
 
 A Service whose name or namespace is not a DNS label reaches no listener or
 route: its names become Envoy domains and listener names, where a `*` or a
-duplicate would make Envoy reject the whole route configuration.
+duplicate would make Envoy reject the whole route configuration. A Service
+port that is one of the sidecar's own (`pilot.generators.proxy_ports`: 15000,
+15001, 15006, 15020, 15021, 15090) gets no listener and no route in any mode,
+as Istio skips ports that conflict with its reserved listeners: `0.0.0.0_15001`
+beside `virtualOutbound` would make Envoy reject every listener of the update,
+and `127.0.0.1_15000` (NONE mode) would bind over the admin API.
 """
 
 from __future__ import annotations
@@ -29,12 +34,12 @@ from google.protobuf import duration_pb2
 
 from pilot.generators.cds import CONNECT_TIMEOUT_SECONDS
 from pilot.generators.protocols import PortProtocol, is_http, protocol_of
+from pilot.generators.proxy_ports import reserved
 from pilot.registry.model import Service, ServicePort
 
 PASSTHROUGH_CLUSTER = "PassthroughCluster"
 BLACKHOLE_CLUSTER = "BlackHoleCluster"
 VIRTUAL_OUTBOUND = "virtualOutbound"
-VIRTUAL_OUTBOUND_PORT = 15001
 ANY_ADDRESS = "0.0.0.0"
 LOCALHOST = "127.0.0.1"
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -72,13 +77,26 @@ def routable(service: Service) -> bool:
     return bool(_DNS_LABEL.fullmatch(key.name) and _DNS_LABEL.fullmatch(key.namespace))
 
 
+def _proxied(port: ServicePort) -> bool:
+    return protocol_of(port) is not PortProtocol.UDP
+
+
 def outbound_ports(service: Service) -> list[tuple[ServicePort, bool]]:
     """The ports that get outbound listeners, each with whether it is HTTP."""
     if not routable(service):
         return []
     return [
-        (port, is_http(port)) for port in service.ports if protocol_of(port) is not PortProtocol.UDP
+        (port, is_http(port))
+        for port in service.ports
+        if _proxied(port) and not reserved(port.port)
     ]
+
+
+def reserved_ports(service: Service) -> tuple[int, ...]:
+    """The ports `outbound_ports` leaves out because the sidecar keeps them (sorted)."""
+    if not routable(service):
+        return ()
+    return tuple(sorted({p.port for p in service.ports if _proxied(p) and reserved(p.port)}))
 
 
 def fixed_clusters() -> list[cluster_pb2.Cluster]:
