@@ -13,10 +13,13 @@ A service port on one of the sidecar's own ports (`pilot.generators.proxy_ports`
 claims no address in any mode (`outbound_ports` leaves it out): the operator
 hears it once per service (a warning naming it and the ports, at most
 MAX_CONFLICTS_LOGGED services at a time) and `pilot_reserved_ports` counts it.
+A TCP port's listener is its ClusterIP's; a ClusterIP of 0.0.0.0 or :: gets
+none, as a headless Service's (it would be the wildcard: every destination).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 
 from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2
@@ -164,12 +167,18 @@ def outbound_listener(
 def claimed_addresses(
     mode: Interception, cluster_ip: str, port: int, http: bool
 ) -> tuple[str, int] | None:
-    """The address a service port claims in `mode` (None: no listener, a headless TCP port)."""
+    """The address a service port claims in `mode` (None: no listener, a headless TCP port).
+
+    A ClusterIP of 0.0.0.0 or :: counts as none: its TCP listener would be the
+    wildcard, taking every captured connection on the port, whoever it was for.
+    """
     if mode is Interception.NONE:
         return LOCALHOST, port
     if http:
         return ANY_ADDRESS, port
-    return (cluster_ip, port) if cluster_ip else None
+    if not cluster_ip or ipaddress.ip_address(cluster_ip).is_unspecified:
+        return None
+    return cluster_ip, port
 
 
 def winner(claims: Claims) -> tuple[ServiceKey, str, bool]:

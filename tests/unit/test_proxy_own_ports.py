@@ -167,3 +167,15 @@ def test_reserved_target_ports_get_no_inbound_chain_or_cluster() -> None:
             "virtualInbound",
         ], "no chain for the sidecar's own 15001 or 15021"
         assert inbound_clusters(pod) == {"inbound|8080||"}
+
+
+@pytest.mark.parametrize("wildcard", ["0.0.0.0", "::"])
+def test_a_wildcard_cluster_ip_claims_no_tcp_listener_on_any_port(wildcard: str) -> None:
+    """Its listener would take every captured connection on that port, to anyone."""
+    with outbound() as o:
+        ports = (ServicePort("tcp-db", 5432), ServicePort("http", 9080))
+        o.updater.upsert(Service(HOSTILE, ports, cluster_ip=wildcard))
+        o.push()
+        redirect = o.listener_names(Interception.REDIRECT)
+        assert {name for name in redirect if name.endswith("_5432")} == set(), redirect
+        assert "0.0.0.0_9080" in redirect, "its HTTP port is routed by name, as before"
