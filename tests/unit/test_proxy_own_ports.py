@@ -5,7 +5,8 @@ itself to BlackHoleCluster (so a connection to a pod's 15001 cannot loop), and
 a Service on one of those ports gets no outbound listener or route in any
 interception mode (one of them beside `virtualOutbound` makes Envoy reject the
 whole LDS update), told once, counted; its honest ports keep theirs. A workload
-target port there gets no virtualInbound chain or inbound cluster.
+target port there gets no virtualInbound chain or inbound cluster. A TCP port
+whose ClusterIP is the wildcard (0.0.0.0, ::) claims no listener on any port.
 """
 
 from __future__ import annotations
