@@ -99,7 +99,7 @@ class Discovery:
         self.stats = XdsStats()
         self.index = EndpointIndex(primary=settings.cluster_id)
         self.cache = ResourceCache()
-        self.policies = PeerAuthentications()  # mTLS modes by namespace, read by inbound
+        self.policies = PeerAuthentications()  # mTLS modes per workload, read by inbound
         self.connections: ConnectionRegistry[Connection] = ConnectionRegistry()
         self.admission = Admission.of(settings.limits)
         self.proxies = LiveProxies(self.connections, self.cache)
@@ -142,7 +142,7 @@ class Discovery:
             connections=lambda: len(self.connections),
             services=lambda: len(self.index.services),
             inbound_shapes=lambda: self.inbound.shapes if self.inbound is not None else 0,
-            peer_authentications_ignored=lambda: self.policies.ignored,
+            inbound_failed_closed=lambda: self.inbound.failed_closed if self.inbound else 0,
             secret_stats=lambda: self.security.secrets.stats if self.security else None,
             ca_stats=lambda: self.security.ca_service.stats if self.security else None,
             limit_hits=lambda: self.admission.hits.counts,

@@ -68,9 +68,10 @@ class Sources:
     stats: XdsStats
     connections: Callable[[], int] = lambda: 0
     services: Callable[[], int] = lambda: 0
-    # Sidecars' inbound listener shapes held, and PeerAuthentications ignored (selector).
+    # Sidecars' inbound listener shapes held, and those given the strictest modes because
+    # their workload could not be told (PeerAuthentication failing closed).
     inbound_shapes: Callable[[], int] = lambda: 0
-    peer_authentications_ignored: Callable[[], int] = lambda: 0
+    inbound_failed_closed: Callable[[], int] = lambda: 0
     secret_stats: Callable[[], SecretStats | None] = lambda: None
     informers: Callable[[], Iterable[WatchCounts]] = lambda: ()
     ca_stats: Callable[[], CaStats | None] = lambda: None
@@ -148,9 +149,10 @@ class PilotCollector(Collector):
             value=self._sources.inbound_shapes(),
         )
         yield CounterMetricFamily(
-            "pilot_peer_authentications_ignored",
-            "PeerAuthentications ignored: a selector or portLevelMtls.",
-            value=self._sources.peer_authentications_ignored(),
+            "pilot_inbound_failed_closed",
+            "Sidecar inbound shapes given the strictest modes workload PeerAuthentications"
+            " could give, their Pod not known.",
+            value=self._sources.inbound_failed_closed(),
         )
         yield CounterMetricFamily(
             "pilot_reserved_ports",

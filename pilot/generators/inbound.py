@@ -6,26 +6,32 @@ What a captured connection to the pod meets (iptables sends it to 15006):
 plaintext HTTP (`http_inspector`, not on the workload's TCP ports), and picks
 a filter chain by destination port, Istio's way:
 
-- per workload port P (`InboundShape.ports`), an mTLS chain (transport `tls`,
+- per workload port P (`InboundShape.ports`), in that port's mode
+  (`InboundShape.mode_at`), an mTLS chain (transport `tls`,
   Istio's ALPN: HTTP chains `istio-http/1.0`, `istio-http/1.1`, `istio-h2`,
   TCP chains `istio-peer-exchange`, `istio`) that requires a client
   certificate from pilot's CA (SDS `default` and `ROOTCA` from `sds-grpc`),
   unless the mode is DISABLE; and a plaintext chain (transport `raw_buffer`,
   HTTP ones by http_inspector's `http/1.1` / `h2c`) in PERMISSIVE and DISABLE,
   none in STRICT;
-- for ports no service names, the same pair without a port (Istio's
-  passthrough chains: the mTLS one takes every Istio ALPN, HTTP or TCP, and
-  proxies the bytes), to `InboundPassthroughCluster`; and a chain for 15006
-  itself to `BlackHoleCluster`, so nothing loops into the listener.
+- per port a PeerAuthentication gives its own mode but no service names
+  (`portLevelMtls`), the same pair as passthrough chains (the mTLS one takes
+  every Istio ALPN, HTTP or TCP, and proxies the bytes) matched on that port,
+  in that mode, to `InboundPassthroughCluster`, as Istio adds them;
+- for every other port, the passthrough pair without a port, in the
+  workload's own mode; and a chain for 15006 itself to `BlackHoleCluster`, so
+  nothing loops into the listener.
 
-A workload port is never one of the sidecar's own (`pilot.generators.proxy_ports`;
-`pilot.generators.inbound_proxies` leaves them out of the shape): a chain there
-could outrank the blackhole (a TLS chain on 15006 is more specific) or forward
-to Envoy's own listener. What the passthrough does with those ports, under the
-capture rules (`pilot.agent_iptables`): 15020, 15021 and 15090 are not captured
-at all; 15006 meets the blackhole; 15001 is passed to the pod's 15001 from
-127.0.0.6 (never captured again), where `virtualOutbound`'s own blackhole ends
-it; 15000 is refused (the admin API listens on 127.0.0.1 only).
+A workload port, or a port-level one, is never one of the sidecar's own
+(`pilot.generators.proxy_ports`; `pilot.generators.inbound_proxies` leaves them
+out of the shape's ports, and `InboundShape.passthrough_ports` out of the
+port-level chains): a chain there could outrank the blackhole (a TLS chain on
+15006 is more specific) or forward to Envoy's own listener. What the
+passthrough does with those ports, under the capture rules
+(`pilot.agent_iptables`): 15020, 15021 and 15090 are not captured at all; 15006
+meets the blackhole; 15001 is passed to the pod's 15001 from 127.0.0.6 (never
+captured again), where `virtualOutbound`'s own blackhole ends it; 15000 is
+refused (the admin API listens on 127.0.0.1 only).
 
 HTTP chains run a connection manager whose one route sends everything to
 `inbound|P||`, and replace `x-forwarded-client-cert` with the peer's SPIFFE
@@ -65,7 +71,7 @@ from pilot.generators.lds import router_filter, socket_address, tcp_proxy_filter
 from pilot.generators.mtls import sds_config
 from pilot.generators.outbound import ANY_ADDRESS, BLACKHOLE_CLUSTER
 from pilot.generators.protocols import PortProtocol, protocol_of
-from pilot.generators.proxy_ports import VIRTUAL_INBOUND_PORT
+from pilot.generators.proxy_ports import VIRTUAL_INBOUND_PORT, reserved
 from pilot.registry.model import ServicePort
 from pilot.registry.peer_authentication import MtlsMode
 
@@ -102,18 +108,33 @@ def inbound_protocol(port: ServicePort) -> InboundProtocol | None:
 
 @dataclass(frozen=True, slots=True, order=True)
 class InboundShape:
-    """What a sidecar's inbound listener is made of: its workload ports and its mode."""
+    """What a sidecar's inbound listener is made of: its workload ports, its own mode, and
+    the ports whose mode differs from it (PeerAuthentication's port-level modes)."""
 
     ports: tuple[tuple[int, InboundProtocol], ...]  # sorted by port, one protocol each
     mode: MtlsMode
+    port_modes: tuple[tuple[int, MtlsMode], ...] = ()  # sorted; only where not `mode`
+
+    def mode_at(self, port: int) -> MtlsMode:
+        return dict(self.port_modes).get(port, self.mode)
 
     @property
-    def mtls(self) -> bool:
-        return self.mode is not MtlsMode.DISABLE
+    def passthrough_ports(self) -> list[tuple[int, MtlsMode]]:
+        """Port-level modes on ports no service names (never the sidecar's own)."""
+        named = {port for port, _ in self.ports}
+        return [
+            (port, mode)
+            for port, mode in self.port_modes
+            if port not in named and not reserved(port)
+        ]
 
-    @property
-    def plaintext(self) -> bool:
-        return self.mode is not MtlsMode.STRICT
+
+def takes_mtls(mode: MtlsMode) -> bool:
+    return mode is not MtlsMode.DISABLE
+
+
+def takes_plaintext(mode: MtlsMode) -> bool:
+    return mode is not MtlsMode.STRICT
 
 
 def inbound_cluster_name(port: int) -> str:
@@ -182,7 +203,7 @@ def _chain(
     )
     if port is not None:
         match.destination_port.value = port
-    if tls and port is None:  # passthrough: a peer of any protocol, proxied as TCP
+    if tls and cluster == INBOUND_PASSTHROUGH_CLUSTER:  # a peer of any protocol, as TCP
         match.application_protocols.extend(HTTP_MTLS_ALPN + TCP_MTLS_ALPN)
     elif tls:
         match.application_protocols.extend(HTTP_MTLS_ALPN if http else TCP_MTLS_ALPN)
@@ -205,23 +226,25 @@ def _port_chains(
 ) -> list[listener_components_pb2.FilterChain]:
     http = protocol is not InboundProtocol.TCP
     cluster = inbound_cluster_name(port)
+    mode = shape.mode_at(port)
     chains = []
-    if shape.mtls:
+    if takes_mtls(mode):
         chains.append(_chain(f"{cluster}-mtls", port, True, http, cluster))
-    if shape.plaintext:
+    if takes_plaintext(mode):
         chains.append(_chain(f"{cluster}-plaintext", port, False, http, cluster))
     return chains
 
 
-def _passthrough_chains(shape: InboundShape) -> list[listener_components_pb2.FilterChain]:
-    """Ports no service names: forwarded to their original destination, same mode rules."""
+def _passthrough_chains(
+    name: str, port: int | None, mode: MtlsMode
+) -> list[listener_components_pb2.FilterChain]:
+    """Ports no service names (on `port`, or any): forwarded to their original
+    destination, in `mode`."""
     chains = []
-    if shape.mtls:
-        chains.append(
-            _chain(f"{VIRTUAL_INBOUND}-mtls", None, True, False, INBOUND_PASSTHROUGH_CLUSTER)
-        )
-    if shape.plaintext:
-        chains.append(_chain(VIRTUAL_INBOUND, None, False, False, INBOUND_PASSTHROUGH_CLUSTER))
+    if takes_mtls(mode):
+        chains.append(_chain(f"{name}-mtls", port, True, False, INBOUND_PASSTHROUGH_CLUSTER))
+    if takes_plaintext(mode):
+        chains.append(_chain(name, port, False, False, INBOUND_PASSTHROUGH_CLUSTER))
     return chains
 
 
@@ -266,7 +289,9 @@ def virtual_inbound(shape: InboundShape) -> listener_pb2.Listener:
     chains = [_blackhole_chain()]
     for port, protocol in shape.ports:
         chains += _port_chains(shape, port, protocol)
-    chains += _passthrough_chains(shape)
+    for port, mode in shape.passthrough_ports:
+        chains += _passthrough_chains(f"{VIRTUAL_INBOUND}|{port}", port, mode)
+    chains += _passthrough_chains(VIRTUAL_INBOUND, None, shape.mode)
     return listener_pb2.Listener(
         name=VIRTUAL_INBOUND,
         address=socket_address(ANY_ADDRESS, VIRTUAL_INBOUND_PORT),

@@ -4,35 +4,40 @@ A sidecar's inbound side depends on three things: its IP (the second field of
 its node id, `sidecar~IP~POD.NS~NS.svc.cluster.local`), the target ports of
 the services whose endpoints include that IP (their protocol from the service
 port; never one of the sidecar's own, `pilot.generators.proxy_ports`), and the
-mTLS mode of its namespace (PeerAuthentication). Those make its `InboundShape`;
-the listener and clusters are a function of the shape alone, so each shape is
-built and serialized once, into a cache table of its own (listeners: one per
-shape; clusters: one per port set), and every proxy of that shape reads the
-same bytes through an overlay (`ResourceCache.set_overlay`) laid over the
-REDIRECT listener flavor and the ADS_WITH_LISTENERS cluster flavor: streams
-that read no listeners, or in INTERCEPTION_MODE NONE (nothing is captured
-there, and the app is reached directly), get none of it.
+mTLS modes PeerAuthentication gives its workload and each port (from its
+namespace, the mesh, and the workload policy that selects its own Pod: the Pod
+of its namespace at its IP, never another namespace's). Those make its
+`InboundShape`; the listener and clusters are a function of the shape alone,
+so each shape is built and serialized once, into a cache table of its own
+(listeners: one per shape; clusters: one per port set), and every proxy of that
+shape reads the same bytes through an overlay (`ResourceCache.set_overlay`)
+laid over the REDIRECT listener flavor and the ADS_WITH_LISTENERS cluster
+flavor: streams that read no listeners, or in INTERCEPTION_MODE NONE (nothing
+is captured there, and the app is reached directly), get none of it.
 
 Which namespace: the one the proxy *proved* (its SPIFFE identity's), when it
-proved one; else its node id's. Either way the namespace only picks which of
-the few shapes this proxy reads: nothing another proxy reads changes, so a node
-claiming another pod's IP or namespace can learn ports it could read from
-services anyway, and weaken nothing but its own inbound side, which its own
-Envoy decides anyway.
+proved one; else its node id's. Where workload policies exist there and its Pod
+is not known (or several Pods of the namespace claim its IP), it gets the
+strictest modes they could give (failing closed), with a warning (at most
+`MAX_FAILED_CLOSED_LOGGED` proxies said) and a counter (`failed_closed`).
+Either way the namespace only picks which of the few shapes this proxy reads:
+nothing another proxy reads changes, so a node claiming another pod's IP or
+namespace can learn ports it could read from services anyway, and weaken
+nothing but its own inbound side, which its own Envoy decides anyway.
 
 Bounded: a shape exists while some connected proxy reads it (dropped with the
 last one), and a shape is made of what the registry says (ports of services,
 PeerAuthentication modes), never of what a node claims beyond its IP and
 namespace: at most one shape per connected sidecar, and at most
-3 modes x (the distinct port sets of the registry's endpoint IPs, plus the
-empty one) in all.
+(the distinct port sets of the registry's endpoint IPs, plus the empty one) x
+(the distinct modes the policies give) in all.
 
 What a change touches: an endpoint set whose addresses or ports moved, the
-ports of a service (its IPs), a namespace's mode. Only the proxies at those
-IPs or in those namespaces are reconsidered, and only those whose shape
-changed get anything (`Changes.owned`: LDS, CDS when the port set changed).
-While no sidecar is attached, a change is only noted (which services), and
-followed when the first one attaches.
+ports of a service (its IPs), a pod's labels (its IPs), a namespace's policies.
+Only the proxies at those IPs or in those namespaces are reconsidered, and only
+those whose shape changed get anything (`Changes.owned`: LDS, CDS when the port
+set changed). While no sidecar is attached, a change is only noted (which
+services), and followed when the first one attaches.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from pilot.generators.inbound import (
     virtual_inbound,
 )
 from pilot.generators.proxy_ports import reserved
+from pilot.logs import clipped
 from pilot.push.request import Changes, PushRequest
 from pilot.registry.index import EndpointIndex
 from pilot.registry.model import EndpointPort, EndpointSet, EndpointSetKey, ServiceKey
@@ -68,6 +74,7 @@ from pilot.xds.proxy import ProxyKey
 from pilot.xds.resource import Resource
 
 log = logging.getLogger("pilot.xds")
+MAX_FAILED_CLOSED_LOGGED = 64  # distinct (IP, namespace) whose failing closed is said
 
 SIDECAR_PREFIX = "sidecar~"
 # Who reads the overlays: streams whose traffic is captured (REDIRECT listeners), and of
@@ -155,6 +162,8 @@ class InboundGenerator:
         # Services changed while no sidecar was attached: followed when one attaches, so
         # a registry without sidecars (gateways, CDS/EDS clients) costs nothing per change.
         self._unfollowed: set[ServiceKey] = set()
+        self.failed_closed = 0  # shapes given the strictest modes (workload unknown)
+        self._warned: set[tuple[str, str]] = set()
 
     # -- what the pipeline asks ------------------------------------------------
 
@@ -170,7 +179,7 @@ class InboundGenerator:
         ip, claimed = where
         self._follow_all()
         namespace = namespace_of(proxy, claimed)
-        sidecar = _Sidecar(ip, namespace, self._shape(ip, namespace))
+        sidecar = _Sidecar(ip, namespace, self._shape(ip, namespace, proxy))
         self._sidecars[proxy] = sidecar
         self._at_ip.setdefault(ip, set()).add(proxy)
         self._read(proxy, None, sidecar.shape)
@@ -195,6 +204,7 @@ class InboundGenerator:
         addresses: set[str] = set()
         for key in sorted(registry.full | registry.endpoints):
             addresses |= self._track(key, full=key in registry.full)
+        addresses |= registry.workloads
         affected = {p for a in addresses & self._at_ip.keys() for p in self._at_ip[a]}
         if request.mtls_namespaces:
             everyone = self._policies.root_namespace in request.mtls_namespaces
@@ -212,7 +222,7 @@ class InboundGenerator:
 
     # -- shapes --------------------------------------------------------------------
 
-    def _shape(self, ip: str, namespace: str) -> InboundShape:
+    def _shape(self, ip: str, namespace: str, proxy: ProxyKey) -> InboundShape:
         """The shape of a sidecar at `ip` in `namespace`, from the registry as it is."""
         ports: dict[int, InboundProtocol] = {}
         by_service: dict[ServiceKey, list[tuple[EndpointPort, ...]]] = {}
@@ -233,11 +243,27 @@ class InboundGenerator:
                     # selects pods on 15090 (metrics) or 15021 is common and honest.
                     if target is not None and not reserved(target):
                         ports.setdefault(target, protocol)  # first service by name wins
-        return InboundShape(tuple(sorted(ports.items())), self._policies.mode_of(namespace))
+        modes = self._policies.modes_for(namespace, self._index.pod_labels_in(namespace, ip))
+        if modes.uncertain:
+            self._fail_closed(ip, namespace, proxy)
+        return InboundShape(tuple(sorted(ports.items())), modes.mode, modes.ports)
+
+    def _fail_closed(self, ip: str, namespace: str, proxy: ProxyKey) -> None:
+        """Counted each time such a shape is computed; said once per (IP, namespace)."""
+        self.failed_closed += 1
+        if (ip, namespace) in self._warned or len(self._warned) >= MAX_FAILED_CLOSED_LOGGED:
+            return
+        self._warned.add((ip, namespace))
+        log.warning(
+            "%s: its Pod in namespace %s is not known (or not one), and workload"
+            " PeerAuthentications exist there: it gets the strictest modes they could give",
+            proxy,
+            clipped(namespace),
+        )
 
     def _reshape(self, proxy: ProxyKey) -> dict[str, set[str]]:
         sidecar = self._sidecars[proxy]
-        shape = self._shape(sidecar.ip, sidecar.namespace)
+        shape = self._shape(sidecar.ip, sidecar.namespace, proxy)
         if shape == sidecar.shape:
             return {}
         self._sidecars[proxy] = _Sidecar(sidecar.ip, sidecar.namespace, shape)

@@ -1,14 +1,14 @@
 """What crosses the build step: a push request in, the changed names out.
 
 A `PushRequest` is what changed since the last push, as one mergeable value:
-registry changes say which services need clusters rebuilt (full) and which
-only their endpoints; certificate changes name the proxies whose workload
-certificate was minted or rotated; policy changes name the namespaces whose
-mTLS mode (PeerAuthentication) changed (the root namespace: the mesh's).
-Merging two requests is their union, so any number of changes waiting for a
-push stay one bounded value; `PendingPush` collects them in place, so that
-adding one costs its own size, not the size of what is already waiting
-(10,000 changes in a burst stay linear).
+registry changes say which services need clusters rebuilt (full), which only
+their endpoints, and which IPs' pods changed their labels (workloads);
+certificate changes name the proxies whose workload certificate was minted or
+rotated; policy changes name the namespaces whose PeerAuthentications changed
+(the root namespace: the mesh's). Merging two requests is their union, so any
+number of changes waiting for a push stay one bounded value; `PendingPush`
+collects them in place, so that adding one costs its own size, not the size of
+what is already waiting (10,000 changes in a burst stay linear).
 
 `Changes` is what a generator's build really changed in the cache: shared
 names per type, and names per type owned by one proxy.
@@ -55,15 +55,23 @@ class PendingPush:
     def __init__(self) -> None:
         self._full: set[ServiceKey] = set()
         self._endpoints: set[ServiceKey] = set()
+        self._workloads: set[str] = set()
         self._certificates: set[ProxyKey] = set()
         self._mtls_namespaces: set[str] = set()
 
     def __bool__(self) -> bool:
-        return bool(self._full or self._endpoints or self._certificates or self._mtls_namespaces)
+        return bool(
+            self._full
+            or self._endpoints
+            or self._workloads
+            or self._certificates
+            or self._mtls_namespaces
+        )
 
     def add(self, request: PushRequest) -> None:
         self._full |= request.registry.full
         self._endpoints |= request.registry.endpoints
+        self._workloads |= request.registry.workloads
         self._certificates |= request.certificates
         self._mtls_namespaces |= request.mtls_namespaces
 
@@ -71,11 +79,14 @@ class PendingPush:
         """Everything waiting, as one request; nothing is left waiting."""
         if not self:
             return NO_PUSH
-        registry = IndexChange(frozenset(self._full), frozenset(self._endpoints))
+        registry = IndexChange(
+            frozenset(self._full), frozenset(self._endpoints), frozenset(self._workloads)
+        )
         request = PushRequest(
             registry, frozenset(self._certificates), frozenset(self._mtls_namespaces)
         )
         self._full, self._endpoints, self._certificates = set(), set(), set()
+        self._workloads = set()
         self._mtls_namespaces = set()
         return request
 

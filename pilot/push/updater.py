@@ -85,7 +85,7 @@ class IndexUpdater:
         self._moved(self.policies.replace_all(policies))
 
     def _moved(self, namespaces: frozenset[str]) -> None:
-        """Namespaces whose mTLS mode moved: their sidecars' inbound listeners change."""
+        """Namespaces whose policies moved: their sidecars' inbound listeners may change."""
         if namespaces:
             self._stats.inbound_updates["peerauthentication"] += len(namespaces)
             self._submit(PushRequest(mtls_namespaces=namespaces))
@@ -98,4 +98,5 @@ class IndexUpdater:
             return
         self._stats.inbound_updates["svc"] += len(change.full)
         self._stats.inbound_updates["eds"] += len(change.endpoints)
+        self._stats.inbound_updates["workload"] += len(change.workloads)
         self._submit(PushRequest(registry=change))

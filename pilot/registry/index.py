@@ -35,7 +35,10 @@ counted as addresses come and go, so no change recounts a whole service)
 name the identities its clusters accept: a change of that set is a full change
 of the service; a pod change that only turns an endpoint's sidecar on or off is
 an endpoint change of the services with endpoints at its IP; anything else of a
-pod (its status, other labels) changes nothing.
+pod (its status, other labels) changes no service. A pod that came, went, moved
+or changed its labels is a `workloads` change of its IPs: the sidecars there
+may be selected by other PeerAuthentications (`pod_labels_in`: the labels of a
+namespace's pods at an IP).
 """
 
 from __future__ import annotations
@@ -61,26 +64,34 @@ from pilot.xds.locality import Locality
 
 @dataclass(frozen=True, slots=True)
 class IndexChange:
-    """Which services need clusters rebuilt (full) and which only endpoints."""
+    """Which services need clusters rebuilt (full) and which only endpoints; and the IPs
+    whose pods came, went or changed their labels (`workloads`: their sidecars' policy)."""
 
     full: frozenset[ServiceKey] = frozenset()
     endpoints: frozenset[ServiceKey] = frozenset()
+    workloads: frozenset[str] = frozenset()
 
     def __bool__(self) -> bool:
-        return bool(self.full or self.endpoints)
+        return bool(self.full or self.endpoints or self.workloads)
 
     def merge(self, other: IndexChange) -> IndexChange:
-        return IndexChange(self.full | other.full, self.endpoints | other.endpoints)
+        return IndexChange(
+            self.full | other.full,
+            self.endpoints | other.endpoints,
+            self.workloads | other.workloads,
+        )
 
     @staticmethod
     def union(changes: Iterable[IndexChange]) -> IndexChange:
         """All of them as one (in one pass: merging them pairwise copies quadratically)."""
         full: set[ServiceKey] = set()
         endpoints: set[ServiceKey] = set()
+        workloads: set[str] = set()
         for change in changes:
             full |= change.full
             endpoints |= change.endpoints
-        return IndexChange(frozenset(full), frozenset(endpoints))
+            workloads |= change.workloads
+        return IndexChange(frozenset(full), frozenset(endpoints), frozenset(workloads))
 
 
 NO_CHANGE = IndexChange()
@@ -103,6 +114,7 @@ class EndpointIndex:
     _sets_on_node: dict[NodeKey, set[EndpointSetKey]] = field(default_factory=dict)
     _pods: dict[PodKey, Pod] = field(default_factory=dict)
     _pods_at: dict[Address, tuple[PodKey, ...]] = field(default_factory=dict)  # sorted
+    _pod_clusters: Counter[str] = field(default_factory=Counter)  # pods per cluster id
     # cluster -> IP -> the endpoint sets with an endpoint there (one key, the usual case,
     # held bare: an entry per endpoint address is the index's largest part).
     _sets_at: dict[str, dict[str, EndpointSetKey | set[EndpointSetKey]]] = field(
@@ -281,10 +293,12 @@ class EndpointIndex:
         before = {address: self._view_at(address) for address in addresses}
         if old is not None:
             self._unclaim(old)
+        else:
+            self._pod_clusters[pod.key.cluster] += 1
         self._pods[pod.key] = pod
         for address in _pod_addresses(pod):
             self._pods_at[address] = tuple(sorted((*self._pods_at.get(address, ()), pod.key)))
-        return self._pods_changed(before)
+        return self._pods_changed(before, _workload_moved(old, pod))
 
     def delete_pod(self, key: PodKey) -> IndexChange:
         old = self._pods.get(key)
@@ -293,7 +307,10 @@ class EndpointIndex:
         before = {address: self._view_at(address) for address in _pod_addresses(old)}
         self._unclaim(old)
         del self._pods[key]
-        return self._pods_changed(before)
+        self._pod_clusters[key.cluster] -= 1
+        if not self._pod_clusters[key.cluster]:
+            del self._pod_clusters[key.cluster]
+        return self._pods_changed(before, frozenset(old.ips))
 
     def replace_pods(self, cluster: str | None, pods: Iterable[Pod]) -> IndexChange:
         """Make one cluster's Pods (None: every cluster's) exactly these (a file reload, a
@@ -309,6 +326,16 @@ class EndpointIndex:
         it), if pilot knows it."""
         claimants = self._pods_at.get((cluster, ip))
         return self._pods[claimants[0]] if claimants else None
+
+    def pod_labels_in(self, namespace: str, ip: str) -> list[dict[str, str]]:
+        """The labels of each pod of `namespace` at `ip`, in any cluster (a sidecar's own
+        pod: never one of another namespace, whatever claims the IP there)."""
+        found = []
+        for cluster in sorted(self._pod_clusters):
+            for key in self._pods_at.get((cluster, ip), ()):
+                if key.namespace == namespace:
+                    found.append(dict(self._pods[key].labels))
+        return found
 
     def runs_sidecar(self, cluster: str, ip: str) -> bool:
         """Whether the endpoint's pod is labelled `security.istio.io/tlsMode: istio`."""
@@ -338,8 +365,13 @@ class EndpointIndex:
             return None
         return pod.istio_mtls, (pod.key.namespace, pod.service_account)
 
-    def _pods_changed(self, before: dict[Address, tuple[bool, Identity] | None]) -> IndexChange:
-        """What pod changes at these addresses mean for the services with endpoints there."""
+    def _pods_changed(
+        self,
+        before: dict[Address, tuple[bool, Identity] | None],
+        workloads: frozenset[str] = frozenset(),
+    ) -> IndexChange:
+        """What pod changes at these addresses mean for the services with endpoints there
+        (and for the sidecars at `workloads`, whose pod's labels moved)."""
         sidecar: set[ServiceKey] = set()
         counted: set[ServiceKey] = set()
         for address, was in before.items():
@@ -354,7 +386,7 @@ class EndpointIndex:
                     sidecar.add(endpoint_set.service)
                 self._bump(endpoint_set.service, _identity(was), -1, counted)
                 self._bump(endpoint_set.service, _identity(now), 1, counted)
-        changes = [self._settle(counted)]
+        changes = [self._settle(counted), IndexChange(workloads=workloads)]
         changes += [self._endpoint_change(service) for service in sorted(sidecar)]
         return IndexChange.union(changes)
 
@@ -547,6 +579,13 @@ def _ips_of(endpoint_set: EndpointSet) -> set[str]:
         for endpoint in group.endpoints
         for address in endpoint.addresses
     }
+
+
+def _workload_moved(old: Pod | None, new: Pod) -> frozenset[str]:
+    """The IPs whose sidecar may select other policies: the pod came, moved or relabelled."""
+    if old is not None and old.ips == new.ips and old.labels == new.labels:
+        return frozenset()
+    return frozenset(new.ips) | (frozenset(old.ips) if old is not None else frozenset())
 
 
 def _pod_addresses(pod: Pod | None) -> set[Address]:

@@ -237,15 +237,17 @@ def parse_node(obj: Obj, cluster: str = "") -> Node:
 
 
 # -- Pods ---------------------------------------------------------------------------
-# Only what auto mTLS needs is kept. Every name kept becomes part of a SPIFFE URI in a
-# cluster's SANs, so each is checked as Kubernetes checks it, and every list is bounded:
-# whoever writes a Pod (a remote cluster, the registry file) gets an error, never a
-# larger pilot.
+# Only what auto mTLS and workload selectors need is kept. Every name kept becomes part of a
+# SPIFFE URI in a cluster's SANs, so each is checked as Kubernetes checks it, and every list
+# is bounded: whoever writes a Pod (a remote cluster, the registry file) gets an error,
+# never a larger pilot.
 
 TLS_MODE_LABEL = "security.istio.io/tlsMode"
 ISTIO_TLS_MODE = "istio"
 MAX_POD_IPS = 2  # Kubernetes allows one address per family
 MAX_POD_PORTS = 256  # container ports of one pod
+MAX_POD_LABELS = 256  # labels of one pod (kept for workload selectors)
+MAX_LABEL_CHARS = 317  # a label key: a 253-character prefix, '/', 63 characters
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _PORT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?")
@@ -306,8 +308,22 @@ def _container_ports(obj: Obj, spec: Mapping[str, Any]) -> tuple[EndpointPort, .
     return tuple(ports)
 
 
+def _pod_labels(obj: Obj, labels: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Labels as sorted pairs of shared strings (replicas of one workload share them)."""
+    if len(labels) > MAX_POD_LABELS:
+        raise _fail(obj, f"metadata.labels has {len(labels)} labels (at most {MAX_POD_LABELS})")
+    pairs = []
+    for key, value in labels.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise _fail(obj, "metadata.labels must map strings to strings")
+        if len(key) > MAX_LABEL_CHARS or len(value) > MAX_LABEL_CHARS:
+            raise _fail(obj, "metadata.labels has an overlong label")
+        pairs.append((sys.intern(key), sys.intern(value)))
+    return tuple(sorted(pairs))
+
+
 def parse_pod(obj: Obj, cluster: str = "") -> Pod:
-    """A Pod's IPs, service account, sidecar label, phase and container ports.
+    """A Pod's IPs, service account, labels, phase and container ports.
 
     A pod on the host's network has no address of its own (it shares its Node's),
     so it keeps none: no endpoint is its.
@@ -339,4 +355,5 @@ def parse_pod(obj: Obj, cluster: str = "") -> Pod:
         labels.get(TLS_MODE_LABEL) == ISTIO_TLS_MODE,
         sys.intern(phase),
         _container_ports(obj, spec),
+        _pod_labels(obj, labels),
     )

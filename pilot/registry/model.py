@@ -166,7 +166,8 @@ class PodKey:
 
 @dataclass(frozen=True, slots=True)
 class Pod:
-    """What auto mTLS needs of a Pod (kept small: a cluster holds many of them)."""
+    """What auto mTLS and PeerAuthentication need of a Pod (kept small: a cluster holds
+    many of them)."""
 
     key: PodKey
     ips: tuple[str, ...]
@@ -174,6 +175,8 @@ class Pod:
     istio_mtls: bool = False  # labelled security.istio.io/tlsMode: istio (it runs a sidecar)
     phase: str = ""
     ports: tuple[EndpointPort, ...] = ()  # its containers' ports
+    # Its labels, sorted (key, value) pairs, for workload selectors (PeerAuthentication).
+    labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def serves_endpoints(self) -> bool:

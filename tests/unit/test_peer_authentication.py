@@ -1,8 +1,8 @@
-"""PeerAuthentication: what it sets, what is ignored and said so, what is refused.
+"""PeerAuthentication: what a namespace-wide one sets, and what is refused.
 
-Honest objects beside hostile ones (wrong types, unknown modes, deep nesting,
-selectors that would half-apply), parsed as the informer and the registry file
-do, and the store's answer per namespace.
+Honest objects beside hostile ones (wrong types, unknown modes, deep nesting),
+parsed as the informer and the registry file do, and the store's answer per
+namespace. Workload selectors and port-level modes: test_workload_peer_authentication.py.
 """
 
 from __future__ import annotations
@@ -61,33 +61,18 @@ def test_the_oldest_namespace_wide_policy_counts() -> None:
     assert store.mode_of("shop") is MtlsMode.STRICT
 
 
-def test_a_selector_or_port_level_policy_is_ignored_once_said_and_counted(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_a_selector_or_port_level_policy_never_weakens_the_rest_of_its_namespace() -> None:
     store = PeerAuthentications()
     store.upsert(parse_peer_authentication(policy("shop", "STRICT")))
     lax = policy("shop", "DISABLE", name="one-pod", selector={"matchLabels": {"app": "x"}})
     ports = policy("shop", "DISABLE", name="ports", portLevelMtls={"8080": {"mode": "DISABLE"}})
-    with caplog.at_level(logging.WARNING, "pilot.registry"):
-        for _ in range(3):
-            store.upsert(parse_peer_authentication(lax))
-            store.upsert(parse_peer_authentication(ports))
-    assert store.mode_of("shop") is MtlsMode.STRICT, "neither weakens the namespace"
-    assert store.ignored == 2, "each counted once (the same object again is no change)"
-    warnings = [r.getMessage() for r in caplog.records]
-    assert len(warnings) == 2 and "selector" in warnings[0] and "portLevelMtls" in warnings[1]
+    store.upsert(parse_peer_authentication(lax))
+    store.upsert(parse_peer_authentication(ports))
+    assert store.mode_of("shop") is MtlsMode.STRICT, "the oldest namespace-wide one counts"
+    assert store.modes_for("shop", [{"app": "y"}]).ports == (), "the younger one's ports too"
     # A namespace-wide policy that becomes a selector one stops setting the namespace.
     store.upsert(parse_peer_authentication({**policy("shop"), "spec": lax["spec"]}))
-    assert store.mode_of("shop") is MtlsMode.PERMISSIVE
-
-
-def test_a_name_with_a_newline_stays_on_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
-    store = PeerAuthentications()
-    forged = policy("shop\nWARNING forged", name="x\ny" * 200, selector={"matchLabels": {"a": "b"}})
-    with caplog.at_level(logging.WARNING, "pilot.registry"):
-        store.upsert(parse_peer_authentication(forged))
-    [line] = [r.getMessage() for r in caplog.records]
-    assert "\n" not in line and len(line) < 600
+    assert store.mode_of("shop") is MtlsMode.DISABLE, "the other namespace-wide one now"
 
 
 @pytest.mark.parametrize(

@@ -3,19 +3,20 @@
 Services and EndpointSlices (or, with `--endpoints-api endpoints`, legacy v1
 Endpoints) are watched in all namespaces or in the ones named. Each object
 event becomes an upsert or delete on the `RegistryUpdater` the registry was
-given. A malformed object is logged with its name (rate-limited, `WatchFaults`),
-counted and skipped; what pilot knew of it before stays: whatever a parser raises
-on it (a wrong type, nesting deep enough for RecursionError) never ends the
-informer. Nodes (cluster-scoped) are watched for endpoint locality, as metadata
-only (`metadata.py`), and only their region and zone labels kept. Pods (auto
-mTLS: which endpoints run a sidecar, under which service account) are watched in
-the same namespaces as Services, without the ones that are done (a field
-selector on `status.phase`: completed Jobs' pods are most pods of many
-clusters), and only their IPs, service account, tlsMode label, phase and
-container ports kept. The local cluster's registry (`peer_authentications=True`)
-also watches Istio's PeerAuthentication (`peer_authentications.py`), in the
-same namespaces and the root namespace. Each informer runs as a task of the
-supervisor it is given (`Watching`).
+given. A malformed object is logged with its name (rate-limited,
+`WatchFaults`), counted and skipped; what pilot knew of it before stays:
+whatever a parser raises on it (a wrong type, nesting deep enough for
+RecursionError) never ends the informer. Nodes (cluster-scoped) are watched for
+endpoint locality, as metadata only (`metadata.py`), and only their region and
+zone labels kept. Pods (auto mTLS: which endpoints run a sidecar, under which
+service account) are watched in the same namespaces as Services, without the
+ones that are done (a field selector on `status.phase`: completed Jobs' pods
+are most pods of many clusters), and only their IPs, service account, labels
+(tlsMode; workload selectors of PeerAuthentication), phase and container ports
+kept. The local cluster's registry (`peer_authentications=True`) also watches
+Istio's PeerAuthentication (`peer_authentications.py`), in the same namespaces
+and the root namespace. Each informer runs as a task of the supervisor it is
+given (`Watching`).
 """
 
 from __future__ import annotations
