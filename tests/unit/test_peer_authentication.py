@@ -7,7 +7,6 @@ namespace. Workload selectors and port-level modes: test_workload_peer_authentic
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import pytest
