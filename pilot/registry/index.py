@@ -329,12 +329,17 @@ class EndpointIndex:
 
     def pod_labels_in(self, namespace: str, ip: str) -> list[dict[str, str]]:
         """The labels of each pod of `namespace` at `ip`, in any cluster (a sidecar's own
-        pod: never one of another namespace, whatever claims the IP there)."""
+        pod: never one of another namespace, whatever claims the IP there). Empty where
+        none is known, or one's labels were not kept: which one it is cannot be told."""
         found = []
         for cluster in sorted(self._pod_clusters):
             for key in self._pods_at.get((cluster, ip), ()):
-                if key.namespace == namespace:
-                    found.append(dict(self._pods[key].labels))
+                if key.namespace != namespace:
+                    continue
+                labels = self._pods[key].labels
+                if labels is None:
+                    return []
+                found.append(dict(labels))
         return found
 
     def runs_sidecar(self, cluster: str, ip: str) -> bool:

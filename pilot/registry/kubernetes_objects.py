@@ -246,7 +246,7 @@ TLS_MODE_LABEL = "security.istio.io/tlsMode"
 ISTIO_TLS_MODE = "istio"
 MAX_POD_IPS = 2  # Kubernetes allows one address per family
 MAX_POD_PORTS = 256  # container ports of one pod
-MAX_POD_LABELS = 256  # labels of one pod (kept for workload selectors)
+MAX_POD_LABELS = 64  # labels of one pod kept for workload selectors (more: none kept)
 MAX_LABEL_CHARS = 317  # a label key: a 253-character prefix, '/', 63 characters
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
@@ -308,16 +308,18 @@ def _container_ports(obj: Obj, spec: Mapping[str, Any]) -> tuple[EndpointPort, .
     return tuple(ports)
 
 
-def _pod_labels(obj: Obj, labels: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    """Labels as sorted pairs of shared strings (replicas of one workload share them)."""
+def _pod_labels(labels: Mapping[str, Any]) -> tuple[tuple[str, str], ...] | None:
+    """Labels as sorted pairs of shared strings (replicas of one workload share them);
+    None where they are not kept (too many, too long, not strings): the pod stays (its
+    IPs and sidecar matter to auto mTLS), and no selector can be told to match it."""
     if len(labels) > MAX_POD_LABELS:
-        raise _fail(obj, f"metadata.labels has {len(labels)} labels (at most {MAX_POD_LABELS})")
+        return None
     pairs = []
     for key, value in labels.items():
         if not isinstance(key, str) or not isinstance(value, str):
-            raise _fail(obj, "metadata.labels must map strings to strings")
+            return None
         if len(key) > MAX_LABEL_CHARS or len(value) > MAX_LABEL_CHARS:
-            raise _fail(obj, "metadata.labels has an overlong label")
+            return None
         pairs.append((sys.intern(key), sys.intern(value)))
     return tuple(sorted(pairs))
 
@@ -355,5 +357,5 @@ def parse_pod(obj: Obj, cluster: str = "") -> Pod:
         labels.get(TLS_MODE_LABEL) == ISTIO_TLS_MODE,
         sys.intern(phase),
         _container_ports(obj, spec),
-        _pod_labels(obj, labels),
+        _pod_labels(labels),
     )

@@ -175,8 +175,9 @@ class Pod:
     istio_mtls: bool = False  # labelled security.istio.io/tlsMode: istio (it runs a sidecar)
     phase: str = ""
     ports: tuple[EndpointPort, ...] = ()  # its containers' ports
-    # Its labels, sorted (key, value) pairs, for workload selectors (PeerAuthentication).
-    labels: tuple[tuple[str, str], ...] = ()
+    # Its labels, sorted (key, value) pairs, for workload selectors (PeerAuthentication);
+    # None: too many or malformed to keep, so no selector can be told to match it.
+    labels: tuple[tuple[str, str], ...] | None = ()
 
     @property
     def serves_endpoints(self) -> bool:

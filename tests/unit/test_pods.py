@@ -63,7 +63,9 @@ def test_a_pod_keeps_its_ips_account_sidecar_phase_and_ports() -> None:
         True,
         "Running",
         (EndpointPort("http", 8080),),
+        parsed.labels,
     )
+    assert dict(parsed.labels or ()).get("security.istio.io/tlsMode") == "istio"
     assert parsed.serves_endpoints
 
 
@@ -138,6 +140,7 @@ def test_huge_labels_cost_nothing_kept() -> None:
     raw = pod("web-1", "10.0.0.1", labels={f"k{i}": "v" * 60 for i in range(5000)})
     parsed = parse_pod(raw)
     assert parsed.ips == ("10.0.0.1",) and not parsed.istio_mtls
+    assert parsed.labels is None, "none kept: no selector can be told to match it"
 
 
 def test_many_pods_share_their_namespace_and_account_strings() -> None:
@@ -182,8 +185,12 @@ def test_turning_a_sidecar_off_is_an_endpoint_change() -> None:
 def test_status_and_label_churn_changes_nothing_served() -> None:
     index = _index()
     index.upsert_pod(_pod(service_account="web", sidecar=True))
+    relabelled = index.upsert_pod(_pod(service_account="web", sidecar=True, labels={"v": "2"}))
+    assert not relabelled.full and not relabelled.endpoints
+    assert relabelled.workloads == {"10.0.0.1"}, "only its sidecar's policies may move"
     assert not index.upsert_pod(_pod(service_account="web", sidecar=True, labels={"v": "2"}))
-    assert not index.upsert_pod(_pod(service_account="web", sidecar=True, phase="Pending"))
+    pending = _pod(service_account="web", sidecar=True, labels={"v": "2"}, phase="Pending")
+    assert not index.upsert_pod(pending)
 
 
 def test_a_pod_that_finishes_is_forgotten() -> None:
@@ -216,7 +223,8 @@ def test_a_remote_pod_claiming_a_local_ip_changes_no_local_endpoint() -> None:
     index = _index()
     index.upsert_pod(_pod(service_account="web", sidecar=True))
     intruder = parse_pod(pod("evil", "10.0.0.1", service_account="evil"), WEST)
-    assert not index.upsert_pod(intruder)
+    change = index.upsert_pod(intruder)
+    assert not change.full and not change.endpoints
     assert index.service_accounts(WEB) == {("default", "web")}
     assert index.pod_at(EAST, "10.0.0.1") == _pod(service_account="web", sidecar=True)
 

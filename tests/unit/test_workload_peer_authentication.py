@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pilot.registry.index import EndpointIndex
-from pilot.registry.kubernetes_objects import ObjectError, parse_pod
+from pilot.registry.kubernetes_objects import parse_pod
 from pilot.registry.model import Pod, PodKey
 from pilot.registry.peer_authentication import (
     MAX_PORT_LEVEL_MTLS,
@@ -167,7 +167,6 @@ def test_a_pod_not_known_gets_the_strictest_any_workload_policy_could_give() -> 
         ({"portLevelMtls": {8080: {"mode": "strict"}}}, "not one of"),
         ({"portLevelMtls": {8080: {"mode": S}, "8080": {"mode": D}}}, "port 8080 twice"),
         ({"portLevelMtls": ["8080"]}, "portLevelMtls must be a mapping"),
-        ({"selector": "app=reviews"}, "spec.selector must be a mapping"),
         ({"selector": {"matchLabels": {"app": 7}}}, "must map strings"),
         ({"selector": {"matchLabels": {"app": ["x"]}}}, "must map strings"),
         ({"selector": {"matchLabels": {"app": "x" * 400}}}, "overlong"),
@@ -225,11 +224,15 @@ def pod_object(namespace: str, name: str, ip: str, labels: Any) -> dict[str, Any
     }
 
 
-def test_a_pods_labels_are_kept_and_garbage_labels_refuse_it() -> None:
-    pod = parse_pod(pod_object("shop", "r-1", "10.1.0.1", REVIEWS), "c1")
-    assert dict(pod.labels) == REVIEWS
-    with pytest.raises(ObjectError, match=r"metadata\.labels must map strings"):
-        parse_pod(pod_object("shop", "r-1", "10.1.0.1", {"app": 3}), "c1")
+def test_a_pods_labels_are_kept_and_garbage_labels_leave_its_workload_unknown() -> None:
+    index = EndpointIndex()
+    index.upsert_pod(parse_pod(pod_object("shop", "r-1", "10.1.0.1", REVIEWS), "c1"))
+    assert index.pod_labels_in("shop", "10.1.0.1") == [REVIEWS]
+    for garbage in ({"app": 3}, {"app": "x" * 400}, {f"k{i}": "v" for i in range(65)}):
+        pod = parse_pod(pod_object("shop", "r-1", "10.1.0.1", garbage), "c1")
+        assert pod.ips == ("10.1.0.1",), "the pod stays, for auto mTLS"
+        index.upsert_pod(pod)
+        assert index.pod_labels_in("shop", "10.1.0.1") == [], "unknown: fails closed"
 
 
 def test_only_pods_of_the_namespace_asked_are_a_sidecars_own() -> None:
