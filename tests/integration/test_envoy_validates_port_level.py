@@ -2,10 +2,10 @@
 
 The registry file (the file source) names the pod's services and Pod, a
 namespace-wide STRICT policy with port exceptions (one on a port no service
-names, one on 15006 itself), and a workload policy selecting the pod by its
+names, two on the sidecar's own ports), and a workload policy selecting the pod by its
 labels. What pilot serves that sidecar goes into a bootstrap that `envoy --mode
 validate` must accept, with each port's chains in its mode and no chain of a
-port's own for 15006 (it stays the blackhole's).
+port's own for 15006 (it stays the blackhole's) or 15001.
 """
 
 from __future__ import annotations
@@ -42,7 +42,11 @@ def objects() -> list[dict[str, Any]]:
         "spec": {"serviceAccountName": "reviews"},
         "status": {"phase": "Running", "podIP": POD_IP},
     }
-    namespace_ports = {"8080": {"mode": "PERMISSIVE"}, "15006": {"mode": "DISABLE"}}
+    namespace_ports = {
+        "8080": {"mode": "PERMISSIVE"},
+        "15006": {"mode": "DISABLE"},  # the sidecar's own ports: no chain of their own
+        "15001": {"mode": "DISABLE"},
+    }
     workload_ports = {"5432": {"mode": "DISABLE"}, "12345": {"mode": "PERMISSIVE"}}
     return [
         reviews,
