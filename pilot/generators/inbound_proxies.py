@@ -63,7 +63,7 @@ from pilot.logs import clipped
 from pilot.push.request import Changes, PushRequest
 from pilot.registry.index import EndpointIndex
 from pilot.registry.model import EndpointPort, EndpointSet, EndpointSetKey, ServiceKey
-from pilot.registry.peer_authentication import PeerAuthentications
+from pilot.registry.peer_authentication import Labels, PeerAuthentications, WorkloadModes
 from pilot.security.identity import Identity
 from pilot.stats import XdsStats
 from pilot.xds import types
@@ -164,6 +164,9 @@ class InboundGenerator:
         self._unfollowed: set[ServiceKey] = set()
         self.failed_closed = 0  # shapes given the strictest modes (workload unknown)
         self._warned: set[tuple[str, str]] = set()
+        # During one build: the modes of each (namespace, pods' labels) asked, so that a
+        # namespace's policy change costs its distinct workloads, not its proxies.
+        self._modes_seen: dict[tuple[str, tuple[Labels, ...]], WorkloadModes] = {}
 
     # -- what the pipeline asks ------------------------------------------------
 
@@ -180,6 +183,7 @@ class InboundGenerator:
         self._follow_all()
         namespace = namespace_of(proxy, claimed)
         sidecar = _Sidecar(ip, namespace, self._shape(ip, namespace, proxy))
+        self._modes_seen.clear()
         self._sidecars[proxy] = sidecar
         self._at_ip.setdefault(ip, set()).add(proxy)
         self._read(proxy, None, sidecar.shape)
@@ -214,10 +218,13 @@ class InboundGenerator:
                 if everyone or s.namespace in request.mtls_namespaces
             }
         changes = Changes()
-        for proxy in sorted(affected, key=lambda p: (p.node_id, p.identity or "")):
-            moved = self._reshape(proxy)
-            if moved:
-                changes.owned[proxy] = moved
+        try:
+            for proxy in sorted(affected, key=lambda p: (p.node_id, p.identity or "")):
+                moved = self._reshape(proxy)
+                if moved:
+                    changes.owned[proxy] = moved
+        finally:
+            self._modes_seen.clear()  # the policies may change before the next build
         return changes
 
     # -- shapes --------------------------------------------------------------------
@@ -243,10 +250,17 @@ class InboundGenerator:
                     # selects pods on 15090 (metrics) or 15021 is common and honest.
                     if target is not None and not reserved(target):
                         ports.setdefault(target, protocol)  # first service by name wins
-        modes = self._policies.modes_for(namespace, self._index.pod_labels_in(namespace, ip))
+        modes = self._modes(namespace, self._index.pod_labels_in(namespace, ip))
         if modes.uncertain:
             self._fail_closed(ip, namespace, proxy)
         return InboundShape(tuple(sorted(ports.items())), modes.mode, modes.ports)
+
+    def _modes(self, namespace: str, workloads: list[dict[str, str]]) -> WorkloadModes:
+        key = (namespace, tuple(tuple(sorted(labels.items())) for labels in workloads))
+        modes = self._modes_seen.get(key)
+        if modes is None:
+            modes = self._modes_seen[key] = self._policies.modes_for(namespace, workloads)
+        return modes
 
     def _fail_closed(self, ip: str, namespace: str, proxy: ProxyKey) -> None:
         """Counted each time such a shape is computed; said once per (IP, namespace)."""
