@@ -2,8 +2,12 @@
 
 A sidecar's inbound side depends on three things: its IP (the second field of
 its node id, `sidecar~IP~POD.NS~NS.svc.cluster.local`), the target ports of
-the services whose endpoints include that IP (their protocol from the service
-port), and the mTLS mode of its namespace (PeerAuthentication). Those make its
+the services of its own namespace whose endpoints include that IP (their
+protocol from the service port), and the mTLS mode of its namespace
+(PeerAuthentication). Only its own namespace's: as in Istio, where a proxy's
+inbound side comes from the services that select its pod (and a Service
+selects pods of its namespace only), an EndpointSlice of another namespace
+naming the pod's address adds no port to it and changes no port's protocol. Those make its
 `InboundShape`; the listener and clusters are a function of the shape alone,
 so each shape is built and serialized once, into a cache table of its own
 (listeners: one per shape; clusters: one per port set), and every proxy of that
@@ -23,8 +27,8 @@ Bounded: a shape exists while some connected proxy reads it (dropped with the
 last one), and a shape is made of what the registry says (ports of services,
 PeerAuthentication modes), never of what a node claims beyond its IP and
 namespace: at most one shape per connected sidecar, and at most
-3 modes x (the distinct port sets of the registry's endpoint IPs, plus the
-empty one) in all.
+3 modes x (the distinct port sets of the registry's (endpoint IP, namespace)
+pairs, plus the empty one) in all.
 
 What a change touches: an endpoint set whose addresses or ports moved, the
 ports of a service (its IPs), a namespace's mode. Only the proxies at those
@@ -212,10 +216,13 @@ class InboundGenerator:
     # -- shapes --------------------------------------------------------------------
 
     def _shape(self, ip: str, namespace: str) -> InboundShape:
-        """The shape of a sidecar at `ip` in `namespace`, from the registry as it is."""
+        """The shape of a sidecar at `ip` in `namespace`, from the registry as it is: the
+        endpoint sets of its namespace at its address (another namespace's claim none)."""
         ports: dict[int, InboundProtocol] = {}
         by_service: dict[ServiceKey, list[tuple[EndpointPort, ...]]] = {}
         for set_key in self._sets_at.get(ip, ()):
+            if set_key.namespace != namespace:
+                continue
             endpoint_set, where = self._sets[set_key]
             by_service.setdefault(endpoint_set.service, []).append(where[ip])
         for key in sorted(by_service):
