@@ -326,15 +326,14 @@ class EndpointIndex:
     def pod_for(self, key: EndpointSetKey, ip: str, pod_name: str | None) -> Pod | None:
         """The pod of set `key`'s endpoint at `ip` whose targetRef names `pod_name`
         (`Endpoint.pod_name`), if pilot knows it: see the module's rules."""
-        if pod_name is None:
-            for claimant in self._pods_at.get((key.cluster, ip), ()):  # sorted by name
-                if claimant.namespace == key.namespace:
-                    return self._pods[claimant]
-            return None
         if pod_name == NO_POD:
             return None
-        pod = self._pods.get(PodKey(key.cluster, key.namespace, pod_name))
-        return pod if pod is not None and ip in pod.ips else None
+        # The pods holding `ip`, sorted by namespace and name: a named pod is its only if
+        # it holds the endpoint's address, so it is among them too.
+        for claimant in self._pods_at.get((key.cluster, ip), ()):
+            if claimant.namespace == key.namespace and pod_name in (None, claimant.name):
+                return self._pods[claimant]
+        return None
 
     def runs_sidecar(self, key: EndpointSetKey, endpoint: Endpoint, ip: str) -> bool:
         """Whether the pod of set `key`'s `endpoint` at `ip` is labelled
