@@ -2,12 +2,8 @@
 
 A sidecar's inbound side depends on three things: its IP (the second field of
 its node id, `sidecar~IP~POD.NS~NS.svc.cluster.local`), the target ports of
-the services of its own namespace whose endpoints include that IP (their
-protocol from the service port), and the mTLS mode of its namespace
-(PeerAuthentication). Only its own namespace's: as in Istio, where a proxy's
-inbound side comes from the services that select its pod (and a Service
-selects pods of its namespace only), an EndpointSlice of another namespace
-naming the pod's address adds no port to it and changes no port's protocol. Those make its
+the services whose endpoints include that IP (their protocol from the service
+port), and the mTLS mode of its namespace (PeerAuthentication). Those make its
 `InboundShape`; the listener and clusters are a function of the shape alone,
 so each shape is built and serialized once, into a cache table of its own
 (listeners: one per shape; clusters: one per port set), and every proxy of that
@@ -15,6 +11,12 @@ shape reads the same bytes through an overlay (`ResourceCache.set_overlay`)
 laid over the REDIRECT listener flavor and the ADS_WITH_LISTENERS cluster
 flavor: streams that read no listeners, or in INTERCEPTION_MODE NONE (nothing
 is captured there, and the app is reached directly), get none of it.
+
+Whose services: only those of the sidecar's own namespace (the one below).
+As in Istio, where a proxy's inbound side comes from the Services that select
+its pod (and a Service selects pods of its own namespace only), an
+EndpointSlice of another namespace naming the pod's address adds no port to it
+and changes no port's protocol.
 
 Which namespace: the one the proxy *proved* (its SPIFFE identity's), when it
 proved one; else its node id's. Either way the namespace only picks which of
