@@ -99,8 +99,8 @@ LEGACY = "Endpoints"  # the kind of a legacy endpoint set (EndpointSet.legacy)
 Address = tuple[str, str]  # (cluster id, IP)
 Identity = tuple[str, str]  # (namespace, service account)
 View = tuple[bool, Identity]  # what an endpoint takes from its pod: sidecar or not, identity
-# An endpoint set's claim on a pod: one of its addresses, and the pod its endpoint there
-# names (Endpoint.pod_name); the same for every set of its cluster and namespace.
+# An endpoint set's claim on a pod: the set, one of its addresses, and the pod its endpoint
+# there names (Endpoint.pod_name); counted once per set, however many endpoints repeat it.
 Claim = tuple[EndpointSetKey, str, str | None]
 
 
