@@ -8,7 +8,8 @@ sorted, so equal content serializes to equal bytes. Each endpoint carries the
 id of the cluster it came from in its metadata (`istio` / `cluster_id`), so
 Envoy's access logs (`%UPSTREAM_METADATA(istio:cluster_id)%`) tell them apart.
 An endpoint whose pod runs a sidecar (`sidecar`: the index's answer for its
-cluster and address) carries `envoy.transport_socket_match: {tlsMode: istio}`,
+endpoint set, the endpoint and its address, which finds its pod by its
+targetRef) carries `envoy.transport_socket_match: {tlsMode: istio}`,
 as Istio puts it: a sidecar's cluster then picks its mTLS transport socket for
 it (`pilot.generators.mtls`), and plaintext for the others.
 
@@ -33,7 +34,7 @@ from collections.abc import Callable, Iterable
 from envoy.config.core.v3 import health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 
-from pilot.registry.model import Endpoint, EndpointSet, Health, ServicePort
+from pilot.registry.model import Endpoint, EndpointSet, EndpointSetKey, Health, ServicePort
 from pilot.xds.locality import NOWHERE, Locality, priorities
 from pilot.xds.resource import length_delimited, varint_field
 
@@ -48,7 +49,8 @@ _PREFERENCE = {Health.HEALTHY: 0, Health.DRAINING: 1}
 HostKey = tuple[str, int]
 Host = tuple[Health, Locality, str, bool]  # health, where it is, cluster id, runs a sidecar
 Locate = Callable[[str, Endpoint], Locality]  # (cluster id, endpoint) -> its locality
-Sidecar = Callable[[str, str], bool]  # (cluster id, address) -> its pod runs a sidecar
+# (its endpoint set, the endpoint, an address of it) -> its pod runs a sidecar
+Sidecar = Callable[[EndpointSetKey, Endpoint, str], bool]
 METADATA_KEY = "istio"
 CLUSTER_ID_FIELD = "cluster_id"
 TRANSPORT_SOCKET_MATCH_KEY = "envoy.transport_socket_match"
@@ -62,7 +64,7 @@ def zone_only(cluster: str, endpoint: Endpoint) -> Locality:
     return _zone(endpoint.zone)
 
 
-def no_sidecar(cluster: str, address: str) -> bool:
+def no_sidecar(key: EndpointSetKey, endpoint: Endpoint, address: str) -> bool:
     """For callers that know no Pods: no endpoint runs a sidecar."""
     return False
 
@@ -95,7 +97,8 @@ def collect_hosts(
                     known = hosts.get(key)
                     if known is None or _PREFERENCE[health] < _PREFERENCE[known[0]]:
                         where = locate(cluster, endpoint)
-                        hosts[key] = (health, where, cluster, sidecar(cluster, address))
+                        mtls = sidecar(endpoint_set.key, endpoint, address)
+                        hosts[key] = (health, where, cluster, mtls)
     return hosts
 
 

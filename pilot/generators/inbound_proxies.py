@@ -15,6 +15,12 @@ laid over the REDIRECT listener flavor and the ADS_WITH_LISTENERS cluster
 flavor: streams that read no listeners, or in INTERCEPTION_MODE NONE (nothing
 is captured there, and the app is reached directly), get none of it.
 
+Whose services: only those of the sidecar's own namespace (the one below).
+As in Istio, where a proxy's inbound side comes from the Services that select
+its pod (and a Service selects pods of its own namespace only), an
+EndpointSlice of another namespace naming the pod's address adds no port to it
+and changes no port's protocol.
+
 Which namespace: the one the proxy *proved* (its SPIFFE identity's), when it
 proved one; else its node id's. Where workload policies exist there and its Pod
 is not known (or several Pods of the namespace claim its IP), it gets the
@@ -29,8 +35,8 @@ Bounded: a shape exists while some connected proxy reads it (dropped with the
 last one), and a shape is made of what the registry says (ports of services,
 PeerAuthentication modes), never of what a node claims beyond its IP and
 namespace: at most one shape per connected sidecar, and at most
-(the distinct port sets of the registry's endpoint IPs, plus the empty one) x
-(the distinct modes the policies give) in all.
+(the distinct port sets of the registry's (endpoint IP, namespace) pairs, plus
+the empty one) x (the distinct modes the policies give) in all.
 
 What a change touches: an endpoint set whose addresses or ports moved, the
 ports of a service (its IPs), a pod's labels (its IPs), a namespace's policies.
@@ -230,10 +236,13 @@ class InboundGenerator:
     # -- shapes --------------------------------------------------------------------
 
     def _shape(self, ip: str, namespace: str, proxy: ProxyKey) -> InboundShape:
-        """The shape of a sidecar at `ip` in `namespace`, from the registry as it is."""
+        """The shape of a sidecar at `ip` in `namespace`, from the registry as it is: the
+        endpoint sets of its namespace at its address (another namespace's claim none)."""
         ports: dict[int, InboundProtocol] = {}
         by_service: dict[ServiceKey, list[tuple[EndpointPort, ...]]] = {}
         for set_key in self._sets_at.get(ip, ()):
+            if set_key.namespace != namespace:
+                continue
             endpoint_set, where = self._sets[set_key]
             by_service.setdefault(endpoint_set.service, []).append(where[ip])
         for key in sorted(by_service):

@@ -23,19 +23,28 @@ is its Node's, else its cluster's id (Istio's region-less fallback: endpoints
 of a cluster without topology labels still form one locality per cluster, so
 a proxy that names that cluster as its region prefers them).
 
-Pods (auto mTLS): the index keeps each cluster's Pods by IP and which endpoint
-sets have an endpoint at each (cluster, IP), so an endpoint finds its pod
-(`pod_at`: does it run a sidecar, under which service account). Only a pod of
-the endpoint's own cluster is its: a remote cluster's pod claiming the IP of a
-local one changes nothing of the local endpoint. Where two pods of one cluster
-claim one IP (a pod replaced faster than its old one went away), the first by
-namespace and name is the one used, whichever arrived first. A service's
-service accounts (`service_accounts`: its endpoints' pods', in every cluster,
-counted as addresses come and go, so no change recounts a whole service)
-name the identities its clusters accept: a change of that set is a full change
-of the service; a pod change that only turns an endpoint's sidecar on or off is
-an endpoint change of the services with endpoints at its IP; anything else of a
-pod (its status, other labels) changes no service. A pod that came, went, moved
+Pods (auto mTLS): the index keeps each cluster's Pods by name and by IP, and
+which endpoint sets have an endpoint at each (cluster, IP), so an endpoint finds
+its pod (`pod_for`: does it run a sidecar, under which service account) the way
+Istio does, by its object's owner reference, never by whoever claims its
+address:
+- an endpoint whose targetRef names a Pod is that pod's, and only if that pod
+  exists in the endpoint set's own cluster and namespace and holds the
+  endpoint's address (else it has no pod); a targetRef to another namespace's
+  Pod gives it no pod (`NO_POD`, read so by the parser);
+- an endpoint without one (no targetRef, or one to another kind) is the pod's
+  at its address in the set's own cluster and namespace; where several claim
+  it (a pod replaced faster than its old one went away), the first by name,
+  whichever arrived first.
+So a Pod claiming an IP never crosses clusters or namespaces and never overrides
+a targetRef, and the answer depends on what the registry holds, not on the
+order it arrived in. A service's service accounts (`service_accounts`: its
+endpoints' pods', in every cluster, counted per (address, named pod) of each
+endpoint set as they come and go, so no change recounts a whole service) name
+the identities its clusters accept: a change of that set is a full change of
+the service; a pod change that only turns an endpoint's sidecar on or off is an
+endpoint change of the services whose endpoints it is; anything else of a pod
+(its status, other labels) changes no service. A pod that came, went, moved
 or changed its labels is a `workloads` change of its IPs: the sidecars there
 may be selected by other PeerAuthentications (`pod_labels_in`: the labels of a
 namespace's pods at an IP).
@@ -48,6 +57,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pilot.registry.model import (
+    NO_POD,
     Endpoint,
     EndpointSet,
     EndpointSetKey,
@@ -99,6 +109,10 @@ LEGACY = "Endpoints"  # the kind of a legacy endpoint set (EndpointSet.legacy)
 
 Address = tuple[str, str]  # (cluster id, IP)
 Identity = tuple[str, str]  # (namespace, service account)
+View = tuple[bool, Identity]  # what an endpoint takes from its pod: sidecar or not, identity
+# An endpoint set's claim on a pod: the set, one of its addresses, and the pod its endpoint
+# there names (Endpoint.pod_name); counted once per set, however many endpoints repeat it.
+Claim = tuple[EndpointSetKey, str, str | None]
 
 
 @dataclass
@@ -289,8 +303,8 @@ class EndpointIndex:
         old = self._pods.get(pod.key)
         if old == pod:
             return NO_CHANGE
-        addresses = _pod_addresses(old) | _pod_addresses(pod)
-        before = {address: self._view_at(address) for address in addresses}
+        claims = self._claims_on(pod.key, _pod_addresses(old) | _pod_addresses(pod))
+        before = {claim: self._view(*claim) for claim in claims}
         if old is not None:
             self._unclaim(old)
         else:
@@ -304,7 +318,8 @@ class EndpointIndex:
         old = self._pods.get(key)
         if old is None:
             return NO_CHANGE
-        before = {address: self._view_at(address) for address in _pod_addresses(old)}
+        claims = self._claims_on(key, _pod_addresses(old))
+        before = {claim: self._view(*claim) for claim in claims}
         self._unclaim(old)
         del self._pods[key]
         self._pod_clusters[key.cluster] -= 1
@@ -321,11 +336,9 @@ class EndpointIndex:
         changes += [self.upsert_pod(pod) for pod in wanted.values()]
         return IndexChange.union(changes)
 
-    def pod_at(self, cluster: str, ip: str) -> Pod | None:
-        """The pod an endpoint of `cluster` at `ip` is (the first by name of those claiming
-        it), if pilot knows it."""
-        claimants = self._pods_at.get((cluster, ip))
-        return self._pods[claimants[0]] if claimants else None
+    def pod(self, key: PodKey) -> Pod | None:
+        """A pod the index holds, by its key."""
+        return self._pods.get(key)
 
     def pod_labels_in(self, namespace: str, ip: str) -> list[dict[str, str]]:
         """The labels of each pod of `namespace` at `ip`, in any cluster (a sidecar's own
@@ -342,9 +355,22 @@ class EndpointIndex:
                 found.append(dict(labels))
         return found
 
-    def runs_sidecar(self, cluster: str, ip: str) -> bool:
-        """Whether the endpoint's pod is labelled `security.istio.io/tlsMode: istio`."""
-        pod = self.pod_at(cluster, ip)
+    def pod_for(self, key: EndpointSetKey, ip: str, pod_name: str | None) -> Pod | None:
+        """The pod of set `key`'s endpoint at `ip` whose targetRef names `pod_name`
+        (`Endpoint.pod_name`), if pilot knows it: see the module's rules."""
+        if pod_name == NO_POD:
+            return None
+        # The pods holding `ip`, sorted by namespace and name: a named pod is its only if
+        # it holds the endpoint's address, so it is among them too.
+        for claimant in self._pods_at.get((key.cluster, ip), ()):
+            if claimant.namespace == key.namespace and pod_name in (None, claimant.name):
+                return self._pods[claimant]
+        return None
+
+    def runs_sidecar(self, key: EndpointSetKey, endpoint: Endpoint, ip: str) -> bool:
+        """Whether the pod of set `key`'s `endpoint` at `ip` is labelled
+        `security.istio.io/tlsMode: istio`."""
+        pod = self.pod_for(key, ip, endpoint.pod_name)
         return pod is not None and pod.istio_mtls
 
     def service_accounts(self, service: ServiceKey) -> frozenset[Identity]:
@@ -363,34 +389,45 @@ class EndpointIndex:
             else:
                 self._pods_at.pop(address, None)
 
-    def _view_at(self, address: Address) -> tuple[bool, Identity] | None:
-        """What endpoints at `address` take from their pod: sidecar or not, and identity."""
-        pod = self.pod_at(*address)
+    def _claims_on(self, pod: PodKey, addresses: Iterable[Address]) -> list[Claim]:
+        """The claims at `addresses` whose pod a change of `pod` can change: those of sets
+        of its namespace naming it or naming none (no other can ever be its)."""
+        claims: list[Claim] = []
+        for address in addresses:
+            ip = address[1]
+            for key in self._sets_with(address):
+                if key.namespace != pod.namespace:
+                    continue
+                for name in _names_at(self._sets[key], ip):
+                    if name is None or name == pod.name:
+                        claims.append((key, ip, name))
+        return claims
+
+    def _view(self, key: EndpointSetKey, ip: str, pod_name: str | None) -> View | None:
+        """What set `key`'s endpoint at `ip` naming `pod_name` takes from its pod."""
+        pod = self.pod_for(key, ip, pod_name)
         if pod is None:
             return None
         return pod.istio_mtls, (pod.key.namespace, pod.service_account)
 
     def _pods_changed(
-        self,
-        before: dict[Address, tuple[bool, Identity] | None],
-        workloads: frozenset[str] = frozenset(),
+        self, before: dict[Claim, View | None], workloads: frozenset[str] = frozenset()
     ) -> IndexChange:
-        """What pod changes at these addresses mean for the services with endpoints there
-        (and for the sidecars at `workloads`, whose pod's labels moved)."""
+        """What pod changes under these claims mean for the services making them (and for
+        the sidecars at `workloads`, whose pod's labels moved)."""
         sidecar: set[ServiceKey] = set()
         counted: set[ServiceKey] = set()
-        for address, was in before.items():
-            now = self._view_at(address)
+        for claim, was in before.items():
+            now = self._view(*claim)
             if now == was:
                 continue
-            for key in self._sets_with(address):
-                endpoint_set = self._sets[key]
-                if not self._feeds(endpoint_set):
-                    continue  # legacy Endpoints hidden by slices: nothing served moves
-                if _sidecar(now) != _sidecar(was):
-                    sidecar.add(endpoint_set.service)
-                self._bump(endpoint_set.service, _identity(was), -1, counted)
-                self._bump(endpoint_set.service, _identity(now), 1, counted)
+            endpoint_set = self._sets[claim[0]]
+            if not self._feeds(endpoint_set):
+                continue  # legacy Endpoints hidden by slices: nothing served moves
+            if _sidecar(now) != _sidecar(was):
+                sidecar.add(endpoint_set.service)
+            self._bump(endpoint_set.service, _identity(was), -1, counted)
+            self._bump(endpoint_set.service, _identity(now), 1, counted)
         changes = [self._settle(counted), IndexChange(workloads=workloads)]
         changes += [self._endpoint_change(service) for service in sorted(sidecar)]
         return IndexChange.union(changes)
@@ -445,9 +482,9 @@ class EndpointIndex:
                 self._count(legacy, 1, counted)
 
     def _count(self, endpoint_set: EndpointSet, sign: int, counted: set[ServiceKey]) -> None:
-        cluster = endpoint_set.key.cluster
-        for ip in _ips_of(endpoint_set):
-            self._bump(endpoint_set.service, _identity(self._view_at((cluster, ip))), sign, counted)
+        key = endpoint_set.key
+        for ip, name in _claims_of(endpoint_set):
+            self._bump(endpoint_set.service, _identity(self._view(key, ip, name)), sign, counted)
 
     def _bump(
         self, service: ServiceKey, identity: Identity | None, sign: int, counted: set[ServiceKey]
@@ -593,15 +630,35 @@ def _workload_moved(old: Pod | None, new: Pod) -> frozenset[str]:
     return frozenset(new.ips) | (frozenset(old.ips) if old is not None else frozenset())
 
 
+def _claims_of(endpoint_set: EndpointSet) -> set[tuple[str, str | None]]:
+    """Each (address, the pod its endpoint names) of a set, once."""
+    return {
+        (address, endpoint.pod_name)
+        for group in endpoint_set.groups
+        for endpoint in group.endpoints
+        for address in endpoint.addresses
+    }
+
+
+def _names_at(endpoint_set: EndpointSet, ip: str) -> set[str | None]:
+    """The pods a set's endpoints at `ip` name (one, but for a set listing it twice)."""
+    return {
+        endpoint.pod_name
+        for group in endpoint_set.groups
+        for endpoint in group.endpoints
+        if ip in endpoint.addresses
+    }
+
+
 def _pod_addresses(pod: Pod | None) -> set[Address]:
     return {(pod.key.cluster, ip) for ip in pod.ips} if pod is not None else set()
 
 
-def _sidecar(view: tuple[bool, Identity] | None) -> bool:
+def _sidecar(view: View | None) -> bool:
     return view is not None and view[0]
 
 
-def _identity(view: tuple[bool, Identity] | None) -> Identity | None:
+def _identity(view: View | None) -> Identity | None:
     return view[1] if view is not None else None
 
 

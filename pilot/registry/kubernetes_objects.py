@@ -4,6 +4,12 @@ Accepts what `kubectl get svc,endpointslices,endpoints,pods -A -o yaml` prints
 and what the API server returns. Anything malformed raises `ObjectError` saying
 which object and which field; unknown kinds are the caller's business. Each
 parser stamps the values with the id of the cluster the object came from.
+
+An endpoint's `targetRef` (of an EndpointSlice endpoint, or of a legacy
+Endpoints address) is kept as the name of the Pod it names (`pod_name`), and
+only within the object's own namespace: a targetRef to a Pod of another
+namespace becomes NO_POD (the endpoint has no pod), and a targetRef to any
+other kind is as if absent (its pod is found by address), as Istio reads them.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pilot.registry.model import (
+    NO_POD,
     Endpoint,
     EndpointGroup,
     EndpointPort,
@@ -150,7 +157,24 @@ def _endpoint_ports(obj: Obj, raw_ports: Any, where: str) -> tuple[EndpointPort,
     return tuple(ports)
 
 
-def _slice_endpoint(obj: Obj, raw: Any, i: int) -> Endpoint:
+def _target_pod(obj: Obj, ref: Any, namespace: str, where: str) -> str | None:
+    """The name of the Pod a targetRef names in `namespace` (`Endpoint.pod_name`): None
+    when it names no Pod, NO_POD when it names a Pod of another namespace."""
+    if ref is None:
+        return None
+    if not isinstance(ref, Mapping):
+        raise _fail(obj, f"{where} must be a mapping")
+    if ref.get("kind") != "Pod":
+        return None  # a VM, a Node, or nothing said: the endpoint's pod is found by address
+    name, in_namespace = ref.get("name"), ref.get("namespace") or namespace
+    if not isinstance(name, str) or not isinstance(in_namespace, str):
+        raise _fail(obj, f"{where}.name and {where}.namespace must be strings")
+    if in_namespace != namespace:
+        return NO_POD  # an object names its own namespace's pods only
+    return _checked(obj, name, _DNS_SUBDOMAIN, f"{where}.name")
+
+
+def _slice_endpoint(obj: Obj, raw: Any, i: int, namespace: str) -> Endpoint:
     if not isinstance(raw, Mapping):
         raise _fail(obj, f"endpoints[{i}] must be a mapping")
     addresses = _list(obj, raw.get("addresses"), f"endpoints[{i}].addresses")
@@ -167,6 +191,7 @@ def _slice_endpoint(obj: Obj, raw: Any, i: int) -> Endpoint:
         terminating=_condition(conditions, "terminating", False),
         zone=str(raw.get("zone") or ""),
         node_name=str(raw.get("nodeName") or ""),
+        pod_name=_target_pod(obj, raw.get("targetRef"), namespace, f"endpoints[{i}].targetRef"),
     )
 
 
@@ -183,7 +208,7 @@ def parse_endpoint_slice(obj: Obj, cluster: str = "") -> EndpointSet | None:
     if address_type not in _IP_ADDRESS_TYPES:
         return None
     endpoints = tuple(
-        _slice_endpoint(obj, raw, i)
+        _slice_endpoint(obj, raw, i, namespace)
         for i, raw in enumerate(_list(obj, obj.get("endpoints"), "endpoints"))
     )
     group = EndpointGroup(_endpoint_ports(obj, obj.get("ports"), "ports"), endpoints)
@@ -191,14 +216,19 @@ def parse_endpoint_slice(obj: Obj, cluster: str = "") -> EndpointSet | None:
     return EndpointSet(key, ServiceKey(namespace, service), (group,))
 
 
-def _legacy_addresses(obj: Obj, raw: Any, where: str, ready: bool) -> list[Endpoint]:
+def _legacy_addresses(
+    obj: Obj, raw: Any, where: str, ready: bool, namespace: str
+) -> list[Endpoint]:
     found = []
     for i, address in enumerate(_list(obj, raw, where)):
         ip = address.get("ip") if isinstance(address, Mapping) else None
         if not isinstance(ip, str) or not ip:
             raise _fail(obj, f"{where}[{i}].ip is missing")
         node_name = str(address.get("nodeName") or "")
-        found.append(Endpoint((ip,), ready=ready, serving=ready, node_name=node_name))
+        pod_name = _target_pod(obj, address.get("targetRef"), namespace, f"{where}[{i}].targetRef")
+        found.append(
+            Endpoint((ip,), ready=ready, serving=ready, node_name=node_name, pod_name=pod_name)
+        )
     return found
 
 
@@ -210,9 +240,11 @@ def parse_endpoints(obj: Obj, cluster: str = "") -> EndpointSet:
         if not isinstance(subset, Mapping):
             raise _fail(obj, f"subsets[{i}] must be a mapping")
         where = f"subsets[{i}]"
-        endpoints = _legacy_addresses(obj, subset.get("addresses"), f"{where}.addresses", True)
+        endpoints = _legacy_addresses(
+            obj, subset.get("addresses"), f"{where}.addresses", True, namespace
+        )
         endpoints += _legacy_addresses(
-            obj, subset.get("notReadyAddresses"), f"{where}.notReadyAddresses", False
+            obj, subset.get("notReadyAddresses"), f"{where}.notReadyAddresses", False, namespace
         )
         ports = _endpoint_ports(obj, subset.get("ports"), f"{where}.ports")
         groups.append(EndpointGroup(ports, tuple(endpoints)))

@@ -15,8 +15,10 @@ of its `topology.kubernetes.io/*` labels. Endpoints name their node
 
 A `Pod` is only what auto mTLS needs of a Kubernetes Pod: its IPs, its
 service account, whether it runs a sidecar (`security.istio.io/tlsMode:
-istio`), its phase and container ports. The index finds an endpoint's pod by
-the endpoint's cluster and address.
+istio`), its phase and container ports. An endpoint names its pod the way its
+object's `targetRef` does (`Endpoint.pod_name`): the index finds the pod by
+that name in the endpoint set's own cluster and namespace, and only by address
+(in that cluster and namespace) where the endpoint names no Pod.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from dataclasses import dataclass
 from enum import Enum
 
 DEFAULT_CLUSTER_ID = "Kubernetes"  # Istio's name for the local cluster (`--cluster-id`)
+# `Endpoint.pod_name` of a targetRef to a Pod no pod of the set's namespace can be (one of
+# another namespace): the endpoint has no pod, and no pod at its address can claim it.
+NO_POD = ""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -98,6 +103,9 @@ class Endpoint:
     terminating: bool = False
     zone: str = ""
     node_name: str = ""  # the Node it runs on, which gives its region (and zone if unset)
+    # Its targetRef's Pod, in the set's namespace: None when it names no Pod (a pod at its
+    # address in the set's namespace is its), NO_POD when it names one of another namespace.
+    pod_name: str | None = None
 
     @property
     def health(self) -> Health | None:

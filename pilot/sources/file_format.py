@@ -1,7 +1,8 @@
 """What a registry file may say: Kubernetes objects as JSON or YAML.
 
-Reads Service, EndpointSlice and Endpoints objects, Pods (for auto mTLS:
-their IPs, service account and `security.istio.io/tlsMode` label) and
+Reads Service, EndpointSlice and Endpoints objects (an endpoint's `targetRef`
+too: the Pod it names, as Kubernetes writes it), Pods (for auto mTLS: their
+IPs, service account and `security.istio.io/tlsMode` label) and
 PeerAuthentications (`security.istio.io/v1` or `v1beta1`), one per document or
 in a `kind: List` (what `kubectl get svc,endpointslices,pods -A -o yaml` or
 `-o json` prints). JSON is parsed as JSON (fifty times faster than as YAML,

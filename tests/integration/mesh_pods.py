@@ -111,8 +111,12 @@ def service_object(name: str) -> Obj:
     return obj
 
 
+# The Pod each pod of the mesh is: the slices' targetRefs name it, as Kubernetes writes them.
+POD_WORKLOADS = {"a": FRONTEND, "b": REVIEWS, "c": RATINGS, "d": DETAILS[0], "e": DETAILS[1]}
+
+
 def slice_object(name: str, pods: Iterable[str]) -> Obj:
-    endpoints = [Ep(pod_address(pod)) for pod in pods]
+    endpoints = [Ep(pod_address(pod), pod=POD_WORKLOADS[pod].pod_name) for pod in pods]
     return endpoint_slice(name, endpoints, APP_NAMESPACE, ports=(("http", PORT),))
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from pilot.registry.model import ServiceKey
+from pilot.registry.model import PodKey, ServiceKey
 from tests.harness.envoy_process import wait_until
 from tests.integration.kube_helpers import kube_api, ready_status
 from tests.integration.pod_views import sidecar_view as view_of
@@ -96,7 +96,8 @@ async def test_hostile_pods_from_the_api_server_are_skipped_and_change_nothing(
         assert await sidecar_view(client.delta_ads(SIDECAR)) == before
         assert await ready_status(pilot.http_port) == 200
         index = pilot.discovery.index
-        assert index.pod_at("Kubernetes", "127.0.5.2") is not None, "huge labels: kept, small"
+        huge = PodKey("Kubernetes", "default", "huge")
+        assert index.pod(huge) is not None, "huge labels: kept, small"
         assert index.pod_count == 2
     lines = [r.getMessage() for r in caplog.records if "Pod" in r.getMessage()]
     assert lines, "the skipped pods are logged"
@@ -113,7 +114,7 @@ async def test_pod_churn_leaves_nothing_behind(tmp_path: Path) -> None:
             srv.delete("Pod", "default", f"churn-{i}")
         srv.apply(pod("last", "127.0.8.1"))
         await wait_until(
-            lambda: index.pod_at("Kubernetes", "127.0.8.1"),
+            lambda: index.pod(PodKey("Kubernetes", "default", "last")),
             TIMEOUT,
             "the pod after the churn (the same watch: the churn is applied before it)",
         )

@@ -20,6 +20,7 @@ class Ep:
     terminating: bool | None = None
     zone: str = ""
     node: str = ""  # nodeName
+    pod: str = ""  # targetRef: this Pod of the slice's namespace, as Kubernetes writes it
 
 
 def service(
@@ -97,6 +98,8 @@ def endpoint_slice(
             item["zone"] = ep.zone
         if ep.node:
             item["nodeName"] = ep.node
+        if ep.pod:
+            item["targetRef"] = {"kind": "Pod", "namespace": namespace, "name": ep.pod}
         eps.append(item)
     return {
         "apiVersion": "discovery.k8s.io/v1",

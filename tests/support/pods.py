@@ -18,6 +18,9 @@ ClusterIPs, 198.19.0.0/16) out of eth0, as a pod's default route would: a
 connection to a ClusterIP needs a route before the capture rules rewrite it.
 Those files go with the namespaces.
 
+`add_pod_at(network, name, address_of)` adds a pod at another pod's address
+(two interfaces with one address on the bridge: a test takes one down).
+
 `socket_in(namespace, host, port)` makes a listening socket inside a pod's
 namespace for a server of this process (a socket keeps the namespace it was
 made in): the test's in-process API server listens inside the control pod.
@@ -274,6 +277,16 @@ async def pod_network(
         yield network
     finally:
         _remove(network)
+
+
+def add_pod_at(
+    network: PodNetwork, name: str, address_of: str, hosts: Mapping[str, str] | None = None
+) -> Pod:
+    """One more pod on the bridge at the address pod `address_of` has (for tests of who may
+    answer for an address: take the other's eth0 down first); removed with the network."""
+    check_pods([*network.pods, name], hosts or {})
+    index = int(network[address_of].address.rsplit(".", 1)[1]) - 2
+    return _add_pod(network, name, index, hosts or {})
 
 
 def socket_in(namespace: str, host: str, port: int = 0) -> socket.socket:

@@ -152,6 +152,17 @@ def test_many_pods_share_their_namespace_and_account_strings() -> None:
 # -- the index ---------------------------------------------------------------------------
 
 
+def _marked(index: EndpointIndex, ip: str, service: ServiceKey = WEB) -> bool:
+    """Whether the index marks `service`'s endpoint at `ip` for mTLS (its pod's sidecar)."""
+    return any(
+        index.runs_sidecar(endpoint_set.key, endpoint, ip)
+        for endpoint_set in index.endpoint_sets(service)
+        for group in endpoint_set.groups
+        for endpoint in group.endpoints
+        if ip in endpoint.addresses
+    )
+
+
 def _index() -> EndpointIndex:
     index = EndpointIndex(primary=EAST)
     index.upsert_service(parse_service(service("web"), EAST))
@@ -163,7 +174,7 @@ def test_a_pod_with_a_sidecar_is_a_full_change_once_its_account_is_new() -> None
     index = _index()
     change = index.upsert_pod(_pod(service_account="web", sidecar=True))
     assert change.full == {WEB}, "the cluster's SANs name the new account"
-    assert index.runs_sidecar(EAST, "10.0.0.1") and not index.runs_sidecar(EAST, "10.0.0.2")
+    assert _marked(index, "10.0.0.1") and not _marked(index, "10.0.0.2")
     assert index.service_accounts(WEB) == {("default", "web")}
 
 
@@ -179,7 +190,7 @@ def test_turning_a_sidecar_off_is_an_endpoint_change() -> None:
     index.upsert_pod(_pod(service_account="web", sidecar=True))
     change = index.upsert_pod(_pod(service_account="web"))
     assert change.endpoints == {WEB} and not change.full
-    assert not index.runs_sidecar(EAST, "10.0.0.1")
+    assert not _marked(index, "10.0.0.1")
 
 
 def test_status_and_label_churn_changes_nothing_served() -> None:
@@ -226,7 +237,9 @@ def test_a_remote_pod_claiming_a_local_ip_changes_no_local_endpoint() -> None:
     change = index.upsert_pod(intruder)
     assert not change.full and not change.endpoints
     assert index.service_accounts(WEB) == {("default", "web")}
-    assert index.pod_at(EAST, "10.0.0.1") == _pod(service_account="web", sidecar=True)
+    assert index.pod_for(_slice().key, "10.0.0.1", None) == _pod(
+        service_account="web", sidecar=True
+    )
 
 
 def test_two_pods_on_one_ip_use_the_first_by_name_whichever_came_first() -> None:
@@ -238,7 +251,7 @@ def test_two_pods_on_one_ip_use_the_first_by_name_whichever_came_first() -> None
     early.upsert_pod(_pod("web-b", service_account="b"))
     for index in (late, early):
         assert index.service_accounts(WEB) == {("default", "a")}
-        assert index.runs_sidecar(EAST, "10.0.0.1")
+        assert _marked(index, "10.0.0.1")
     late.delete_pod(PodKey(EAST, "default", "web-a"))
     assert late.service_accounts(WEB) == {("default", "b")}
 
@@ -406,13 +419,15 @@ def _brute_accounts(index: EndpointIndex, service: ServiceKey) -> frozenset[tupl
     pods = list(index._pods.values())
     found = set()
     for endpoint_set in index.endpoint_sets(service):
+        key = endpoint_set.key
         for group in endpoint_set.groups:
             for endpoint in group.endpoints:
                 for ip in endpoint.addresses:
                     claimants = sorted(
                         p.key
                         for p in pods
-                        if p.key.cluster == endpoint_set.key.cluster and ip in p.ips
+                        if (p.key.cluster, p.key.namespace) == (key.cluster, key.namespace)
+                        and ip in p.ips
                     )
                     if claimants:
                         chosen = index._pods[claimants[0]]
@@ -423,7 +438,7 @@ def _brute_accounts(index: EndpointIndex, service: ServiceKey) -> frozenset[tupl
 def _marks(index: EndpointIndex, service: ServiceKey) -> dict[tuple[str, str], bool]:
     """Which of a service's endpoints its assignment marks for mTLS."""
     return {
-        (endpoint_set.key.cluster, ip): index.runs_sidecar(endpoint_set.key.cluster, ip)
+        (endpoint_set.key.cluster, ip): index.runs_sidecar(endpoint_set.key, endpoint, ip)
         for endpoint_set in index.endpoint_sets(service)
         for group in endpoint_set.groups
         for endpoint in group.endpoints
