@@ -2,8 +2,8 @@
 that pod only; an endpoint change anywhere else stays EDS only.
 
 200 services, each with one endpoint; 40 sidecars on delta ADS (CDS `*`, LDS
-`*`), sidecar i at the address of service i's endpoint, in a namespace of its
-own. Each holds a `virtualInbound` for port 8080 and `inbound|8080||`. Then:
+`*`), sidecar i at the address of service i's endpoint, both in namespace
+`ns-i` (a sidecar's inbound ports come from its own namespace's slices). Each holds a `virtualInbound` for port 8080 and `inbound|8080||`. Then:
 an endpoint of a service no sidecar is at changes (nothing but one
 assignment is built, nothing is sent: they subscribe to no assignment); a
 sidecar's IP joins another service on a new port (that sidecar alone gets
@@ -44,13 +44,13 @@ def _mesh(
     for i in range(SERVICES):
         ip = _ip(i, 1 if i == moved else 0)
         objects += [
-            service(f"svc-{i:03d}"),
-            endpoint_slice(f"svc-{i:03d}", [Ep(ip)], name=f"svc-{i:03d}-1"),
+            service(f"svc-{i:03d}", f"ns-{i}"),
+            endpoint_slice(f"svc-{i:03d}", [Ep(ip)], f"ns-{i}", name=f"svc-{i:03d}-1"),
         ]
     extra = [Ep(_ip(SERVICES + 1))] + ([Ep(_ip(JOINER))] if joined else [])
     objects += [
-        service("admin", ports=[("http", 9000)]),
-        endpoint_slice("admin", extra, ports=[("http", 9000)], name="admin-1"),
+        service("admin", f"ns-{JOINER}", [("http", 9000)]),
+        endpoint_slice("admin", extra, f"ns-{JOINER}", [("http", 9000)], name="admin-1"),
     ]
     if strict:
         objects.append(
