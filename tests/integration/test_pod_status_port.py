@@ -250,3 +250,19 @@ async def test_healthz_ready_is_503_while_envoy_is_not_live(tmp_path: Path) -> N
                 assert await _curl(pod, f"{url}/stats/prometheus") == 404
                 assert await _curl(pod, f"{url}/healthz/ready", "-X", "POST") == 405
     assert leftovers(network) == []
+
+
+async def test_status_port_zero_holds_nothing_and_says_so(tmp_path: Path) -> None:
+    """Istio's `statusPort: 0`: no status port, and the agent warns that 15020 is open."""
+    async with pod_network(["solo"]) as network:
+        pod = network["solo"]
+        with agent_folder(_other_root(), "token", owner=PROXY_UID) as folder:
+            argv = [*agent_argv("localhost:1"), "--status-port", "0"]
+            env = sidecar_env(pod.address, SOLO)
+            async with running_in(
+                pod, argv, "started Envoy", uid=PROXY_UID, cwd=folder, env=env
+            ) as agent:
+                warned = [line for line in agent.lines if "--status-port 0: no status port" in line]
+                assert len(warned) == 1, agent.tail()
+                assert await _curl(pod, f"http://{pod.address}:{STATUS_PORT}/healthz/ready") == 0
+    assert leftovers(network) == []
