@@ -17,6 +17,7 @@ and in a pod of its own:
 
 3. an agent whose status port is taken does not start: one line, exit 2, no Envoy;
 4. `/healthz/ready` is 503 while Envoy is not LIVE (no pilot to give it listeners).
+5. `--status-port 0` (Istio's `statusPort: 0`) holds nothing, and the agent warns.
 """
 
 from __future__ import annotations
