@@ -16,6 +16,9 @@ pilot-agent does: once SDS serves, it writes Envoy's bootstrap
 (`pilot.agent_bootstrap`: node id from POD_NAME, INSTANCE_IP and the identity,
 ADS to the discovery address over TLS verified with the same root, SDS on this
 socket) and starts Envoy (`pilot.agent_envoy`); on SIGTERM Envoy stops first.
+Before anything else it binds the status port, 15020 (`pilot.agent_status`:
+`/healthz/ready`), which the capture rules leave uncaptured: an app must never hold
+it, so a port already taken stops the agent before it starts.
 `pilot agent bootstrap` prints that bootstrap instead, and `pilot agent
 iptables` (`pilot.agent_iptables`) sets the capture rules.
 """
@@ -31,8 +34,9 @@ from pathlib import Path
 
 from grpc import aio
 
-from pilot.agent_bootstrap import Json, ProxyNode, XdsTarget, bootstrap
+from pilot.agent_bootstrap import ADMIN_PORT, Json, ProxyNode, XdsTarget, bootstrap
 from pilot.agent_envoy import EnvoyChild, EnvoySettings, write_bootstrap
+from pilot.agent_status import DEFAULT_STATUS_PORT, StatusServer
 from pilot.generators.sds import SecretGenerator
 from pilot.push.pipeline import Pipeline
 from pilot.security import sds_socket
@@ -73,6 +77,7 @@ class AgentSettings:
     discovery_address: str = DEFAULT_DISCOVERY_ADDRESS
     envoy: EnvoySettings | None = None  # --binary-path: start Envoy
     node: ProxyNode | None = None  # with envoy, or for `pilot agent bootstrap`
+    status_port: int = DEFAULT_STATUS_PORT  # --status-port, with envoy only; 0: none
 
     def bootstrap(self) -> Json:
         """Envoy's bootstrap for this sidecar (needs `node`)."""
@@ -93,6 +98,7 @@ def agent_settings(
     envoy: EnvoySettings | None = None,
     sidecar: bool = False,
     cluster_domain: str = "cluster.local",
+    status_port: int = DEFAULT_STATUS_PORT,
 ) -> AgentSettings:
     """Resolve the agent's identity and CA from the environment.
 
@@ -113,7 +119,9 @@ def agent_settings(
         XdsTarget(discovery_address, remote.root_cert)  # checked before anything starts
     if envoy is not None:
         EnvoyChild.check_user(node.interception_mode if node else "")
-    return AgentSettings(socket, identity, remote, key_type, discovery_address, envoy, node)
+    return AgentSettings(
+        socket, identity, remote, key_type, discovery_address, envoy, node, status_port
+    )
 
 
 class Agent:
@@ -137,6 +145,11 @@ class Agent:
         self.envoy = (
             EnvoyChild(settings.envoy, self._envoy_exited) if settings.envoy is not None else None
         )
+        self.status = (
+            StatusServer(settings.status_port, ADMIN_PORT)
+            if settings.envoy is not None and settings.status_port
+            else None
+        )
         self.exit_status = 0
 
     def _envoy_exited(self, status: int) -> None:
@@ -145,6 +158,13 @@ class Agent:
         signal.raise_signal(signal.SIGTERM)
 
     async def start(self) -> None:
+        if self.status is not None:
+            await self.status.start()  # first: the sooner it is held, the less an app can race
+        elif self.settings.envoy is not None:
+            log.warning(
+                "--status-port 0: no status port; 15020 stays uncaptured by the default"
+                " capture rules (-d), so whatever listens there is reached past Envoy"
+            )
         socket = self.settings.socket
         sds_socket.prepare(socket)
         if self.server.add_insecure_port(f"unix:{socket}") == 0:
@@ -181,4 +201,6 @@ class Agent:
         await self.supervisor.stop()
         await self.secrets.close()
         await self.ca.close()
+        if self.status is not None:
+            await self.status.stop()  # last: the port stays held while anything else runs
         self.settings.socket.unlink(missing_ok=True)

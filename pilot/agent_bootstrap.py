@@ -16,8 +16,8 @@ What Istio's pilot-agent puts in `envoy-rev.json`, reduced to what pilot serves:
 - `sds-grpc`, the agent's Unix socket (certificates `default` and `ROOTCA`);
 - admin on 127.0.0.1:15000 only; Istio's listeners 0.0.0.0:15090
   (`/stats/prometheus`) and 0.0.0.0:15021 (`/healthz/ready`, answered by
-  Envoy's own `/ready`; pilot's agent has no status port 15020), each passing
-  that one path to the admin API and nothing else.
+  Envoy's own `/ready`), each passing that one path to the admin API and nothing
+  else. The status port 15020 is the agent's own (`pilot.agent_status`), not Envoy's.
 
 Every input is checked by `ProxyNode.from_env` (names by Kubernetes' rules, the
 IP as an address) before it reaches the node id: a name never carries `~`, a
@@ -40,7 +40,7 @@ Json = dict[str, Any]
 
 ADMIN_PORT = 15000
 PROMETHEUS_PORT = 15090
-STATUS_PORT = 15021
+READINESS_PORT = 15021
 XDS_CLUSTER = "xds-grpc"
 SDS_CLUSTER = "sds-grpc"
 INTERCEPTION_MODES = ("REDIRECT", "NONE")
@@ -267,7 +267,7 @@ def bootstrap(node: ProxyNode, target: XdsTarget, sds_socket: Path) -> Json:
             ],
             "listeners": [
                 _one_path_listener("prometheus", PROMETHEUS_PORT, "/stats/prometheus", None),
-                _one_path_listener("status", STATUS_PORT, "/healthz/ready", "/ready"),
+                _one_path_listener("status", READINESS_PORT, "/healthz/ready", "/ready"),
             ],
         },
     }

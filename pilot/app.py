@@ -150,6 +150,7 @@ class Discovery:
             clusters=lambda: {c: s == "synced" for c, s in self.cluster_statuses().items()},
             remote_clusters=lambda: len(self.remotes) if self.remotes is not None else 0,
             remote_refusals=lambda: self.remotes.refusals if self.remotes is not None else {},
+            remote_insecure=lambda: self.remotes.insecure() if self.remotes is not None else 0,
             task_failures=lambda: self.supervisor.failures,
             watch_faults=lambda: self.watching.faults.counts,
         )

@@ -30,6 +30,7 @@ from pilot.agent import (
 from pilot.agent_bootstrap import BootstrapError
 from pilot.agent_envoy import DEFAULT_CONFIG_PATH, EnvoySettings
 from pilot.agent_iptables import CaptureError, CaptureSettings
+from pilot.agent_status import DEFAULT_STATUS_PORT
 from pilot.cluster_ids import is_cluster_id, quoted
 from pilot.debug import proxy_config, proxy_status_table, tables
 from pilot.durations import parse_duration
@@ -259,6 +260,12 @@ def _parser() -> argparse.ArgumentParser:
         " Kubernetes mode, Secrets labelled istio/multiCluster=true add more)",
     )
     discovery.add_argument(
+        "--refuse-insecure-skip-tls-verify",
+        action="store_true",
+        help="refuse remote kubeconfigs with insecure-skip-tls-verify: true (default: use"
+        " them, with a warning naming the cluster)",
+    )
+    discovery.add_argument(
         "--xds-cluster-name",
         default="xds-grpc",
         help="bootstrap cluster named in non-ADS EDS config sources (default %(default)s)",
@@ -389,6 +396,20 @@ def _sidecar_flags(agent: argparse.ArgumentParser) -> None:
         "--proxy-log-level", default="warning", help="Envoy's log level (default %(default)s)"
     )
     group.add_argument("--concurrency", type=int, default=2, help="Envoy's worker threads")
+    group.add_argument(
+        "--status-port",
+        type=_port_or_zero,
+        default=DEFAULT_STATUS_PORT,
+        help="the agent's status port, /healthz/ready on 0.0.0.0 (Istio's statusPort; default"
+        " %(default)s; 0: none, and 15020 is then left to whatever binds it)",
+    )
+
+
+def _port_or_zero(text: str) -> int:
+    """A port number 1-65535, or 0."""
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r}: expected a port number 1-65535, or 0")
+    return int(text)
 
 
 def _iptables_parser(steps: argparse._SubParsersAction[_Parser]) -> None:
@@ -565,7 +586,10 @@ def _flag_settings(args: argparse.Namespace) -> Settings:
         config=args.config,
         cluster_id=args.cluster_id,
         remote_kubeconfigs=remote_kubeconfigs(args.remote_kubeconfig, args.cluster_id),
-        remote=remote_from_env(),
+        remote=dataclasses.replace(
+            remote_from_env(),
+            refuse_insecure_skip_tls_verify=args.refuse_insecure_skip_tls_verify,
+        ),
         build=BuildSettings(args.cluster_domain, args.xds_cluster_name, args.trust_domain),
         outbound=outbound_from_env(),
         debounce=debounce_from_env(),
@@ -657,6 +681,7 @@ def _agent(args: argparse.Namespace) -> int:
         envoy=envoy,
         sidecar=args.agent_step == "bootstrap",
         cluster_domain=args.cluster_domain,
+        status_port=args.status_port,
     )
     if args.agent_step == "bootstrap":
         print(json.dumps(settings.bootstrap(), indent=2))

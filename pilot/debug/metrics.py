@@ -81,6 +81,8 @@ class Sources:
     remote_clusters: Callable[[], int] = lambda: 0
     # Refused remote cluster keys by reason (conflict, invalid_id, kubeconfig, ...).
     remote_refusals: Callable[[], Mapping[str, int]] = lambda: {}
+    # Remote clusters watched through a kubeconfig with insecure-skip-tls-verify.
+    remote_insecure: Callable[[], int] = lambda: 0
     tasks: Callable[[], int] = running_tasks
     # Supervised task name -> its failures (pilot's own names and cluster ids: bounded).
     task_failures: Callable[[], Mapping[str, int]] = lambda: {}
@@ -255,6 +257,12 @@ class PilotCollector(Collector):
         for reason, count in sorted(self._sources.remote_refusals().items()):
             refusals.add_metric([reason], count)
         yield refusals
+        yield GaugeMetricFamily(
+            "pilot_remote_clusters_insecure_skip_tls_verify",
+            "Remote clusters watched through a kubeconfig that skips verifying the API"
+            " server's certificate (insecure-skip-tls-verify).",
+            value=self._sources.remote_insecure(),
+        )
 
 
 class Metrics:

@@ -16,6 +16,14 @@ cluster delays no other cluster's add, change or removal, nor its own removal. E
 cluster's informers retry on their own with backoff and keep what they delivered. A
 value that failed is not tried again until it changes.
 
+A kubeconfig with `insecure-skip-tls-verify: true` (pilot cannot tell its API server
+from whoever is on the path) is used with one warning naming the cluster each time
+it is loaded, and counted in `pilot_remote_clusters_insecure_skip_tls_verify`; with
+`--refuse-insecure-skip-tls-verify` it is refused instead: one error line naming the
+cluster, counted under the refusal reason `insecure_skip_tls_verify`, and the
+cluster's status (`/ready`) says `refused` until another value is wanted for it. A
+`--remote-kubeconfig` so refused stops pilot at start, as any refused flag does.
+
 Claims: a cluster id from Secrets belongs to the Secret that holds it; when no Secret
 holds it, to the oldest claimant (metadata.creationTimestamp, then namespace/name). A
 later claim is refused with a warning naming both until the holder lets go. At most
@@ -51,7 +59,13 @@ from pilot.sources.kubernetes.kubeconfig import (
 from pilot.sources.kubernetes.registry import KubernetesRegistry
 from pilot.sources.kubernetes.remote_settings import RemoteSettings
 
-__all__ = ["ClusterConflict", "KubeconfigError", "RemoteClusters", "RemoteSecrets"]
+__all__ = [
+    "ClusterConflict",
+    "InsecureRefused",
+    "KubeconfigError",
+    "RemoteClusters",
+    "RemoteSecrets",
+]
 
 log = logging.getLogger("pilot.sources.kubernetes")
 
@@ -62,6 +76,17 @@ _WARNED_KEPT = 10_000  # distinct warnings remembered (so each is logged once)
 
 class ClusterConflict(ValueError):
     """A remote cluster id that names the local cluster, or one already taken."""
+
+
+class InsecureRefused(KubeconfigError):
+    """insecure-skip-tls-verify, and the operator refuses it."""
+
+
+INSECURE_REFUSED = (
+    "refused: the kubeconfig has insecure-skip-tls-verify: true (the API server's"
+    " certificate would not be verified) and --refuse-insecure-skip-tls-verify is set"
+)
+INSECURE_REASON = "insecure_skip_tls_verify"
 
 
 def _fingerprint(text: str) -> str:
@@ -137,6 +162,7 @@ class RemoteClusters:
         self._clusters: dict[str, RemoteCluster] = {}
         self._lanes: dict[str, _Lane] = {}
         self._warned: set[tuple[str, str, str]] = set()
+        self._refused: dict[str, str] = {}  # cluster id -> why it is not watched (/ready)
         self._building = asyncio.Lock()
         self._trim: asyncio.TimerHandle | None = None
 
@@ -150,8 +176,15 @@ class RemoteClusters:
         return self._clusters[cluster].origin
 
     def statuses(self) -> dict[str, str]:
-        """Cluster id -> its status, by id."""
-        return {cid: self._clusters[cid].status for cid in sorted(self._clusters)}
+        """Cluster id -> its status (`refused: ...` for one the operator's settings
+        refused), by id."""
+        found = {cid: remote.status for cid, remote in self._clusters.items()}
+        refused = {cid: why for cid, why in self._refused.items() if cid not in found}
+        return dict(sorted((found | refused).items()))
+
+    def insecure(self) -> int:
+        """Clusters watched through a kubeconfig with insecure-skip-tls-verify."""
+        return sum(remote.remote_client.insecure for remote in self._clusters.values())
 
     def healthy(self) -> dict[str, bool]:
         """Cluster id -> synced and reachable."""
@@ -232,13 +265,26 @@ class RemoteClusters:
             if current is not None and current.fingerprint == wanted.fingerprint:
                 current.origin = wanted.origin
                 continue
+            self._refused.pop(cluster, None)  # said again below if refused again
             try:
                 await self._apply(cluster, lane, wanted)
+            except InsecureRefused:
+                self._refuse_insecure(cluster, wanted)  # the old watch, if any, goes on
             except KubeconfigError as error:
                 # The cluster's old watch, if any, goes on.
                 self.warn_once(wanted.origin, str(error), "kubeconfig", wanted.fingerprint)
             except Exception:  # a bug: say so, and keep the lane (and the old watch) going
                 log.exception("cluster %s: applying %s failed", cluster, wanted.origin)
+
+    def _refuse_insecure(self, cluster: str, wanted: Wanted) -> None:
+        """One error line per value, counted; the status says it while unwatched."""
+        self._refused[cluster] = "refused: insecure-skip-tls-verify"
+        key = (wanted.origin, INSECURE_REASON, wanted.fingerprint)
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        self.refusals[INSECURE_REASON] += 1
+        log.error("cluster %s (%s): %s", quoted(cluster), wanted.origin, INSECURE_REFUSED)
 
     async def _apply(self, cluster: str, lane: _Lane, wanted: Wanted) -> None:
         """Build a client for `wanted` (within its deadline: `_build`), unless a newer state
@@ -277,6 +323,8 @@ class RemoteClusters:
         try:
             async with asyncio.timeout(self.remote.start_timeout):
                 credentials = await asyncio.to_thread(load_credentials, wanted.kubeconfig, allowed)
+                if credentials.insecure and self.remote.refuse_insecure_skip_tls_verify:
+                    raise InsecureRefused(INSECURE_REFUSED)  # before a plugin runs
                 if credentials.plugin_document is not None:
                     return await plugin_api_client(credentials)
         except TimeoutError:
@@ -314,9 +362,19 @@ class RemoteClusters:
             cluster, wanted.origin, wanted.fingerprint, registry, built
         )
         log.info("cluster %s: %s (%s)", cluster, "replaced" if old else "added", wanted.origin)
+        if built.insecure:
+            log.warning(
+                "cluster %s (%s): its kubeconfig has insecure-skip-tls-verify: true: the API"
+                " server's certificate is not verified, so whoever is on the path to it can"
+                " feed this cluster's services and endpoints (--refuse-insecure-skip-tls-verify"
+                " refuses such kubeconfigs)",
+                quoted(cluster),
+                wanted.origin,
+            )
 
     async def _remove(self, cluster: str) -> None:
         """Stop watching `cluster` and drop its services and endpoints."""
+        self._refused.pop(cluster, None)
         remote = self._clusters.pop(cluster, None)
         if remote is None:
             return

@@ -9,9 +9,11 @@ and writes inline keys to temp files it never removes, so it is not used: `load_
 keeps what a kubeconfig may say (server, inline token, inline client certificate and
 key, inline CA, `insecure-skip-tls-verify`, `tls-server-name`) and refuses the rest,
 unless the operator lists the option in PILOT_INSECURE_MULTICLUSTER_KUBECONFIG_OPTIONS
-(`remote_settings.INSECURE_OPTIONS`). `api_client_for` then builds the client's
-Configuration itself. Key material never lands on disk: the TLS context reads it from
-anonymous memory files (`memfd_create`), closed once the context holds it.
+(`remote_settings.INSECURE_OPTIONS`). `insecure-skip-tls-verify` is kept as
+`RemoteCredentials.insecure`, for the caller to warn about or refuse (`clusters.py`).
+`api_client_for` then builds the client's Configuration itself. Key material never
+lands on disk: the TLS context reads it from anonymous memory files (`memfd_create`),
+closed once the context holds it.
 
 The YAML (or JSON) is parsed with bounds on nesting and aliases, checked on libyaml's
 event stream before any document is built (a 20,000-deep value would otherwise blow
@@ -142,15 +144,16 @@ def load_credentials(text: str, allowed: frozenset[str]) -> RemoteCredentials:
     cluster, user = _current(document)
     uses_plugin = any(user.get(field) for field in ("exec", "auth-provider"))
     server = _server(cluster)
+    insecure = _flag(cluster, "insecure-skip-tls-verify")  # said whichever path loads it
     if uses_plugin:  # the operator allowed it (else _refuse_unsafe raised)
-        return RemoteCredentials(server, plugin_document=document)
+        return RemoteCredentials(server, insecure=insecure, plugin_document=document)
     return RemoteCredentials(
         server=server,
         token=_token(user),
         ca_pem=_material(cluster, "certificate-authority", "CA"),
         cert_pem=_material(user, "client-certificate", "client certificate"),
         key_pem=_material(user, "client-key", "client key"),
-        insecure=_flag(cluster, "insecure-skip-tls-verify"),
+        insecure=insecure,
         tls_server_name=_optional_text(cluster, "tls-server-name"),
     )
 
@@ -290,6 +293,7 @@ class RemoteClient:
     api_client: client.ApiClient
     server: str
     private_dir: Path | None = None  # the library's temp files, for an allowed plugin
+    insecure: bool = False  # insecure-skip-tls-verify: the API server is not verified
 
     async def close(self) -> None:
         await self.api_client.close()
@@ -322,7 +326,7 @@ def api_client_for(credentials: RemoteCredentials) -> RemoteClient:
             ) from None
     # The TLS context holds the material now; the paths die with the memory files.
     configuration.ssl_ca_cert = configuration.cert_file = configuration.key_file = None
-    return RemoteClient(api_client, credentials.server)
+    return RemoteClient(api_client, credentials.server, insecure=credentials.insecure)
 
 
 async def plugin_api_client(credentials: RemoteCredentials) -> RemoteClient:
@@ -337,7 +341,9 @@ async def plugin_api_client(credentials: RemoteCredentials) -> RemoteClient:
             client_configuration=configuration,
             temp_file_path=str(private),
         )
-        return RemoteClient(BoundedApiClient(configuration), credentials.server, private)
+        return RemoteClient(
+            BoundedApiClient(configuration), credentials.server, private, credentials.insecure
+        )
     except (ConfigException, ValueError, TypeError, KeyError, AttributeError, OSError) as error:
         shutil.rmtree(private, ignore_errors=True)
         raise KubeconfigError(f"the kubeconfig does not load ({type(error).__name__})") from None

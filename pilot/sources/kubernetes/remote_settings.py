@@ -3,7 +3,9 @@
 Read without loading kubernetes-asyncio (see `config.py`). A remote kubeconfig
 (a multi-cluster Secret's value, or a `--remote-kubeconfig` file) is data: by
 default only inline credentials are used. `PILOT_INSECURE_MULTICLUSTER_KUBECONFIG_OPTIONS`
-(Istio's setting) lists what the operator allows beyond that.
+(Istio's setting) lists what the operator allows beyond that;
+`--refuse-insecure-skip-tls-verify` refuses kubeconfigs that skip verifying their
+API server (Istio uses them silently; pilot warns).
 """
 
 from __future__ import annotations
@@ -31,3 +33,6 @@ class RemoteSettings:
     max_kubeconfig_bytes: int = 64 * 1024  # PILOT_MAX_REMOTE_KUBECONFIG_BYTES: one value
     max_secret_bytes: int = 1024 * 1024  # PILOT_MAX_REMOTE_SECRET_BYTES: one Secret's data
     start_timeout: float = 10.0  # PILOT_REMOTE_CLUSTER_START_TIMEOUT: one client's own steps
+    # --refuse-insecure-skip-tls-verify: a kubeconfig that skips verifying its API server's
+    # certificate is refused (by default it is used, with a warning naming the cluster).
+    refuse_insecure_skip_tls_verify: bool = False
