@@ -87,7 +87,8 @@ async def envoy_ready(admin_port: int) -> bool:
         async with asyncio.timeout(ENVOY_TIMEOUT):
             reader, writer = await asyncio.open_connection("127.0.0.1", admin_port)
             try:
-                writer.write(b"GET /ready HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+                # HTTP/1.1: Envoy's admin answers HTTP/1.0 with 426 Upgrade Required.
+                writer.write(b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
                 await writer.drain()
                 status_line = await reader.readline()
             finally:
