@@ -3,7 +3,8 @@ that pod only; an endpoint change anywhere else stays EDS only.
 
 200 services, each with one endpoint; 40 sidecars on delta ADS (CDS `*`, LDS
 `*`), sidecar i at the address of service i's endpoint, both in namespace
-`ns-i` (a sidecar's inbound ports come from its own namespace's slices). Each holds a `virtualInbound` for port 8080 and `inbound|8080||`. Then:
+`ns-i` (a sidecar's inbound ports come from its own namespace's slices). Each
+holds a `virtualInbound` for port 8080 and `inbound|8080||`. Then:
 an endpoint of a service no sidecar is at changes (nothing but one
 assignment is built, nothing is sent: they subscribe to no assignment); a
 sidecar's IP joins another service on a new port (that sidecar alone gets
