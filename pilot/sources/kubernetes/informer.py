@@ -62,6 +62,7 @@ METADATA_KIND = "PartialObjectMetadata"  # what metadata-only lists and watches 
 PAGE_BYTES_FACTOR = 4  # a list page may hold this many of the largest events
 LOG_EVERY = 10.0
 _REASON_CHARS = 120  # of an informer's error, in `/ready`'s cluster line
+_REFUSAL_CHARS = 400  # of an API server's refusal: a 403 names user, verb, resource, group
 
 
 class InformerHandler(Protocol):
@@ -156,14 +157,26 @@ async def _read_bounded(response: aiohttp.ClientResponse, limit: int, what: str)
     return bytes(body)
 
 
+def _refusal(raw: bytes) -> str:
+    """The `message` of a Kubernetes Status (a 403 names the user, verb and resource it
+    lacks), else the answer's start; one bounded line either way."""
+    text = raw[: _REFUSAL_CHARS * 4].decode("utf-8", errors="replace")
+    try:
+        status = json.loads(raw) if len(raw) <= _REFUSAL_CHARS * 4 else None
+    except (ValueError, RecursionError):
+        status = None
+    if isinstance(status, dict) and isinstance(status.get("message"), str):
+        text = status["message"]
+    return one_line(text, _REFUSAL_CHARS)
+
+
 async def _json_body(response: aiohttp.ClientResponse, what: str, limit: int) -> Obj:
     async with response:
         raw = await _read_bounded(response, limit, what)
     if response.status == 410:
         raise Expired(what)
     if not 200 <= response.status < 300:
-        text = one_line(raw[:300].decode("utf-8", errors="replace"), 300)
-        raise ApiStatusError(f"{what}: HTTP {response.status}: {text}")
+        raise ApiStatusError(f"{what}: HTTP {response.status}: {_refusal(raw)}")
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError):
@@ -350,7 +363,7 @@ class Informer:
                 await asyncio.sleep(delay)
             except (aiohttp.ClientError, TimeoutError, ApiStatusError, ValueError) as error:
                 delay = backoff.next_delay()
-                self.error = one_line(str(error) or type(error).__name__)
+                self.error = one_line(str(error) or type(error).__name__, _REFUSAL_CHARS)
                 log.warning("%s: %s; retrying in %.1fs", self._where, self.error, delay)
                 await asyncio.sleep(delay)
 

@@ -1,0 +1,25 @@
+"""The real control plane, once per test run, and a namespace of its own per test."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cluster.control_plane import ControlPlane, running_control_plane
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    with running_control_plane(tmp_path_factory.mktemp("kubernetes")) as plane:
+        yield plane
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane) -> Iterator[str]:
+    """A namespace for this test alone, deleted after it."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    control_plane.kubectl("create", "namespace", name)
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false")

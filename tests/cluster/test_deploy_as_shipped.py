@@ -1,0 +1,92 @@
+"""pilot deployed from deploy/ as is, on a real API server with Istio's CRDs installed.
+
+`kubectl apply -k deploy/` with the built kubectl; pilot then runs as the Deployment's
+container would (tests.cluster.in_cluster: its args and env, the ServiceAccount's bound
+token at the in-cluster path) and must become ready with exactly deploy/rbac.yaml's
+permissions. With one rule of the ClusterRole taken away, pilot says in one line which
+permission it lacks, and stays unready.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.client import admin, path_of
+from tests.cluster.control_plane import REPO, ControlPlane
+from tests.cluster.in_cluster import deployment_pod, start_in_cluster
+from tests.harness.envoy_process import wait_until
+from tests.security.pilot_process import PilotProcess, wait_serving
+
+NAMESPACE = "pilot-system"
+POD_IP = "10.244.0.10"
+READY_TIMEOUT = 30.0
+
+
+@pytest.fixture(scope="module")
+def deployed(control_plane: ControlPlane) -> Iterator[ControlPlane]:
+    """Istio's CRDs and deploy/ applied as a user would."""
+    plane = control_plane
+    plane.kubectl("apply", "--server-side", "-f", str(plane.crds))
+    plane.kubectl("wait", "--for=condition=established", "--timeout=60s", "crd", "--all")
+    plane.kubectl("apply", "-k", str(REPO / "deploy"))
+    yield plane
+    plane.kubectl("delete", "-k", str(REPO / "deploy"), "--wait=false", check=False)
+
+
+async def _ready_status(pilot: PilotProcess) -> int:
+    status, _ = await pilot.get("/ready")
+    return status
+
+
+async def _start(plane: ControlPlane, folder: Path) -> PilotProcess:
+    """pilot as the Deployment's container, not waited for."""
+    async with admin(plane) as kube:
+        deployment = await kube.get(path_of("Deployment", NAMESPACE, "pilot"))
+        pod = await deployment_pod(kube, NAMESPACE, "pilot", POD_IP)
+        return await start_in_cluster(kube, plane, deployment, pod, folder)
+
+
+async def test_pilot_as_shipped_becomes_ready(deployed: ControlPlane, tmp_path: Path) -> None:
+    pilot = await _start(deployed, tmp_path)
+    try:
+        await wait_serving(pilot)
+        await wait_until(
+            lambda: _ready_status(pilot), READY_TIMEOUT, "pilot's /ready to answer 200",
+            until=lambda status: status == 200, context=pilot.tail,
+        )  # fmt: skip
+        forbidden = pilot.logged(lambda e: "forbidden" in e["msg"].lower())
+        assert forbidden == [], f"pilot was refused: {forbidden}"
+    finally:
+        await pilot.stop()
+
+
+def _without_rule(role: dict[str, Any], resource: str) -> dict[str, Any]:
+    rules = [r for r in role["rules"] if resource not in r.get("resources", [])]
+    assert len(rules) < len(role["rules"]), f"the ClusterRole has no rule on {resource}"
+    return {**role, "rules": rules}
+
+
+async def test_a_missing_permission_is_named_in_one_line(
+    deployed: ControlPlane, tmp_path: Path
+) -> None:
+    async with admin(deployed) as kube:
+        role = await kube.get(path_of("ClusterRole", name="pilot"))
+        await kube._ok("PUT", path_of("ClusterRole", name="pilot"), _without_rule(role, "pods"))
+    try:
+        pilot = await _start(deployed, tmp_path)
+        try:
+            lines = await pilot.wait_logged(
+                lambda e: "forbidden" in e["msg"].lower(), "that it was refused",
+                within=READY_TIMEOUT,
+            )  # fmt: skip
+            assert 'cannot list resource "pods"' in lines[0]["msg"], lines[0]["msg"]
+            assert "system:serviceaccount:pilot-system:pilot" in lines[0]["msg"]
+            assert await _ready_status(pilot) == 503, "ready without seeing Pods"
+        finally:
+            await pilot.stop()
+    finally:
+        deployed.kubectl("apply", "-k", str(REPO / "deploy"))
