@@ -64,6 +64,10 @@ CLUSTER_GRANTS = {
     ("", "pods", "list"),
     ("", "pods", "watch"),
     ("authentication.k8s.io", "tokenreviews", "create"),
+    # Istio's PeerAuthentications (pilot/sources/kubernetes/peer_authentications.py):
+    # readiness waits for their list (tests/cluster/test_deploy_as_shipped.py).
+    ("security.istio.io", "peerauthentications", "list"),
+    ("security.istio.io", "peerauthentications", "watch"),
     # Endpoint locality: the Nodes' topology labels (pilot/sources/kubernetes/registry.py).
     ("", "nodes", "list"),
     ("", "nodes", "watch"),
