@@ -94,6 +94,10 @@ class Kube:
         path = _object_path(obj) + "?fieldManager=pilot-tests&force=true"
         return await self._ok("PATCH", path, obj, "application/apply-patch+yaml")
 
+    async def replace(self, obj: Obj) -> Obj:
+        """PUT the whole object (its resourceVersion, when given, must be current)."""
+        return await self._ok("PUT", _object_path(obj), obj)
+
     async def merge_patch(self, path: str, patch: Obj) -> Obj:
         return await self._ok("PATCH", path, patch, "application/merge-patch+json")
 

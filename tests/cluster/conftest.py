@@ -1,4 +1,5 @@
-"""The real control plane, once per test run, and a namespace of its own per test."""
+"""The real control plane, once per test run; Istio's CRDs and deploy/ applied on it
+(`deployed`, once); a namespace of its own per test."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.control_plane import ControlPlane, running_control_plane
+from tests.cluster.control_plane import REPO, ControlPlane, running_control_plane
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +24,14 @@ def namespace(control_plane: ControlPlane) -> Iterator[str]:
     control_plane.kubectl("create", "namespace", name)
     yield name
     control_plane.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.fixture(scope="session")
+def deployed(control_plane: ControlPlane) -> ControlPlane:
+    """Istio's CRDs and deploy/ applied as a user would (`kubectl apply -k deploy/`):
+    pilot's namespace, ServiceAccount and RBAC are there (its Pods stay Pending)."""
+    plane = control_plane
+    plane.kubectl("apply", "--server-side", "-f", str(plane.crds))
+    plane.kubectl("wait", "--for=condition=established", "--timeout=60s", "crd", "--all")
+    plane.kubectl("apply", "-k", str(REPO / "deploy"))
+    return plane

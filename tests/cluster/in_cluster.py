@@ -17,15 +17,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from pilot.security.certs import write_private
 from tests.cluster.client import Kube, path_of
-from tests.cluster.control_plane import ControlPlane, free_port
+from tests.cluster.control_plane import ControlPlane, free_port, kubeconfig
 from tests.cluster.kubelet import run_pod
 from tests.harness.envoy_process import wait_until
 from tests.security.pilot_process import PilotProcess, pilot_environment, spawn
 
 Obj = dict[str, Any]
 POD_TIMEOUT = 30.0
+PILOT_NAMESPACE = "pilot-system"  # deploy/'s
+PILOT_ACCOUNT = "pilot"
 _ADDRESS_FLAG = re.compile(r"^(--(?:grpc|grpc-tls|http|debug)-addr)=.*$")
 # The kubelet's mount, made in pilot's own mount namespace: a tmpfs on /run (so nothing
 # of the machine's /run changes) holding a link to the test's folder.
@@ -117,3 +121,13 @@ async def start_in_cluster(
     pilot = await spawn(folder, command, env=env)
     pilot.http_port = http_port
     return pilot
+
+
+async def pilot_kubeconfig(kube: Kube, plane: ControlPlane, path: Path) -> Path:
+    """A kubeconfig at `path` as pilot's ServiceAccount (pilot-system/pilot, deploy/'s
+    RBAC): a TokenRequest token for an hour, for `pilot discovery --kubeconfig`."""
+    token = await kube.token(PILOT_NAMESPACE, PILOT_ACCOUNT, [], seconds=3600)
+    config = kubeconfig(plane.url, plane.pki.ca_cert, None, None, token=token)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_private(path, yaml.safe_dump(config).encode())
+    return path

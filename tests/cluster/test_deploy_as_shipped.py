@@ -9,11 +9,8 @@ permission it lacks, and stays unready.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.cluster.client import admin, path_of
 from tests.cluster.control_plane import REPO, ControlPlane
@@ -24,17 +21,6 @@ from tests.security.pilot_process import PilotProcess, wait_serving
 NAMESPACE = "pilot-system"
 POD_IP = "10.244.0.10"
 READY_TIMEOUT = 30.0
-
-
-@pytest.fixture(scope="module")
-def deployed(control_plane: ControlPlane) -> Iterator[ControlPlane]:
-    """Istio's CRDs and deploy/ applied as a user would."""
-    plane = control_plane
-    plane.kubectl("apply", "--server-side", "-f", str(plane.crds))
-    plane.kubectl("wait", "--for=condition=established", "--timeout=60s", "crd", "--all")
-    plane.kubectl("apply", "-k", str(REPO / "deploy"))
-    yield plane
-    plane.kubectl("delete", "-k", str(REPO / "deploy"), "--wait=false", check=False)
 
 
 async def _ready_status(pilot: PilotProcess) -> int:
@@ -75,7 +61,7 @@ async def test_a_missing_permission_is_named_in_one_line(
 ) -> None:
     async with admin(deployed) as kube:
         role = await kube.get(path_of("ClusterRole", name="pilot"))
-        await kube._ok("PUT", path_of("ClusterRole", name="pilot"), _without_rule(role, "pods"))
+        await kube.replace(_without_rule(role, "pods"))
     try:
         pilot = await _start(deployed, tmp_path)
         try:
