@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 from tests.harness.envoy_process import wait_until
 from tests.integration.agent_process import PILOT, REPO
@@ -432,3 +433,16 @@ async def mesh_pods(folder: Path) -> AsyncIterator[Mesh]:
             await frontend.wait_route(name)
         yield Mesh(network, api, pilot, frontend, reviews, backends)
     assert leftovers(network) == [], "the pods' namespaces or links outlived the test"
+
+
+def module_mesh(name: str) -> Any:
+    """A module's `mesh` fixture: the mesh, set up once for the module's tests (its folder
+    named `name`), and checked at the end for a sidecar that restarted."""
+
+    @pytest_asyncio.fixture(scope="module", loop_scope="module")
+    async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
+        async with mesh_pods(tmp_path_factory.mktemp(name)) as running:
+            yield running
+            running.assert_nothing_restarted()
+
+    return mesh

@@ -25,11 +25,10 @@ admin API. Where a step fails, its message says what pilot did not give
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from tests.harness.envoy_process import wait_until
 from tests.integration.http_backend import Seen
@@ -43,7 +42,7 @@ from tests.integration.mesh_pods import (
     PodEnvoy,
     cluster_of,
     details_objects,
-    mesh_pods,
+    module_mesh,
     peer_authentication,
     pod_address,
     request_from,
@@ -58,11 +57,7 @@ INBOUND_LISTENER = "virtualInbound"
 SOCKET_MATCH = "envoy.transport_socket_match"
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
-    async with mesh_pods(tmp_path_factory.mktemp("mesh-traffic")) as running:
-        yield running
-        running.assert_nothing_restarted()
+mesh = module_mesh("mesh-traffic")
 
 
 def _url(service_name: str, path: str) -> str:

@@ -19,11 +19,9 @@ sidecars (capture rules, `pilot agent`, Envoy as uid 1337), `c` without one.
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from tests.harness.envoy_process import wait_until
 from tests.integration.mesh_pods import (
@@ -32,7 +30,7 @@ from tests.integration.mesh_pods import (
     PORT,
     Mesh,
     PodEnvoy,
-    mesh_pods,
+    module_mesh,
     pod_address,
     request_from,
 )
@@ -66,11 +64,7 @@ with socket.create_connection((host, port), timeout=5) as s:
 """
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
-    async with mesh_pods(tmp_path_factory.mktemp("pod-own-ports")) as running:
-        yield running
-        running.assert_nothing_restarted()
+mesh = module_mesh("pod-own-ports")
 
 
 def _url(service_name: str, path: str) -> str:

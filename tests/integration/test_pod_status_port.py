@@ -25,12 +25,11 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from pilot.security.certs import cert_pem, self_signed_root
 from tests.harness.envoy_process import wait_until
@@ -41,7 +40,7 @@ from tests.integration.mesh_pods import (
     CONVERGE_TIMEOUT,
     PORT,
     Mesh,
-    mesh_pods,
+    module_mesh,
     peer_authentication,
     pod_address,
     request_from,
@@ -115,11 +114,7 @@ time.sleep(600)
 """
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
-    async with mesh_pods(tmp_path_factory.mktemp("status-port")) as running:
-        yield running
-        running.assert_nothing_restarted()
+mesh = module_mesh("status-port")
 
 
 def _status_url(pod: str, path: str) -> str:

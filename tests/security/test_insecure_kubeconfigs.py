@@ -65,6 +65,17 @@ def verified_kubeconfig(srv: KubeAPIServer, pki: Pki) -> str:
     return yaml.safe_dump(kubeconfig(srv.url, {"token": "t"}, certificate_authority_data=ca))
 
 
+async def the_line_about(pilot: PilotProcess, level: str, cluster: str) -> str:
+    """The one line at `level` naming `cluster`, once logged (fails if none, or more)."""
+    await pilot.wait_logged(
+        lambda e: e["level"] == level and f"cluster {cluster!r}" in e["msg"],
+        f"a {level} line naming cluster {cluster}",
+        within=WITHIN,
+    )
+    [line] = lines_about(pilot, level, cluster)
+    return line
+
+
 def lines_about(pilot: PilotProcess, level: str, cluster: str) -> list[str]:
     """Log lines at `level` naming `cluster` (as pilot quotes a name) and the option."""
     return [
@@ -100,12 +111,7 @@ async def test_an_insecure_kubeconfig_is_used_with_one_warning_naming_the_cluste
     ):
         _local(found).srv.apply(remote_secret("remotes", {"west": insecure_kubeconfig(west)}))
         await wait_for_hosts(envoy, LOCAL | {"127.0.2.1": "west"}, "west's endpoints")
-        await pilot.wait_logged(
-            lambda e: e["level"] == "warning" and "cluster 'west'" in e["msg"],
-            "a warning naming cluster west",
-            within=WITHIN,
-        )
-        [warning] = lines_about(pilot, "warning", "west")
+        warning = await the_line_about(pilot, "warning", "west")
         assert "Secret pilot-system/remotes key west" in warning, warning
         assert await metric(pilot, "pilot_remote_clusters_insecure_skip_tls_verify") == 1
         # The cluster's objects change: the same load, no second line.
@@ -133,12 +139,7 @@ async def test_with_the_refuse_flag_an_insecure_cluster_is_never_joined(tmp_path
         _local(found).srv.apply(remote_secret("remotes", kubeconfigs))
         # East came from the same Secret at the same time: west would be here by now.
         await wait_for_hosts(envoy, LOCAL | {"127.0.3.1": "east"}, "east's endpoints")
-        await pilot.wait_logged(
-            lambda e: e["level"] == "error" and "cluster 'west'" in e["msg"],
-            "an error line naming cluster west",
-            within=WITHIN,
-        )
-        [error] = lines_about(pilot, "error", "west")
+        error = await the_line_about(pilot, "error", "west")
         assert REFUSED_FLAG in error and "refused" in error, error
         assert lines_about(pilot, "warning", "west") == []
         assert west.requests == [], "pilot asked the refused cluster's API server"
