@@ -27,6 +27,7 @@ from pilot.registry.kubernetes_objects import (
 )
 from pilot.registry.model import NO_POD, EndpointSet, Pod, PodKey, ServiceKey
 from pilot.sources.file_format import RegistryFileError, parse_registry
+from tests.support.endpoint_index import marked
 from tests.support.mesh import Ep, as_list, endpoint_slice, pod, service
 
 CLUSTER, OTHER_CLUSTER = "Kubernetes", "west"
@@ -70,13 +71,7 @@ def _index(*objects: Pod | EndpointSet) -> EndpointIndex:
 
 def _marked(index: EndpointIndex, ip: str = IP) -> bool:
     """Whether reviews' assignment marks its endpoint at `ip` for mTLS."""
-    return any(
-        index.runs_sidecar(endpoint_set.key, endpoint, ip)
-        for endpoint_set in index.endpoint_sets(REVIEWS)
-        for group in endpoint_set.groups
-        for endpoint in group.endpoints
-        if ip in endpoint.addresses
-    )
+    return marked(index, ip, REVIEWS)
 
 
 # -- parsing ----------------------------------------------------------------------------

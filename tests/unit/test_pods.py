@@ -34,6 +34,7 @@ from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 from pilot.xds.flavor import ADS_WITH_LISTENERS, Flavor
+from tests.support.endpoint_index import marked
 from tests.support.mesh import Ep, as_list, endpoint_slice, pod, service
 
 WEB = ServiceKey("default", "web")
@@ -154,13 +155,7 @@ def test_many_pods_share_their_namespace_and_account_strings() -> None:
 
 def _marked(index: EndpointIndex, ip: str, service: ServiceKey = WEB) -> bool:
     """Whether the index marks `service`'s endpoint at `ip` for mTLS (its pod's sidecar)."""
-    return any(
-        index.runs_sidecar(endpoint_set.key, endpoint, ip)
-        for endpoint_set in index.endpoint_sets(service)
-        for group in endpoint_set.groups
-        for endpoint in group.endpoints
-        if ip in endpoint.addresses
-    )
+    return marked(index, ip, service)
 
 
 def _index() -> EndpointIndex:
