@@ -5,10 +5,25 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.cluster.control_plane import REPO, ControlPlane, running_control_plane
+from tests.cluster.control_plane import (
+    REPO,
+    ControlPlane,
+    build_binaries,
+    running_control_plane,
+)
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the binaries before any test runs when this tier is collected: the first
+    build takes minutes, longer than a test's timeout; afterwards it is a cache hit."""
+    if any(HERE in Path(item.path).parents for item in session.items):
+        build_binaries()
 
 
 @pytest.fixture(scope="session")

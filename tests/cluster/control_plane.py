@@ -16,6 +16,7 @@ stopped by `stop`; their logs are in the folder, and `tail` shows them on failur
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import shutil
 import socket
@@ -55,6 +56,7 @@ class ControlPlaneError(RuntimeError):
     """A component did not start; the message carries its log's last lines."""
 
 
+@functools.cache
 def build_binaries() -> Path:
     """The folder holding kube-apiserver, kube-controller-manager, kubectl and etcd."""
     done = subprocess.run([str(BUILD)], capture_output=True, text=True, check=False)
