@@ -52,6 +52,9 @@ class WatchCounts(Protocol):
     @property
     def relists(self) -> int: ...
 
+    @property
+    def bookmarks(self) -> int: ...
+
 
 def running_tasks() -> int:
     """asyncio tasks of the running event loop (0 outside one)."""
@@ -221,11 +224,18 @@ class PilotCollector(Collector):
         relists = CounterMetricFamily(
             "pilot_k8s_relists", "Relists after 410 Expired.", labels=["kind"]
         )
+        bookmarks = CounterMetricFamily(
+            "pilot_k8s_watch_bookmarks",
+            "Bookmarks API servers sent: where a watch resumes, kept current without events.",
+            labels=["kind"],
+        )
         for informer in self._sources.informers():
             restarts.add_metric([informer.kind], informer.watch_restarts)
             relists.add_metric([informer.kind], informer.relists)
+            bookmarks.add_metric([informer.kind], informer.bookmarks)
         yield restarts
         yield relists
+        yield bookmarks
         rejected = CounterMetricFamily(
             "pilot_k8s_rejected",
             "What API servers sent that pilot skipped or refused: lines that are not JSON"

@@ -3,7 +3,8 @@
 Semantics (those of client-go's reflector):
 - List in pages; the list's resourceVersion is where the watch starts.
 - Watch with bookmarks and a server-side timeout; when the server ends a watch,
-  watch again from the last resourceVersion seen, without listing.
+  watch again from the last resourceVersion seen (an event's or a bookmark's:
+  `bookmarks` counts those), without listing.
 - On 410 Expired (from the watch request or an ERROR event), list again and hand
   the handler the *whole* state: it applies only the difference, so a relist
   never removes anything that still exists.
@@ -309,6 +310,7 @@ class Informer:
         self.listed = asyncio.Event()
         self.relists = 0
         self.watch_restarts = 0
+        self.bookmarks = 0  # resume points the server sent without an object event
         self.error = ""  # the last failure, until the next list or watch gets an answer
 
     @property
@@ -505,6 +507,7 @@ class Informer:
             raise ApiStatusError(f"watch {self.kind}: {one_line(str(obj.get('message', obj)))}")
         version = _metadata(obj).get("resourceVersion")
         if kind == "BOOKMARK":
+            self.bookmarks += 1
             self._advance(version)
             return False
         if not self._accepted(obj, f"a {kind} event"):
