@@ -8,9 +8,12 @@ admission plugins (MutatingAdmissionWebhook and ValidatingAdmissionWebhook among
 plus NodeRestriction. The controller manager runs the controllers a mesh depends on.
 No scheduler and no kubelet: tests.cluster.kubelet stands in for them.
 
-etcd compacts only when a test asks (`compact`), so a watch sees 410 Gone when the
-test means it to. Every process dies with the test process (pdeathsig) and is
-stopped by `stop`; their logs are in the folder, and `tail` shows them on failure.
+etcd compacts only when a test asks (`compact`). A watch from an older resourceVersion
+is still answered, from the API server's watch cache, which keeps its own history;
+only once the API server has restarted (`restart_apiserver`), its cache starting at
+etcd's current revision, does such a watch get 410 Gone ("too old resource version").
+Every process dies with the test process (pdeathsig) and is stopped by `stop`; their
+logs are in the folder (a restarted one's appended), and `tail` shows them on failure.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ KUBERNETES_SERVICE_IP = "10.96.0.1"  # the first address of SERVICE_RANGE
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 CONTROLLERS = (
     "endpointslice",
+    "endpoints-controller",  # v1 Endpoints, for `--endpoints-api endpoints`
     "endpointslicemirroring",
     "serviceaccount",
     "serviceaccount-token",
@@ -149,7 +153,7 @@ class ControlPlane:
 
     def _spawn(self, name: str, argv: Sequence[str]) -> Component:
         log = self.folder / f"{name}.log"
-        with log.open("wb") as out:
+        with log.open("ab") as out:  # a restarted component's log goes on after its last
             process = subprocess.Popen(
                 [*_setpriv(), str(self.binaries / name), *argv],
                 stdin=subprocess.DEVNULL,
@@ -176,8 +180,26 @@ class ControlPlane:
             "--unsafe-no-fsync",  # a test cluster: its data dies with it
         ])  # fmt: skip
 
-    def _start_apiserver(self) -> None:
-        self.port = free_port()
+    def restart_apiserver(self) -> None:
+        """Kill the API server, as a crash would, and start it again on its port and its
+        etcd: its watch cache starts anew, from etcd's current revision. Call it from the
+        thread that started the plane (its parent-death signal is that thread's); then
+        `wait_ready`, which blocks (off the event loop, say)."""
+        (old,) = [c for c in self.components if c.name == "kube-apiserver"]
+        old.process.kill()
+        old.process.wait()
+        place = self.components.index(old)
+        self.components.remove(old)
+        self._start_apiserver(self.port)
+        # Back in its place: `stop` stops the controller manager before the API server.
+        self.components.insert(place, self.components.pop())
+
+    def wait_ready(self) -> None:
+        """Until the API server answers /readyz (it fails if a component exited)."""
+        self._wait_ready()
+
+    def _start_apiserver(self, port: int = 0) -> None:
+        self.port = port or free_port()
         pki = self.pki
         self._spawn("kube-apiserver", [
             "--etcd-servers", f"http://127.0.0.1:{self.etcd_port}",
@@ -268,7 +290,8 @@ class ControlPlane:
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=documents)
 
     def compact(self) -> int:
-        """Compact etcd at its current revision: older watches get 410 Gone. The revision."""
+        """Compact etcd at its current revision (etcd's own history of older ones goes; the
+        watch cache's stays until the API server restarts). The revision."""
         revision = int(self._etcd("/v3/kv/range", {"key": "AA=="})["header"]["revision"])
         self._etcd("/v3/kv/compaction", {"revision": str(revision), "physical": True})
         return revision
