@@ -8,8 +8,8 @@ burst of 1,000 endpoint events inside one debounce window is one push per
 affected stream. With every service in a second cluster too, a change in that
 cluster costs the same: one assignment, with the endpoints of both. With proxies
 in several localities, one change builds one assignment per locality in use,
-never one per proxy. A Pod's change is one assignment (its sidecar label) or
-only its service's cluster (its service account), and its status nothing.
+never one per proxy. (What a Pod's label, status and service account cost, on the
+real API server: tests/cluster/test_pod_tls_mode.py.)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pilot.push.debounce import DebounceSettings
 from pilot.xds import types
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
 from tests.protocol.client import DeltaStream, XdsClient, delta_resources, endpoint_ips, node
-from tests.support.mesh import Ep, cluster_name, endpoint_slice, pod, service, write_mesh
+from tests.support.mesh import Ep, cluster_name, endpoint_slice, service, write_mesh
 from tests.support.pilot import (
     RunningPilot,
     responses_written,
@@ -349,77 +349,3 @@ async def test_a_route_only_change_pushes_routes_alone(tmp_path: Path) -> None:
             assert "10.96.0.7:80" in hosts[f"{_name(7)}.default.svc.cluster.local:80"]
             await stream.ack(response)
         await responses_written(stats, {types.ROUTE: SIDECARS})
-
-
-# -- pods (auto mTLS) ------------------------------------------------------------------
-
-
-def _pod(i: int, *, sidecar: bool = False, account: str = "", **extra: Any) -> dict[str, Any]:
-    """Service i's pod, at its endpoint's address."""
-    return pod(
-        f"{_name(i)}-pod", _ip(i), service_account=account or _name(i), sidecar=sidecar, **extra
-    )
-
-
-@asynccontextmanager
-async def _kube_pilot_with_pods(
-    tmp_path: Path,
-) -> AsyncIterator[tuple[KubeAPIServer, RunningPilot]]:
-    async with KubeAPIServer() as api:
-        for obj in [*_mesh(), *(_pod(i) for i in range(SERVICES))]:
-            api.apply(obj)
-        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
-        async with running_kube_pilot(kubeconfig) as pilot:
-            yield api, pilot
-
-
-async def test_a_pod_change_is_one_assignment_or_nothing(tmp_path: Path) -> None:
-    """A pod's status or other labels changing pushes nothing; its sidecar label turning
-    on is one assignment, to its service's subscriber only: no CDS, LDS or RDS."""
-    async with (
-        _kube_pilot_with_pods(tmp_path) as (api, pilot),
-        _sidecars(pilot) as streams,
-    ):
-        stats = pilot.discovery.stats
-        stats.reset()
-        churned = _pod(7, labels={"version": "v2"})
-        churned["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
-        api.apply(churned)
-        api.apply(_pod(8, sidecar=True))  # after the churn, on the same watch
-        response = await streams[8].next_response(TIMEOUT)
-        assert response.type_url == types.ENDPOINT, "a sidecar turning on sends no cluster"
-        (assignment,) = delta_resources(response).values()
-        (lb,) = assignment.message.endpoints[0].lb_endpoints
-        marked = lb.metadata.filter_metadata["envoy.transport_socket_match"]
-        assert marked.fields["tlsMode"].string_value == "istio"
-        await streams[8].ack(response)
-        assert dict(stats.serializations) == {types.ENDPOINT: 1}, "the churn built nothing"
-        await responses_written(stats, {types.ENDPOINT: 1})
-        assert stats.streams_woken == 1
-
-
-async def test_a_new_service_account_pushes_only_that_services_cluster(tmp_path: Path) -> None:
-    """A service's pods' accounts are its cluster's SANs: a pod taking another account is
-    a full change of that service: its cluster reaches the sidecars (then its assignment
-    its subscriber, as after any cluster change), no other cluster, listener or route."""
-    async with (
-        _kube_pilot_with_pods(tmp_path) as (api, pilot),
-        _sidecars(pilot) as streams,
-    ):
-        stats = pilot.discovery.stats
-        stats.reset()
-        api.apply(_pod(9, account="renamed"))
-        for stream in streams:
-            response = await stream.next_response(TIMEOUT)
-            assert response.type_url == types.CLUSTER
-            (cluster,) = delta_resources(response).values()
-            assert cluster.message.name == cluster_name(_name(9))
-            serialized = cluster.message.SerializeToString()
-            assert b"spiffe://cluster.local/ns/default/sa/renamed" in serialized
-            await stream.ack(response)
-        # A changed cluster warms again on its assignment: its one subscriber gets it anew.
-        response = await streams[9].next_response(TIMEOUT)
-        assert response.type_url == types.ENDPOINT
-        assert set(delta_resources(response)) == {cluster_name(_name(9))}
-        await streams[9].ack(response)
-        await responses_written(stats, {types.CLUSTER: SIDECARS, types.ENDPOINT: 1})  # no LDS/RDS
