@@ -1,0 +1,141 @@
+"""PeerAuthentication through Istio's CRD on the real API server, to a sidecar's inbound.
+
+A sidecar of the test's namespace (an xDS stream whose node is the namespace's running
+Pod) holds `virtualInbound`: PERMISSIVE (plaintext and TLS chains) at first. Created
+through the CRD (security.istio.io/v1, as Istio installs it), a STRICT
+PeerAuthentication takes the plaintext chains off, without a restart; deleted, they
+are back; a mesh-wide STRICT one in the root namespace (istio-system) reaches the
+namespace too. What the CRD's schema refuses (a mode that is no mode) never reaches
+pilot: the API server answers 422. What the schema admits and pilot refuses (a
+selector of more labels than pilot keeps) is counted as invalid
+(`pilot_k8s_rejected`) and changes nothing: the last good state keeps serving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from envoy.config.listener.v3 import listener_pb2
+
+from pilot.registry.peer_authentication import MAX_SELECTOR_LABELS, ROOT_NAMESPACE
+from pilot.xds import types
+from tests.cluster.client import Kube, admin, path_of
+from tests.cluster.control_plane import ControlPlane
+from tests.cluster.workloads import (
+    Kubelet,
+    address,
+    deployment,
+    ensure_account,
+    per_kind,
+    service,
+    watching_pilot,
+)
+from tests.harness.envoy_process import wait_until
+from tests.protocol.client import DeltaStream, XdsClient, delta_resources, node
+
+TIMEOUT = 30.0
+PERMISSIVE = {"tls", "raw_buffer", ""}
+STRICT = {"tls", ""}
+
+
+def peer_authentication(
+    namespace: str, mode: str, name: str = "default", **spec: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "security.istio.io/v1",
+        "kind": "PeerAuthentication",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"mtls": {"mode": mode}, **spec},
+    }
+
+
+class Inbound:
+    """The transport protocols of the `virtualInbound` a delta stream holds."""
+
+    def __init__(self, stream: DeltaStream) -> None:
+        self.stream = stream
+        self.listener = listener_pb2.Listener()
+
+    def transports(self) -> set[str]:
+        return {c.filter_chain_match.transport_protocol for c in self.listener.filter_chains}
+
+    async def until(self, condition: Callable[[set[str]], bool]) -> set[str]:
+        while not condition(self.transports()):
+            response = await self.stream.next_response(TIMEOUT)
+            held = delta_resources(response)
+            if response.type_url == types.LISTENER and "virtualInbound" in held:
+                self.listener = held["virtualInbound"].message
+            await self.stream.ack(response)
+        return self.transports()
+
+
+@asynccontextmanager
+async def root_namespace(kube: Kube) -> AsyncIterator[None]:
+    """The root namespace exists (created if need be, and then deleted afterwards)."""
+    created = (await kube.request("GET", path_of("Namespace", name=ROOT_NAMESPACE)))[0] == 404
+    if created:
+        await kube.create({"apiVersion": "v1", "kind": "Namespace",
+                           "metadata": {"name": ROOT_NAMESPACE}})  # fmt: skip
+    try:
+        yield
+    finally:
+        if created:
+            await kube.delete({"kind": "Namespace", "metadata": {"name": ROOT_NAMESPACE}})
+
+
+async def test_peer_authentication_from_the_crd_reaches_the_inbound_listener(
+    deployed: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    async with AsyncExitStack() as stack:
+        kube = await stack.enter_async_context(admin(deployed))
+        await ensure_account(kube, namespace)
+        await kube.create(deployment("reviews", namespace, 1))
+        await kube.create(service("reviews", namespace))
+        (pod,) = await Kubelet(kube, namespace).run_replicas("reviews", 1)
+        pilot = await stack.enter_async_context(
+            watching_pilot(kube, deployed, tmp_path, (namespace,))
+        )
+        client = await stack.enter_async_context(XdsClient(pilot.grpc_target))
+        name = pod["metadata"]["name"]
+        stream = client.delta_ads(
+            node(f"sidecar~{address(pod)}~{name}.{namespace}~{namespace}.svc.cluster.local")
+        )
+        await stream.subscribe(types.CLUSTER, ["*"])
+        await stream.subscribe(types.LISTENER, ["*"])
+        inbound = Inbound(stream)
+        assert await inbound.until(bool) == PERMISSIVE
+
+        strict = await kube.create(peer_authentication(namespace, "STRICT"))
+        assert await inbound.until(lambda t: t == STRICT) == STRICT
+
+        status, answer = await kube.request(
+            "POST", path_of("PeerAuthentication", namespace),
+            peer_authentication(namespace, "NOT-A-MODE", name="no-mode"),
+        )  # fmt: skip
+        assert status == 422, (status, answer)
+        assert "NOT-A-MODE" in answer["message"]
+
+        many = {f"label-{i}": "x" for i in range(MAX_SELECTOR_LABELS + 1)}
+        wide = peer_authentication(
+            namespace, "DISABLE", name="wide", selector={"matchLabels": many}
+        )
+        await kube.create(wide)  # the schema admits 4096 labels
+        await wait_until(
+            lambda: per_kind(pilot, "pilot_k8s_rejected"), TIMEOUT, "the refused one counted",
+            until=lambda seen: seen["PeerAuthentication"] >= 1,
+        )  # fmt: skip
+        assert inbound.transports() == STRICT, "what pilot knew stays"
+        await kube.delete(wide)
+
+        await kube.delete(strict)
+        assert await inbound.until(lambda t: t == PERMISSIVE) == PERMISSIVE
+
+        await stack.enter_async_context(root_namespace(kube))
+        mesh = await kube.create(peer_authentication(ROOT_NAMESPACE, "STRICT"))
+        try:
+            assert await inbound.until(lambda t: t == STRICT) == STRICT, "the mesh's default"
+        finally:
+            await kube.delete(mesh)
