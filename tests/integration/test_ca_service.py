@@ -13,8 +13,8 @@ account whose name has `..` or `/`, an ImpersonatedIdentity that is no valid
 identity, any lifetime an int64 holds beyond the bounds, a CSR asking for other
 SANs; and once the CA has expired, everyone gets FAILED_PRECONDITION.
 
-The last test runs `pilot discovery --token-audience` itself: the audience it names is
-the one TokenReviews ask for, and so the one a caller's token must carry.
+What TokenReview says of real tokens (another audience, `--token-audience`, expired,
+unknown) is tested on the real API server: tests/cluster/test_bound_tokens.py.
 """
 
 from __future__ import annotations
@@ -50,8 +50,7 @@ from tests.integration.ca_support import (
     utcnow,
 )
 from tests.kubeapi import KubeAPIServer
-from tests.security.pilot_process import start_file_pilot_with_ca
-from tests.support.mesh import simple_mesh, write_mesh
+from tests.support.mesh import simple_mesh
 from tests.support.pilot import RunningPilot, running_pilot
 
 NODE_AGENT = ("kube-system", "node-agent")  # in CA_TRUSTED_NODE_ACCOUNTS
@@ -132,22 +131,6 @@ async def test_no_token_is_unauthenticated(ca: Ca) -> None:
     assert refusal.code == grpc.StatusCode.UNAUTHENTICATED
     assert "authorization: Bearer" in refusal.details
     assert reviews(ca.srv) == [], "nothing to review without a token"
-
-
-async def test_unknown_token_is_unauthenticated(ca: Ca) -> None:
-    ca.token(*CALLER)  # a real token exists, but the caller does not send it
-    refusal = await ca.refused(_csr_for(CALLER), token=Token("not-a-token-anyone-issued"))
-    assert refusal.code == grpc.StatusCode.UNAUTHENTICATED
-    assert "token rejected" in refusal.details
-    assert reviews(ca.srv) == [(("istio-ca",), False, None)]
-
-
-async def test_token_for_another_audience_is_unauthenticated(ca: Ca) -> None:
-    token = ca.token(*CALLER, audiences=("https://kubernetes.default.svc",))
-    refusal = await ca.refused(_csr_for(CALLER), token=token)
-    assert refusal.code == grpc.StatusCode.UNAUTHENTICATED
-    assert "audience" in refusal.details
-    assert reviews(ca.srv) == [(("istio-ca",), False, None)], "pilot asks for istio-ca"
 
 
 async def test_credentials_are_checked_before_the_csr(ca: Ca) -> None:
@@ -426,30 +409,3 @@ async def test_trusted_node_account_without_impersonation_gets_its_own(ca: Ca) -
     key, csr = make_csr([spiffe(*VICTIM)])
     chain = await ca.caller.create(csr, token=ca.token(*NODE_AGENT))
     _leaf_checks(ca, chain, public_der(key), spiffe(*NODE_AGENT))
-
-
-# ------------------------------------------------------------------ the audience flag
-
-
-async def test_token_audience_flag_is_the_audience_tokens_must_carry(tmp_path: Path) -> None:
-    """`pilot discovery --token-audience mesh-ca`: TokenReviews ask for `mesh-ca`; a token
-    for it gets a certificate, one for the default `istio-ca` only is refused."""
-    config = tmp_path / "mesh.yaml"
-    write_mesh(config, simple_mesh({"a": ["10.0.0.1"]}))
-    async with kube_api(tmp_path) as (srv, kubeconfig):
-        pilot = await start_file_pilot_with_ca(
-            tmp_path, config, "--kubeconfig", str(kubeconfig), "--token-audience", "mesh-ca"
-        )
-        try:
-            async with CaCaller(pilot.target(tls=False)) as caller:
-                chain = await caller.create(
-                    _csr_for(CALLER), token=sa_token(srv, *CALLER, audiences=("mesh-ca",))
-                )
-                assert san_uris(load_chain(chain)[0]) == [spiffe(*CALLER)]
-                with pytest.raises(grpc.aio.AioRpcError) as refused:
-                    await caller.create(_csr_for(CALLER), token=sa_token(srv, *CALLER))
-                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        finally:
-            await pilot.stop()
-    account = f"system:serviceaccount:{CALLER[0]}:{CALLER[1]}"
-    assert reviews(srv) == [(("mesh-ca",), True, account), (("mesh-ca",), False, None)]

@@ -17,8 +17,8 @@ the replica one of the Envoys is connected to stops (a graceful drain) while req
 flowing: that Envoy moves all its streams to the survivor and takes a certificate from
 it, never lacks a valid certificate nor an endpoint that exists, not one request fails,
 and it follows the next endpoint change the survivor pushes; the other Envoy's streams
-are not disturbed. (Replicas started at the same moment still share one root:
-`test_shared_root.py`.)
+are not disturbed. (Replicas started at the same moment still share one root, one
+holding the Lease: tests/cluster/test_shared_root_replicas.py, on a real API server.)
 """
 
 from __future__ import annotations

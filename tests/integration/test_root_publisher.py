@@ -1,21 +1,22 @@
-"""The root where agents find it: ConfigMap `istio-ca-root-cert` in every watched namespace.
+"""What pilot asks of the API server to keep ConfigMap `istio-ca-root-cert`, read off the
+test API server's request log (a real server keeps none a test can read).
 
-A real `pilot discovery` (a subprocess, tests/security/pilot_process) runs against the
-test API server with a plugged-in CA written here, so the test knows pilot's root. What
-a user would see with kubectl is checked: the ConfigMap appears in every namespace (but
-Kubernetes' own) holding exactly pilot's root under `root-cert.pem` and nothing else,
-comes back after it is deleted, gets its data back after an edit (keeping what else the
-editor added), appears in a namespace created later, follows a new root after a
-restart; with `--namespaces`, only there. Two replicas write each ConfigMap once: only
-the holder of the Lease `pilot-ca` writes, and after it leaves the other takes over.
-pilot asks for exactly what deploy/rbac.yaml grants it: ConfigMaps listed and watched
-by name only, Namespaces as metadata only.
+A real `pilot discovery` (a subprocess, tests/security/pilot_process) with a plugged-in
+CA written here. pilot asks for exactly what deploy/rbac.yaml grants it: ConfigMaps
+listed and watched by name only, created and updated; Namespaces listed and watched as
+metadata only; with `--namespaces`, no Namespace at all.
+
+What a user sees of the ConfigMap (in every namespace but Kubernetes' own, back after a
+deletion or an edit, in a namespace created later, a new root after a restart, only the
+named namespaces with `--namespaces`, one writer among replicas) is tested on the real
+API server: tests/cluster/test_root_configmap_everywhere.py and
+test_shared_root_replicas.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,6 @@ from tests.security.pilot_process import PilotProcess, start_pilot
 
 CONFIGMAP = "istio-ca-root-cert"
 KEY = "root-cert.pem"
-SYSTEM = ("kube-node-lease", "kube-public", "kube-system")  # the test API server has them
 WAIT = 15.0
 RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac.yaml"
 
@@ -75,15 +75,6 @@ async def _wait_published(
         raise AssertionError(f"root not published in {wanted}; ConfigMaps: {published}") from None
 
 
-def _writes(srv: KubeAPIServer) -> list[tuple[str, str]]:
-    """(method, namespace) of every write to a ConfigMap."""
-    return [
-        (r.method, r.path.split("/")[4])
-        for r in srv.requests_for("ConfigMap")
-        if r.method not in ("GET", "HEAD")
-    ]
-
-
 @asynccontextmanager
 async def _cluster(folder: Path, *namespaces: str) -> AsyncIterator[tuple[KubeAPIServer, Path]]:
     async with KubeAPIServer() as srv:
@@ -101,94 +92,6 @@ async def _pilot(
         yield pilot
     finally:
         await pilot.stop()
-
-
-async def test_every_namespace_gets_exactly_pilots_root_and_keeps_it(tmp_path: Path) -> None:
-    ca = write_plugged_in(tmp_path / "ca")
-    root = ca.root.cert
-    async with (
-        _cluster(tmp_path, "shop", "web") as (srv, kubeconfig),
-        _pilot(tmp_path, kubeconfig, ca),
-    ):
-        await _wait_published(srv, ["default", "shop", "web"], root)
-        assert not set(_published(srv)) & set(SYSTEM), "Kubernetes' own namespaces are left alone"
-        assert _published(srv)["shop"]["metadata"]["labels"] == {"istio.io/config": "true"}
-
-        srv.delete("ConfigMap", "shop", CONFIGMAP)
-        await _wait_published(srv, ["shop"], root)
-
-        edited = _published(srv)["web"]
-        edited["data"] = {KEY: "not a root", "extra": "x"}
-        edited["metadata"]["annotations"] = {"someone": "was here"}
-        srv.update(edited)
-        await _wait_published(srv, ["web"], root)
-        assert _published(srv)["web"]["metadata"]["annotations"] == {"someone": "was here"}
-
-        srv.apply(_namespace("late"))
-        await _wait_published(srv, ["late"], root)
-
-        # Idempotent: each change is one write, and nothing is written that was right.
-        assert sorted(_writes(srv)) == sorted(
-            [("POST", ns) for ns in ("default", "shop", "web", "shop", "late")] + [("PUT", "web")]
-        )
-        namespace_reads = srv.requests_for("Namespace")
-        assert namespace_reads, "pilot never looked at Namespaces"
-        assert all("as=PartialObjectMetadata" in r.accept for r in namespace_reads)
-
-
-async def test_with_namespaces_only_those(tmp_path: Path) -> None:
-    ca = write_plugged_in(tmp_path / "ca")
-    async with (
-        _cluster(tmp_path, "shop", "web", "other") as (srv, kubeconfig),
-        _pilot(tmp_path, kubeconfig, ca, "--namespaces", "shop,web"),
-    ):
-        await _wait_published(srv, ["shop", "web"], ca.root.cert)
-        srv.delete("ConfigMap", "web", CONFIGMAP)
-        srv.apply(_namespace("late"))
-        await _wait_published(srv, ["web"], ca.root.cert)
-        assert set(_published(srv)) == {"shop", "web"}
-        assert srv.requests_for("Namespace") == [], "named namespaces need no Namespace watch"
-
-
-async def test_a_new_root_replaces_the_old_one_everywhere(tmp_path: Path) -> None:
-    first, second = write_plugged_in(tmp_path / "ca-1"), write_plugged_in(tmp_path / "ca-2")
-    async with _cluster(tmp_path, "shop") as (srv, kubeconfig):
-        async with _pilot(tmp_path, kubeconfig, first):
-            await _wait_published(srv, ["default", "shop"], first.root.cert)
-        async with _pilot(tmp_path, kubeconfig, second):
-            await _wait_published(srv, ["default", "shop"], second.root.cert)
-    assert sorted(_writes(srv)) == sorted(
-        [("POST", "default"), ("POST", "shop"), ("PUT", "default"), ("PUT", "shop")]
-    )
-
-
-def _holder(pilots: list[PilotProcess]) -> Callable[[], PilotProcess | None]:
-    def holder() -> PilotProcess | None:
-        leaders = [p for p in pilots if p.logged(lambda e: "now holds lease" in e["msg"])]
-        return leaders[0] if len(leaders) == 1 else None
-
-    return holder
-
-
-async def test_two_replicas_write_once_and_the_other_takes_over(tmp_path: Path) -> None:
-    ca = write_plugged_in(tmp_path / "ca")
-    root = ca.root.cert
-    async with _cluster(tmp_path, "shop", "web") as (srv, kubeconfig), AsyncExitStack() as stack:
-        pilots = [
-            await stack.enter_async_context(_pilot(tmp_path / name, kubeconfig, ca))
-            for name in ("one", "two")
-        ]
-        await _wait_published(srv, ["default", "shop", "web"], root)
-        assert sorted(_writes(srv)) == [("POST", "default"), ("POST", "shop"), ("POST", "web")]
-        holder = _holder(pilots)()
-        assert holder is not None, "exactly one replica holds the Lease"
-        other = next(p for p in pilots if p is not holder)
-
-        await holder.stop()
-        mark = other.mark()
-        srv.delete("ConfigMap", "shop", CONFIGMAP)
-        await other.wait_logged(lambda e: "now holds lease" in e["msg"], "taking over", mark, 20)
-        await _wait_published(srv, ["shop"], root)
 
 
 def _rbac_grants(resources: set[str]) -> set[tuple[str, str, str]]:
@@ -231,3 +134,17 @@ async def test_pilot_asks_for_exactly_what_the_rbac_grants(tmp_path: Path) -> No
         await _wait_published(srv, ["shop"], ca.root.cert)
     used = {_verb(r) for r in [*srv.requests_for("ConfigMap"), *srv.requests_for("Namespace")]}
     assert used == _rbac_grants({"configmaps", "namespaces"})
+    namespace_reads = srv.requests_for("Namespace")
+    assert all("as=PartialObjectMetadata" in r.accept for r in namespace_reads), (
+        "Namespaces are read as metadata only"
+    )
+
+
+async def test_with_named_namespaces_pilot_reads_no_namespace(tmp_path: Path) -> None:
+    ca = write_plugged_in(tmp_path / "ca")
+    async with (
+        _cluster(tmp_path, "shop", "web") as (srv, kubeconfig),
+        _pilot(tmp_path, kubeconfig, ca, "--namespaces", "shop,web"),
+    ):
+        await _wait_published(srv, ["shop", "web"], ca.root.cert)
+    assert srv.requests_for("Namespace") == [], "named namespaces need no Namespace watch"

@@ -1,4 +1,8 @@
-"""One trust root for all replicas: the Secret, the Lease, and replicas that cannot read it."""
+"""The shared root's Secret when it is wrong: unusable contents, or a replica that cannot read it.
+
+(Replicas on one cluster electing one Lease holder, which alone creates the Secret, are
+tested on the real API server: tests/cluster/test_shared_root_replicas.py.)
+"""
 
 from __future__ import annotations
 
@@ -21,39 +25,6 @@ from tests.support.pilot import running_kube_pilot
 
 SECRET_PATH = "/api/v1/namespaces/default/secrets/pilot-ca-secret"
 DAY = datetime.timedelta(days=1)
-
-
-async def test_replicas_started_together_share_one_root(tmp_path: Path) -> None:
-    async with KubeAPIServer() as api:
-        for obj in simple_mesh({"a": ["127.0.0.1"]}):
-            api.apply(obj)
-        configs = []
-        for name in ("one", "two"):
-            (tmp_path / name).mkdir()
-            configs.append(write_kubeconfig(tmp_path / name / "kubeconfig", api.url))
-        first, second = running_kube_pilot(configs[0]), running_kube_pilot(configs[1])
-        pilot_one, pilot_two = await asyncio.gather(first.__aenter__(), second.__aenter__())
-        try:
-            roots = {p.discovery.security.ca.root_pem for p in (pilot_one, pilot_two)}  # type: ignore[union-attr]
-            assert len(roots) == 1, "both replicas sign under one root"
-            secret = api.get("Secret", "default", "pilot-ca-secret")
-            assert secret is not None
-            stored = base64.b64decode(secret["data"]["root-cert.pem"]).decode()
-            assert roots == {stored}
-            assert len([r for r in api.requests if r.method == "POST" and "secrets" in r.path]) <= 2
-            electors = [p.discovery.security.elector for p in (pilot_one, pilot_two)]  # type: ignore[union-attr]
-            await wait_until(
-                lambda: sum(e.is_leader for e in electors if e) == 1, 10, "exactly one Lease holder"
-            )
-            leader = next(e for e in electors if e and e.is_leader)
-            lease = api.get("Lease", "default", "pilot-ca")
-            assert lease is not None and lease["spec"]["holderIdentity"] == leader.identity
-        finally:
-            await asyncio.gather(
-                first.__aexit__(None, None, None), second.__aexit__(None, None, None)
-            )
-        lease = api.get("Lease", "default", "pilot-ca")
-        assert lease is not None and not lease["spec"].get("holderIdentity"), "released on shutdown"
 
 
 def _ca_secret(key_pem: bytes, cert_pem: str) -> dict[str, object]:
