@@ -1,17 +1,16 @@
-"""Many clusters (Istio's multi-primary model): the real `pilot discovery` watching a local
-test API server plus remote ones, and a real Envoy reading what it serves.
+"""Many clusters (Istio's multi-primary model) where the test API server is needed: the
+real `pilot discovery` watching a local test API server plus remote ones that go down,
+never answer, or number three; a real Envoy reading what it serves. What real API servers
+can show (both clusters' endpoints merged, locality, Secrets adding, renaming and
+removing clusters, bad keys, refused tokens, a registry file with a remote) is tested on
+two of them in tests/cluster/test_remote_clusters.py.
 
-* A Service in two clusters is one Envoy cluster with the endpoints of both, each host's
-  metadata naming its cluster (`istio` / `cluster_id`, read from Envoy's config dump).
-* Remote clusters come from `--remote-kubeconfig ID=PATH` or, live, from Secrets labelled
-  `istio/multiCluster: "true"` in pilot's namespace: added, pointed elsewhere, renamed
-  and removed, Envoy follows each time.
 * A remote cluster that goes down keeps its endpoints in Envoy, holds back neither the
-  local cluster's changes nor `/ready`, and `/ready` and the metrics say it is down.
+  local cluster's changes nor `/ready`, and `/ready` and the metrics say it is down; one
+  that never answers holds back nothing either.
+* A Secret's changed kubeconfig moves a cluster id to another API server (three servers).
+* The local cluster's id, or one given twice, on the command line stops pilot at start.
 * A remote kubeconfig's token never shows in pilot's log nor in any debug endpoint.
-* With no topology labels, an endpoint's region is its cluster id: an Envoy declaring the
-  local cluster's id as its region holds the local endpoints at priority 0 and the remote
-  cluster's at 1 (locality failover across clusters).
 """
 
 from __future__ import annotations
@@ -30,12 +29,11 @@ import yaml
 
 from tests.harness.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
 from tests.integration.ca_support import write_plugged_in
-from tests.integration.envoy_view import host_priorities
 from tests.integration.kube_helpers import apply_mesh, kube_api, ready, ready_status
 from tests.kubeapi import KubeAPIServer
 from tests.kubeapi.kubeconfig import kubeconfig_dict
 from tests.security.pilot_process import PilotProcess, launch
-from tests.support.mesh import cluster_name, simple_mesh, write_mesh
+from tests.support.mesh import cluster_name
 
 PILOT_NAMESPACE = "pilot-system"
 ALPHA = cluster_name("alpha")
@@ -67,19 +65,11 @@ async def clusters(tmp_path: Path, *names: str) -> AsyncIterator[dict[str, Clust
 
 @asynccontextmanager
 async def pilot_with_envoy(
-    tmp_path: Path,
-    local: Cluster | Path,
-    *extra: str,
-    locality: Mapping[str, str] | None = None,
+    tmp_path: Path, local: Cluster, *extra: str
 ) -> AsyncIterator[tuple[PilotProcess, EnvoyProcess]]:
-    """`pilot discovery --kubeconfig LOCAL ...` (or `--config FILE ...` when given a
-    registry file) as a subprocess, and an Envoy on it (declaring `locality`, if given)."""
+    """`pilot discovery --kubeconfig LOCAL ...` as a subprocess, and an Envoy on it."""
     ca = write_plugged_in(tmp_path / "plugged-in-ca")
-    source = (
-        ["--kubeconfig", str(local.kubeconfig)]
-        if isinstance(local, Cluster)
-        else ["--config", str(local), "--xds-auth", "none"]
-    )
+    source = ["--kubeconfig", str(local.kubeconfig)]
     pilot = await launch(
         tmp_path,
         source,
@@ -90,8 +80,6 @@ async def pilot_with_envoy(
     )
     try:
         bootstrap = load_example_bootstrap("envoy-ads-delta.yaml", pilot.grpc_port, "node-1")
-        if locality is not None:
-            bootstrap["node"]["locality"] = dict(locality)
         workdir = tmp_path / "envoy"
         workdir.mkdir()
         async with EnvoyProcess(bootstrap, workdir, "node-1", log_level="warning") as envoy:
@@ -102,7 +90,7 @@ async def pilot_with_envoy(
 
 @asynccontextmanager
 async def local_and_west(
-    tmp_path: Path, locality: Mapping[str, str] | None = None
+    tmp_path: Path,
 ) -> AsyncIterator[tuple[dict[str, Cluster], PilotProcess, EnvoyProcess]]:
     """Two clusters, `local` (pilot's own) and `west` given by `--remote-kubeconfig`,
     and an Envoy on pilot."""
@@ -113,7 +101,6 @@ async def local_and_west(
             found["local"],
             "--remote-kubeconfig",
             f"west={found['west'].kubeconfig}",
-            locality=locality,
         ) as (pilot, envoy),
     ):
         yield found, pilot, envoy
@@ -176,62 +163,6 @@ def kubeconfig_text(cluster: Cluster, token: str | None = None) -> str:
 
 
 # --------------------------------------------------------------------------- tests
-
-
-async def test_remote_kubeconfig_merges_both_clusters_endpoints(tmp_path: Path) -> None:
-    async with local_and_west(tmp_path) as (found, pilot, envoy):
-        both = {"127.0.1.1": "Kubernetes", "127.0.2.1": "west"}
-        await wait_for_hosts(envoy, both, "alpha's endpoints from both clusters")
-        healthy = await envoy.healthy_hosts(ALPHA)
-        assert {ip for ip, _port in healthy} == set(both)
-
-        # A change in the remote cluster alone reaches Envoy.
-        apply_mesh(found["west"].srv, {"alpha": ready("127.0.2.1", "127.0.2.2")})
-        await wait_for_hosts(envoy, both | {"127.0.2.2": "west"}, "west's new endpoint")
-
-        assert await ready_lines(pilot) == (
-            200,
-            ["ready", "cluster Kubernetes: synced", "cluster west: synced"],
-        )
-        assert await cluster_metrics(pilot) == {"Kubernetes": 1.0, "west": 1.0, "remote": 1.0}
-
-
-async def test_a_proxy_prefers_its_own_clusters_endpoints(tmp_path: Path) -> None:
-    """No Node has topology labels, so each endpoint's region is its cluster id (Istio's
-    fallback): an Envoy that declares the local cluster's id as its region gets the
-    local endpoints at priority 0 and west's at 1, to fail over to."""
-    async with local_and_west(tmp_path, {"region": "Kubernetes"}) as (_found, _pilot, envoy):
-        expected = {"127.0.1.1": 0, "127.0.2.1": 1}
-        await envoy.wait_for(
-            lambda: host_priorities(envoy, ALPHA),
-            15.0,
-            "local first",
-            until=lambda seen: seen == expected,
-        )
-
-
-async def test_a_file_registry_with_a_remote_cluster(tmp_path: Path) -> None:
-    config = tmp_path / "mesh.yaml"
-    write_mesh(config, simple_mesh({"alpha": ["127.0.9.1"]}))
-    async with (
-        clusters(tmp_path, "west") as found,
-        pilot_with_envoy(
-            tmp_path, config, "--remote-kubeconfig", f"west={found['west'].kubeconfig}"
-        ) as (pilot, envoy),
-    ):
-        await wait_for_hosts(
-            envoy, {"127.0.9.1": "Kubernetes", "127.0.1.1": "west"}, "the file's and west's"
-        )
-        # A reload of the file leaves west's part alone.
-        write_mesh(config, simple_mesh({"alpha": ["127.0.9.2"]}))
-        await wait_for_hosts(
-            envoy, {"127.0.9.2": "Kubernetes", "127.0.1.1": "west"}, "the file reloaded"
-        )
-        assert (await ready_lines(pilot))[1] == [
-            "ready",
-            "cluster Kubernetes: synced",
-            "cluster west: synced",
-        ]
 
 
 def test_a_remote_id_taken_twice_is_a_start_up_error(tmp_path: Path) -> None:
@@ -297,64 +228,25 @@ async def test_a_remote_cluster_that_never_answers_does_not_hold_ready(tmp_path:
             assert lines[2].startswith("cluster west: unreachable: "), lines
 
 
-async def test_remote_secrets_add_move_rename_and_remove_clusters(tmp_path: Path) -> None:
+async def test_a_changed_kubeconfig_moves_a_cluster_to_another_api_server(
+    tmp_path: Path,
+) -> None:
+    """The same id, another API server: its endpoints now come from there. (Three servers;
+    adding, renaming and removing clusters through Secrets are tested on real API servers
+    in tests/cluster/test_remote_clusters.py.)"""
     async with (
         clusters(tmp_path, "local", "west", "east") as found,
-        pilot_with_envoy(tmp_path, found["local"]) as (pilot, envoy),
+        pilot_with_envoy(tmp_path, found["local"]) as (_pilot, envoy),
     ):
         local = found["local"].srv
-        await wait_for_hosts(envoy, {"127.0.1.1": "Kubernetes"}, "the local cluster alone")
-
         local.apply(remote_secret("remotes", {"west": kubeconfig_text(found["west"])}))
         await wait_for_hosts(
             envoy, {"127.0.1.1": "Kubernetes", "127.0.2.1": "west"}, "west added by a Secret"
         )
-
-        # The same id, another API server: west's endpoints now come from there.
         local.apply(remote_secret("remotes", {"west": kubeconfig_text(found["east"])}))
         await wait_for_hosts(
             envoy, {"127.0.1.1": "Kubernetes", "127.0.3.1": "west"}, "west moved to east's server"
         )
-
-        # Another id for the same server: its endpoints carry the new id.
-        local.apply(remote_secret("remotes", {"east": kubeconfig_text(found["east"])}))
-        await wait_for_hosts(
-            envoy, {"127.0.1.1": "Kubernetes", "127.0.3.1": "east"}, "the cluster renamed east"
-        )
-        assert (await ready_lines(pilot))[1][-1] == "cluster east: synced"
-
-        local.delete("Secret", PILOT_NAMESPACE, "remotes")
-        await wait_for_hosts(envoy, {"127.0.1.1": "Kubernetes"}, "the Secret removed")
-        assert await ready_lines(pilot) == (200, ["ready", "cluster Kubernetes: synced"])
-        assert (await cluster_metrics(pilot))["remote"] == 0.0
-
-
-async def test_bad_keys_are_warned_about_and_ignored(tmp_path: Path) -> None:
-    async with (
-        clusters(tmp_path, "local", "west") as found,
-        pilot_with_envoy(tmp_path, found["local"]) as (pilot, envoy),
-    ):
-        since = pilot.mark()
-        secret = {
-            "Kubernetes": kubeconfig_text(found["west"]),  # the local cluster's id
-            "broken": "clusters: 5\n",  # not a kubeconfig
-            "west": kubeconfig_text(found["west"]),
-        }
-        found["local"].srv.apply(remote_secret("remotes", secret))
-        await wait_for_hosts(
-            envoy, {"127.0.1.1": "Kubernetes", "127.0.2.1": "west"}, "west, the good key"
-        )
-        for key in ("Kubernetes", "broken"):
-            origin = f"Secret {PILOT_NAMESPACE}/remotes key {key}"
-            warned = pilot.logged(
-                lambda e, o=origin: e["level"] == "warning" and e["msg"].startswith(o), since
-            )
-            assert len(warned) == 1, (key, pilot.tail())
-        assert [line.split(":")[0] for line in (await ready_lines(pilot))[1]] == [
-            "ready",
-            "cluster Kubernetes",
-            "cluster west",
-        ]
 
 
 DEBUG_PATHS = (

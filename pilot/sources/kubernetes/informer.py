@@ -10,7 +10,8 @@ Semantics (those of client-go's reflector):
   never removes anything that still exists.
 - On transport or server errors, retry with exponential backoff and jitter,
   keeping what was handed to the handler; `error` says what failed, until a list
-  or a watch succeeds again.
+  or a watch succeeds again. A refusal (401, 403) is reported to `Refusals`
+  (one warning per cluster while it lasts), any other failure in a warning each.
 - Objects are read as raw JSON (dicts); the handler does its own parsing.
 
 An API server is not trusted to be well-behaved (a remote cluster's may be
@@ -28,8 +29,8 @@ with backoff); an item that is not an object of the kind with a name is skipped.
 while the watch is down, nor while the informer's task is failing (`run` raised)
 and waits to be started again.
 
-Shared by every cluster's informers: `Watching` (their supervisor and the
-`WatchFaults` tally) and `cluster_status`, the line `/ready` shows for a cluster.
+Shared by every cluster's informers: `Watching` (their supervisor, the
+`WatchFaults` tally and `Refusals`) and `cluster_status`, the line `/ready` shows for a cluster.
 This module needs no Kubernetes client, so pilot serving a file reads them too.
 """
 
@@ -49,6 +50,7 @@ import aiohttp
 
 from pilot.backoff import Backoff
 from pilot.sources.kubernetes.config import InformerSettings
+from pilot.sources.kubernetes.refusals import REFUSED, Refusals
 from pilot.supervisor import Supervisor, describe, one_line
 
 log = logging.getLogger("pilot.sources.kubernetes")
@@ -79,7 +81,12 @@ class Expired(Exception):
 
 
 class ApiStatusError(Exception):
-    """The API server answered with an error Status."""
+    """The API server answered with an error Status (`status`: its HTTP status, 0 for an
+    ERROR event)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class Malformed(Exception):
@@ -128,11 +135,12 @@ class WatchFaults:
 
 @dataclass(frozen=True)
 class Watching:
-    """What the informers of every cluster share: the supervisor that runs them and
-    the tally of what their API servers sent wrong."""
+    """What the informers of every cluster share: the supervisor that runs them, the
+    tally of what their API servers sent wrong, and which of them refuse pilot."""
 
     supervisor: Supervisor = field(default_factory=Supervisor)
     faults: WatchFaults = field(default_factory=WatchFaults)
+    refusals: Refusals = field(default_factory=Refusals)
 
 
 def cluster_status(informers: Sequence[Informer], synced: bool) -> str:
@@ -177,7 +185,8 @@ async def _json_body(response: aiohttp.ClientResponse, what: str, limit: int) ->
     if response.status == 410:
         raise Expired(what)
     if not 200 <= response.status < 300:
-        raise ApiStatusError(f"{what}: HTTP {response.status}: {_refusal(raw)}")
+        message = f"{what}: HTTP {response.status}: {_refusal(raw)}"
+        raise ApiStatusError(message, response.status)
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError):
@@ -296,6 +305,7 @@ class Informer:
         *,
         cluster: str = "",
         faults: WatchFaults | None = None,
+        refusals: Refusals | None = None,
     ) -> None:
         self.kind = kind
         self.cluster = cluster  # for log lines and metrics; "" for pilot's own watches
@@ -305,6 +315,7 @@ class Informer:
         self._label_selector = label_selector
         self._page_size = settings.page_size
         self._faults = faults if faults is not None else WatchFaults()
+        self._refusals = refusals if refusals is not None else Refusals()
         self._resource_version = ""
         self._known: set[ObjectKey] = set()
         self.listed = asyncio.Event()
@@ -366,8 +377,16 @@ class Informer:
             except (aiohttp.ClientError, TimeoutError, ApiStatusError, ValueError) as error:
                 delay = backoff.next_delay()
                 self.error = one_line(str(error) or type(error).__name__, _REFUSAL_CHARS)
-                log.warning("%s: %s; retrying in %.1fs", self._where, self.error, delay)
+                if isinstance(error, ApiStatusError) and error.status in REFUSED:
+                    self._refusals.refused(self.cluster, self.kind, self.error, delay)
+                else:
+                    log.warning("%s: %s; retrying in %.1fs", self._where, self.error, delay)
                 await asyncio.sleep(delay)
+
+    def _answered(self) -> None:
+        """A list or a watch got an answer: nothing is failing now."""
+        self.error = ""
+        self._refusals.answered(self.cluster, self.kind)
 
     def _params(self, **extra: Any) -> dict[str, Any]:
         params: dict[str, Any] = {"_preload_content": False, **extra}
@@ -397,7 +416,7 @@ class Informer:
             if not token:
                 break
         self._resource_version = str(meta.get("resourceVersion") or "")
-        self.error = ""
+        self._answered()
         self._replace(items)
         if self.listed.is_set():
             self.relists += 1
@@ -455,8 +474,8 @@ class Informer:
             if response.status == 410:
                 raise Expired(self.kind)
             if not 200 <= response.status < 300:
-                raise ApiStatusError(f"watch {self.kind}: HTTP {response.status}")
-            self.error = ""
+                raise ApiStatusError(f"watch {self.kind}: HTTP {response.status}", response.status)
+            self._answered()
             async for line in _lines(response, self._settings.max_event_bytes):
                 delivered = self._apply_line(line) or delivered
         self.watch_restarts += 1

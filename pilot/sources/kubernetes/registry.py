@@ -235,6 +235,7 @@ class KubernetesRegistry:
             selector,
             cluster=self.cluster,
             faults=self._watching.faults,
+            refusals=self._watching.refusals,
         )
 
     async def start(self, previous: KubernetesRegistry | None = None) -> None:
@@ -289,3 +290,4 @@ class KubernetesRegistry:
         for task in self._tasks:
             await self._watching.supervisor.stop_task(task)
         self._watching.faults.forget(self.cluster)
+        self._watching.refusals.forget(self.cluster)
