@@ -30,10 +30,12 @@ synced only then.
 Reports go to stdout as JSON lines, timestamps from `time.monotonic()`
 (CLOCK_MONOTONIC, comparable across the processes of one Linux machine):
 
-- `{"event": "synced", "t": T, "bytes": {TYPE: B}, "sync_responses": {TYPE: R}}`
-  once every stream holds the clusters and all their assignments (sidecars: and
-  the listeners and their routes), each response ACKed; B and R the bytes and
-  responses of each type all streams received until then (with `--capture FILE`,
+- `{"event": "synced", "t": T, "bytes": {TYPE: B}, "sync_responses": {TYPE: R},
+  "held": {TYPE: H}}` once every stream holds the clusters and all their
+  assignments (sidecars: and the listeners and their routes), each response
+  ACKed; B and R the bytes and responses of each type all streams received
+  until then, H how many assignments (and routes) all streams subscribed to and
+  hold, a check that two servers served the same mesh (with `--capture FILE`,
   stream 0's responses up to then are written to FILE first); with `--secrets`
   also `"secrets": {"first": T, "last": T, "held": H}`: the first SDS request,
   the last stream's receipt of its first certificate, and how many streams hold
@@ -130,6 +132,7 @@ class Recorder:
     responses: collections.Counter[str] = field(default_factory=collections.Counter)
     sync_bytes: collections.Counter[str] = field(default_factory=collections.Counter)
     sync_responses: collections.Counter[str] = field(default_factory=collections.Counter)
+    held: collections.Counter[str] = field(default_factory=collections.Counter)  # at the sync
     arrivals: dict[Key, Arrival] = field(default_factory=dict)
     captured: list[bytes] = field(default_factory=list)
 
@@ -157,8 +160,10 @@ class Recorder:
         """One stream received its first certificate (`default`) at t."""
         self.secrets_last = max(self.secrets_last, t)
 
-    def stream_synced(self) -> None:
+    def stream_synced(self, following: dict[str, int]) -> None:
+        """One more stream synced, holding `following` resources of each followed type."""
         self.synced_streams += 1
+        self.held.update(following)
         if self.synced_streams == self.streams:
             if self.capture is not None:
                 wire.write_records(self.capture, self.captured)
@@ -177,6 +182,7 @@ class Recorder:
                 failures=dict(self.failures),
                 bytes=dict(self.sync_bytes),
                 sync_responses=dict(self.sync_responses),
+                held=dict(self.held),
                 **more,
             )
 
@@ -448,7 +454,7 @@ class Stream:
             return
         if self.sidecar is None or wire.LISTENER in self.types:
             self.synced = True
-            self.recorder.stream_synced()
+            self.recorder.stream_synced({k: len(v) for k, v in self.subscribed.items()})
 
 
 def _failure(error: BaseException) -> str:

@@ -63,6 +63,7 @@ class _Member:
     failures: dict[str, int] = field(default_factory=dict)  # kind -> count
     sync_bytes: dict[str, int] = field(default_factory=dict)  # type URL -> bytes, all its streams
     sync_responses: dict[str, int] = field(default_factory=dict)  # type URL -> responses
+    held: dict[str, int] = field(default_factory=dict)  # type URL -> subscribed and held
     secrets: dict[str, float] | None = None  # first SDS request, last certificate in, held
 
 
@@ -110,6 +111,7 @@ class Fleet:
                 member.failures = report["failures"]
                 member.sync_bytes = report["bytes"]
                 member.sync_responses = report["sync_responses"]
+                member.held = report["held"]
                 member.secrets = report.get("secrets")
                 member.synced.set_result(float(report["t"]))
             elif report["event"] == "update":
@@ -160,6 +162,14 @@ class Fleet:
             sent.update(member.sync_bytes)
             responses.update(member.sync_responses)
         return sent, responses
+
+    def held(self) -> Counter[str]:
+        """Per type URL, the assignments (and routes) all streams subscribed to and held
+        when synced: what the server's mesh gave them to follow."""
+        held: Counter[str] = Counter()
+        for member in self.members:
+            held.update(member.held)
+        return held
 
     def secrets(self) -> SecretsHeld | None:
         """With SDS streams: over every process, the first SDS request, the last stream's

@@ -1,9 +1,10 @@
-"""What a bench phase measured, and the table that compares pilot with the floor."""
+"""What a bench phase measured, and the table that compares pilot with the floor (and
+with the go-control-plane peers, when they ran)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -47,14 +48,32 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else math.nan
 
 
-def table(pilot: PhaseResult, floor: PhaseResult) -> str:
-    """Rows latency p50/p99, CPU per change, memory per client; columns pilot, floor, ratio."""
-    rows = [
-        *latency_rows(pilot.latencies, floor.latencies),
-        ("CPU per change (ms)", pilot.cpu_per_change * 1e3, floor.cpu_per_change * 1e3),
-        ("memory per client (KiB)", pilot.memory_per_client / 1024, floor.memory_per_client / 1024),
-    ]
-    return ratio_table(("pilot", "floor"), rows)
+# The rows of the push table: a label and the figure of one phase.
+FIGURES: tuple[tuple[str, Callable[[PhaseResult], float]], ...] = (
+    ("latency p50 (ms)", lambda r: percentile(r.latencies, 50) * 1e3),
+    ("latency p99 (ms)", lambda r: percentile(r.latencies, 99) * 1e3),
+    ("CPU per change (ms)", lambda r: r.cpu_per_change * 1e3),
+    ("memory per client (KiB)", lambda r: r.memory_per_client / 1024),
+    ("initial sync (s)", lambda r: r.sync_seconds),
+)
+
+
+def table(
+    pilot: PhaseResult, floor: PhaseResult, peers: Mapping[str, PhaseResult] | None = None
+) -> str:
+    """Rows latency p50/p99, CPU per change, memory per client, initial sync; columns
+    pilot, floor, then each peer by name, then pilot's ratio to the floor."""
+    servers = {"pilot": pilot, "floor": floor, **(peers or {})}
+    widths = [max(10, len(name) + 2) for name in servers]
+    header = "".join(f"{name:>{w}}" for name, w in zip(servers, widths, strict=True))
+    lines = [f"{'':<30}{header}{'ratio':>8}"]
+    for label, figure in FIGURES:
+        cells = "".join(
+            f"{figure(result):>{w}.2f}" for result, w in zip(servers.values(), widths, strict=True)
+        )
+        ratio = _ratio(figure(pilot), figure(floor))
+        lines.append(f"{label:<30}{cells}{ratio:>8.2f}")
+    return "\n".join(lines)
 
 
 def latency_rows(ours: Sequence[float], base: Sequence[float]) -> list[tuple[str, float, float]]:

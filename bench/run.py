@@ -1,8 +1,12 @@
-"""One bench run: the processes (API server, pilot, floor, clients) and the two phases.
+"""One bench run: the processes (API server, pilot, floor, peers, clients) and the phases.
 
-`measure` starts the test API server with the mesh, then pilot, runs the
-pilot phase, stops pilot, starts the floor with the bytes pilot sent, runs the
-floor phase, and stops everything, also on errors and cancellation.
+`measure` builds the go-control-plane peers asked for (`bench.peers`), starts
+the test API server with the mesh, then pilot, runs the pilot phase, stops
+pilot, starts the floor with the bytes pilot sent, runs the floor phase, then
+one phase per peer (go-control-plane serving the same resources, triggered as
+the floor is), and stops everything, also on errors and cancellation. Every
+server after pilot must give the clients what pilot gave them: as many
+assignments at the sync, and per change exactly the expected resources.
 
 A phase: RSS of the server with no client; N clients connect and sync; RSS
 again; then the K changes one at a time, each timed from when it reached the
@@ -26,7 +30,7 @@ from typing import Protocol, TypeVar
 
 import aiohttp
 
-from bench import pilot_cli, wire
+from bench import peers, pilot_cli, wire
 from bench.fleet import Expected, Fleet, FleetSpec, Report, SecretsHeld
 from bench.kube import SERVICE_NAME_LABEL, SLICES, KubeApi, Watch
 from bench.procs import (
@@ -63,6 +67,7 @@ class Config:
     pilot_log_level: str = "info"
     idle_seconds: float = 0.0  # after the sync: the server's CPU over this quiet window
     pilot_flags: tuple[str, ...] = ()  # more of pilot's flags, after the bench's own
+    peers: tuple[str, ...] | None = ()  # go-control-plane caches (bench.peers); None: auto
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class Synced:
     responses: Counter[str]  # responses per type URL, all clients, until synced
     cpu: float = 0.0  # the server's CPU seconds (user + system) from the start until synced
     secrets: SecretsHeld | None = None  # the sidecars' SDS streams, if they had any
+    held: Counter[str] = field(default_factory=Counter)  # per type, what all clients follow
 
 
 class Expectation(Protocol):
@@ -109,22 +115,26 @@ class Series:
 
 @dataclass
 class PhaseRun:
-    """A phase's figures, each change's last receipt, and process 0's reports."""
+    """A phase's figures, each change's last receipt, process 0's reports, and what the
+    clients held at the sync."""
 
     result: PhaseResult
     last: list[float]
     reports: list[Report]
+    held: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass
 class Measured:
-    """Both phases, when pilot's apply requests were sent, and how pilot ran."""
+    """The phases, when pilot's apply requests were sent, and how pilot ran."""
 
     pilot: PhaseRun
     floor: PhaseRun
     sent: list[float]
     pilot_knobs: dict[str, str]
     pilot_flags: list[str]
+    peers: dict[str, PhaseRun] = field(default_factory=dict)  # by tag (gcp-linear, ...)
+    peers_note: str = ""  # why no peer ran, if none did
 
 
 class Run:
@@ -241,6 +251,16 @@ class Run:
             port = await read_line_starting(child, "floor listening on")
         return child, f"127.0.0.1:{port}"
 
+    async def start_peer(
+        self, binary: Path, kind: str, initial: Path, changes: Path
+    ) -> tuple[Child, str]:
+        """go-control-plane serving the recorded resources from its `kind` cache."""
+        argv = [str(binary), "-cache", kind, "-initial", str(initial), "-changes", str(changes)]
+        child = await self._spawn(peers.tag(kind), argv, stdin=True, stdout=True)
+        async with self.within(f"{peers.tag(kind)}'s start"):
+            port = await read_line_starting(child, peers.LISTENING)
+        return child, f"127.0.0.1:{port}"
+
     async def _spawn(
         self,
         name: str,
@@ -304,6 +324,7 @@ class Run:
                     responses,
                     sync_cpu,
                     fleet.secrets(),
+                    fleet.held(),
                 ),
             )
         finally:
@@ -345,7 +366,7 @@ class Run:
             ready_latencies=sync.ready_latencies,
             idle_cpu_share=idle,
         )
-        return PhaseRun(result, series.last, [r[0] for r in series.reports])
+        return PhaseRun(result, series.last, [r[0] for r in series.reports], sync.held)
 
     async def series(
         self,
@@ -418,12 +439,12 @@ class ApiTrigger:
 
 
 class PipeTrigger:
-    """Changes reach the floor as a line on its stdin: change K's responses, by default
-    response K alone."""
+    """Changes reach the floor (or a peer) as a line on its stdin: change K's responses, by
+    default response K alone."""
 
-    def __init__(self, floor: Child, responses: Sequence[Sequence[int]] | None = None) -> None:
-        assert floor.process.stdin is not None
-        self.stdin = floor.process.stdin
+    def __init__(self, server: Child, responses: Sequence[Sequence[int]] | None = None) -> None:
+        assert server.process.stdin is not None
+        self.stdin = server.process.stdin
         self.responses = responses
 
     async def __call__(self, index: int, change: Expectation) -> float:
@@ -435,10 +456,11 @@ class PipeTrigger:
 
 
 async def measure(config: Config, workdir: Path) -> Measured:
-    """Start the processes, run both phases, stop everything (logs shown on failure)."""
+    """Start the processes, run the phases, stop everything (logs shown on failure)."""
     workload = Workload(config.services, config.endpoints, config.seed)
     mesh_yaml = workload.yaml()
     changes = [workload.change() for _ in range(config.changes)]
+    chosen = await peers.resolve(config.peers)  # built before anything is measured
     run = Run(config, workdir)
     try:
         knobs = asyncio.create_task(run.pilot_knobs())  # only for the report: not waited on
@@ -462,9 +484,47 @@ async def measure(config: Config, workdir: Path) -> Measured:
         floor, floor_target = await run.start_floor(initial, replay)
         floor_trigger = PipeTrigger(floor)
         base = await run.phase("floor", floor, floor_target, trigger=floor_trigger, changes=changes)
-        return Measured(ours, base, trigger.sent, await knobs, run.pilot_flags)
+        await floor.stop()
+        same_mesh("floor", ours, base)
+        others = await _peer_phases(run, chosen, (initial, replay), ours, changes)
+        measured = Measured(ours, base, trigger.sent, await knobs, run.pilot_flags)
+        measured.peers, measured.peers_note = others, chosen.note
+        return measured
     except Exception:
         run.report_logs()
         raise
     finally:
         await run.close()
+
+
+async def _peer_phases(
+    run: Run,
+    chosen: peers.Peers,
+    recorded: tuple[Path, Path],
+    ours: PhaseRun,
+    changes: Sequence[Change],
+) -> dict[str, PhaseRun]:
+    """One phase per go-control-plane cache, each on the resources pilot sent (`recorded`:
+    the initial and changes files), triggered as the floor is; each stopped before the next
+    starts."""
+    measured: dict[str, PhaseRun] = {}
+    for kind in chosen.kinds:
+        assert chosen.binary is not None
+        tag = peers.tag(kind)
+        peer, target = await run.start_peer(chosen.binary, kind, *recorded)
+        trigger = PipeTrigger(peer)
+        measured[tag] = await run.phase(tag, peer, target, trigger=trigger, changes=changes)
+        await peer.stop()
+        same_mesh(tag, ours, measured[tag])
+    return measured
+
+
+def same_mesh(tag: str, pilot: PhaseRun, other: PhaseRun) -> None:
+    """RuntimeError unless the clients of `other` followed as many resources of each type
+    at the sync as pilot's did: a server that serves less is no comparison. (Per change,
+    `Run.series` already fails on anything but the expected resources.)"""
+    if other.held != pilot.held:  # a type held by none equals one not reported
+        raise RuntimeError(
+            f"{tag}: the clients followed {dict(other.held)} at the sync, "
+            f"pilot's {dict(pilot.held)}: not the same mesh"
+        )

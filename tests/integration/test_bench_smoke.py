@@ -1,6 +1,8 @@
 """Smoke tests of the benchmarks: tiny runs end to end print sane figures.
 
-`python -m bench.eds_push` prints a table of finite positive figures;
+`python -m bench.eds_push` prints a table of finite positive figures, and with
+`--peers linear,snapshot` go-control-plane's beside pilot's and the floor's, its
+clients sent exactly what pilot's were (needs Go: skipped without it);
 `python -m bench.sidecar` syncs sidecars with all four types and prints bytes per type,
 RSS per sidecar and the CPU of a service added against an endpoint changed, and with `--secrets`
 gets every sidecar its certificate and says at what rate and CPU; `python -m bench.fuzz`
@@ -25,8 +27,16 @@ from pathlib import Path
 
 import pytest
 
+from bench import peers
+
 ROOT = Path(__file__).resolve().parents[2]
-ROWS = ("latency p50 (ms)", "latency p99 (ms)", "CPU per change (ms)", "memory per client (KiB)")
+ROWS = (
+    "latency p50 (ms)",
+    "latency p99 (ms)",
+    "CPU per change (ms)",
+    "memory per client (KiB)",
+    "initial sync (s)",
+)
 
 
 def _row(output: str, label: str) -> list[float]:
@@ -40,17 +50,48 @@ def test_bench_prints_finite_positive_table() -> None:
     command = [sys.executable, "-m", "bench.eds_push", "--services", "20", "--clients", "5"]
     command += ["--changes", "5", "--timeout", "60", "--retries", "3", "--channels", "5"]
     done = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=110, check=False
+        [*command, "--peers", "none"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "S=20 services" in done.stdout and "N=5 delta ADS clients" in done.stdout
     assert "K=5 endpoint changes" in done.stdout
     assert "streams retried" in done.stdout and "/ready during it" in done.stdout, done.stdout
     assert "pilot's log: 0 tracebacks, 0 lines at ERROR" in done.stdout, done.stdout
+    assert "go-control-plane: not run (--peers none)" in done.stdout, done.stdout
     for label in ROWS:
         pilot, floor, ratio = _row(done.stdout, label)
         for value in (pilot, floor, ratio):
             assert math.isfinite(value) and value > 0, f"{label}: {pilot} {floor} {ratio}"
+
+
+@pytest.mark.skipif(not peers.go_found(), reason="no Go: bench/gcp/build cannot build the peer")
+def test_bench_prints_go_control_plane_beside_pilot_and_floor() -> None:
+    # Built first, on its own clock: the first build downloads and compiles modules.
+    subprocess.run([str(peers.BUILD)], cwd=ROOT, capture_output=True, timeout=900, check=True)
+    command = [sys.executable, "-m", "bench.eds_push", "--services", "20", "--clients", "5"]
+    command += ["--changes", "5", "--timeout", "60", "--channels", "5"]
+    done = subprocess.run(
+        [*command, "--peers", "linear,snapshot"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    header = next(line for line in done.stdout.splitlines() if line.lstrip().startswith("pilot "))
+    assert header.split() == ["pilot", "floor", "gcp-linear", "gcp-snapshot", "ratio"], header
+    for label in ROWS:
+        cells = _row(done.stdout, label)
+        assert len(cells) == 5 and all(math.isfinite(v) and v > 0 for v in cells), (label, cells)
+    for tag in ("gcp-linear", "gcp-snapshot"):
+        # One assignment response per client per change: what pilot and the floor sent.
+        assert "1.00 per client per change" in _line(done.stdout, f"{tag}: initial sync"), tag
 
 
 SIDECAR_TYPES = ("CDS", "EDS", "LDS", "RDS")
