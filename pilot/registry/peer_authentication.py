@@ -26,7 +26,8 @@ STRICT): `WorkloadModes.uncertain` says so, for the caller's warning and counter
 A port-level port out of 1..65535 or not an integer, a selector that is not a
 mapping of strings, more than `MAX_PORT_LEVEL_MTLS` ports or `MAX_SELECTOR_LABELS`
 labels: the object is refused (`PolicyError`, one line), and the last good
-state keeps serving.
+state keeps serving. The bounds are those of Istio's CRD, so that nothing the API
+server admits is refused here: an ignored STRICT policy would fail open.
 
 The store answers `modes_for(namespace, labels)` and says, for each change,
 which namespaces' proxies to reconsider (the root namespace's: every one's).
@@ -45,8 +46,10 @@ KIND = "PeerAuthentication"
 GROUP = "security.istio.io"
 VERSIONS = ("v1", "v1beta1")
 ROOT_NAMESPACE = "istio-system"  # Istio's default rootNamespace: the mesh-wide policy
-MAX_PORT_LEVEL_MTLS = 256  # portLevelMtls entries of one object (as many as a pod's ports)
-MAX_SELECTOR_LABELS = 64  # matchLabels entries of one object
+# The bounds are Istio's CRD's (every port once; its matchLabels maxProperties), so every
+# object the API server admits is applied: a refused STRICT policy would leave plaintext.
+MAX_PORT_LEVEL_MTLS = 65535  # portLevelMtls entries of one object
+MAX_SELECTOR_LABELS = 4096  # matchLabels entries of one object
 MAX_LABEL_CHARS = 317  # a Kubernetes label key: a 253-char prefix, '/', 63 chars
 
 Labels = tuple[tuple[str, str], ...]  # sorted (key, value) pairs

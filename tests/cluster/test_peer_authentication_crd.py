@@ -6,8 +6,10 @@ through the CRD (security.istio.io/v1, as Istio installs it), a STRICT
 PeerAuthentication takes the plaintext chains off, without a restart; deleted, they
 are back; a mesh-wide STRICT one in the root namespace (istio-system) reaches the
 namespace too. What the CRD's schema refuses (a mode that is no mode) never reaches
-pilot: the API server answers 422. What the schema admits and pilot refuses (a
-selector of more labels than pilot keeps) is counted as invalid
+pilot: the API server answers 422, as it does for a selector of more labels than
+the schema's 4096. A workload policy of many labels (100, more than pilot once kept)
+selects its Pod: STRICT, not ignored. What the schema admits and pilot refuses (a
+label key longer than any Pod's label can be) is counted as invalid
 (`pilot_k8s_rejected`) and changes nothing: the last good state keeps serving.
 """
 
@@ -20,7 +22,11 @@ from typing import Any
 
 from envoy.config.listener.v3 import listener_pb2
 
-from pilot.registry.peer_authentication import MAX_SELECTOR_LABELS, ROOT_NAMESPACE
+from pilot.registry.peer_authentication import (
+    MAX_LABEL_CHARS,
+    MAX_SELECTOR_LABELS,
+    ROOT_NAMESPACE,
+)
 from pilot.xds import types
 from tests.cluster.client import Kube, admin, path_of
 from tests.cluster.control_plane import ControlPlane
@@ -118,19 +124,36 @@ async def test_peer_authentication_from_the_crd_reaches_the_inbound_listener(
         assert status == 422, (status, answer)
         assert "NOT-A-MODE" in answer["message"]
 
-        many = {f"label-{i}": "x" for i in range(MAX_SELECTOR_LABELS + 1)}
-        wide = peer_authentication(
-            namespace, "DISABLE", name="wide", selector={"matchLabels": many}
+        overlong = {"x" * (MAX_LABEL_CHARS + 1): "x"}  # the schema bounds values, not keys
+        nothing = peer_authentication(
+            namespace, "DISABLE", name="nothing", selector={"matchLabels": overlong}
         )
-        await kube.create(wide)  # the schema admits 4096 labels
+        await kube.create(nothing)
         await wait_until(
             lambda: per_kind(pilot, "pilot_k8s_rejected"), TIMEOUT, "the refused one counted",
             until=lambda seen: seen["PeerAuthentication"] >= 1,
         )  # fmt: skip
         assert inbound.transports() == STRICT, "what pilot knew stays"
-        await kube.delete(wide)
+        await kube.delete(nothing)
 
         await kube.delete(strict)
+        assert await inbound.until(lambda t: t == PERMISSIVE) == PERMISSIVE
+
+        many = {f"label-{i}": "x" for i in range(100)}
+        await kube.merge_patch(path_of("Pod", namespace, name), {"metadata": {"labels": many}})
+        selected = peer_authentication(
+            namespace, "STRICT", name="many-labels", selector={"matchLabels": many}
+        )
+        await kube.create(selected)
+        assert await inbound.until(lambda t: t == STRICT) == STRICT, "the workload's own"
+        too_many = {f"label-{i}": "x" for i in range(MAX_SELECTOR_LABELS + 1)}
+        status, answer = await kube.request(
+            "POST", path_of("PeerAuthentication", namespace),
+            peer_authentication(namespace, "DISABLE", name="too-many",
+                                selector={"matchLabels": too_many}),
+        )  # fmt: skip
+        assert status == 422, (status, answer)
+        await kube.delete(selected)
         assert await inbound.until(lambda t: t == PERMISSIVE) == PERMISSIVE
 
         await stack.enter_async_context(root_namespace(kube))
