@@ -1,6 +1,6 @@
 """`pilot agent` as users run it: the README's command, as a subprocess, in a folder of its own.
 
-`readme_command` reads the command README.md prints under "### pilot agent"
+`readme_command` reads the first command of docs/agent.md, the README's agent page
 (environment assignments, then `pilot agent` and its flags). `start_agent` runs
 exactly that with the installed `pilot` script, changing only what a test must:
 the identity (POD_NAMESPACE, SERVICE_ACCOUNT), the value of `--discovery-address`
@@ -67,11 +67,10 @@ class ReadmeCommand:
 
 
 def readme_command() -> ReadmeCommand:
-    """The first `sh` block of README.md's "### pilot agent" section, parsed like a shell."""
-    text = (REPO / "README.md").read_text()
-    section = text.split("### pilot agent", 1)[1]
+    """The first `sh` block of docs/agent.md (the README's agent page), parsed like a shell."""
+    section = (REPO / "docs" / "agent.md").read_text()
     match = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
-    assert match, "README.md shows no command under ### pilot agent"
+    assert match, "docs/agent.md shows no command"
     words = shlex.split(match[1].replace("\\\n", " "))
     env = {}
     while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):

@@ -1,4 +1,5 @@
-"""The README's "Debugging with grpcurl" commands, run as printed with the real grpcurl.
+"""docs/operating.md's "Debugging with grpcurl" commands (the README's operating page), run as
+printed with the real grpcurl.
 
 Each `grpcurl` command of the section's ```sh blocks runs against the pilot of the
 README's Quick start: its command (`pilot discovery --config examples/mesh.yaml`), read
@@ -30,6 +31,7 @@ from tests.support.served import ADS, SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+OPERATING = ROOT / "docs" / "operating.md"  # the README's operating page
 QUICK_START = "## Quick start"
 SECTION = "## Debugging with grpcurl"
 README_ADDRESS = "localhost:15010"
@@ -122,7 +124,7 @@ class Command:
 
 def readme_commands() -> dict[str, Command]:
     commands: dict[str, Command] = {}
-    for block in _blocks(_section(README.read_text())):
+    for block in _blocks(_section(OPERATING.read_text())):
         for text in _split_commands(block):
             argv = shlex.split(text.replace("\\\n", ""))
             assert argv[0] == "grpcurl", f"README {SECTION!r}: not a grpcurl command:\n{text}"

