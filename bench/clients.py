@@ -41,13 +41,15 @@ Reports go to stdout as JSON lines, timestamps from `time.monotonic()`
   the last stream's receipt of its first certificate, and how many streams hold
   both secrets;
 - then, each time every stream of this process has received a new version of a
-  resource: `{"event": "update", "type": TYPE, "name": C, "version": V,
-  "first": T, "last": T, "streams": N, "bytes": B, "raw": BASE64, "responses":
-  R, "by_type": {TYPE: R}}`, where first and last are the earliest and latest
-  receive times over the streams, B the size of the response that carried it,
-  `raw` stream 0's response (only with `--capture`), R how many responses of any
-  kind all streams received since the sync (a check that each change costs one
-  each) and `by_type` the same per type;
+  resource (its `version`; from a server that versions responses, not resources,
+  as istiod does, the response's `system_version_info`): `{"event": "update",
+  "type": TYPE, "name": C, "version": V, "first": T, "last": T, "streams": N,
+  "bytes": B, "raw": BASE64, "responses": R, "by_type": {TYPE: R}}`, where
+  first and last are the earliest and latest receive times over the streams, B
+  the size of the response that carried it, `raw` stream 0's response (only
+  with `--capture`), R how many responses of any kind all streams received
+  since the sync (a check that each change costs one each) and `by_type` the
+  same per type;
 - `{"event": "error", "message": M}` when a stream fails (then exit status 1).
 
 With `--retries N` a failed stream is opened again after Envoy's backoff (full
@@ -383,7 +385,9 @@ class Stream:
             self.recorder.received(response.type_url, len(raw), self.synced)
             if self.synced:
                 for resource in response.resources:
-                    key = (response.type_url, resource.name, resource.version)
+                    # istiod versions its responses, not its resources: a push is one version.
+                    version = resource.version or response.system_version_info
+                    key = (response.type_url, resource.name, version)
                     self.recorder.arrival(key, t, raw, self.capturing)
             elif self.capturing:
                 self.recorder.captured.append(raw)

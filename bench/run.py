@@ -220,7 +220,7 @@ class Run:
             with contextlib.suppress(RuntimeError):  # it exited: see below why
                 serving = await log_match(child, pilot_cli.SERVING)
                 grpc_port, http_port = pilot_cli.serving_ports(serving)
-                if await _wait_ready(child, f"http://127.0.0.1:{http_port}/ready"):
+                if await wait_ready(child, f"http://127.0.0.1:{http_port}/ready"):
                     return child, f"127.0.0.1:{grpc_port}", http_port
         await child.stop()
         if extra and pilot_cli.UNRECOGNIZED in child.log.read_text(errors="replace"):
@@ -260,6 +260,12 @@ class Run:
         async with self.within(f"{peers.tag(kind)}'s start"):
             port = await read_line_starting(child, peers.LISTENING)
         return child, f"127.0.0.1:{port}"
+
+    async def spawn(
+        self, name: str, argv: list[str], *, env: dict[str, str] | None = None, cwd: Path = ROOT
+    ) -> Child:
+        """Another server of the run (stopped with it); its stderr and stdout in `name`.log."""
+        return await self._spawn(name, argv, env=env, cwd=cwd)
 
     async def _spawn(
         self,
@@ -412,7 +418,7 @@ async def _idle_share(pid: int, seconds: float) -> float | None:
     return (cpu_seconds(pid) - before) / (time.monotonic() - started)
 
 
-async def _wait_ready(child: Child, url: str) -> bool:
+async def wait_ready(child: Child, url: str) -> bool:
     """True once url answers 200; False if the child exits first."""
     async with aiohttp.ClientSession() as session:
         while child.running:

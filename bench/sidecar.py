@@ -46,6 +46,34 @@ CPU over the sync with secrets - over the sync without) / N, against a bare
 mint (`bench.certificates.bare_mint_seconds`, here, after the run); /ready
 during each sync.
 
+With `--istiod`, pilot and istiod (Istio's `pilot-discovery`, `bench.istiod`:
+tools/istiod/build, run as tools/istiod/README.md says) side by side in one
+run, on one real API server (`bench.cluster`: etcd and kube-apiserver of
+tests.cluster, with RBAC and TLS, no controller manager, so that the mesh's
+slices are the only ones; Istio's CRDs applied) rather than the test one:
+
+1. the mesh is written on it with concurrent requests: ServiceAccounts, Pods
+   with their status (Running, Ready, their IP), Services (ClusterIPs in its
+   service range, selecting their Pods), EndpointSlices (labelled managed by
+   the bench); pilot (`--kubeconfig`, the admin's) and the series as above,
+   timed from the real server's watch events; pilot stopped;
+2. the services pilot's series added are deleted, and istiod starts on the same
+   server with Istio's defaults (debounce included: 100 ms after an event, at
+   most 10 s, endpoint changes too; `--istiod-env KEY=VALUE` sets its
+   environment); the same sidecars (the same nodes) sync on its plaintext port,
+   retrying as Envoy does (istiod admits 15 + 5 per core new streams a second
+   and refuses those that wait over a second); then series of their own: A
+   more services added, K more endpoint changes (from the state pilot's left).
+   What every sidecar is expected to get for a service added is what istiod
+   sends: besides the service's clusters, assignments and route configuration,
+   every listener again and the clusters that are no Service's;
+3. the floor, as above.
+
+The report adds a table of pilot, istiod and the floor: initial sync, CPU over
+it, bytes per sidecar per type, RSS per sidecar and with all synced, and per
+service added and per endpoint changed CPU, latency p50/p99 and bytes per
+sidecar; and istiod's ratio to pilot.
+
 Figures, for pilot and the floor: the initial sync time; bytes received per
 sidecar, per type (the DeltaDiscoveryResponse messages, without gRPC's
 framing); RSS per sidecar ((RSS with all synced - RSS before any) / N); CPU
@@ -67,17 +95,21 @@ import math
 import os
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import istiod as istiod_server
 from bench import pilot_cli, wire
 from bench.certificates import bare_mint_seconds
+from bench.cluster import ClusterApi, load, start_cluster
 from bench.kube import SERVICE_NAME_LABEL, SERVICES, SLICES, KubeApi, Watch
 from bench.procs import Child, wait_idle
 from bench.report import latency_rows, percentile, ratio_table
 from bench.run import ApiTrigger, Config, PipeTrigger, Run, Series, Synced
 from bench.runner import (
     Machine,
+    _env_pair,
     add_mesh_flags,
     add_run_flags,
     config_of,
@@ -85,6 +117,8 @@ from bench.runner import (
     run_main,
 )
 from bench.sidecar_mesh import TCP_EVERY, Addition, SidecarMesh
+from bench.workload import Change
+from tests.cluster.control_plane import ControlPlane
 
 TYPES = list(wire.SHORT)  # Istio's push order: CDS, EDS, LDS, RDS
 # In Kubernetes mode pilot's plaintext port serves CDS and EDS only, LDS and RDS on
@@ -113,6 +147,10 @@ class SidecarMeasured:
     pilot_flags: list[str]
     plain: Synced | None = None
     bare_mint: float = math.nan
+    istiod: Phase | None = None  # with --istiod
+    istiod_build: str = ""  # its build's name (the istio.io/istio snapshot)
+    istiod_env: dict[str, str] = dataclasses.field(default_factory=dict)  # over the defaults
+    cluster_load: float = math.nan  # with --istiod: seconds to write the mesh on the API server
 
     @property
     def plain_sync(self) -> Synced:
@@ -130,53 +168,74 @@ class AdditionTrigger:
         self.services = services
         self.pilot = pilot
 
-    async def __call__(self, index: int, addition: Addition) -> float:
+    async def __call__(
+        self, index: int, addition: Addition | istiod_server.IstiodAddition
+    ) -> float:
         await self.slices.arrival(await self.api.apply(addition.slice))
         await wait_idle([self.pilot.pid])
         return await self.services.arrival(await self.api.apply(addition.service))
 
 
+@dataclass
+class _Served:
+    """What the phases share: the run, the API server (a session, pilot's kubeconfig, the
+    bench's watches of slices and Services) and, with --istiod, the real one's plane and
+    istiod's build."""
+
+    run: Run
+    api: KubeApi
+    kubeconfig: Path
+    slices: Watch
+    services: Watch
+    plane: ControlPlane | None = None
+    binaries: Path | None = None
+
+
 async def measure(
-    config: Config, additions: int, workdir: Path, secrets: bool = False
+    config: Config,
+    additions: int,
+    workdir: Path,
+    secrets: bool = False,
+    istiod_env: dict[str, str] | None = None,
 ) -> SidecarMeasured:
     """Start the processes, sync the sidecars (with secrets: twice), run both series, stop
-    everything."""
+    everything. With `istiod_env` (its environment over Istio's defaults), on the real
+    API server, and istiod's phase after pilot's."""
+    istiod = istiod_env is not None
+    rounds = 2 if istiod else 1  # istiod's series are fresh objects of their own
     mesh = SidecarMesh(
         config.services,
         config.endpoints,
         sidecars=config.clients,
-        additions=additions,
-        changes=config.changes,
+        additions=additions * rounds,
+        changes=config.changes * rounds,
         seed=config.seed,
     )
+    ours_added, ours_changed = mesh.additions[:additions], mesh.changes[: config.changes]
     nodes = workdir / "nodes.jsonl"
     mesh.write_nodes(nodes)
     sidecars = dataclasses.replace(config.fleet, nodes=nodes)
     config = dataclasses.replace(config, fleet=sidecars, pilot_flags=LISTENERS_ON_PLAINTEXT)
     run = Run(config, workdir)
     try:
+        binaries = await istiod_server.build() if istiod else None  # before anything is timed
         knobs = asyncio.create_task(run.pilot_knobs())  # only for the report: not waited on
-        api, kubeconfig = await run.start_mesh(mesh.yaml())
-        slices = await run.watch(api, SLICES, SERVICE_NAME_LABEL)
-        services = await run.watch(api, SERVICES)
+        served, loaded = await _serve_mesh(run, mesh, binaries)
         initial = workdir / "initial.bin"
-        plain = await _plain_sync(run, kubeconfig, initial) if secrets else None
-        pilot, target, http_port = await run.start_pilot(kubeconfig)
-        spec = dataclasses.replace(sidecars, secrets=secrets)
-        # With secrets, the capture only serves the series (their raw responses): the floor
-        # replays the sync without secrets.
-        capture = workdir / "initial-secrets.bin" if secrets else initial
-        synced = run.synced_fleet(
-            "pilot", pilot, target, capture=capture, ready_port=http_port, spec=spec
-        )
-        async with synced as (fleet, sync):
-            add = AdditionTrigger(api, slices, services, pilot)
-            added = await run.series(fleet, pilot, add, mesh.additions)
-            changed = await run.series(fleet, pilot, ApiTrigger(api, slices), mesh.changes)
-        ours = Phase(sync, added, changed)
-        await pilot.stop()  # before the API server: its log ends with the run, not with retries
-        base = await _floor_phase(run, mesh, initial, ours)
+        plain = await _plain_sync(run, served.kubeconfig, initial) if secrets else None
+        ours = await _pilot_phase(served, initial, (ours_added, ours_changed), secrets)
+        theirs = None
+        if istiod:
+            for addition in ours_added:  # istiod starts on the mesh pilot started on
+                await served.api.delete(addition.service)
+                await served.api.delete(addition.slice)
+            their_items = (mesh.additions[additions:], mesh.changes[config.changes :])
+            theirs = await _istiod_phase(served, mesh, their_items, istiod_env or {})
+        base = await _floor_phase(run, (ours_added, ours_changed), initial, ours)
         measured = SidecarMeasured(ours, base, await knobs, run.pilot_flags, plain)
+        measured.istiod, measured.cluster_load = theirs, loaded
+        measured.istiod_build = binaries.name if binaries is not None else ""
+        measured.istiod_env = istiod_env or {}
     except Exception:
         run.report_logs()
         raise
@@ -185,6 +244,79 @@ async def measure(
     if secrets:  # every process stopped: the mint has the machine to itself, as pilot had
         measured.bare_mint = await asyncio.to_thread(bare_mint_seconds, BARE_MINTS)
     return measured
+
+
+async def _serve_mesh(run: Run, mesh: SidecarMesh, binaries: Path | None) -> tuple[_Served, float]:
+    """The mesh on the test API server, or (with istiod's build) on a real one: etcd and
+    kube-apiserver, the mesh written on them, the admin's kubeconfig pilot's and
+    istiod's. Also the seconds the real one took to be written (NaN: the test one)."""
+    loaded = math.nan
+    plane = None
+    api: KubeApi
+    if binaries is None:
+        api, kubeconfig = await run.start_mesh(mesh.yaml())
+    else:
+        plane = run.stack.enter_context(start_cluster(run.workdir / "cluster"))
+        api = ClusterApi(plane)
+        run.stack.push_async_callback(api.close)
+        loaded = await load(api, mesh.objects())
+        # Istio's CRDs, as a cluster with Istio has them: both servers watch their kinds.
+        plane.kubectl("apply", "--server-side", "-f", str(binaries / "istio-crds.yaml"))
+        plane.kubectl("wait", "--for=condition=established", "--timeout=60s", "crd", "--all")
+        kubeconfig = plane.admin_kubeconfig
+    slices = await run.watch(api, SLICES, SERVICE_NAME_LABEL)
+    services = await run.watch(api, SERVICES)
+    return _Served(run, api, kubeconfig, slices, services, plane, binaries), loaded
+
+
+async def _pilot_phase(
+    served: _Served, initial: Path, items: tuple[list[Addition], list[Change]], secrets: bool
+) -> Phase:
+    """pilot on the mesh; the sidecars (with secrets: also on SDS) sync, both series run;
+    pilot stopped after. Its sync's responses to sidecar 0 are captured for the floor."""
+    run = served.run
+    pilot, target, http_port = await run.start_pilot(served.kubeconfig)
+    spec = dataclasses.replace(run.config.fleet, secrets=secrets)
+    # With secrets, the capture only serves the series (their raw responses): the floor
+    # replays the sync without secrets.
+    capture = run.workdir / "initial-secrets.bin" if secrets else initial
+    synced = run.synced_fleet(
+        "pilot", pilot, target, capture=capture, ready_port=http_port, spec=spec
+    )
+    async with synced as (fleet, sync):
+        add = AdditionTrigger(served.api, served.slices, served.services, pilot)
+        added = await run.series(fleet, pilot, add, items[0])
+        change = ApiTrigger(served.api, served.slices)
+        changed = await run.series(fleet, pilot, change, items[1])
+    await pilot.stop()  # before the API server: its log ends with the run, not with retries
+    return Phase(sync, added, changed)
+
+
+async def _istiod_phase(
+    served: _Served,
+    mesh: SidecarMesh,
+    items: tuple[list[Addition], list[Change]],
+    env: dict[str, str],
+) -> Phase:
+    """istiod on the same API server, the same sidecars (the same nodes) on its plaintext
+    port, the same kind of series on objects of their own; istiod stopped after."""
+    run, api = served.run, served.api
+    assert isinstance(api, ClusterApi) and served.plane and served.binaries
+    istiod, target, http_port = await istiod_server.start(
+        run, served.plane, api.kube, served.binaries, env
+    )
+    # istiod admits 25 new streams a second on 2 cores (PILOT_MAX_REQUESTS_PER_SECOND unset:
+    # 15 + 5 per core) and refuses those that wait over a second: the sidecars retry as
+    # Envoy does (its backoff), without end for the bench's purposes.
+    retries = max(run.config.fleet.retries, istiod_server.RETRIES)
+    spec = dataclasses.replace(run.config.fleet, retries=retries)
+    synced = run.synced_fleet("istiod", istiod, target, ready_port=http_port, spec=spec)
+    async with synced as (fleet, sync):
+        add = AdditionTrigger(api, served.slices, served.services, istiod)
+        added = await run.series(fleet, istiod, add, istiod_server.additions(mesh, items[0]))
+        changed = await run.series(fleet, istiod, ApiTrigger(api, served.slices), items[1])
+    await istiod.stop()
+    return Phase(sync, added, changed)
 
 
 async def _plain_sync(run: Run, kubeconfig: Path, capture: Path) -> Synced:
@@ -198,8 +330,11 @@ async def _plain_sync(run: Run, kubeconfig: Path, capture: Path) -> Synced:
     return sync
 
 
-async def _floor_phase(run: Run, mesh: SidecarMesh, initial: Path, ours: Phase) -> Phase:
-    """The floor, replaying what pilot sent sidecar 0, to sidecars of the same kind."""
+async def _floor_phase(
+    run: Run, items: tuple[list[Addition], list[Change]], initial: Path, ours: Phase
+) -> Phase:
+    """The floor, replaying what pilot sent sidecar 0 (for pilot's series `items`), to
+    sidecars of the same kind."""
     records: list[bytes] = []
     adding = _replay(ours.added, records)
     changing = _replay(ours.changed, records)
@@ -207,8 +342,8 @@ async def _floor_phase(run: Run, mesh: SidecarMesh, initial: Path, ours: Phase) 
     wire.write_records(replay, records)
     floor, target = await run.start_floor(initial, replay)
     async with run.synced_fleet("floor", floor, target) as (fleet, sync):
-        added = await run.series(fleet, floor, PipeTrigger(floor, adding), mesh.additions)
-        changed = await run.series(fleet, floor, PipeTrigger(floor, changing), mesh.changes)
+        added = await run.series(fleet, floor, PipeTrigger(floor, adding), items[0])
+        changed = await run.series(fleet, floor, PipeTrigger(floor, changing), items[1])
     await floor.stop()
     return Phase(sync, added, changed)
 
@@ -344,6 +479,108 @@ def _secrets_lines(measured: SidecarMeasured, clients: int) -> list[str]:
     ]
 
 
+RATE_LIMIT = "PILOT_MAX_REQUESTS_PER_SECOND"  # istiod's new streams a second
+
+
+def _three(rows: list[tuple[str, float, float, float]]) -> str:
+    """Rows of pilot's, istiod's and the floor's figures, and istiod's ratio to pilot's."""
+    lines = [f"{'':<34}{'pilot':>10}{'istiod':>10}{'floor':>10}{'istiod/pilot':>14}"]
+    for label, ours, theirs, base in rows:
+        ratio = theirs / ours if ours > 0 else math.nan
+        lines.append(f"{label:<34}{ours:>10.2f}{theirs:>10.2f}{base:>10.2f}{ratio:>14.2f}")
+    return "\n".join(lines)
+
+
+def _phase_rows(phases: list[Phase], clients: int) -> list[tuple[str, float, float, float]]:
+    """The rows of the pilot / istiod / floor table, each a figure of the three phases."""
+
+    def row(label: str, figure: Callable[[Phase], float]) -> tuple[str, float, float, float]:
+        ours, theirs, base = (figure(phase) for phase in phases)
+        return label, ours, theirs, base
+
+    rows = [
+        row("initial sync (s)", lambda p: p.sync.seconds),
+        row("CPU over the sync (s)", lambda p: p.sync.cpu),
+    ]
+    for kind in TYPES:
+        name = wire.SHORT[kind]
+        rows.append(
+            row(f"{name} per sidecar (KiB)", lambda p, k=kind: p.sync.sent[k] / clients / 1024)
+        )
+    rows += [
+        row(
+            "bytes per sidecar (KiB)", lambda p: sum(p.sync.sent[t] for t in TYPES) / clients / 1024
+        ),
+        row("RSS per sidecar (KiB)", lambda p: _per_sidecar(p.sync, clients)),
+        row("RSS with all synced (MiB)", lambda p: p.sync.rss_synced / 2**20),
+    ]
+    for title, pick in (("service added", _added), ("endpoint changed", _changed)):
+        rows += [
+            row(f"per {title}: CPU (ms)", lambda p, f=pick: _cpu(f(p)) * 1e3),
+            row("  latency p50 (ms)", lambda p, f=pick: percentile(f(p).latencies, 50) * 1e3),
+            row("  latency p99 (ms)", lambda p, f=pick: percentile(f(p).latencies, 99) * 1e3),
+            row("  bytes per sidecar (KiB)", lambda p, f=pick: _item_bytes(f(p)) / 1024),
+        ]
+    return rows
+
+
+def _added(phase: Phase) -> Series:
+    return phase.added
+
+
+def _changed(phase: Phase) -> Series:
+    return phase.changed
+
+
+def _istiod_lines(
+    measured: SidecarMeasured, clients: int, adds: int, changes: int, workdir: Path
+) -> list[str]:
+    """With --istiod: pilot, istiod and the floor side by side, and how istiod ran."""
+    theirs = measured.istiod
+    if theirs is None:
+        return []
+    phases = [measured.pilot, theirs, measured.floor]
+    sync = theirs.sync
+    return [
+        "",
+        "with --istiod: pilot, then istiod, on one real API server (etcd, kube-apiserver; the"
+        f" mesh written in {measured.cluster_load:.1f} s), the same sidecars (same nodes);"
+        " then the floor",
+        _three(_phase_rows(phases, clients)),
+        f"istiod: {measured.istiod_build}; Istio's defaults{_over(measured.istiod_env)}:"
+        " PILOT_DEBOUNCE_AFTER 100ms, PILOT_DEBOUNCE_MAX 10s, endpoint changes debounced too"
+        " (part of its latency; pilot runs with the bench's PILOT_ENABLE_EDS_DEBOUNCE=false)"
+        + _rate_limit(measured.istiod_env),
+        f"istiod's sync: {sync.retried_streams} streams retried ({sync.retries} retries);"
+        f" /ready during it{_ready(sync)}",
+        "istiod: responses per sidecar per service added: "
+        + _by_type(theirs.added.responses, clients * adds)
+        + "; per endpoint changed: "
+        + _by_type(theirs.changed.responses - theirs.added.responses, clients * changes),
+        "istiod sends for a service added its clusters, their assignments and route"
+        " configuration 80, and again every listener and the clusters that are no Service's"
+        " (BlackHoleCluster, PassthroughCluster, InboundPassthroughCluster, inbound|8080||)",
+        "istiod's series are objects of their own (services added after pilot's, other"
+        " endpoints changed); pilot's added services were deleted before istiod started",
+        istiod_server.log_summary(workdir / "istiod.log"),
+    ]
+
+
+def _over(env: dict[str, str]) -> str:
+    """istiod's environment over Istio's defaults, for the report."""
+    return "".join(f" but {key}={value}" for key, value in sorted(env.items()))
+
+
+def _rate_limit(env: dict[str, str]) -> str:
+    """What istiod's new streams a second are, unless set."""
+    if RATE_LIMIT in env:
+        return ""
+    return (
+        f"; {RATE_LIMIT} unset: 15 + 5 per core new streams a second, the others refused"
+        " after a second's wait, and the sidecars retry with Envoy's backoff"
+    )
+
+
 def _log_lines(workdir: Path, secrets: bool) -> list[str]:
     """pilot's log summaries: the pilot of the series, and with secrets the one without."""
     lines = [pilot_log_summary(workdir / "pilot.log")]
@@ -398,6 +635,7 @@ def render(
             "server's watchers, the floor's from its trigger, to the last sidecar receiving the "
             "last of what it is sent.",
             *_log_lines(Path(workdir), measured.plain is not None),
+            *_istiod_lines(measured, clients, adds, changes, Path(workdir)),
             machine.describe(os.cpu_count() or 1),
         ]
     )
@@ -410,6 +648,8 @@ class Args:
     config: Config
     additions: int
     secrets: bool
+    istiod: bool = False
+    istiod_env: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
@@ -428,6 +668,17 @@ def parse_args(argv: list[str] | None = None) -> Args:
     parser.add_argument(
         "--secrets", action="store_true", help="sync again, each sidecar also on SDS (above)"
     )
+    parser.add_argument(
+        "--istiod", action="store_true", help="on a real API server, istiod beside pilot (above)"
+    )
+    parser.add_argument(
+        "--istiod-env",
+        type=_env_pair,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="istiod's environment, over Istio's defaults (repeatable)",
+    )
     add_run_flags(parser)
     args = parser.parse_args(argv)
     if args.additions < 1 or args.services < 1 or args.clients < 1:
@@ -437,14 +688,33 @@ def parse_args(argv: list[str] | None = None) -> Args:
         args.endpoints = max(3, on_each + 1)
     if on_each >= args.endpoints:
         parser.error("each service needs an endpoint no sidecar sits on: more --endpoints")
-    return Args(config_of(parser, args), args.additions, args.secrets)
+    config = config_of(parser, args)
+    if args.istiod:
+        _istiod_fits(parser, config, args.secrets)
+    return Args(config, args.additions, args.secrets, args.istiod, dict(args.istiod_env))
+
+
+def _istiod_fits(parser: argparse.ArgumentParser, config: Config, secrets: bool) -> None:
+    """--istiod's limits: no secrets (istiod's SDS is the agent's, not measured here), and
+    in every client process a sidecar on a service without a TCP port: istiod sends only
+    those on one `inbound|5432||`, which a process's report of the clusters all its
+    streams got must not hold."""
+    if secrets:
+        parser.error("--istiod and --secrets: one or the other")
+    first = 0
+    for share in config.fleet.shares():
+        if all((j % config.services) % TCP_EVERY == 0 for j in range(first, first + share)):
+            parser.error("--istiod: each client process needs a sidecar off the TCP services")
+        first += share
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config, additions = args.config, args.additions
     return run_main(
-        lambda workdir: measure(config, additions, workdir, args.secrets),
+        lambda workdir: measure(
+            config, additions, workdir, args.secrets, args.istiod_env if args.istiod else None
+        ),
         lambda measured, machine, workdir: render(config, additions, measured, machine, workdir),
     )
 

@@ -3,8 +3,10 @@
 `bench.workload`'s mesh (service i is `svc-NNNN` in `default`, HTTP port 80,
 E endpoints) with what a sidecar's listeners and auto mTLS read:
 
-- every Service has a ClusterIP (its route domains, its TCP listener address)
-  and selects its Pods (label `app`);
+- every Service has a ClusterIP (its route domains, its TCP listener address;
+  inside a real API server's service range, clear of its `kubernetes` Service)
+  and selects its Pods (label `app`); every EndpointSlice says it is managed by
+  the bench (a real API server's EndpointSlice controller leaves it alone);
   every `TCP_EVERY`th also a TCP port (`tcp-db` 5432: a listener
   `CLUSTERIP_5432` of its own, as Istio gives TCP ports);
 - every endpoint is a Pod (`targetRef` in the slice; the Pod Running with that
@@ -12,9 +14,9 @@ E endpoints) with what a sidecar's listeners and auto mTLS read:
   `security.istio.io/tlsMode: istio`, as a pod with an injected sidecar has);
 - the sidecars are Pods of the mesh: sidecar j is endpoint j // S of service
   j % S, node id `sidecar~IP~POD.default~default.svc.cluster.local` with the
-  metadata `pilot agent` puts in Envoy's bootstrap. The endpoints sidecars sit
-  on never change (a changed endpoint is a replaced Pod, whose sidecar would be
-  gone with it);
+  metadata `pilot agent` puts in Envoy's bootstrap (ISTIO_VERSION included,
+  which istiod asks for). The endpoints sidecars sit on never change (a
+  changed endpoint is a replaced Pod, whose sidecar would be gone with it);
 - an endpoint change gives one endpoint a fresh address whose Pod already
   exists (it is in the initial mesh), so the change is the EndpointSlice alone;
 - a service added (`Addition`) is like a TCP one of the mesh (HTTP 80 and TCP
@@ -29,6 +31,7 @@ import ipaddress
 import json
 import math
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +45,12 @@ TCP_PORT = ("tcp-db", 5432)
 HTTP_ROUTE = "80"  # the route configuration of HTTP port 80
 NAMESPACE = "default"
 TLS_MODE = "security.istio.io/tlsMode"
-_CLUSTER_IPS = int(ipaddress.IPv4Address("10.96.0.0"))
+_VERSION = metadata.version("pilot")
+# On a real API server, the EndpointSlice controller leaves slices managed by another alone.
+MANAGED_BY = {"endpointslice.kubernetes.io/managed-by": "bench.sidecar"}
+# Inside a real API server's service range (tests.cluster's 10.96.0.0/16), clear of its
+# `kubernetes` Service (10.96.0.1).
+_CLUSTER_IPS = int(ipaddress.IPv4Address("10.96.1.0"))
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,7 @@ class SidecarMesh(Workload):
             )
         self.pods: dict[str, Obj] = {}  # by IP
         for i, slice_ in enumerate(self.slices):
+            slice_["metadata"]["labels"].update(MANAGED_BY)
             if self._has_tcp(i):
                 port = {"name": TCP_PORT[0], "port": TCP_PORT[1], "protocol": "TCP"}
                 slice_["ports"].append(port)
@@ -135,6 +144,9 @@ class SidecarMesh(Workload):
                 "POD_NAME": pod,
                 "INSTANCE_IPS": ip,
                 "INTERCEPTION_MODE": "REDIRECT",
+                # As `pilot agent` says it; istiod reads any version not starting 1-9 as
+                # the newest (all its features on), and warns when there is none.
+                "ISTIO_VERSION": _VERSION,
             },
         }
 
@@ -150,20 +162,29 @@ class SidecarMesh(Workload):
         ports = (("http", 8080), TCP_PORT)
         endpoints = [Ep(self._fresh_ip()) for _ in range(self.endpoints)]
         slice_ = endpoint_slice(name, endpoints, NAMESPACE, ports=ports)
+        slice_["metadata"]["labels"].update(MANAGED_BY)
         for endpoint in slice_["endpoints"]:
             self._moved(index, endpoint)
         obj = _with_address(service(name, NAMESPACE, ports=[("http", 80), TCP_PORT]), index)
         return Addition(name, slice_, obj, _cluster_ip(index))
 
-    def yaml(self) -> str:
+    def objects(self) -> list[Obj]:
         """The initial mesh: Services, EndpointSlices, and the Pods of every address any
         endpoint will have (the services added and the changes included)."""
         services = [self._service(i, name) for i, name in enumerate(self.names)]
-        return as_list([*services, *self._initial, *self.pods.values()])
+        return [*services, *self._initial, *self.pods.values()]
+
+    def yaml(self) -> str:
+        """`objects`, as one `kind: List` document."""
+        return as_list(self.objects())
 
     def write_nodes(self, path: Path) -> None:
         """The sidecars' nodes, one JSON line each, as `bench.clients --nodes` reads them."""
         path.write_text("".join(json.dumps(node) + "\n" for node in self.sidecars))
+
+    def tcp_cluster_ips(self) -> list[str]:
+        """The ClusterIPs of the initial mesh's Services with a TCP port."""
+        return [_cluster_ip(i) for i in range(self.services) if self._has_tcp(i)]
 
     @property
     def tcp_services(self) -> int:
@@ -204,7 +225,7 @@ def _pod(name: str, ip: str, account: str, *, tcp: bool) -> Obj:
         },
         "spec": {
             "serviceAccountName": account,
-            "containers": [{"name": "app", "ports": ports}],
+            "containers": [{"name": "app", "image": "app", "ports": ports}],
         },
         "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]},
     }

@@ -5,7 +5,8 @@ here when they are missing), with the API server's normal security: RBAC and Nod
 authorization, client certificates from a CA of the fixture's own, service-account
 tokens signed by a key of its own (TokenReview and TokenRequest work), the default
 admission plugins (MutatingAdmissionWebhook and ValidatingAdmissionWebhook among them)
-plus NodeRestriction. The controller manager runs the controllers a mesh depends on.
+plus NodeRestriction. The controller manager runs the controllers a mesh depends on
+(unless `controllers=False`: a caller that writes their objects itself).
 No scheduler and no kubelet: tests.cluster.kubelet stands in for them.
 
 etcd compacts only when a test asks (`compact`). A watch from an older resourceVersion
@@ -116,6 +117,9 @@ class ControlPlane:
     etcd_port: int = 0
     port: int = 0  # the API server's secure port on 127.0.0.1
     components: list[Component] = field(default_factory=list)
+    # False: etcd and the API server alone, for a caller that writes every object the
+    # controllers would (EndpointSlices, ServiceAccounts) itself.
+    controllers: bool = True
 
     @property
     def url(self) -> str:
@@ -141,7 +145,8 @@ class ControlPlane:
             self._start_apiserver()
             self._write_kubeconfig(self.admin_kubeconfig, self.pki.admin_cert, self.pki.admin_key)
             self._wait_ready()
-            self._start_controller_manager()
+            if self.controllers:
+                self._start_controller_manager()
         except BaseException:
             self.stop()
             raise
@@ -327,10 +332,12 @@ def kubeconfig(
 
 
 @contextlib.contextmanager
-def running_control_plane(folder: Path) -> Iterator[ControlPlane]:
-    """A started control plane under `folder`, stopped on exit."""
+def running_control_plane(folder: Path, *, controllers: bool = True) -> Iterator[ControlPlane]:
+    """A started control plane under `folder`, stopped on exit (`controllers`: with the
+    controller manager)."""
     binaries = build_binaries()
-    plane = ControlPlane(folder, binaries, write_pki(folder / "pki", KUBERNETES_SERVICE_IP))
+    pki = write_pki(folder / "pki", KUBERNETES_SERVICE_IP)
+    plane = ControlPlane(folder, binaries, pki, controllers=controllers)
     plane.start()
     try:
         yield plane

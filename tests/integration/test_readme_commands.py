@@ -233,6 +233,8 @@ NOT_HERE = {
     " 1,000 sidecars": _BENCH,
     "python -m bench.sidecar --services 1000 --clients 1000 --secrets   # ... and each one's"
     " certificate": _BENCH,
+    "python -m bench.sidecar --services 1000 --clients 1000 --istiod    # ... pilot beside"
+    " istiod": _BENCH,
     "python -m bench.arrival_path --proxies 1000 --storm 100  # pilot's own part of a storm,"
     " in process": _BENCH,
     "python -m bench.instructions --proxies 1000              # ... of 1,000 certificates,"
