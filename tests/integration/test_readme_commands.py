@@ -39,6 +39,7 @@ import pytest
 import yaml
 
 from tests.support.cli import split_row
+from tests.support.machine_lock import QUICK_START_PORTS, held
 
 ROOT = Path(__file__).resolve().parents[2]
 # The README, and the pages its reference moved to (docs/performance.md's commands are
@@ -444,6 +445,13 @@ def _venv_over_ours(venv: Path) -> Path:
     # Appended after the new venv's own site-packages: its pilot wins over ours.
     (theirs / "zz_parent.pth").write_text(f"import site; site.addsitedir({str(site)!r})\n")
     return venv / "bin"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def quick_start_ports() -> Iterator[None]:
+    """The README's fixed ports, this module's alone while it runs (other workers wait)."""
+    with held(QUICK_START_PORTS):
+        yield
 
 
 @pytest.fixture(scope="module")

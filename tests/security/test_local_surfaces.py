@@ -23,6 +23,7 @@ import asyncio
 import shutil
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +38,12 @@ from tests.security.pilot_process import (
     start_file_pilot_with_ca,
 )
 from tests.support.addresses import outside_address, url
+from tests.support.machine_lock import QUICK_START_PORTS, held
 
 MESH = EXAMPLES_DIR / "mesh.yaml"
 PROXY = "sidecar~127.0.0.1~rebinding-victim.default~default.svc.cluster.local"
 FOREIGN_HOSTS = ("evil.example", "evil.example:15014", "10.255.0.1", "[2001:db8::1]:80")
-QUICK_START_PORTS = (15010, 15012, 15014)  # gRPC, TLS gRPC, HTTP, as the README prints
+README_PORTS = (15010, 15012, 15014)  # gRPC, TLS gRPC, HTTP, as the README prints
 READY = (200, "ready\ncluster Kubernetes: synced\n")
 
 
@@ -145,6 +147,8 @@ def _ports_free(ports: tuple[int, ...]) -> bool:
     """Whether nothing listens on these ports, on any address (the Quick start's own)."""
     for port in ports:
         with socket.socket() as sock:
+            # As pilot binds: a listener still refuses it, an earlier test's TIME_WAIT not.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind(("0.0.0.0", port))
             except OSError:
@@ -164,9 +168,17 @@ def _reachable(address: str, port: int) -> bool:
     return True
 
 
+@pytest.fixture
+def quick_start_ports() -> Iterator[None]:
+    """The README's fixed ports, this test's alone while it runs (other workers wait)."""
+    with held(QUICK_START_PORTS):
+        yield
+
+
+@pytest.mark.usefixtures("quick_start_ports")
 async def test_the_quick_start_listens_on_loopback_only(tmp_path: Path) -> None:
     outside = outside_address()
-    if not _ports_free(QUICK_START_PORTS):
+    if not _ports_free(README_PORTS):
         pytest.fail("another process holds 15010, 15012 or 15014: the Quick start cannot run")
     shutil.copytree(EXAMPLES_DIR, tmp_path / "examples")
     # The README's command, exactly (the installed console script is `python -m pilot`).
@@ -174,8 +186,8 @@ async def test_the_quick_start_listens_on_loopback_only(tmp_path: Path) -> None:
     env = pilot_environment(tmp_path)
     pilot = await start_command(tmp_path, command, env=env)
     try:
-        assert (pilot.grpc_port, pilot.tls_port, pilot.http_port) == QUICK_START_PORTS
-        for port in QUICK_START_PORTS:
+        assert (pilot.grpc_port, pilot.tls_port, pilot.http_port) == README_PORTS
+        for port in README_PORTS:
             assert _reachable("127.0.0.1", port), f"127.0.0.1:{port} is not served"
             assert not _reachable(outside, port), f"{outside}:{port} answers off loopback"
         assert await pilot.get("/ready") == READY

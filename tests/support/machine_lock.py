@@ -1,0 +1,29 @@
+"""What the machine has only once, taken in turn by tests in parallel workers.
+
+`held(name)` holds an exclusive lock (flock on a file in the temporary directory)
+while its block runs: a test module that binds the Quick start's fixed ports
+(15000, 15010, 15012, 15014) holds "quick-start-ports", so two workers never
+start the README's pilot at once. The lock goes with the process, however it ends.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+QUICK_START_PORTS = "quick-start-ports"
+
+
+@contextmanager
+def held(name: str) -> Iterator[None]:
+    """Hold the machine-wide lock `name` (waiting for it) for the block."""
+    path = Path(tempfile.gettempdir()) / f"pilot-tests-{name}.lock"
+    with path.open("a") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(file, fcntl.LOCK_UN)
