@@ -50,7 +50,7 @@ from tests.fuzz.cycles import CycleStats, baseline_tasks, run_cycles, tasks_back
 from tests.fuzz.fuzzer import Fuzzer
 from tests.fuzz.loop import LoopThread
 from tests.fuzz.target import RESIDENT_METADATA, Target, start_target, stop_target
-from tests.security.peers import VICTIM
+from tests.support.peers import VICTIM
 
 SETTLE = 60.0  # seconds pilot gets to drop every stream and task at the end
 

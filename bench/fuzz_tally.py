@@ -17,7 +17,7 @@ import grpc
 from tests.fuzz import known
 from tests.fuzz.fuzzer import Observation
 from tests.fuzz.properties import DIED, bad_entry, coalesce
-from tests.security.pilot_process import Entry
+from tests.support.pilot_process import Entry
 
 MB = 1_000_000
 RSS_LIMIT = 5 * MB

@@ -1,6 +1,6 @@
 """`pilot discovery --kubeconfig` on the real control plane, as pilot's own ServiceAccount.
 
-`start_discovery` runs the real subprocess (tests.security.pilot_process) with a
+`start_discovery` runs the real subprocess (tests.support.pilot_process) with a
 kubeconfig for pilot-system/pilot under deploy/'s RBAC (`pilot_kubeconfig`, so every
 test also proves that RBAC is enough) and the environment its Deployment gives it:
 POD_NAMESPACE=pilot-system, where the Lease `pilot-ca` and the Secret `pilot-ca-secret`
@@ -23,8 +23,8 @@ from pathlib import Path
 from tests.cluster.client import Kube, path_of
 from tests.cluster.control_plane import ControlPlane
 from tests.cluster.in_cluster import PILOT_ACCOUNT, PILOT_NAMESPACE, pilot_kubeconfig
-from tests.integration.ca_support import PluggedIn
-from tests.security.pilot_process import (
+from tests.support.ca import PluggedIn
+from tests.support.pilot_process import (
     PilotProcess,
     discovery_command,
     pilot_environment,

@@ -1,7 +1,7 @@
 """What a real Envoy on pilot must hold of a test's Services, checked as it changes.
 
 `EnvoyHosts` is the expected view (per Service: each Pod's address and its EDS health,
-`HEALTHY` or `DRAINING`) and a presence monitor (tests.integration.kube_helpers) that
+`HEALTHY` or `DRAINING`) and a presence monitor (tests.support.kube_helpers) that
 polls Envoy in the background: `expect` starts a change (only what it keeps must stay
 in Envoy meanwhile), `converge` waits for Envoy to hold exactly the new view (all of
 it must stay from then on). `assert_never_lost` at the end. `running_envoy` starts the
@@ -15,9 +15,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from tests.cluster.workloads import SERVICE_PORT, TARGET_PORT, Obj, address
-from tests.harness.envoy_process import EnvoyProcess, load_example_bootstrap
-from tests.integration.envoy_view import ClusterView, wait_for_view
-from tests.integration.kube_helpers import PresenceMonitor, hosts_of
+from tests.support.envoy_process import EnvoyProcess, load_example_bootstrap
+from tests.support.envoy_view import ClusterView, wait_for_view
+from tests.support.kube_helpers import PresenceMonitor, hosts_of
 from tests.support.mesh import cluster_name
 from tests.support.pilot import RunningPilot
 

@@ -23,8 +23,8 @@ from typing import Any
 import yaml
 
 from tests.cluster.client import Kube, path_of
-from tests.integration.ca_support import Token
-from tests.integration.envoy_view import ClusterView
+from tests.support.ca import Token
+from tests.support.envoy_view import ClusterView
 
 Json = dict[str, Any]
 NAMESPACE = "example"

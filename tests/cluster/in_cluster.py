@@ -23,8 +23,8 @@ from pilot.security.certs import write_private
 from tests.cluster.client import Kube, path_of
 from tests.cluster.control_plane import ControlPlane, free_port, kubeconfig
 from tests.cluster.kubelet import run_pod
-from tests.harness.envoy_process import wait_until
-from tests.security.pilot_process import PilotProcess, pilot_environment, spawn
+from tests.support.envoy_process import wait_until
+from tests.support.pilot_process import PilotProcess, pilot_environment, spawn
 
 Obj = dict[str, Any]
 POD_TIMEOUT = 30.0

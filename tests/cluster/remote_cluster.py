@@ -29,7 +29,7 @@ from tests.cluster.client import Kube, path_of
 from tests.cluster.control_plane import ControlPlane
 from tests.cluster.in_cluster import PILOT_NAMESPACE
 from tests.cluster.kubelet import ensure_node, run_pod
-from tests.harness.envoy_process import wait_until
+from tests.support.envoy_process import wait_until
 
 Obj = dict[str, Any]
 READER = "pilot-reader"

@@ -19,8 +19,8 @@ import aiohttp
 from cryptography import x509
 
 from tests.cluster.client import Kube, path_of
-from tests.harness.envoy_process import wait_until
 from tests.support.background import BackgroundLoop
+from tests.support.envoy_process import wait_until
 
 Obj = dict[str, Any]
 CONFIGMAP = "istio-ca-root-cert"

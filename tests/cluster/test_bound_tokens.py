@@ -39,15 +39,18 @@ from tests.cluster.control_plane import ControlPlane
 from tests.cluster.discovery import counter, start_discovery
 from tests.cluster.kubelet import remove_pod
 from tests.cluster.workload_tokens import Workload, run_workload, signed_again
-from tests.integration.ca_support import (
+from tests.support.ca import (
     PluggedIn,
     Token,
     assert_issued_chain,
     load_chain,
     write_plugged_in,
 )
-from tests.integration.sds_secrets import ROOT, WORKLOAD
-from tests.protocol.client import (
+from tests.support.mesh import cluster_name
+from tests.support.mint_client import mint
+from tests.support.pilot_process import PilotProcess
+from tests.support.sds_secrets import ROOT, WORKLOAD
+from tests.support.xds_client import (
     ADS_SOTW,
     CLUSTER,
     SECRET,
@@ -59,9 +62,6 @@ from tests.protocol.client import (
     summarize_secret,
     tls_credentials,
 )
-from tests.security.pilot_process import PilotProcess
-from tests.support.mesh import cluster_name
-from tests.support.mint_client import mint
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -15,8 +15,8 @@ from typing import Any
 from tests.cluster.client import admin, path_of
 from tests.cluster.control_plane import REPO, ControlPlane
 from tests.cluster.in_cluster import deployment_pod, start_in_cluster
-from tests.harness.envoy_process import wait_until
-from tests.security.pilot_process import PilotProcess, wait_serving
+from tests.support.envoy_process import wait_until
+from tests.support.pilot_process import PilotProcess, wait_serving
 
 NAMESPACE = "pilot-system"
 POD_IP = "10.244.0.10"

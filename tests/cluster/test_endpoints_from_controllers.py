@@ -37,8 +37,8 @@ from tests.cluster.workloads import (
     service,
     watching_pilot,
 )
-from tests.integration.envoy_view import assert_nothing_rejected_or_warming
-from tests.integration.kube_helpers import ready_status
+from tests.support.envoy_view import assert_nothing_rejected_or_warming
+from tests.support.kube_helpers import ready_status
 from tests.support.pilot import RunningPilot
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"

@@ -42,11 +42,11 @@ from tests.cluster.example_sidecar import (
 from tests.cluster.kubelet import run_pod
 from tests.cluster.root_configmaps import wait_published
 from tests.cluster.workload_tokens import ISTIO_CA, service_account
-from tests.harness.envoy_process import EnvoyProcess, wait_until
-from tests.integration.ca_support import Token, write_plugged_in
-from tests.integration.envoy_view import ClusterView, dynamic_clusters, wait_for_view
-from tests.security.pilot_process import PilotProcess
+from tests.support.ca import Token, write_plugged_in
+from tests.support.envoy_process import EnvoyProcess, wait_until
+from tests.support.envoy_view import ClusterView, dynamic_clusters, wait_for_view
 from tests.support.mesh import cluster_name
+from tests.support.pilot_process import PilotProcess
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.envoy]
 

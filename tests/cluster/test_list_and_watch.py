@@ -40,10 +40,10 @@ from tests.cluster.workloads import (
     service,
     watching_pilot,
 )
-from tests.harness.envoy_process import wait_until
-from tests.protocol.client import DeltaStream, XdsClient, node
+from tests.support.envoy_process import wait_until
 from tests.support.mesh import cluster_name
 from tests.support.pilot import FAST_INFORMER, RunningPilot
+from tests.support.xds_client import DeltaStream, XdsClient, node
 
 KINDS = ("Service", "EndpointSlice", "Pod", "Node", "PeerAuthentication")  # pilot's informers
 SERVICE_NAME = "kubernetes.io/service-name"  # the label on a Service's EndpointSlices

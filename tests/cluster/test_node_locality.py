@@ -27,8 +27,8 @@ from tests.cluster.workloads import (
     service,
     watching_pilot,
 )
-from tests.harness.envoy_process import EnvoyProcess, wait_until
-from tests.integration.envoy_view import host_priorities
+from tests.support.envoy_process import EnvoyProcess, wait_until
+from tests.support.envoy_view import host_priorities
 from tests.support.mesh import cluster_name
 
 REGION, ZONE = "topology.kubernetes.io/region", "topology.kubernetes.io/zone"

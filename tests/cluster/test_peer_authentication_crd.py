@@ -39,8 +39,8 @@ from tests.cluster.workloads import (
     service,
     watching_pilot,
 )
-from tests.harness.envoy_process import wait_until
-from tests.protocol.client import DeltaStream, XdsClient, delta_resources, node
+from tests.support.envoy_process import wait_until
+from tests.support.xds_client import DeltaStream, XdsClient, delta_resources, node
 
 TIMEOUT = 30.0
 PERMISSIVE = {"tls", "raw_buffer", ""}

@@ -37,10 +37,10 @@ from tests.cluster.workloads import (
     service,
     watching_pilot,
 )
-from tests.protocol.client import DeltaStream, XdsClient, delta_resources, node
 from tests.support.deadline import bounded
 from tests.support.mesh import cluster_name
 from tests.support.pilot import RunningPilot, responses_written
+from tests.support.xds_client import DeltaStream, XdsClient, delta_resources, node
 
 TIMEOUT = 30.0
 PASSTHROUGH = "PassthroughCluster"

@@ -49,11 +49,11 @@ from tests.cluster.remote_cluster import (
     set_up_reader,
     workload,
 )
-from tests.harness.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
-from tests.integration.ca_support import write_plugged_in
-from tests.security.pilot_process import PilotProcess, start_file_pilot_with_ca, start_pilot
 from tests.support import mesh
+from tests.support.ca import write_plugged_in
+from tests.support.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
 from tests.support.mesh import cluster_name, write_mesh
+from tests.support.pilot_process import PilotProcess, start_file_pilot_with_ca, start_pilot
 
 pytestmark = pytest.mark.envoy
 

@@ -29,8 +29,8 @@ from tests.cluster.root_configmaps import (
     published,
     wait_published,
 )
-from tests.integration.ca_support import PluggedIn, write_plugged_in
-from tests.security.pilot_process import PilotProcess
+from tests.support.ca import PluggedIn, write_plugged_in
+from tests.support.pilot_process import PilotProcess
 
 KUBERNETES_OWN = ("kube-system", "kube-public", "kube-node-lease")
 

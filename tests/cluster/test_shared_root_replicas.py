@@ -38,9 +38,9 @@ from tests.cluster.discovery import (
 from tests.cluster.in_cluster import PILOT_NAMESPACE
 from tests.cluster.root_configmaps import CONFIGMAP, RootWrites, wait_published
 from tests.cluster.workload_tokens import Workload, run_workload
-from tests.integration.ca_support import assert_issued_chain, load_chain
-from tests.security.pilot_process import PilotProcess
+from tests.support.ca import assert_issued_chain, load_chain
 from tests.support.mint_client import mint
+from tests.support.pilot_process import PilotProcess
 
 HOLDS = f" now holds lease {PILOT_NAMESPACE}/{LEASE}"
 CREATED = "CA: created the shared root in Secret"

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from tests.cluster.client import Kube, path_of
 from tests.cluster.kubelet import run_pod
-from tests.integration.ca_support import Token
+from tests.support.ca import Token
 
 Obj = dict[str, Any]
 ISTIO_CA = "istio-ca"  # the audience pilot asks TokenReview for by default

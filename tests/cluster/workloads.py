@@ -27,7 +27,7 @@ from tests.cluster.client import Kube, path_of
 from tests.cluster.control_plane import ControlPlane
 from tests.cluster.in_cluster import PILOT_NAMESPACE, pilot_kubeconfig
 from tests.cluster.kubelet import NODE, remove_pod, run_pod
-from tests.harness.envoy_process import wait_until
+from tests.support.envoy_process import wait_until
 from tests.support.pilot import RunningPilot, running_kube_pilot
 
 Obj = dict[str, Any]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from tests.fuzz.calls import Credentials
 from tests.fuzz.target import RESIDENT_METADATA, Target
-from tests.protocol.client import CLUSTER, ENDPOINT, SECRET, XdsClient, node
+from tests.support.xds_client import CLUSTER, ENDPOINT, SECRET, XdsClient, node
 
 SECRETS = ("default", "ROOTCA")
 _ids = itertools.count()

@@ -31,7 +31,7 @@ from google.protobuf.message import DecodeError
 
 from tests.fuzz.calls import Call, XdsStep
 from tests.fuzz.methods import Method, Shape
-from tests.protocol.client import CLUSTER, ENDPOINT, SECRET
+from tests.support.xds_client import CLUSTER, ENDPOINT, SECRET
 
 DEADLINE = 3.0  # seconds for a call, or for an open xDS stream to answer its final request
 ROOTCA = "ROOTCA"

@@ -21,7 +21,7 @@ from tests.fuzz.exchange import DEADLINE, Outcome, perform
 from tests.fuzz.properties import Violation, violations
 from tests.fuzz.ready import Sample
 from tests.fuzz.target import Target
-from tests.security.pilot_process import Entry
+from tests.support.pilot_process import Entry
 
 SETTLE_TIMEOUT = 60.0  # for everything after the call, on the loop
 

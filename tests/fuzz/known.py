@@ -21,7 +21,7 @@ import pytest
 
 from tests.fuzz.calls import Call
 from tests.fuzz.properties import Violation
-from tests.security.pilot_process import Entry
+from tests.support.pilot_process import Entry
 
 SECRET_WARNING = "that pilot does not make"  # the one summary line per stream
 

@@ -19,7 +19,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 
 from pilot._gen.istio.v1.auth import ca_pb2
 from pilot.server import reflection_v1
-from tests.protocol.client import (
+from tests.support.xds_client import (
     ADS_SERVICE,
     CDS_SERVICE,
     CLUSTER,

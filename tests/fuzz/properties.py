@@ -23,7 +23,7 @@ import grpc
 
 from tests.fuzz.exchange import Outcome
 from tests.fuzz.ready import Sample
-from tests.security.pilot_process import Entry
+from tests.support.pilot_process import Entry
 
 GRPC_INTERNAL = ("RST_STREAM", "HTTP/2", "Stream removed", "Exception deserializing", "Socket")
 _CORE_ERROR = re.compile(r"^[EF]\d{4} ")  # gRPC core's own error and fatal lines

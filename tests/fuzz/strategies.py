@@ -36,7 +36,7 @@ from pilot._gen.istio.v1.auth import ca_pb2
 from tests.fuzz import csr, methods
 from tests.fuzz.calls import Call, Credentials, Header, XdsStep
 from tests.fuzz.methods import Method
-from tests.protocol.client import CLUSTER, ENDPOINT, LISTENER, SECRET
+from tests.support.xds_client import CLUSTER, ENDPOINT, LISTENER, SECRET
 
 TRUST_DOMAIN = "cluster.local"
 ROUTE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"

@@ -1,10 +1,10 @@
 """The pilot under fuzz: a real `pilot discovery` subprocess and what examples need of it.
 
-Two modes, each started by `tests.security.pilot_process`:
+Two modes, each started by `tests.support.pilot_process`:
 
 - `file`: `--config` on a copy of examples/mesh.yaml, `--xds-auth none` (identity
   from node metadata);
-- `kube`: the test API server (`tests.security.peers.running_mesh`: three Services and
+- `kube`: the test API server (`tests.support.peers.running_mesh`: three Services and
   the tokens of ns-b/victim and ns-a/attacker), `--xds-auth kubernetes`, so every call
   carries a service-account token checked by TokenReview; calls go to the TLS port,
   where pilot serves tokens and keys in Kubernetes mode.
@@ -39,10 +39,10 @@ from tests.fuzz.calls import Credentials, Header
 from tests.fuzz.exchange import Metadata
 from tests.fuzz.loop import LoopThread
 from tests.fuzz.ready import ReadyProber
-from tests.integration.ca_support import sa_token
-from tests.protocol.client import CLUSTER, XdsClient, node, sotw_names
-from tests.security.peers import ATTACKER, VICTIM, running_mesh
-from tests.security.pilot_process import PilotProcess, start_file_pilot_with_ca
+from tests.support.ca import sa_token
+from tests.support.peers import ATTACKER, VICTIM, running_mesh
+from tests.support.pilot_process import PilotProcess, start_file_pilot_with_ca
+from tests.support.xds_client import CLUSTER, XdsClient, node, sotw_names
 
 ROOT = Path(__file__).resolve().parents[2]
 MESH = ROOT / "examples" / "mesh.yaml"

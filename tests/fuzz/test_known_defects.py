@@ -29,7 +29,7 @@ from tests.fuzz.known import SECRET_WARNING
 from tests.fuzz.properties import LOGGED, LONG_LOG, SLOW_READY, STATUS
 from tests.fuzz.strategies import struct
 from tests.fuzz.target import RESIDENT_METADATA, Target
-from tests.protocol.client import CLUSTER, ENDPOINT, SECRET
+from tests.support.xds_client import CLUSTER, ENDPOINT, SECRET
 
 GARBAGE = b"\xff\xff\xff"  # a truncated varint: no protobuf message parses from it
 WRITE_TIMEOUT = 3.0

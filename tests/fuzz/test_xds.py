@@ -15,7 +15,7 @@ from tests.fuzz import methods, strategies
 from tests.fuzz.conftest import fuzz_settings
 from tests.fuzz.fuzzer import Fuzzer
 from tests.fuzz.methods import Method
-from tests.security.peers import VICTIM
+from tests.support.peers import VICTIM
 
 FILE_CLAIMS = {"NAMESPACE": "default", "SERVICE_ACCOUNT": "fuzz"}
 AUTHENTICATED = (methods.ADS_SOTW, methods.ADS_DELTA, methods.SDS_SOTW, methods.SDS_DELTA)

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.harness import envoy_process
-from tests.harness.envoy_process import (
+from tests.support import envoy_process
+from tests.support.envoy_process import (
     EXAMPLES_DIR,
     XDS_CLUSTER,
     EnvoyError,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.envoy_process import EnvoyProcess, load_example_bootstrap
+from tests.support.envoy_process import EnvoyProcess, load_example_bootstrap
 from tests.support.pilot import RunningPilot
 
 StartEnvoy = Callable[[RunningPilot, str, str], AbstractAsyncContextManager[EnvoyProcess]]

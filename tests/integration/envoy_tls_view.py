@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
-from tests.harness.envoy_process import EnvoyProcess, Json
+from tests.support.envoy_process import EnvoyProcess, Json
 
 STARTUP = 30.0  # seconds an Envoy may take to hold its identity, go LIVE, bind listeners
 

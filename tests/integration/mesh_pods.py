@@ -39,9 +39,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.harness.envoy_process import wait_until
 from tests.integration.agent_process import PILOT, REPO
-from tests.integration.ca_support import write_plugged_in
 from tests.integration.http_backend import Seen, parse_seen
 from tests.integration.sidecar_support import (
     PROXY_UID,
@@ -52,13 +50,15 @@ from tests.integration.sidecar_support import (
     sidecar_env,
 )
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
-from tests.security.pilot_process import (
+from tests.support.ca import write_plugged_in
+from tests.support.envoy_process import wait_until
+from tests.support.mesh import Ep, endpoint_slice, service
+from tests.support.pilot_process import (
     PilotProcess,
     discovery_command,
     pilot_environment,
     start_command,
 )
-from tests.support.mesh import Ep, endpoint_slice, service
 from tests.support.pod_process import PodProcess, running_in
 from tests.support.pods import Pod, PodNetwork, leftovers, pod_network, socket_in
 

@@ -19,7 +19,7 @@ from typing import Any, Self
 
 from cryptography import x509
 
-from tests.integration.ca_support import san_uris
+from tests.support.ca import san_uris
 
 MTLS_BODY = "hello over mTLS"
 ALPN = ("istio-http/1.1", "istio-h2", "istio-peer-exchange", "istio")

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.harness.envoy_process import Json, load_example_bootstrap
-from tests.integration.proxies import Proxy
-from tests.integration.sds_secrets import ROOT, WORKLOAD
+from tests.support.envoy_process import Json, load_example_bootstrap
+from tests.support.proxies import Proxy
+from tests.support.sds_secrets import ROOT, WORKLOAD
 
 ROUTER = {
     "name": "envoy.filters.http.router",

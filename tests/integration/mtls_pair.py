@@ -14,7 +14,6 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.harness.envoy_process import EnvoyProcess
 from tests.integration.envoy_tls_view import STARTUP, listener_port, wait_for_own_cert
 from tests.integration.http_backend import Backend
 from tests.integration.mtls_bootstraps import (
@@ -24,8 +23,9 @@ from tests.integration.mtls_bootstraps import (
     client_bootstrap,
     server_bootstrap,
 )
-from tests.integration.proxies import Proxy
+from tests.support.envoy_process import EnvoyProcess
 from tests.support.pilot import RunningPilot
+from tests.support.proxies import Proxy
 
 SERVER = Proxy.sidecar("server-1", "shop", "server")
 CLIENT = Proxy.sidecar("client-1", "web", "client")

@@ -26,12 +26,12 @@ from typing import Any, Self
 
 import aiohttp
 
-from tests.harness.envoy_process import XDS_CLUSTER, EnvoyProcess, Json
 from tests.integration.envoy_tls_view import ca_certs, own_certs
-from tests.integration.envoy_view import ClusterView, dynamic_clusters
-from tests.integration.kube_helpers import PresenceMonitor, hosts_of
 from tests.kubeapi import KubeAPIServer
 from tests.support.background import BackgroundLoop
+from tests.support.envoy_process import XDS_CLUSTER, EnvoyProcess, Json
+from tests.support.envoy_view import ClusterView, dynamic_clusters
+from tests.support.kube_helpers import PresenceMonitor, hosts_of
 from tests.support.mesh import Ep, cluster_name, endpoint_slice, service
 from tests.support.pilot import RunningPilot
 

@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 
 from pilot.agent import DEFAULT_ROOT_CERT
-from tests.harness.envoy_process import find_envoy_binary
 from tests.integration.agent_process import PILOT
-from tests.integration.ca_support import write_plugged_in
-from tests.security.pilot_process import (
+from tests.support.ca import write_plugged_in
+from tests.support.envoy_process import find_envoy_binary
+from tests.support.pilot_process import (
     PilotProcess,
     discovery_command,
     pilot_environment,

@@ -29,7 +29,6 @@ from cryptography import x509
 from pilot.agent import DEFAULT_ROOT_CERT, DEFAULT_SOCKET
 from pilot.security.certs import cert_pem, self_signed_root
 from pilot.security.identity import Identity
-from tests.harness.envoy_process import EnvoyProcess
 from tests.integration.agent_process import (
     CA_ERROR,
     MINTED,
@@ -41,12 +40,13 @@ from tests.integration.agent_process import (
     running_agent,
 )
 from tests.integration.envoy_tls_view import ca_certs, listener_port
-from tests.integration.sds_secrets import ROOT, WORKLOAD, root_in, workload_in, workloads_received
 from tests.integration.tls_probe import served_certificate
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
-from tests.protocol.client import SECRET, SotwStream, XdsClient, node
+from tests.support.envoy_process import EnvoyProcess
 from tests.support.mesh import simple_mesh
 from tests.support.pilot import RunningPilot, running_pilot
+from tests.support.sds_secrets import ROOT, WORKLOAD, root_in, workload_in, workloads_received
+from tests.support.xds_client import SECRET, SotwStream, XdsClient, node
 
 COMMAND = readme_command()
 IDENTITY = Identity("cluster.local", COMMAND.env["POD_NAMESPACE"], COMMAND.env["SERVICE_ACCOUNT"])

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.harness.envoy_process import XDS_CLUSTER, EnvoyProcess, Json
 from tests.integration.agent_process import (
     CA_ERROR,
     MINTED,
@@ -55,13 +54,14 @@ from tests.integration.mtls_pair import (
     MtlsPair,
     assert_client_cluster_verified,
 )
-from tests.integration.proxies import Proxy
-from tests.integration.sds_secrets import ROOT, WORKLOAD, WorkloadCert, root_in, workload_in
 from tests.integration.tls_probe import tls_get
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
-from tests.protocol.client import SECRET, XdsClient
+from tests.support.envoy_process import XDS_CLUSTER, EnvoyProcess, Json
 from tests.support.mesh import simple_mesh
 from tests.support.pilot import RunningPilot, running_pilot
+from tests.support.proxies import Proxy
+from tests.support.sds_secrets import ROOT, WORKLOAD, WorkloadCert, root_in, workload_in
+from tests.support.xds_client import SECRET, XdsClient
 
 SDS_CLUSTER = "sds-grpc"
 AGENT_SDS: Json = {

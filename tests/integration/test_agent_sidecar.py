@@ -32,7 +32,6 @@ from pathlib import Path
 import pytest
 
 from pilot.security.certs import cert_pem, self_signed_root
-from tests.harness.envoy_process import find_envoy_binary, validate_bootstrap, wait_until
 from tests.integration.agent_process import PILOT
 from tests.integration.sidecar_support import (
     PROXY_UID,
@@ -44,10 +43,11 @@ from tests.integration.sidecar_support import (
     pilot_in_pod,
     sidecar_env,
 )
-from tests.security.pilot_process import (
+from tests.support.envoy_process import find_envoy_binary, validate_bootstrap, wait_until
+from tests.support.mesh import simple_mesh, write_mesh
+from tests.support.pilot_process import (
     PilotProcess,
 )
-from tests.support.mesh import simple_mesh, write_mesh
 from tests.support.pod_process import PodProcess, running_in
 from tests.support.pods import Pod, leftovers, pod_network
 

@@ -30,15 +30,15 @@ from pilot.generators.naming import outbound_cluster_name
 from pilot.registry.model import ServiceKey, ServicePort
 from pilot.security.identity import Identity
 from pilot.xds import types
-from tests.harness.envoy_process import EnvoyProcess, load_example_bootstrap
-from tests.integration.envoy_view import assert_nothing_rejected_or_warming
 from tests.integration.http_backend import BACKEND_BODY, Backend
 from tests.integration.mtls_backend import MTLS_BODY, MtlsBackend
 from tests.integration.test_envoy_listeners import get
 from tests.integration.tls_probe import probe_credentials
-from tests.protocol.client import XdsClient, delta_resources, node
+from tests.support.envoy_process import EnvoyProcess, load_example_bootstrap
+from tests.support.envoy_view import assert_nothing_rejected_or_warming
 from tests.support.mesh import Ep, endpoint_slice, pod, service
 from tests.support.pilot import RunningPilot, running_pilot
+from tests.support.xds_client import XdsClient, delta_resources, node
 
 EXAMPLE = "envoy-sidecar-local.yaml"
 NODE_ID = "sidecar~127.0.0.1~client.default~default.svc.cluster.local"

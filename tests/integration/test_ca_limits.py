@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from pilot.limits import Limits
-from tests.integration.ca_support import CaCaller, kube_api, make_csr, sa_token
+from tests.support.ca import CaCaller, kube_api, make_csr, sa_token
 from tests.support.mesh import simple_mesh
 from tests.support.pilot import running_pilot
 

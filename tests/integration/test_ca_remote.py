@@ -34,8 +34,7 @@ from pilot.security.ca_client import RemoteCaSettings
 from pilot.security.identity import Identity
 from pilot.security.secrets import SdsSettings
 from pilot.xds import types
-from tests.harness.envoy_process import wait_until
-from tests.integration.ca_support import (
+from tests.support.ca import (
     IMPERSONATED,
     FakeIstioCa,
     Fault,
@@ -50,7 +49,10 @@ from tests.integration.ca_support import (
     san_uris,
     spiffe,
 )
-from tests.integration.sds_secrets import (
+from tests.support.envoy_process import wait_until
+from tests.support.mesh import simple_mesh, write_mesh
+from tests.support.pilot import RunningPilot, running_pilot
+from tests.support.sds_secrets import (
     ROOT,
     WORKLOAD,
     WorkloadCert,
@@ -58,9 +60,7 @@ from tests.integration.sds_secrets import (
     workload_in,
     workloads_received,
 )
-from tests.protocol.client import SotwStream, XdsClient
-from tests.support.mesh import simple_mesh, write_mesh
-from tests.support.pilot import RunningPilot, running_pilot
+from tests.support.xds_client import SotwStream, XdsClient
 
 MESH = simple_mesh({"a": ["10.0.0.1"]})
 PILOT_ACCOUNT = ("istio-system", "istiod")

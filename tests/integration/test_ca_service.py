@@ -34,7 +34,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from pilot.security import ca as ca_module
-from tests.integration.ca_support import (
+from tests.kubeapi import KubeAPIServer
+from tests.support.ca import (
     CaCaller,
     Token,
     assert_issued_chain,
@@ -49,7 +50,6 @@ from tests.integration.ca_support import (
     spiffe,
     utcnow,
 )
-from tests.kubeapi import KubeAPIServer
 from tests.support.mesh import simple_mesh
 from tests.support.pilot import RunningPilot, running_pilot
 

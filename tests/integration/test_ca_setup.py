@@ -28,7 +28,7 @@ from cryptography.x509.oid import NameOID
 from pilot.security.ca import PLUGGED_IN_FILES, CaSettings, CaSetupError, CertificateAuthority
 from pilot.security.identity import Identity
 from pilot.xds import types
-from tests.integration.ca_support import (
+from tests.support.ca import (
     CaCaller,
     assert_issued_chain,
     kube_api,
@@ -42,11 +42,11 @@ from tests.integration.ca_support import (
     spiffe,
     write_plugged_in,
 )
-from tests.integration.sds_secrets import ROOT, WORKLOAD, root_in, workload_in
-from tests.protocol.client import XdsClient
 from tests.support.deadline import bounded
 from tests.support.mesh import simple_mesh, write_mesh
 from tests.support.pilot import running_pilot
+from tests.support.sds_secrets import ROOT, WORKLOAD, root_in, workload_in
+from tests.support.xds_client import XdsClient
 
 HOUR = datetime.timedelta(hours=1)
 MESH = simple_mesh({"a": ["10.0.0.1"]})

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.ca_support import (
+from tests.support.ca import (
     new_ca,
     utcnow,
     write_plugged_in,

@@ -26,7 +26,8 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from pilot.security.xds_auth import XdsAuth
 from pilot.xds import types
-from tests.integration.ca_support import (
+from tests.kubeapi import KubeAPIServer
+from tests.support.ca import (
     FETCH_CLUSTERS,
     Token,
     kube_api,
@@ -36,11 +37,10 @@ from tests.integration.ca_support import (
     san_uris,
     spiffe,
 )
-from tests.integration.sds_secrets import ROOT, WORKLOAD, workload_in
-from tests.kubeapi import KubeAPIServer
-from tests.protocol.client import ADS_SOTW, SDS_SOTW, Closed, XdsClient, describe, first_reply
 from tests.support.mesh import Ep, endpoint_slice, service, simple_mesh
 from tests.support.pilot import RunningPilot, running_kube_pilot, running_pilot
+from tests.support.sds_secrets import ROOT, WORKLOAD, workload_in
+from tests.support.xds_client import ADS_SOTW, SDS_SOTW, Closed, XdsClient, describe, first_reply
 
 PROXY = ("ns1", "sa1")
 WAIT = 10.0

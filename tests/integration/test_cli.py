@@ -18,13 +18,13 @@ from cryptography import x509
 from envoy.service.discovery.v3 import discovery_pb2
 
 from tests.integration.tls_probe import served_certificate
-from tests.security.pilot_process import (
+from tests.support.deadline import bounded
+from tests.support.mesh import simple_mesh, write_mesh
+from tests.support.pilot_process import (
     pilot_environment,
     start_command,
     start_file_pilot_with_ca,
 )
-from tests.support.deadline import bounded
-from tests.support.mesh import simple_mesh, write_mesh
 
 ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"

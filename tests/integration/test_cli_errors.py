@@ -26,16 +26,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.ca_support import write_plugged_in
-from tests.security.pilot_process import (
+from tests.support.ca import write_plugged_in
+from tests.support.deadline import bounded
+from tests.support.mesh import simple_mesh, write_mesh
+from tests.support.pilot_process import (
     PilotProcess,
     discovery_command,
     pilot_environment,
     spawn,
     wait_serving,
 )
-from tests.support.deadline import bounded
-from tests.support.mesh import simple_mesh, write_mesh
 from tests.support.stderr_log import terminate
 
 EXIT_WITHIN = 30.0  # seconds a refused command may take to exit (a liveness bound)

@@ -44,7 +44,6 @@ import pytest
 
 from pilot.generators.naming import outbound_cluster_name
 from pilot.sources.file_format import parse_registry
-from tests.harness.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
 from tests.integration.http_backend import Backend
 from tests.support.docker_engine import (
     DockerEngine,
@@ -53,6 +52,7 @@ from tests.support.docker_engine import (
     running_engine,
     unavailable,
 )
+from tests.support.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
 
 pytestmark = pytest.mark.envoy
 

@@ -26,7 +26,6 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from pilot.push.debounce import DebounceSettings
 from pilot.xds import types
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
-from tests.protocol.client import DeltaStream, XdsClient, delta_resources, endpoint_ips, node
 from tests.support.mesh import Ep, cluster_name, endpoint_slice, service, write_mesh
 from tests.support.pilot import (
     RunningPilot,
@@ -34,6 +33,7 @@ from tests.support.pilot import (
     running_kube_pilot,
     running_pilot,
 )
+from tests.support.xds_client import DeltaStream, XdsClient, delta_resources, endpoint_ips, node
 
 SERVICES = 500
 STREAMS = 200

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from pilot.xds import types
-from tests.harness.envoy_process import wait_until
-from tests.protocol.client import DeltaStream, XdsClient, delta_resources, node
+from tests.support.envoy_process import wait_until
 from tests.support.mesh import Ep, endpoint_slice, service
 from tests.support.pilot import responses_written, running_pilot
+from tests.support.xds_client import DeltaStream, XdsClient, delta_resources, node
 
 SERVICES = 200
 SIDECARS = 40

@@ -23,15 +23,15 @@ from google.rpc import status_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from pilot.xds import types
-from tests.harness.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
 from tests.integration import test_grpcurl as grpcurl
-from tests.integration.envoy_view import dynamic_clusters, wait_for_view
 from tests.integration.test_envoy_ads import expected
-from tests.security.pilot_process import PilotProcess, start_file_pilot_with_ca
 from tests.support.cli import run_pilot
 from tests.support.deadline import bounded
+from tests.support.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
+from tests.support.envoy_view import dynamic_clusters, wait_for_view
 from tests.support.mesh import cluster_name, simple_mesh, write_mesh
 from tests.support.pilot import RunningPilot, running_pilot
+from tests.support.pilot_process import PilotProcess, start_file_pilot_with_ca
 
 CSDS = "/envoy.service.status.v3.ClientStatusDiscoveryService"
 DELTA_ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"

@@ -14,11 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.harness.envoy_process import EXAMPLES_DIR, wait_until
-from tests.protocol.client import CLUSTER, XdsClient, node
-from tests.security.pilot_process import http_get, start_file_pilot_with_ca
 from tests.support.addresses import outside_address, url
+from tests.support.envoy_process import EXAMPLES_DIR, wait_until
 from tests.support.mesh import cluster_name
+from tests.support.pilot_process import http_get, start_file_pilot_with_ca
+from tests.support.xds_client import CLUSTER, XdsClient, node
 
 MESH = EXAMPLES_DIR / "mesh.yaml"
 SERVICES = ["cart", "frontend", "payments", "reviews"]  # what examples/mesh.yaml lists

@@ -18,16 +18,16 @@ from typing import Any
 
 import yaml
 
-from tests.harness.envoy_process import (
+from tests.support.browser import chromium_binary, open_page
+from tests.support.envoy_process import (
     EXAMPLES_DIR,
     EnvoyProcess,
     load_example_bootstrap,
     wait_until,
 )
-from tests.protocol.client import CLUSTER, node
-from tests.security.pilot_process import PilotProcess, start_file_pilot_with_ca
-from tests.support.browser import chromium_binary, open_page
 from tests.support.mesh import cluster_name, write_mesh
+from tests.support.pilot_process import PilotProcess, start_file_pilot_with_ca
+from tests.support.xds_client import CLUSTER, node
 
 ENVOY_ID = "page-envoy"
 XSS = "<script>alert(1)</script>"

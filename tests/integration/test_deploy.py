@@ -35,7 +35,7 @@ from pilot.durations import parse_duration
 from pilot.security.certs import cert_pem, self_signed_root
 from pilot.security.root_publisher import CONFIGMAP as ROOT_CONFIGMAP
 from pilot.security.root_publisher import ROOT_KEY
-from tests.harness.envoy_process import find_envoy_binary
+from tests.support.envoy_process import find_envoy_binary
 
 Json = dict[str, Any]
 

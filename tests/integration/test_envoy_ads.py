@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.envoy_process import EnvoyProcess, load_example_bootstrap
 from tests.integration.conftest import StartEnvoy
-from tests.integration.envoy_view import (
+from tests.support.envoy_process import EnvoyProcess, load_example_bootstrap
+from tests.support.envoy_view import (
     ClusterView,
     assert_nothing_rejected_or_warming,
     wait_for_view,
 )
-from tests.security.pilot_process import start_file_pilot_with_ca
 from tests.support.mesh import Ep, cluster_name, endpoint_slice, service, simple_mesh, write_mesh
 from tests.support.pilot import running_pilot
+from tests.support.pilot_process import start_file_pilot_with_ca
 
 ADS_EXAMPLES = ["envoy-ads-sotw.yaml", "envoy-ads-delta.yaml"]
 PORT = 8080

@@ -19,12 +19,12 @@ from typing import Any
 import aiohttp
 
 from pilot.xds import types
-from tests.harness.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
-from tests.integration.envoy_view import assert_nothing_rejected_or_warming
 from tests.integration.http_backend import BACKEND_BODY, Backend
-from tests.protocol.client import XdsClient
+from tests.support.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
+from tests.support.envoy_view import assert_nothing_rejected_or_warming
 from tests.support.mesh import Ep, endpoint_slice, service
 from tests.support.pilot import RunningPilot, running_pilot
+from tests.support.xds_client import XdsClient
 
 EXAMPLE = "envoy-sidecar-local.yaml"
 NODE_ID = "sidecar~127.0.0.1~client.default~default.svc.cluster.local"

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.harness.envoy_process import XDS_CLUSTER, EnvoyProcess, Json, load_example_bootstrap
 from tests.integration.conftest import StartEnvoy
-from tests.integration.envoy_view import assert_nothing_rejected_or_warming, wait_for_view
 from tests.integration.test_envoy_ads import expected
-from tests.security.pilot_process import start_file_pilot_with_ca
+from tests.support.envoy_process import XDS_CLUSTER, EnvoyProcess, Json, load_example_bootstrap
+from tests.support.envoy_view import assert_nothing_rejected_or_warming, wait_for_view
 from tests.support.mesh import simple_mesh, write_mesh
 from tests.support.pilot import running_pilot
+from tests.support.pilot_process import start_file_pilot_with_ca
 
 
 async def test_envoy_without_ads_gets_the_same_clusters_and_follows_edits(

@@ -17,11 +17,11 @@ import pytest
 from envoy.config.listener.v3 import listener_pb2
 
 from pilot.xds import types
-from tests.harness.envoy_process import validate_bootstrap
 from tests.integration.test_envoy_validates_listeners import bootstrap_of
-from tests.protocol.client import DeltaStream, XdsClient, delta_resources, node
+from tests.support.envoy_process import validate_bootstrap
 from tests.support.mesh import Ep, endpoint_slice, service
 from tests.support.pilot import running_pilot
+from tests.support.xds_client import DeltaStream, XdsClient, delta_resources, node
 
 POD_IP = "10.44.0.7"
 POD_ID = f"sidecar~{POD_IP}~reviews-1.shop~shop.svc.cluster.local"

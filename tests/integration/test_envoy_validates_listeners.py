@@ -26,10 +26,10 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 
 from pilot.xds import types
-from tests.harness.envoy_process import validate_bootstrap
-from tests.protocol.client import DeltaStream, XdsClient, delta_resources, node
+from tests.support.envoy_process import validate_bootstrap
 from tests.support.mesh import Ep, endpoint_slice, pod, service
 from tests.support.pilot import running_pilot
+from tests.support.xds_client import DeltaStream, XdsClient, delta_resources, node
 
 CROWD = 1000
 TIMEOUT = 30.0

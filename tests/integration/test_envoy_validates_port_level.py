@@ -16,12 +16,12 @@ from typing import Any
 from envoy.config.listener.v3 import listener_pb2
 
 from pilot.xds import types
-from tests.harness.envoy_process import validate_bootstrap
 from tests.integration.test_envoy_validates_inbound import POD_ID, POD_IP, fetch
 from tests.integration.test_envoy_validates_listeners import bootstrap_of
-from tests.protocol.client import XdsClient, node
+from tests.support.envoy_process import validate_bootstrap
 from tests.support.mesh import Ep, endpoint_slice, service
 from tests.support.pilot import running_pilot
+from tests.support.xds_client import XdsClient, node
 
 
 def policy(name: str, spec: dict[str, Any]) -> dict[str, Any]:

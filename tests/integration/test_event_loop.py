@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.protocol.client import CLUSTER, XdsClient, node
-from tests.security.pilot_process import start_file_pilot_with_ca
 from tests.support.deadline import bounded
 from tests.support.mesh import cluster_name, simple_mesh, write_mesh
+from tests.support.pilot_process import start_file_pilot_with_ca
+from tests.support.xds_client import CLUSTER, XdsClient, node
 
 
 @pytest.mark.parametrize(

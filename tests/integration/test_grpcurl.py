@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from tests.security.pilot_process import PilotProcess, pilot_environment, start_command
 from tests.support.deadline import bounded
+from tests.support.pilot_process import PilotProcess, pilot_environment, start_command
 from tests.support.served import ADS, SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,13 +22,13 @@ from typing import Any
 import pytest
 
 from pilot.registry.model import PodKey, ServiceKey
-from tests.harness.envoy_process import wait_until
-from tests.integration.kube_helpers import kube_api, ready_status
-from tests.integration.pod_views import sidecar_view as view_of
 from tests.kubeapi import KubeAPIServer
-from tests.protocol.client import DeltaStream, XdsClient, node
+from tests.support.envoy_process import wait_until
+from tests.support.kube_helpers import kube_api, ready_status
 from tests.support.mesh import Ep, cluster_name, endpoint_slice, pod, service
 from tests.support.pilot import RunningPilot, running_kube_pilot, running_pilot
+from tests.support.pod_views import sidecar_view as view_of
+from tests.support.xds_client import DeltaStream, XdsClient, node
 
 TIMEOUT = 30.0
 WEB_IP = "127.0.5.1"

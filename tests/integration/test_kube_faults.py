@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.envoy_process import wait_until
 from tests.integration.conftest import StartEnvoy
-from tests.integration.envoy_view import assert_nothing_rejected_or_warming, wait_for_view
-from tests.integration.kube_helpers import (
+from tests.kubeapi import KubeAPIServer
+from tests.support.envoy_process import wait_until
+from tests.support.envoy_view import assert_nothing_rejected_or_warming, wait_for_view
+from tests.support.kube_helpers import (
     KubeMesh,
     MeshDriver,
     informers,
@@ -29,7 +30,6 @@ from tests.integration.kube_helpers import (
     ready_status,
     relists,
 )
-from tests.kubeapi import KubeAPIServer
 from tests.support.mesh import Ep
 from tests.support.pilot import running_kube_pilot
 

@@ -17,14 +17,14 @@ from pathlib import Path
 
 from pilot.app import Discovery
 from pilot.sources.kubernetes.config import KubernetesSettings
-from tests.harness.envoy_process import wait_until
 from tests.integration.conftest import StartEnvoy
-from tests.integration.envoy_view import (
+from tests.support.envoy_process import wait_until
+from tests.support.envoy_view import (
     assert_nothing_rejected_or_warming,
     dynamic_clusters,
     wait_for_view,
 )
-from tests.integration.kube_helpers import (
+from tests.support.kube_helpers import (
     MeshDriver,
     kube_api,
     list_requests,

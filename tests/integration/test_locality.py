@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.harness.envoy_process import wait_until
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
+from tests.support.envoy_process import wait_until
 from tests.support.mesh import Ep, endpoint_slice, node, service
 from tests.support.pilot import running_kube_pilot
 

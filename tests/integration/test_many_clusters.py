@@ -27,13 +27,13 @@ from typing import Any
 
 import yaml
 
-from tests.harness.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
-from tests.integration.ca_support import write_plugged_in
-from tests.integration.kube_helpers import apply_mesh, kube_api, ready, ready_status
 from tests.kubeapi import KubeAPIServer
 from tests.kubeapi.kubeconfig import kubeconfig_dict
-from tests.security.pilot_process import PilotProcess, launch
+from tests.support.ca import write_plugged_in
+from tests.support.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
+from tests.support.kube_helpers import apply_mesh, kube_api, ready, ready_status
 from tests.support.mesh import cluster_name
+from tests.support.pilot_process import PilotProcess, launch
 
 PILOT_NAMESPACE = "pilot-system"
 ALPHA = cluster_name("alpha")

@@ -30,7 +30,6 @@ from typing import Any
 
 import pytest
 
-from tests.harness.envoy_process import wait_until
 from tests.integration.http_backend import Seen
 from tests.integration.mesh_pods import (
     APP_NAMESPACE,
@@ -50,6 +49,7 @@ from tests.integration.mesh_pods import (
     slice_object,
 )
 from tests.kubeapi import ApiError
+from tests.support.envoy_process import wait_until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.envoy]
 

@@ -15,15 +15,15 @@ import pytest
 
 from pilot.logs import JsonFormatter, LogSpecError, parse_levels
 from pilot.xds import types
-from tests.harness.envoy_process import wait_until
-from tests.integration.proxies import Proxy as Sidecar
-from tests.integration.sds_secrets import WORKLOAD
 from tests.integration.test_csds import Proxy
-from tests.protocol.client import SECRET, XdsClient, node
-from tests.security.pilot_process import start_file_pilot_with_ca
 from tests.support.deadline import bounded
+from tests.support.envoy_process import wait_until
 from tests.support.mesh import cluster_name, simple_mesh, write_mesh
 from tests.support.pilot import RunningPilot, running_pilot
+from tests.support.pilot_process import start_file_pilot_with_ca
+from tests.support.proxies import Proxy as Sidecar
+from tests.support.sds_secrets import WORKLOAD
+from tests.support.xds_client import SECRET, XdsClient, node
 
 MESH = {"alpha": ["127.0.0.1"], "beta": ["127.0.0.2"]}
 

@@ -18,9 +18,9 @@ from envoy.config.listener.v3 import listener_pb2
 
 from pilot.xds import types
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
-from tests.protocol.client import DeltaStream, XdsClient, delta_resources, node
 from tests.support.mesh import Ep, endpoint_slice, service
 from tests.support.pilot import running_kube_pilot
+from tests.support.xds_client import DeltaStream, XdsClient, delta_resources, node
 
 TIMEOUT = 30.0
 POD = "sidecar~10.44.0.7~reviews-1.shop~shop.svc.cluster.local"

@@ -29,7 +29,6 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.harness.envoy_process import wait_until
 from tests.integration.mesh_pods import (
     APP_NAMESPACE,
     CONVERGE_TIMEOUT,
@@ -54,6 +53,7 @@ from tests.integration.mesh_pods import (
     request_from,
 )
 from tests.integration.sidecar_support import Workload
+from tests.support.envoy_process import wait_until
 from tests.support.pods import add_pod_at
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.envoy]

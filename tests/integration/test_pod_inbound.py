@@ -39,14 +39,7 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from tests.harness.envoy_process import wait_until
 from tests.integration.agent_process import PILOT
-from tests.integration.ca_support import (
-    Issuer,
-    issue_leaf,
-    new_ca,
-    pem,
-)
 from tests.integration.sidecar_support import pilot_in_pod
 from tests.integration.test_agent_sidecar import (
     PROXY_UID,
@@ -56,10 +49,17 @@ from tests.integration.test_agent_sidecar import (
     _get,
     _pod_env,
 )
-from tests.security.pilot_process import (
+from tests.support.ca import (
+    Issuer,
+    issue_leaf,
+    new_ca,
+    pem,
+)
+from tests.support.envoy_process import wait_until
+from tests.support.mesh import Ep, endpoint_slice, service, write_mesh
+from tests.support.pilot_process import (
     PilotProcess,
 )
-from tests.support.mesh import Ep, endpoint_slice, service, write_mesh
 from tests.support.pod_process import running_in
 from tests.support.pods import Pod, leftovers, pod_network
 

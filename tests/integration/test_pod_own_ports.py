@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 
-from tests.harness.envoy_process import wait_until
 from tests.integration.mesh_pods import (
     APP_NAMESPACE,
     CONVERGE_TIMEOUT,
@@ -34,6 +33,7 @@ from tests.integration.mesh_pods import (
     pod_address,
     request_from,
 )
+from tests.support.envoy_process import wait_until
 from tests.support.mesh import Ep, endpoint_slice, service
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.envoy]

@@ -27,7 +27,6 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.harness.envoy_process import wait_until
 from tests.integration.agent_process import REPO
 from tests.integration.mesh_pods import (
     APP_NAMESPACE,
@@ -41,6 +40,7 @@ from tests.integration.mesh_pods import (
     pod_address,
     request_from,
 )
+from tests.support.envoy_process import wait_until
 from tests.support.pod_process import running_in
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.envoy]

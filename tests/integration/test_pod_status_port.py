@@ -32,7 +32,6 @@ from typing import Any
 import pytest
 
 from pilot.security.certs import cert_pem, self_signed_root
-from tests.harness.envoy_process import wait_until
 from tests.integration.agent_process import REPO
 from tests.integration.mesh_pods import (
     APP_NAMESPACE,
@@ -53,6 +52,7 @@ from tests.integration.sidecar_support import (
     sidecar_env,
 )
 from tests.support.deadline import bounded
+from tests.support.envoy_process import wait_until
 from tests.support.pod_process import running_in
 from tests.support.pods import Pod, leftovers, pod_network
 

@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.harness.envoy_process import EnvoyProcess, wait_until
 from tests.integration.envoy_tls_view import ca_certs, wait_for_own_cert
 from tests.integration.mtls_bootstraps import server_bootstrap
-from tests.integration.proxies import Proxy
-from tests.security.pilot_process import PilotProcess, start_file_pilot_with_ca
 from tests.support.cli import Output, assert_formats_agree, run_pilot
+from tests.support.envoy_process import EnvoyProcess, wait_until
+from tests.support.pilot_process import PilotProcess, start_file_pilot_with_ca
+from tests.support.proxies import Proxy
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.envoy]
 

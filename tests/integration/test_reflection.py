@@ -27,8 +27,8 @@ from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
 from pilot.server import reflection_v1
-from tests.security.pilot_process import PilotProcess, start_file_pilot_with_ca
 from tests.support.deadline import bounded
+from tests.support.pilot_process import PilotProcess, start_file_pilot_with_ca
 from tests.support.served import ADS, SERVICES
 from tests.support.served import REFLECTION_V1 as V1
 from tests.support.served import REFLECTION_V1ALPHA as V1ALPHA

@@ -12,8 +12,8 @@ import pytest
 
 from bench.kubectl_files import kubectl_list, render, write_whole
 from pilot.sources.parse_worker import INLINE_BYTES
-from tests.protocol.client import XdsClient, sotw_names
-from tests.security.pilot_process import PilotProcess, start_file_pilot_with_ca
+from tests.support.pilot_process import PilotProcess, start_file_pilot_with_ca
+from tests.support.xds_client import XdsClient, sotw_names
 
 LOADED = re.compile(r"^loaded .*: (\d+) services")
 

@@ -32,7 +32,6 @@ import pytest
 
 from pilot.security.component import Security
 from pilot.security.identity import Identity
-from tests.harness.envoy_process import EnvoyProcess, wait_until
 from tests.integration.envoy_tls_view import (
     STARTUP,
     ca_certs,
@@ -50,7 +49,6 @@ from tests.integration.mtls_bootstraps import (
     server_bootstrap,
 )
 from tests.integration.mtls_pair import CLIENT, SERVER
-from tests.integration.proxies import Proxy
 from tests.integration.replica_support import (
     CertMonitor,
     PortMesh,
@@ -61,11 +59,13 @@ from tests.integration.replica_support import (
     proxies_on,
     reroute,
 )
-from tests.integration.sds_secrets import served_workload
 from tests.integration.tls_probe import probe_credentials, tls_get
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
+from tests.support.envoy_process import EnvoyProcess, wait_until
 from tests.support.mesh import cluster_name
 from tests.support.pilot import RunningPilot, running_kube_pilot
+from tests.support.proxies import Proxy
+from tests.support.sds_secrets import served_workload
 
 CATALOG = ("127.0.1.1", "127.0.1.2")
 PROBE = Identity("cluster.local", "web", "probe")

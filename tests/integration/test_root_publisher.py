@@ -23,9 +23,9 @@ from typing import Any
 import yaml
 from cryptography import x509
 
-from tests.integration.ca_support import PluggedIn, write_plugged_in
 from tests.kubeapi import KubeAPIServer, RequestRecord, write_kubeconfig
-from tests.security.pilot_process import PilotProcess, start_pilot
+from tests.support.ca import PluggedIn, write_plugged_in
+from tests.support.pilot_process import PilotProcess, start_pilot
 
 CONFIGMAP = "istio-ca-root-cert"
 KEY = "root-cert.pem"

@@ -19,10 +19,12 @@ import pytest
 
 from pilot.security.certs import KeyType
 from pilot.security.secrets import SdsSettings, SecretManager
-from tests.harness.envoy_process import wait_until
 from tests.integration.mtls_pair import MESH_SERVICES
-from tests.integration.proxies import Proxy
-from tests.integration.sds_secrets import (
+from tests.support.envoy_process import wait_until
+from tests.support.mesh import simple_mesh
+from tests.support.pilot import RunningPilot, running_pilot
+from tests.support.proxies import Proxy
+from tests.support.sds_secrets import (
     ROOT,
     WORKLOAD,
     WorkloadCert,
@@ -30,9 +32,7 @@ from tests.integration.sds_secrets import (
     served_workload,
     workload_in,
 )
-from tests.protocol.client import SECRET, DeltaStream, SotwStream, XdsClient
-from tests.support.mesh import simple_mesh
-from tests.support.pilot import RunningPilot, running_pilot
+from tests.support.xds_client import SECRET, DeltaStream, SotwStream, XdsClient
 
 ORDERS = Proxy.sidecar("orders-1", "shop", "orders")
 WAIT = 10.0

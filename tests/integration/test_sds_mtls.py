@@ -16,7 +16,6 @@ from pathlib import Path
 from pilot.security.ca import CaSettings, CertificateAuthority
 from pilot.security.identity import Identity
 from pilot.xds.proxy import ProxyKey
-from tests.harness.envoy_process import EnvoyProcess
 from tests.integration.envoy_tls_view import assert_envoy_holds, listener_ssl_stat
 from tests.integration.http_backend import BACKEND_BODY
 from tests.integration.mtls_pair import (
@@ -26,10 +25,11 @@ from tests.integration.mtls_pair import (
     assert_client_cluster_verified,
     mtls_pair,
 )
-from tests.integration.sds_secrets import served_workload
 from tests.integration.tls_probe import probe_credentials, tls_get
+from tests.support.envoy_process import EnvoyProcess
 from tests.support.mesh import simple_mesh
 from tests.support.pilot import RunningPilot, running_pilot
+from tests.support.sds_secrets import served_workload
 
 PROBE = Identity("cluster.local", "web", "probe")
 

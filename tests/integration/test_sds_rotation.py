@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pilot.security.secrets import SdsSettings, SecretManager
-from tests.harness.envoy_process import EnvoyProcess, wait_until
 from tests.integration.envoy_tls_view import EnvoyCert, own_certs
 from tests.integration.mtls_pair import CLIENT, MESH_SERVICES, SERVER, MtlsPair, mtls_pair
-from tests.integration.proxies import Proxy
-from tests.integration.sds_secrets import ROOT, WORKLOAD, served_workload, workload_in
-from tests.protocol.client import SECRET, XdsClient
+from tests.support.envoy_process import EnvoyProcess, wait_until
 from tests.support.mesh import simple_mesh
 from tests.support.pilot import RunningPilot, running_pilot
+from tests.support.proxies import Proxy
+from tests.support.sds_secrets import ROOT, WORKLOAD, served_workload, workload_in
+from tests.support.xds_client import SECRET, XdsClient
 
 GRACE = 0.5 + 0.01  # the latest point of a lifetime at which pilot rotates
 MARGIN = 1.0  # past a rotation deadline, before concluding nothing happened

@@ -17,9 +17,9 @@ import pytest
 from aiohttp import web
 
 from pilot.security.ca import CaSetupError
-from tests.harness.envoy_process import wait_until
-from tests.integration.ca_support import Issuer, new_ca, utcnow
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
+from tests.support.ca import Issuer, new_ca, utcnow
+from tests.support.envoy_process import wait_until
 from tests.support.mesh import simple_mesh
 from tests.support.pilot import running_kube_pilot
 

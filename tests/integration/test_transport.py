@@ -24,15 +24,15 @@ from pilot.security.certs import (
     uri_sans,
 )
 from pilot.security.identity import Identity
-from tests.harness.envoy_process import EXAMPLES_DIR, EnvoyProcess, load_example_bootstrap
-from tests.integration.envoy_view import wait_for_view
 from tests.integration.test_csds import Proxy
 from tests.integration.test_envoy_ads import expected
-from tests.protocol.client import CLUSTER, Closed, DeltaStream, XdsClient, node
-from tests.security.pilot_process import STOP_TIMEOUT, start_file_pilot_with_ca
 from tests.support.deadline import bounded
+from tests.support.envoy_process import EXAMPLES_DIR, EnvoyProcess, load_example_bootstrap
+from tests.support.envoy_view import wait_for_view
 from tests.support.mesh import cluster_name, simple_mesh
 from tests.support.pilot import running_pilot
+from tests.support.pilot_process import STOP_TIMEOUT, start_file_pilot_with_ca
+from tests.support.xds_client import CLUSTER, Closed, DeltaStream, XdsClient, node
 
 MESH = {"alpha": ["127.0.0.1"]}
 CA_METHOD = "/istio.v1.auth.IstioCertificateService/CreateCertificate"

@@ -21,7 +21,7 @@ from cryptography import x509
 from pilot.security.ca import CertificateAuthority
 from pilot.security.certs import KeyType, new_key_and_csr
 from pilot.security.identity import Identity
-from tests.integration.sds_secrets import uri_sans
+from tests.support.sds_secrets import uri_sans
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.protocol.client import XdsClient
 from tests.protocol.registry import BASE, FileReads, Registry, mesh
 from tests.support.pilot import RunningPilot, running_pilot
+from tests.support.xds_client import XdsClient
 
 
 @pytest.fixture

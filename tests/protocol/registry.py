@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pilot.sources.file import FileRegistry
-from tests.protocol.client import DEFAULT_TIMEOUT
 from tests.support.mesh import Ep, cluster_name, endpoint_slice, service
 from tests.support.pilot import RunningPilot
+from tests.support.xds_client import DEFAULT_TIMEOUT
 
 A, B, C, D = (cluster_name(s) for s in "abcd")
 GHOST = cluster_name("ghost")

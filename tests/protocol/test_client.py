@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from google.protobuf import any_pb2
 
-from tests.protocol.client import (
+from tests.support.xds_client import (
     CLUSTER,
     SECRET,
     Arrived,

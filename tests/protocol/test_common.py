@@ -16,7 +16,8 @@ import pytest
 from envoy.config.core.v3 import config_source_pb2
 from grpc_health.v1 import health_pb2
 
-from tests.protocol.client import (
+from tests.protocol.registry import GHOST, A, B, C, Registry
+from tests.support.xds_client import (
     ADS_DELTA,
     ADS_SERVICE,
     ADS_SOTW,
@@ -39,7 +40,6 @@ from tests.protocol.client import (
     node,
     sotw_names,
 )
-from tests.protocol.registry import GHOST, A, B, C, Registry
 
 HEALTH_SERVICE = "grpc.health.v1.Health"
 REFLECTION_SERVICE = "grpc.reflection.v1alpha.ServerReflection"

@@ -18,7 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.protocol.client import (
+from tests.protocol.registry import GHOST, A, B, C, D, Registry
+from tests.support.pilot import RunningPilot
+from tests.support.xds_client import (
     CLUSTER,
     ENDPOINT,
     DeltaResponse,
@@ -26,8 +28,6 @@ from tests.protocol.client import (
     XdsClient,
     endpoint_ips,
 )
-from tests.protocol.registry import GHOST, A, B, C, D, Registry
-from tests.support.pilot import RunningPilot
 
 Opener = Callable[[XdsClient], DeltaStream]
 

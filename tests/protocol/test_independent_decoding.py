@@ -20,7 +20,17 @@ from dataclasses import dataclass, field
 
 from pilot.xds.flavor import Flavor
 from pilot.xds.proxy import ProxyKey
-from tests.protocol.client import (
+from tests.protocol.registry import GHOST, A, B, C, Registry
+from tests.support.independent_decoding import (
+    Frame,
+    SecretFacts,
+    digest,
+    expected_cluster,
+    read_response,
+)
+from tests.support.mesh import cluster_name
+from tests.support.pilot import RunningPilot
+from tests.support.xds_client import (
     ADS_DELTA,
     ADS_SOTW,
     CDS_SERVICE,
@@ -39,16 +49,6 @@ from tests.protocol.client import (
     XdsClient,
     node,
 )
-from tests.protocol.registry import GHOST, A, B, C, Registry
-from tests.support.independent_decoding import (
-    Frame,
-    SecretFacts,
-    digest,
-    expected_cluster,
-    read_response,
-)
-from tests.support.mesh import cluster_name
-from tests.support.pilot import RunningPilot
 
 PROXY = "sidecar~10.3.3.3~reader-1.default~default.svc.cluster.local"
 ACCOUNT = {"NAMESPACE": "default", "SERVICE_ACCOUNT": "reader"}

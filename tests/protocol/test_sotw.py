@@ -18,7 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.protocol.client import (
+from tests.protocol.registry import CONFIG_MAP, GHOST, A, B, C, D, Registry
+from tests.support.mesh import cluster_name
+from tests.support.pilot import RunningPilot
+from tests.support.xds_client import (
     CLUSTER,
     ENDPOINT,
     DiscoveryResponse,
@@ -30,9 +33,6 @@ from tests.protocol.client import (
     node,
     sotw_names,
 )
-from tests.protocol.registry import CONFIG_MAP, GHOST, A, B, C, D, Registry
-from tests.support.mesh import cluster_name
-from tests.support.pilot import RunningPilot
 
 Opener = Callable[[XdsClient], SotwStream]
 

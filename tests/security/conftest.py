@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from tests.security.peers import Mesh, running_mesh
+from tests.support.peers import Mesh, running_mesh
 
 
 @pytest_asyncio.fixture(scope="package", loop_scope="package")

@@ -23,7 +23,7 @@ from typing import Any
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from tests.integration.ca_support import Issuer, issue_leaf, new_ca, pem
+from tests.support.ca import Issuer, issue_leaf, new_ca, pem
 
 LOOPBACK = "127.0.0.1"
 

@@ -18,9 +18,8 @@ import pytest_asyncio
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from tests.integration.ca_support import PluggedIn, issue_leaf, pem
-from tests.protocol.client import XdsClient, node
-from tests.security.peers import (
+from tests.support.ca import PluggedIn, issue_leaf, pem
+from tests.support.peers import (
     ATTACKER,
     ROOTCA,
     VICTIM,
@@ -34,6 +33,7 @@ from tests.security.peers import (
     show_all,
     wait_streams,
 )
+from tests.support.xds_client import XdsClient, node
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 

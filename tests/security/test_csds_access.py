@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 from envoy.service.status.v3 import csds_pb2, csds_pb2_grpc
 
-from tests.security.peers import (
+from tests.support.peers import (
     ATTACKER,
     AUDITOR,
     OPERATOR,

@@ -40,13 +40,12 @@ from pilot.security.lease import RELEASE_WITHIN, LeaseElector
 from pilot.security.token_review import KubernetesTokenReviewer
 from pilot.sources.kubernetes import api_client
 from pilot.sources.kubernetes.api_client import BoundedApiClient
-from tests.harness.envoy_process import wait_until
-from tests.integration.ca_support import write_plugged_in
-from tests.integration.kube_helpers import apply_mesh, kube_api, ready
-from tests.integration.pod_views import sidecar_view
 from tests.kubeapi import KubeAPIServer
-from tests.protocol.client import clusters, node
-from tests.security.pilot_process import (
+from tests.support.ca import write_plugged_in
+from tests.support.envoy_process import wait_until
+from tests.support.kube_helpers import apply_mesh, kube_api, ready
+from tests.support.mesh import cluster_name, endpoint_slice, pod, service
+from tests.support.pilot_process import (
     Entry,
     PilotProcess,
     discovery_command,
@@ -54,7 +53,8 @@ from tests.security.pilot_process import (
     start_command,
     start_pilot,
 )
-from tests.support.mesh import cluster_name, endpoint_slice, pod, service
+from tests.support.pod_views import sidecar_view
+from tests.support.xds_client import clusters, node
 
 LOCAL = "Kubernetes"  # pilot's default --cluster-id
 STREAMED = 64 * 1024 * 1024

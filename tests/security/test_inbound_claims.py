@@ -25,9 +25,9 @@ from envoy.config.listener.v3 import listener_pb2
 
 from pilot.security.xds_auth import XdsAuth
 from pilot.xds import types
-from tests.protocol.client import DeltaStream, XdsClient, delta_resources, node
 from tests.support.mesh import Ep, cluster_name, endpoint_slice, service
 from tests.support.pilot import running_pilot
+from tests.support.xds_client import DeltaStream, XdsClient, delta_resources, node
 
 TIMEOUT = 30.0
 VICTIM_TOKEN = "victim-token-0123456789abcdef"

@@ -28,8 +28,6 @@ from typing import Any
 
 import yaml
 
-from tests.integration.ca_support import write_plugged_in
-from tests.integration.kube_helpers import apply_mesh, ready
 from tests.integration.test_many_clusters import (
     Cluster,
     alpha_hosts,
@@ -40,8 +38,10 @@ from tests.integration.test_many_clusters import (
     wait_for_hosts,
 )
 from tests.kubeapi import KubeAPIServer
-from tests.security.pilot_process import PilotProcess
 from tests.security.remote_attackers import Pki, b64, kubeconfig
+from tests.support.ca import write_plugged_in
+from tests.support.kube_helpers import apply_mesh, ready
+from tests.support.pilot_process import PilotProcess
 
 WITHIN = 15.0
 REFUSED_FLAG = "--refuse-insecure-skip-tls-verify"

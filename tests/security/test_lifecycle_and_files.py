@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.envoy_process import wait_until
-from tests.integration.ca_support import write_plugged_in
-from tests.protocol.client import XdsClient, sotw_names
-from tests.security.pilot_process import (
+from tests.support.ca import write_plugged_in
+from tests.support.envoy_process import wait_until
+from tests.support.mesh import cluster_name, simple_mesh, write_mesh
+from tests.support.pilot_process import (
     Entry,
     PilotProcess,
     discovery_command,
@@ -35,8 +35,8 @@ from tests.security.pilot_process import (
     start_file_pilot_with_ca,
     wait_serving,
 )
-from tests.support.mesh import cluster_name, simple_mesh, write_mesh
 from tests.support.stderr_log import terminate
+from tests.support.xds_client import XdsClient, sotw_names
 
 EXIT_WITHIN = 10.0  # seconds a signalled pilot may take to exit (its drain is 0 s)
 WAIT = 10.0

@@ -16,7 +16,20 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from tests.protocol.client import (
+from tests.support.mesh import cluster_name
+from tests.support.peers import (
+    ATTACKER,
+    BARRIER_SERVICES,
+    OPERATOR,
+    VICTIM,
+    WAIT,
+    WORKLOAD,
+    Account,
+    Mesh,
+    running_mesh,
+    wait_streams,
+)
+from tests.support.xds_client import (
     ADS_DELTA,
     ADS_SOTW,
     CLUSTER,
@@ -30,19 +43,6 @@ from tests.protocol.client import (
     first_reply,
     node,
 )
-from tests.security.peers import (
-    ATTACKER,
-    BARRIER_SERVICES,
-    OPERATOR,
-    VICTIM,
-    WAIT,
-    WORKLOAD,
-    Account,
-    Mesh,
-    running_mesh,
-    wait_streams,
-)
-from tests.support.mesh import cluster_name
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 

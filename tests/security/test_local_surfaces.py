@@ -30,15 +30,15 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.harness.envoy_process import EXAMPLES_DIR, wait_until
-from tests.protocol.client import CLUSTER, XdsClient, node
-from tests.security.pilot_process import (
+from tests.support.addresses import outside_address, url
+from tests.support.envoy_process import EXAMPLES_DIR, wait_until
+from tests.support.machine_lock import QUICK_START_PORTS, held
+from tests.support.pilot_process import (
     pilot_environment,
     start_command,
     start_file_pilot_with_ca,
 )
-from tests.support.addresses import outside_address, url
-from tests.support.machine_lock import QUICK_START_PORTS, held
+from tests.support.xds_client import CLUSTER, XdsClient, node
 
 MESH = EXAMPLES_DIR / "mesh.yaml"
 PROXY = "sidecar~127.0.0.1~rebinding-victim.default~default.svc.cluster.local"

@@ -20,11 +20,11 @@ from pathlib import Path
 from envoy.config.core.v3 import base_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 
-from tests.harness.envoy_process import wait_until
-from tests.protocol.client import ENDPOINT, DeltaResponse, DeltaStream, XdsClient, node
-from tests.security.peers import VICTIM, Mesh, running_mesh, victim_node_id
-from tests.security.pilot_process import PilotProcess
+from tests.support.envoy_process import wait_until
 from tests.support.mesh import Ep, cluster_name, endpoint_slice, service
+from tests.support.peers import VICTIM, Mesh, running_mesh, victim_node_id
+from tests.support.pilot_process import PilotProcess
+from tests.support.xds_client import ENDPOINT, DeltaResponse, DeltaStream, XdsClient, node
 
 WEB = cluster_name("web")
 CLUSTER_ID = "Kubernetes"  # the local cluster's id: the region of endpoints without Nodes

@@ -28,10 +28,10 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from pilot.push.pipeline import MAX_REFUSALS_LOGGED
 from pilot.push.settings import PushSettings
 from pilot.xds import types
-from tests.harness.envoy_process import wait_until
-from tests.protocol.client import DeltaStream, XdsClient, node
+from tests.support.envoy_process import wait_until
 from tests.support.mesh import Ep, cluster_name, endpoint_slice, service
 from tests.support.pilot import running_pilot
+from tests.support.xds_client import DeltaStream, XdsClient, node
 
 WEB = cluster_name("web")
 TIMEOUT = 20.0

@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.protocol.client import fingerprint
-from tests.security.peers import (
+from tests.support.peers import (
     ATTACKER,
     ROOTCA,
     VICTIM,
@@ -45,6 +44,7 @@ from tests.security.peers import (
     wait_streams,
     wildcard_warning,
 )
+from tests.support.xds_client import fingerprint
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 

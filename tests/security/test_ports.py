@@ -17,9 +17,10 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from tests.integration.ca_support import CaCaller, make_csr, reviews
-from tests.protocol.client import CLUSTER, LISTENER, SECRET, XdsClient, node
-from tests.security.peers import (
+from tests.support.ca import CaCaller, make_csr, reviews
+from tests.support.deadline import bounded
+from tests.support.mesh import cluster_name
+from tests.support.peers import (
     BARRIER_SERVICES,
     ROOTCA,
     VICTIM,
@@ -30,8 +31,7 @@ from tests.security.peers import (
     running_mesh,
     victim,
 )
-from tests.support.deadline import bounded
-from tests.support.mesh import cluster_name
+from tests.support.xds_client import CLUSTER, LISTENER, SECRET, XdsClient, node
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 

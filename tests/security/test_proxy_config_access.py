@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from tests.security.peers import (
+from tests.support.cli import Output, run_pilot
+from tests.support.peers import (
     ATTACKER,
     OPERATOR,
     VICTIM,
@@ -35,7 +36,6 @@ from tests.security.peers import (
     victim,
     wait_streams,
 )
-from tests.support.cli import Output, run_pilot
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 

@@ -36,12 +36,8 @@ from typing import Any
 import yaml
 
 from pilot.sources.kubernetes.kubeconfig import MAX_NAMED_FILE_BYTES
-from tests.harness.envoy_process import wait_until
-from tests.integration.ca_support import write_plugged_in
-from tests.integration.kube_helpers import apply_mesh, kube_api, ready
 from tests.integration.test_many_clusters import PILOT_NAMESPACE, remote_secret
 from tests.kubeapi import KubeAPIServer
-from tests.security.pilot_process import PilotProcess, http_get, launch
 from tests.security.remote_attackers import (
     Pki,
     Silent,
@@ -50,7 +46,11 @@ from tests.security.remote_attackers import (
     recorder,
     silent,
 )
+from tests.support.ca import write_plugged_in
 from tests.support.deadline import bounded
+from tests.support.envoy_process import wait_until
+from tests.support.kube_helpers import apply_mesh, kube_api, ready
+from tests.support.pilot_process import PilotProcess, http_get, launch
 
 ALPHA = "alpha"
 WITHIN = 15.0  # generous: the machine is shared

@@ -21,8 +21,8 @@ import pytest
 import pytest_asyncio
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
-from tests.protocol.client import ENDPOINT, node
-from tests.security.pilot_process import PilotProcess, start_file_pilot_with_ca
+from tests.support.pilot_process import PilotProcess, start_file_pilot_with_ca
+from tests.support.xds_client import ENDPOINT, node
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

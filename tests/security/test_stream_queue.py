@@ -22,9 +22,9 @@ import grpc
 import pytest
 
 from pilot.limits import Limits
-from tests.protocol.client import DeltaRequest, node
 from tests.support.mesh import simple_mesh
 from tests.support.pilot import running_pilot
+from tests.support.xds_client import DeltaRequest, node
 
 ADS_DELTA_PATH = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"

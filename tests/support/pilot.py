@@ -20,7 +20,7 @@ from pilot.security.xds_auth import XdsAuth
 from pilot.settings import Settings
 from pilot.sources.kubernetes.config import EndpointsApi, InformerSettings, KubernetesSettings
 from pilot.stats import XdsStats
-from tests.harness.envoy_process import wait_until
+from tests.support.envoy_process import wait_until
 from tests.support.mesh import write_mesh
 
 FAST_DEBOUNCE = DebounceSettings(after=0.02, max_delay=1.0, eds_debounce=True)

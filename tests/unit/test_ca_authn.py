@@ -16,7 +16,7 @@ import pytest
 
 from pilot.security.authn import Authenticator, AuthError, bearer_token
 from pilot.security.identity import Identity
-from tests.integration.ca_support import (
+from tests.support.ca import (
     Issuer,
     Token,
     issue_leaf,

@@ -27,7 +27,7 @@ from pilot.security.ca import CaExpired, CaSettings, CertificateAuthority
 from pilot.security.ca_client import CaError, LocalCa
 from pilot.security.certs import self_signed_root
 from pilot.security.identity import Identity
-from tests.integration.ca_support import (
+from tests.support.ca import (
     Issuer,
     load_chain,
     make_csr,

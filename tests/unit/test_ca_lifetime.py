@@ -23,7 +23,7 @@ from pilot.security.ca import CaSettings, CaSetupError, CertificateAuthority, Cs
 from pilot.security.certs import KeyType
 from pilot.security.identity import Identity
 from pilot.security.settings import SecuritySettingsError, sds_from_env
-from tests.integration.ca_support import load_chain, make_csr, utcnow, write_plugged_in
+from tests.support.ca import load_chain, make_csr, utcnow, write_plugged_in
 
 DAY = datetime.timedelta(days=1)
 CALLER = Identity("cluster.local", "ns1", "sa1")

@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from pilot.security.ca import CaSettings, CaSetupError, CertificateAuthority
 from pilot.security.root_store import SECRET_NAME
-from tests.integration.ca_support import (
+from tests.support.ca import (
     Issuer,
     new_ca,
     utcnow,

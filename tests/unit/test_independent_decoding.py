@@ -59,7 +59,7 @@ from pilot.xds.flavor import Flavor
 from pilot.xds.interception import Interception
 from pilot.xds.locality import NOWHERE, Locality
 from pilot.xds.proxy import ProxyKey
-from tests.harness.envoy_process import wait_until
+from tests.support.envoy_process import wait_until
 from tests.support.independent_decoding import (
     ClusterFacts,
     Frame,

@@ -34,7 +34,7 @@ from pilot.security import leaf_der
 from pilot.security.ca import CaSettings, CertificateAuthority, Leaf
 from pilot.security.certs import PrivateKey, public_key_der
 from pilot.security.identity import MAX_LABEL, MAX_SUBDOMAIN, Identity
-from tests.integration.ca_support import Issuer, new_ca
+from tests.support.ca import Issuer, new_ca
 
 DAY = datetime.timedelta(days=1)
 LABEL = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", fullmatch=True)

@@ -37,7 +37,7 @@ from pilot.security.certs import (
 from pilot.security.identity import Identity
 from pilot.security.secrets import SdsSettings, SecretManager
 from pilot.xds.proxy import ProxyKey
-from tests.integration.ca_support import make_csr, new_ca, utcnow
+from tests.support.ca import make_csr, new_ca, utcnow
 from tests.support.deadline import bounded
 
 PROXY = Identity("cluster.local", "shop", "cart")

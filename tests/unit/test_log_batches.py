@@ -26,7 +26,7 @@ from pilot.logs import (
     BatchingHandler,
     TextFormatter,
 )
-from tests.harness.envoy_process import wait_until
+from tests.support.envoy_process import wait_until
 
 DEADLINE = 5 + 10 * FLUSH_INTERVAL
 

@@ -30,7 +30,7 @@ from pilot.xds.flavor import ADS_WITH_LISTENERS, Flavor
 from pilot.xds.interception import Interception
 from pilot.xds.locality import NOWHERE, Locality
 from pilot.xds.proxy import ProxyKey
-from tests.harness.envoy_process import wait_until
+from tests.support.envoy_process import wait_until
 
 NODE = "sidecar~10.0.0.2~victim-1.ns-b~ns-b.svc.cluster.local"
 VICTIM = ProxyKey(NODE, "spiffe://cluster.local/ns/ns-b/sa/victim")

@@ -31,7 +31,7 @@ from google.protobuf.message import Message
 from pilot.debug import proxy_config, routing_rows
 from pilot.debug.tables import CELL_CHARS, FORMATS, formatted
 from pilot.xds import types
-from tests.integration.ca_support import issue_leaf, new_ca
+from tests.support.ca import issue_leaf, new_ca
 
 URI = "spiffe://cluster.local/ns/shop/sa/cart"
 

@@ -22,7 +22,7 @@ from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 from pilot.xds.flavor import Flavor
-from tests.harness.envoy_process import wait_until
+from tests.support.envoy_process import wait_until
 from tests.support.servicer_context import StubContext
 
 DELTA_ADS = StreamKind(True, None, Flavor.ADS)

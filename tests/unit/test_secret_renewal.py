@@ -25,7 +25,7 @@ from pilot.security.ca_client import LocalCa
 from pilot.security.identity import Identity
 from pilot.security.secrets import SdsSettings, SecretManager
 from pilot.xds.proxy import ProxyKey
-from tests.harness.envoy_process import wait_until
+from tests.support.envoy_process import wait_until
 
 WAIT = 30.0
 FAST_RETRY = SdsSettings(retry_initial=0.01, retry_max=0.02)

@@ -14,7 +14,7 @@ import pytest
 from pilot.security.authn import Authenticator
 from pilot.security.xds_auth import IdentityMismatch, InvalidClaim, ProxyIdentities, XdsAuth
 from pilot.xds.proxy import PermissionDenied
-from tests.integration.ca_support import node
+from tests.support.ca import node
 
 TD = "cluster.local"
 PROOF = "spiffe://cluster.local/ns/ns1/sa/sa1"

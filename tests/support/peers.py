@@ -27,9 +27,11 @@ from typing import Any
 
 import pytest
 
-from tests.integration.ca_support import PluggedIn, Token, sa_token, write_plugged_in
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
-from tests.protocol.client import (
+from tests.support.ca import PluggedIn, Token, sa_token, write_plugged_in
+from tests.support.mesh import Ep, cluster_name, endpoint_slice, service
+from tests.support.pilot_process import Entry, PilotProcess, start_pilot
+from tests.support.xds_client import (
     ENDPOINT,
     SECRET,
     Closed,
@@ -44,8 +46,6 @@ from tests.protocol.client import (
     secret_summaries,
     sotw_names,
 )
-from tests.security.pilot_process import Entry, PilotProcess, start_pilot
-from tests.support.mesh import Ep, cluster_name, endpoint_slice, service
 
 WORKLOAD, ROOTCA = "default", "ROOTCA"
 TRUST_DOMAIN = "cluster.local"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.harness.envoy_process import XDS_CLUSTER, EnvoyProcess
+from tests.support.envoy_process import XDS_CLUSTER, EnvoyProcess
 
 # cluster name -> {(ip, port): "HEALTHY" | "DRAINING" | ...}
 ClusterView = dict[str, dict[tuple[str, int], str]]

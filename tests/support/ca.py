@@ -8,7 +8,7 @@ Owns:
 * `record_signatures`: a spy on one pilot's `CertificateAuthority.issue_workload`, so that a
   test can say "nothing was signed";
 * `node`: an Envoy node claiming an identity in Istio's metadata, for the xDS test
-  client (`tests.protocol.client`);
+  client (`tests.support.xds_client`);
 * `FakeIstioCa`: a small Istio-protocol CA (grpc.aio) that records each request and
   signs with its own root, can be stopped and started on the same port, serve TLS,
   and answer broken chains on purpose;
@@ -47,7 +47,7 @@ from pilot._gen.istio.v1.auth import ca_pb2
 from pilot.security.ca import CertificateAuthority, Leaf
 from pilot.security.identity import Identity
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
-from tests.protocol.client import node as envoy_node
+from tests.support.xds_client import node as envoy_node
 
 CA_SERVICE = "istio.v1.auth.IstioCertificateService"
 CREATE_CERTIFICATE = f"/{CA_SERVICE}/CreateCertificate"

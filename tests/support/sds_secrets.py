@@ -27,8 +27,8 @@ from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 from pilot.generators.sds import workload_secret
 from pilot.security.secrets import SecretManager
 from pilot.xds.proxy import ProxyKey
-from tests.integration.proxies import Proxy
-from tests.protocol.client import SECRET, Arrived, DeltaStream, SotwStream, response_resources
+from tests.support.proxies import Proxy
+from tests.support.xds_client import SECRET, Arrived, DeltaStream, SotwStream, response_resources
 
 WORKLOAD = "default"
 ROOT = "ROOTCA"

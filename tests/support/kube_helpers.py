@@ -27,10 +27,10 @@ import aiohttp
 
 from pilot.sources.kubernetes.informer import Informer
 from pilot.sources.kubernetes.registry import KubernetesRegistry
-from tests.harness.envoy_process import XDS_CLUSTER, EnvoyProcess, wait_until
-from tests.integration.envoy_view import ClusterView, wait_for_view
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
 from tests.support.background import BackgroundLoop
+from tests.support.envoy_process import XDS_CLUSTER, EnvoyProcess, wait_until
+from tests.support.envoy_view import ClusterView, wait_for_view
 from tests.support.mesh import Ep, cluster_name, endpoint_slice, service
 from tests.support.pilot import RunningPilot
 

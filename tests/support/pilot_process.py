@@ -32,9 +32,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.integration.ca_support import write_plugged_in
-from tests.protocol.client import XdsClient, tls_credentials
+from tests.support.ca import write_plugged_in
 from tests.support.stderr_log import StderrLog, terminate
+from tests.support.xds_client import XdsClient, tls_credentials
 
 # One log line: time, level, scope, msg (or raw text), error (a traceback), size (of the
 # whole line), format ("json" for a line that is one JSON object, else "text").

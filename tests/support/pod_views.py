@@ -6,7 +6,7 @@ from __future__ import annotations
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 
 from pilot.xds import types
-from tests.protocol.client import DeltaStream, delta_resources
+from tests.support.xds_client import DeltaStream, delta_resources
 
 TIMEOUT = 30.0
 
