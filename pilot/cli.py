@@ -18,8 +18,12 @@ from typing import Any, NoReturn, Protocol
 import grpc
 from envoy.service.status.v3 import csds_pb2
 
-from pilot import agent_iptables, cluster_ids, event_loop
-from pilot.agent import (
+from pilot import cluster_ids, event_loop
+from pilot.agent import iptables as agent_iptables
+from pilot.agent.bootstrap import BootstrapError
+from pilot.agent.envoy import DEFAULT_CONFIG_PATH, EnvoySettings
+from pilot.agent.iptables import CaptureError, CaptureSettings
+from pilot.agent.sds_agent import (
     DEFAULT_DISCOVERY_ADDRESS,
     DEFAULT_ROOT_CERT,
     DEFAULT_SOCKET,
@@ -27,10 +31,7 @@ from pilot.agent import (
     AgentSettings,
     agent_settings,
 )
-from pilot.agent_bootstrap import BootstrapError
-from pilot.agent_envoy import DEFAULT_CONFIG_PATH, EnvoySettings
-from pilot.agent_iptables import CaptureError, CaptureSettings
-from pilot.agent_status import DEFAULT_STATUS_PORT
+from pilot.agent.status_port import DEFAULT_STATUS_PORT
 from pilot.cluster_ids import is_cluster_id, quoted
 from pilot.debug import proxy_config, proxy_status_table, tables
 from pilot.durations import parse_duration

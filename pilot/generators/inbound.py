@@ -28,7 +28,7 @@ out of the shape's ports, and `InboundShape.passthrough_ports` out of the
 port-level chains): a chain there could outrank the blackhole (a TLS chain on
 15006 is more specific) or forward to Envoy's own listener. What the
 passthrough does with those ports, under the capture rules
-(`pilot.agent_iptables`): 15020, 15021 and 15090 are not captured at all; 15006
+(`pilot.agent.iptables`): 15020, 15021 and 15090 are not captured at all; 15006
 meets the blackhole; 15001 is passed to the pod's 15001 from 127.0.0.6 (never
 captured again), where `virtualOutbound`'s own blackhole ends it; 15000 is
 refused (the admin API listens on 127.0.0.1 only).
@@ -37,7 +37,7 @@ HTTP chains run a connection manager whose one route sends everything to
 `inbound|P||`, and replace `x-forwarded-client-cert` with the peer's SPIFFE
 URI (SANITIZE_SET): a plaintext client cannot forge one. TCP chains proxy.
 The clusters are ORIGINAL_DST from 127.0.0.6, which the capture rules let
-through to the app (`pilot.agent_iptables`), so the app is reached on the
+through to the app (`pilot.agent.iptables`), so the app is reached on the
 address the client dialled.
 
 Everything here is a function of the `InboundShape` alone: proxies of one

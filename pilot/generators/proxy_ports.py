@@ -1,6 +1,6 @@
 """The ports a sidecar keeps for itself: no Service port or target port may take them.
 
-Istio's sidecar (and pilot's, `pilot.agent_bootstrap`, `pilot.agent_iptables`)
+Istio's sidecar (and pilot's, `pilot.agent.bootstrap`, `pilot.agent.iptables`)
 listens on these in the pod's network namespace:
 
 - 15000: Envoy's admin API (127.0.0.1);

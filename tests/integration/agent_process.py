@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from pilot.agent import DEFAULT_ROOT_CERT, DEFAULT_SOCKET
+from pilot.agent.sds_agent import DEFAULT_ROOT_CERT, DEFAULT_SOCKET
 from tests.support.stderr_log import StderrLog, terminate
 
 REPO = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from pilot.agent import DEFAULT_ROOT_CERT
+from pilot.agent.sds_agent import DEFAULT_ROOT_CERT
 from tests.integration.agent_process import PILOT
 from tests.support.ca import write_plugged_in
 from tests.support.envoy_process import find_envoy_binary

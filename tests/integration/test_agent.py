@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from pilot.agent import DEFAULT_ROOT_CERT, DEFAULT_SOCKET
+from pilot.agent.sds_agent import DEFAULT_ROOT_CERT, DEFAULT_SOCKET
 from pilot.security.certs import cert_pem, self_signed_root
 from pilot.security.identity import Identity
 from tests.integration.agent_process import (

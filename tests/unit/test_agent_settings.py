@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from pilot.agent import DEFAULT_DISCOVERY_ADDRESS, DEFAULT_ROOT_CERT, agent_settings
+from pilot.agent import sds_socket
+from pilot.agent.sds_agent import DEFAULT_DISCOVERY_ADDRESS, DEFAULT_ROOT_CERT, agent_settings
 from pilot.cli import _parser
-from pilot.security import sds_socket
 from pilot.security.certs import KeyType, cert_pem, self_signed_root
 from pilot.security.settings import SecuritySettingsError
 

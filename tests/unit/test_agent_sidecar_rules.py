@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pilot.agent_bootstrap import BootstrapError, ProxyNode, XdsTarget, bootstrap
-from pilot.agent_iptables import CaptureError, CaptureSettings, capture_rules, parse_ports
+from pilot.agent.bootstrap import BootstrapError, ProxyNode, XdsTarget, bootstrap
+from pilot.agent.iptables import CaptureError, CaptureSettings, capture_rules, parse_ports
 from pilot.security.identity import Identity
 
 IDENTITY = Identity("cluster.local", "shop", "cart")

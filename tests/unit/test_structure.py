@@ -119,7 +119,7 @@ def test_the_sources_import_nothing_from_security() -> None:
 
 def test_importing_the_server_and_the_agent_loads_no_kubernetes_client() -> None:
     check = (
-        "import pilot.server.grpc_server, pilot.agent, pilot.cli, sys; "
+        "import pilot.server.grpc_server, pilot.agent.sds_agent, pilot.cli, sys; "
         "assert not any(m.startswith('kubernetes_asyncio') for m in sys.modules)"
     )
     subprocess.run([sys.executable, "-c", check], check=True, timeout=60)

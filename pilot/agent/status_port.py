@@ -1,6 +1,6 @@
 """The agent's status port (Istio's 15020): held by the agent, so that no app can take it.
 
-The capture rules leave 15020 uncaptured (`pilot.agent_iptables`, `-d`), as Istio's
+The capture rules leave 15020 uncaptured (`pilot.agent.iptables`, `-d`), as Istio's
 do, because Istio's agent listens there. An app that listened on it would be reached
 in plaintext past Envoy, whatever a STRICT PeerAuthentication says. So `pilot agent
 --binary-path` binds 0.0.0.0:`--status-port` (default 15020, Istio's ProxyConfig

@@ -9,18 +9,18 @@ The CA is reached over TLS verified with the root in CA_ROOT_CERT (default
 Istio's `./var/run/secrets/istio/root-cert.pem`, where the `istio-ca-root-cert`
 ConfigMap is mounted); plaintext only with CA_INSECURE=true. That root, never
 one a CA hands back, is what Envoy gets as `ROOTCA` and what every chain must
-lead to. The socket's directory is private (`pilot.security.sds_socket`).
+lead to. The socket's directory is private (`pilot.agent.sds_socket`).
 
 With `--binary-path` the agent also brings the sidecar up, as Istio's
 pilot-agent does: once SDS serves, it writes Envoy's bootstrap
-(`pilot.agent_bootstrap`: node id from POD_NAME, INSTANCE_IP and the identity,
+(`pilot.agent.bootstrap`: node id from POD_NAME, INSTANCE_IP and the identity,
 ADS to the discovery address over TLS verified with the same root, SDS on this
-socket) and starts Envoy (`pilot.agent_envoy`); on SIGTERM Envoy stops first.
-Before anything else it binds the status port, 15020 (`pilot.agent_status`:
+socket) and starts Envoy (`pilot.agent.envoy`); on SIGTERM Envoy stops first.
+Before anything else it binds the status port, 15020 (`pilot.agent.status_port`:
 `/healthz/ready`), which the capture rules leave uncaptured: an app must never hold
 it, so a port already taken stops the agent before it starts.
 `pilot agent bootstrap` prints that bootstrap instead, and `pilot agent
-iptables` (`pilot.agent_iptables`) sets the capture rules.
+iptables` (`pilot.agent.iptables`) sets the capture rules.
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ from pathlib import Path
 
 from grpc import aio
 
-from pilot.agent_bootstrap import ADMIN_PORT, Json, ProxyNode, XdsTarget, bootstrap
-from pilot.agent_envoy import EnvoyChild, EnvoySettings, write_bootstrap
-from pilot.agent_status import DEFAULT_STATUS_PORT, StatusServer
+from pilot.agent import sds_socket
+from pilot.agent.bootstrap import ADMIN_PORT, Json, ProxyNode, XdsTarget, bootstrap
+from pilot.agent.envoy import EnvoyChild, EnvoySettings, write_bootstrap
+from pilot.agent.status_port import DEFAULT_STATUS_PORT, StatusServer
 from pilot.generators.sds import SecretGenerator
 from pilot.push.pipeline import Pipeline
-from pilot.security import sds_socket
 from pilot.security.ca_client import RemoteCa, RemoteCaSettings
 from pilot.security.certs import KeyType
 from pilot.security.identity import Identity

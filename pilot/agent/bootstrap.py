@@ -17,7 +17,7 @@ What Istio's pilot-agent puts in `envoy-rev.json`, reduced to what pilot serves:
 - admin on 127.0.0.1:15000 only; Istio's listeners 0.0.0.0:15090
   (`/stats/prometheus`) and 0.0.0.0:15021 (`/healthz/ready`, answered by
   Envoy's own `/ready`), each passing that one path to the admin API and nothing
-  else. The status port 15020 is the agent's own (`pilot.agent_status`), not Envoy's.
+  else. The status port 15020 is the agent's own (`pilot.agent.status_port`), not Envoy's.
 
 Every input is checked by `ProxyNode.from_env` (names by Kubernetes' rules, the
 IP as an address) before it reaches the node id: a name never carries `~`, a

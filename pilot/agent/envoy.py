@@ -1,6 +1,6 @@
 """The Envoy `pilot agent --binary-path` starts: bootstrap on disk, one child, its end.
 
-Like Istio's pilot-agent: the bootstrap (`pilot.agent_bootstrap`) is written to
+Like Istio's pilot-agent: the bootstrap (`pilot.agent.bootstrap`) is written to
 `--config-path`/envoy-rev.json (0644 in a 0755 directory: it holds no secret;
 the token stays in its own file), then Envoy runs as a child of the agent, as the
 agent's user, and dies with it (PR_SET_PDEATHSIG). Envoy must not run as root
