@@ -34,8 +34,8 @@ from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 
 from bench import wire
 from bench.floor import start_ads_floor
-from pilot import event_loop
 from pilot._gen.istio.v1.auth import ca_pb2
+from pilot.runtime import event_loop
 from pilot.security.ca import CaSettings, CertificateAuthority
 from pilot.security.ca_client import LocalCa
 from pilot.security.ca_service import CA_SERVICE

@@ -31,7 +31,7 @@ from typing import Any
 import grpc
 
 from bench import wire
-from pilot import event_loop
+from pilot.runtime import event_loop
 
 # Pilot's transport options (pilot.server.grpc_server), its default stream limit included:
 # up to that many new streams wait in gRPC core's queue instead of being dropped past 1,000.

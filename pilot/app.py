@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Protocol
 
-from pilot import collector, event_loop
 from pilot.debug.csds import CSDS_SERVICE, StatusReaders, csds_handler
 from pilot.debug.http import DebugState, HttpServer
 from pilot.debug.metrics import Metrics, Sources, WatchCounts
@@ -45,12 +44,15 @@ from pilot.generators.inbound_proxies import InboundGenerator
 from pilot.generators.lds import ListenerGenerator
 from pilot.generators.rds import RouteGenerator
 from pilot.generators.sds import SecretGenerator
+from pilot.kube.informer import Informer, Watching, cluster_status
 from pilot.limits import Admission
 from pilot.push.history import PushHistory
 from pilot.push.pipeline import Pipeline
 from pilot.push.updater import IndexUpdater
 from pilot.registry.index import EndpointIndex
 from pilot.registry.peer_authentication import PeerAuthentications
+from pilot.runtime import collector, event_loop
+from pilot.runtime.supervisor import Supervisor
 from pilot.security.ca_service import CA_SERVICE
 from pilot.security.component import Security
 from pilot.security.serving import TlsServing, default_dns_names
@@ -60,9 +62,7 @@ from pilot.server.grpc_server import ExtraService, GrpcServer, Listener
 from pilot.server.registry import ConnectionRegistry
 from pilot.settings import Settings
 from pilot.sources.file import FileRegistry
-from pilot.sources.kubernetes.informer import Informer, Watching, cluster_status
 from pilot.stats import XdsStats
-from pilot.supervisor import Supervisor
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 
@@ -176,7 +176,7 @@ class Discovery:
         kubernetes = self.settings.kubernetes
         if self.settings.config is None or kubernetes.kubeconfig is not None:
             # With --config, a --kubeconfig serves TokenReview only.
-            from pilot.sources.kubernetes.connection import connect  # noqa: PLC0415
+            from pilot.kube.connection import connect  # noqa: PLC0415
 
             self.api_client, self._api_server = await connect(kubernetes.kubeconfig)
 

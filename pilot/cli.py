@@ -18,7 +18,7 @@ from typing import Any, NoReturn, Protocol
 import grpc
 from envoy.service.status.v3 import csds_pb2
 
-from pilot import cluster_ids, event_loop
+from pilot import cluster_ids
 from pilot.agent import iptables as agent_iptables
 from pilot.agent.bootstrap import BootstrapError
 from pilot.agent.envoy import DEFAULT_CONFIG_PATH, EnvoySettings
@@ -35,14 +35,20 @@ from pilot.agent.status_port import DEFAULT_STATUS_PORT
 from pilot.cluster_ids import is_cluster_id, quoted
 from pilot.debug import proxy_config, proxy_status_table, tables
 from pilot.durations import parse_duration
-from pilot.event_loop import EventLoopError
 from pilot.generators.builder import BuildSettings
+from pilot.kube.config import (
+    EndpointsApi,
+    KubernetesSettings,
+    KubernetesUnavailable,
+)
 from pilot.limits import LimitSettingError, limits_from_env
 from pilot.listen_check import check_address_forms, check_listen_addresses
 from pilot.logs import SCOPES, LogSpecError, clipped
 from pilot.logs import configure as configure_logging
-from pilot.memory import map_large_buffers
 from pilot.registry.model import DEFAULT_CLUSTER_ID
+from pilot.runtime import event_loop
+from pilot.runtime.event_loop import EventLoopError
+from pilot.runtime.memory import map_large_buffers
 from pilot.security.ca import CaSettings, CaSetupError, default_state_dir
 from pilot.security.certs import KeyType
 from pilot.security.settings import SecuritySettings, SecuritySettingsError, security_from_env
@@ -59,11 +65,6 @@ from pilot.settings import (
     remote_from_env,
     remote_kubeconfigs,
     split_host_port,
-)
-from pilot.sources.kubernetes.config import (
-    EndpointsApi,
-    KubernetesSettings,
-    KubernetesUnavailable,
 )
 
 log = logging.getLogger("pilot")

@@ -12,12 +12,12 @@ from pilot.cluster_ids import RULE, is_cluster_id, quoted
 from pilot.durations import parse_duration
 from pilot.generators.builder import BuildSettings
 from pilot.generators.outbound import OutboundSettings, TrafficPolicy
+from pilot.kube.config import InformerSettings, KubernetesSettings
+from pilot.kube.remote_settings import INSECURE_OPTIONS, RemoteSettings
 from pilot.limits import Limits
 from pilot.push.settings import DebounceSettings, PushSettings
 from pilot.registry.model import DEFAULT_CLUSTER_ID
 from pilot.security.settings import SecuritySettings
-from pilot.sources.kubernetes.config import InformerSettings, KubernetesSettings
-from pilot.sources.kubernetes.remote_settings import INSECURE_OPTIONS, RemoteSettings
 
 
 class SettingsError(ValueError):

@@ -40,6 +40,7 @@ from pilot.agent.envoy import EnvoyChild, EnvoySettings, write_bootstrap
 from pilot.agent.status_port import DEFAULT_STATUS_PORT, StatusServer
 from pilot.generators.sds import SecretGenerator
 from pilot.push.pipeline import Pipeline
+from pilot.runtime.supervisor import Supervisor
 from pilot.security.ca_client import RemoteCa, RemoteCaSettings
 from pilot.security.certs import KeyType
 from pilot.security.identity import Identity
@@ -54,7 +55,6 @@ from pilot.security.xds_auth import FixedIdentity
 from pilot.server.connection import StreamContext
 from pilot.server.services import sds_handlers
 from pilot.stats import XdsStats
-from pilot.supervisor import Supervisor
 from pilot.xds.cache import ResourceCache
 
 log = logging.getLogger("pilot.agent")

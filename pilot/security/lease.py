@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 
 from kubernetes_asyncio import client
 
-from pilot.sources.kubernetes.api_client import API_FAILED
+from pilot.kube.api_client import API_FAILED
 
 log = logging.getLogger("pilot.security")
 

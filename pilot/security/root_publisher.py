@@ -27,13 +27,13 @@ from typing import Any, cast
 
 from kubernetes_asyncio import client
 
-from pilot.backoff import Backoff
+from pilot.kube.api_client import CONNECTION_FAILED
+from pilot.kube.config import KubernetesSettings
+from pilot.kube.informer import Informer, Obj, Request
+from pilot.kube.metadata import metadata_only
+from pilot.runtime.backoff import Backoff
+from pilot.runtime.supervisor import Supervisor
 from pilot.security.lease import CONFLICT, NOT_FOUND, LeaseElector
-from pilot.sources.kubernetes.api_client import CONNECTION_FAILED
-from pilot.sources.kubernetes.config import KubernetesSettings
-from pilot.sources.kubernetes.informer import Informer, Obj, Request
-from pilot.sources.kubernetes.metadata import metadata_only
-from pilot.supervisor import Supervisor
 
 log = logging.getLogger("pilot.security.ca")
 

@@ -17,11 +17,11 @@ import logging
 
 from kubernetes_asyncio import client
 
-from pilot.backoff import Backoff
+from pilot.kube.api_client import API_FAILED
+from pilot.runtime.backoff import Backoff
 from pilot.security.ca import CaSettings, CertificateAuthority
 from pilot.security.certs import cert_pem, key_pem, self_signed_root
 from pilot.security.lease import CONFLICT, NOT_FOUND, LeaseElector
-from pilot.sources.kubernetes.api_client import API_FAILED
 
 log = logging.getLogger("pilot.security.ca")
 

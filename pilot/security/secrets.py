@@ -36,8 +36,9 @@ from dataclasses import dataclass
 from cryptography.hazmat.primitives import serialization
 
 from pilot import logs
-from pilot.backoff import Backoff
 from pilot.limits import Admission, LimitExceeded
+from pilot.runtime.backoff import Backoff
+from pilot.runtime.supervisor import describe
 from pilot.security.ca_client import CaClient, CaError, LocalCa
 from pilot.security.certs import (
     KeyType,
@@ -48,7 +49,6 @@ from pilot.security.certs import (
     utcnow,
 )
 from pilot.security.identity import Identity
-from pilot.supervisor import describe
 from pilot.xds.proxy import ProxyKey
 
 log = logging.getLogger("pilot.security.sds")

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from kubernetes_asyncio import client
 
+from pilot.kube.api_client import CONNECTION_FAILED
 from pilot.security.authn import AuthError
-from pilot.sources.kubernetes.api_client import CONNECTION_FAILED
 
 
 class KubernetesTokenReviewer:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pilot.registry.model import DEFAULT_CLUSTER_ID
 from pilot.registry.updater import RegistryUpdater
+from pilot.runtime.supervisor import SupervisedTask, Supervisor
 from pilot.sources.file_format import (
     EmptyRegistryFile,
     RegistryFileError,
@@ -30,7 +31,6 @@ from pilot.sources.file_format import (
     parse_registry,
 )
 from pilot.sources.parse_worker import parse_off_loop
-from pilot.supervisor import SupervisedTask, Supervisor
 
 __all__ = ["FileRegistry", "RegistryFileError", "RegistryState", "parse_registry"]
 

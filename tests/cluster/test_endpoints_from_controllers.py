@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pilot.sources.kubernetes.config import EndpointsApi
+from pilot.kube.config import EndpointsApi
 from pilot.xds import types
 from tests.cluster.client import Kube, admin, path_of
 from tests.cluster.control_plane import ControlPlane

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from pilot.sources.kubernetes.config import InformerSettings
+from pilot.kube.config import InformerSettings
 from pilot.xds import types
 from tests.cluster.client import Kube, admin, path_of
 from tests.cluster.control_plane import ControlPlane

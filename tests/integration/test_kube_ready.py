@@ -16,7 +16,7 @@ import contextlib
 from pathlib import Path
 
 from pilot.app import Discovery
-from pilot.sources.kubernetes.config import KubernetesSettings
+from pilot.kube.config import KubernetesSettings
 from tests.integration.conftest import StartEnvoy
 from tests.support.envoy_process import wait_until
 from tests.support.envoy_view import (

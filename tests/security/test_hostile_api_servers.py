@@ -35,11 +35,11 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client
 
+from pilot.kube import api_client
+from pilot.kube.api_client import BoundedApiClient
 from pilot.security.authn import AuthError
 from pilot.security.lease import RELEASE_WITHIN, LeaseElector
 from pilot.security.token_review import KubernetesTokenReviewer
-from pilot.sources.kubernetes import api_client
-from pilot.sources.kubernetes.api_client import BoundedApiClient
 from tests.kubeapi import KubeAPIServer
 from tests.support.ca import write_plugged_in
 from tests.support.envoy_process import wait_until

@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from pilot.sources.kubernetes.kubeconfig import MAX_NAMED_FILE_BYTES
+from pilot.kube.kubeconfig import MAX_NAMED_FILE_BYTES
 from tests.integration.test_many_clusters import PILOT_NAMESPACE, remote_secret
 from tests.kubeapi import KubeAPIServer
 from tests.security.remote_attackers import (

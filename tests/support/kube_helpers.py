@@ -25,7 +25,7 @@ from typing import Any
 
 import aiohttp
 
-from pilot.sources.kubernetes.informer import Informer
+from pilot.kube.informer import Informer
 from pilot.sources.kubernetes.registry import KubernetesRegistry
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
 from tests.support.background import BackgroundLoop

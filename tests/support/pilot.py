@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from pilot.app import Discovery
+from pilot.kube.config import EndpointsApi, InformerSettings, KubernetesSettings
 from pilot.push.debounce import DebounceSettings
 from pilot.security.ca import CaSettings
 from pilot.security.settings import SecuritySettings
 from pilot.security.xds_auth import XdsAuth
 from pilot.settings import Settings
-from pilot.sources.kubernetes.config import EndpointsApi, InformerSettings, KubernetesSettings
 from pilot.stats import XdsStats
 from tests.support.envoy_process import wait_until
 from tests.support.mesh import write_mesh

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from pilot import collector
+from pilot.runtime import collector
 
 
 def test_settle_freezes_the_heap_and_release_gives_it_and_the_thresholds_back() -> None:

@@ -1,4 +1,4 @@
-"""Large buffers freed by pilot go back to the system (`pilot.memory`).
+"""Large buffers freed by pilot go back to the system (`pilot.runtime.memory`).
 
 In a fresh interpreter: a freed 8 MiB block (which makes glibc serve later 1 MiB
 blocks from its heap), then 300 requests of 1 MiB held at once between small
@@ -27,7 +27,7 @@ def rss_mb():
     raise SystemExit("no VmRSS")
 
 if sys.argv[1] == "mapped":
-    from pilot.memory import map_large_buffers
+    from pilot.runtime.memory import map_large_buffers
     assert map_large_buffers(), "mallopt refused"
 block = bytearray(8 << 20)
 del block

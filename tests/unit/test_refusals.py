@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from pilot.sources.kubernetes.refusals import Refusals
+from pilot.kube.refusals import Refusals
 
 KINDS = ("Service", "EndpointSlice", "Pod", "Node")
 

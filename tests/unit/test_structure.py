@@ -117,6 +117,12 @@ def test_the_sources_import_nothing_from_security() -> None:
     assert not (offenders := _imports_from("pilot.sources", "pilot.security")), offenders
 
 
+@pytest.mark.parametrize("forbidden", ["pilot.sources", "pilot.security", "pilot.registry"])
+def test_the_kubernetes_client_kit_imports_none_of_its_users(forbidden: str) -> None:
+    """pilot/kube is below both sources/ and security/: it knows neither, nor the registry."""
+    assert not (offenders := _imports_from("pilot.kube", forbidden)), offenders
+
+
 def test_importing_the_server_and_the_agent_loads_no_kubernetes_client() -> None:
     check = (
         "import pilot.server.grpc_server, pilot.agent.sds_agent, pilot.cli, sys; "

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from pilot.supervisor import Supervisor, SupervisorSettings, TaskState, one_line
+from pilot.runtime.supervisor import Supervisor, SupervisorSettings, TaskState, one_line
 from tests.support.virtual_time import run_in_virtual_time
 
 SETTINGS = SupervisorSettings(backoff_initial=1.0, backoff_max=8.0, healthy_after=60.0)
@@ -67,7 +67,7 @@ def test_a_failing_task_is_logged_counted_shown_and_restarted_with_backoff(
         await supervisor.stop()
         assert flaky.cancelled
 
-    with caplog.at_level(logging.ERROR, "pilot.supervisor"):
+    with caplog.at_level(logging.ERROR, "pilot.runtime.supervisor"):
         run_in_virtual_time(main())
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 4

@@ -6,7 +6,7 @@ import tracemalloc
 
 import pytest
 
-from pilot.sources.kubernetes.informer import LineSplitter, Malformed
+from pilot.kube.informer import LineSplitter, Malformed
 
 EVENTS = [b'{"type": "ADDED", "n": %d}' % i for i in range(5)]
 STREAM = b"\n".join(EVENTS) + b"\n\n  \n"  # blank lines between events are left out

@@ -44,20 +44,20 @@ from dataclasses import dataclass, field
 from kubernetes_asyncio import client
 
 from pilot.cluster_ids import is_cluster_id, quoted
-from pilot.limits import LimitExceeded, LimitHits
-from pilot.memory import trim_heap
-from pilot.registry.updater import RegistryUpdater
-from pilot.sources.kubernetes.config import KubernetesSettings
-from pilot.sources.kubernetes.informer import Informer, Obj, WatchFaults, Watching, cluster_status
-from pilot.sources.kubernetes.kubeconfig import (
+from pilot.kube.config import KubernetesSettings
+from pilot.kube.informer import Informer, Obj, WatchFaults, Watching, cluster_status
+from pilot.kube.kubeconfig import (
     KubeconfigError,
     RemoteClient,
     api_client_for,
     load_credentials,
     plugin_api_client,
 )
+from pilot.kube.remote_settings import RemoteSettings
+from pilot.limits import LimitExceeded, LimitHits
+from pilot.registry.updater import RegistryUpdater
+from pilot.runtime.memory import trim_heap
 from pilot.sources.kubernetes.registry import KubernetesRegistry
-from pilot.sources.kubernetes.remote_settings import RemoteSettings
 
 __all__ = [
     "ClusterConflict",

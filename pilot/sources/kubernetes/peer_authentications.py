@@ -21,6 +21,8 @@ import logging
 
 from kubernetes_asyncio import client
 
+from pilot.kube.informer import Obj, Request, WatchFaults
+from pilot.kube.metadata import raw_request
 from pilot.registry.peer_authentication import (
     GROUP,
     KIND,
@@ -30,9 +32,7 @@ from pilot.registry.peer_authentication import (
     parse_peer_authentication,
 )
 from pilot.registry.updater import RegistryUpdater
-from pilot.sources.kubernetes.informer import Obj, Request, WatchFaults
-from pilot.sources.kubernetes.metadata import raw_request
-from pilot.supervisor import describe
+from pilot.runtime.supervisor import describe
 
 log = logging.getLogger("pilot.sources.kubernetes")
 

@@ -29,6 +29,9 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
+from pilot.kube.config import EndpointsApi, KubernetesSettings
+from pilot.kube.informer import Informer, Obj, Request, WatchFaults, Watching
+from pilot.kube.metadata import metadata_only
 from pilot.registry.kubernetes_objects import (
     SERVICE_NAME_LABEL,
     ObjectError,
@@ -43,16 +46,13 @@ from pilot.registry.model import DEFAULT_CLUSTER_ID, EndpointSetKey, NodeKey, Po
 from pilot.registry.peer_authentication import KIND as PEER_AUTHENTICATION
 from pilot.registry.peer_authentication import ROOT_NAMESPACE
 from pilot.registry.updater import RegistryUpdater
-from pilot.sources.kubernetes.config import EndpointsApi, KubernetesSettings
-from pilot.sources.kubernetes.informer import Informer, Obj, Request, WatchFaults, Watching
-from pilot.sources.kubernetes.metadata import metadata_only
+from pilot.runtime.supervisor import SupervisedTask, describe
 from pilot.sources.kubernetes.peer_authentications import (
     PeerAuthenticationHandler,
     objects_at,
     path_of,
     served_version,
 )
-from pilot.supervisor import SupervisedTask, describe
 
 log = logging.getLogger("pilot.sources.kubernetes")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from pilot.sources.kubernetes.informer import Request
+from pilot.kube.informer import Request
 
 _AS_METADATA = "application/json;as={};g=meta.k8s.io;v=v1,application/json"
 _QUERY = {

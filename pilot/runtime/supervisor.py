@@ -32,7 +32,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from pilot.backoff import Backoff
+from pilot.runtime.backoff import Backoff
 
 log = logging.getLogger("pilot.supervisor")
 

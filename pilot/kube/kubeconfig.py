@@ -42,8 +42,8 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from pilot.cluster_ids import quoted
-from pilot.sources.kubernetes.api_client import BoundedApiClient
-from pilot.sources.kubernetes.config import KubernetesUnavailable
+from pilot.kube.api_client import BoundedApiClient
+from pilot.kube.config import KubernetesUnavailable
 
 MAX_DEPTH = 20  # a kubeconfig nests 4-5 levels
 MAX_ALIASES = 8  # kubeconfigs have none; a few are tolerated, never an alias bomb

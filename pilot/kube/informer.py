@@ -48,10 +48,10 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from pilot.backoff import Backoff
-from pilot.sources.kubernetes.config import InformerSettings
-from pilot.sources.kubernetes.refusals import REFUSED, Refusals
-from pilot.supervisor import Supervisor, describe, one_line
+from pilot.kube.config import InformerSettings
+from pilot.kube.refusals import REFUSED, Refusals
+from pilot.runtime.backoff import Backoff
+from pilot.runtime.supervisor import Supervisor, describe, one_line
 
 log = logging.getLogger("pilot.sources.kubernetes")
 

@@ -14,8 +14,8 @@ import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
-from pilot.sources.kubernetes.api_client import API_FAILED, BoundedApiClient
-from pilot.sources.kubernetes.config import KubernetesUnavailable
+from pilot.kube.api_client import API_FAILED, BoundedApiClient
+from pilot.kube.config import KubernetesUnavailable
 
 IN_CLUSTER_HOST_ENV = "KUBERNETES_SERVICE_HOST"
 DEFAULT_KUBECONFIG = Path("~/.kube/config")
