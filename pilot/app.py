@@ -59,9 +59,9 @@ from pilot.security.serving import TlsServing, default_dns_names
 from pilot.security.xds_auth import XdsAuth
 from pilot.server.connection import Connection, StreamContext
 from pilot.server.grpc_server import ExtraService, GrpcServer, Listener
-from pilot.server.registry import ConnectionRegistry
+from pilot.server.live_streams import LiveStreams
 from pilot.settings import Settings
-from pilot.sources.file import FileRegistry
+from pilot.sources.file import FileSource
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
@@ -69,8 +69,8 @@ from pilot.xds.cache import ResourceCache
 if TYPE_CHECKING:
     from kubernetes_asyncio import client
 
+    from pilot.sources.kubernetes.cluster_source import ClusterSource
     from pilot.sources.kubernetes.clusters import RemoteClusters
-    from pilot.sources.kubernetes.registry import KubernetesRegistry
 
 # Kubernetes' client (kubernetes_asyncio) takes 0.7 s to import, about half of a start
 # from a file, which never calls it: what needs it is imported where it is first used.
@@ -100,7 +100,7 @@ class Discovery:
         self.index = EndpointIndex(primary=settings.cluster_id)
         self.cache = ResourceCache()
         self.policies = PeerAuthentications()  # mTLS modes per workload, read by inbound
-        self.connections: ConnectionRegistry[Connection] = ConnectionRegistry()
+        self.connections: LiveStreams[Connection] = LiveStreams()
         self.admission = Admission.of(settings.limits)
         self.proxies = LiveProxies(self.connections, self.cache)
         self.pushes = PushHistory()  # the pipeline records, the /debug page reads
@@ -121,7 +121,7 @@ class Discovery:
         self.pipeline: Pipeline | None = None
         self.inbound: InboundGenerator | None = None
         self.source: RegistrySource | None = None
-        self._kubernetes: KubernetesRegistry | None = None  # the source, in Kubernetes mode
+        self._kubernetes: ClusterSource | None = None  # the source, in Kubernetes mode
         self.remotes: RemoteClusters | None = None
         self.remote_secrets: Informer | None = None
         self._grpc: GrpcServer | None = None
@@ -216,7 +216,7 @@ class Discovery:
 
     def _source(self, updater: IndexUpdater) -> RegistrySource:
         if self.settings.config is not None:
-            return FileRegistry(
+            return FileSource(
                 self.settings.config,
                 updater,
                 self.settings.file_poll_interval,
@@ -225,9 +225,9 @@ class Discovery:
                 rejected=self.metrics.registry_file_rejected_for,
             )
         assert self.api_client is not None
-        from pilot.sources.kubernetes.registry import KubernetesRegistry  # noqa: PLC0415
+        from pilot.sources.kubernetes.cluster_source import ClusterSource  # noqa: PLC0415
 
-        self._kubernetes = KubernetesRegistry(
+        self._kubernetes = ClusterSource(
             self.settings.kubernetes,
             updater,
             self.api_client,

@@ -1,7 +1,7 @@
 """The supervisor: pilot's long-lived tasks, each started again with backoff when it fails.
 
 Every background service of `pilot discovery` and `pilot agent` (each informer of
-each cluster, the multi-cluster Secret reconciler, the file registry's poll loop,
+each cluster, the multi-cluster Secret reconciler, the file source's poll loop,
 the push pipeline, TLS renewal, the CA lease, the root publisher) runs as a named
 task under one `Supervisor`, from a factory that makes a fresh coroutine, so that
 it can be run again.

@@ -1,6 +1,6 @@
 """One trust root for every replica: the self-signed root kept in a Kubernetes Secret.
 
-With the Kubernetes registry and no `--ca-cert-dir`, the root lives in Secret
+With a Kubernetes source and no `--ca-cert-dir`, the root lives in Secret
 `pilot-ca-secret` in pilot's namespace. A replica that finds it uses it; one
 that finds none creates it, but only while holding the `pilot-ca` Lease, and a
 create conflict means: read what won. A replica that cannot read the Secret

@@ -2,7 +2,7 @@
 
 - `none` (the default with `--config`): the identity is taken from node metadata
   `NAMESPACE` and `SERVICE_ACCOUNT`, trusted as given (pilot says so at start).
-- `kubernetes` (the default with the Kubernetes registry): every stream proves
+- `kubernetes` (the default with a Kubernetes source): every stream proves
   who it is with a service-account token in `authorization: Bearer`, checked by
   TokenReview, or with a client certificate issued by pilot's CA. Node metadata
   NAMESPACE and SERVICE_ACCOUNT, each where present, must name the same

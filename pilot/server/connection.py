@@ -39,7 +39,7 @@ from pilot.protocol.messages import (
 )
 from pilot.push.pipeline import Pipeline
 from pilot.server import convert, intake
-from pilot.server.registry import ConnectionRegistry
+from pilot.server.live_streams import LiveStreams
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.interception import METADATA_KEY, Interception, interception_of
@@ -77,7 +77,7 @@ class StreamContext:
 
     pipeline: Pipeline
     stats: XdsStats
-    connections: ConnectionRegistry[Connection] = field(default_factory=ConnectionRegistry)
+    connections: LiveStreams[Connection] = field(default_factory=LiveStreams)
     auth: ProxyAuthenticator | None = None
     metrics: StreamMetrics = field(default_factory=_NoMetrics)
     served_types: frozenset[str] | None = None

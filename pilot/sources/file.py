@@ -1,4 +1,4 @@
-"""The file registry: Kubernetes objects in a file, reloaded when the file changes.
+"""The file source: Kubernetes objects in a file, reloaded when the file changes.
 
 What the file may say is `file_format`'s; parsing a large one happens off the
 event loop (`parse_worker`). Each good version of the file replaces the
@@ -32,7 +32,7 @@ from pilot.sources.file_format import (
 )
 from pilot.sources.parse_worker import parse_off_loop
 
-__all__ = ["FileRegistry", "RegistryFileError", "RegistryState", "parse_registry"]
+__all__ = ["FileSource", "RegistryFileError", "RegistryState", "parse_registry"]
 
 log = logging.getLogger("pilot.sources.file")
 
@@ -40,7 +40,7 @@ UNREADABLE, EMPTY, INVALID = "unreadable", "empty", "invalid"  # why a version w
 _NOT_READY = "not ready until a good version is written"  # at start: no last good state
 
 
-class FileRegistry:
+class FileSource:
     """Applies each good version of a registry file to the registry."""
 
     def __init__(

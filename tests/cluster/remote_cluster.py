@@ -4,7 +4,7 @@
 On the remote: pilot's namespace, a ServiceAccount `pilot-reader` bound to a ClusterRole
 granting exactly what pilot asks a remote cluster for (list and watch Services,
 EndpointSlices, legacy Endpoints, Pods and Nodes: see
-pilot/sources/kubernetes/registry.py), and a Secret of type
+pilot/sources/kubernetes/cluster_source.py), and a Secret of type
 `kubernetes.io/service-account-token` that the remote's token controller fills with the
 account's token and the cluster's CA. `remote_kubeconfig` turns those into the
 kubeconfig a remote Secret holds (the server's URL, the CA inline, the token inline);

@@ -1,6 +1,6 @@
 """`--xds-auth kubernetes`: every xDS stream proves who it is with a service-account token.
 
-A pilot on the Kubernetes registry (the test API server, which also answers
+A pilot on a Kubernetes source (the test API server, which also answers
 TokenReviews) with `XdsAuth.KUBERNETES`: pilot's own checks of what a stream claims,
 once TokenReview has said whose a token is. A stream without a token ends
 UNAUTHENTICATED; one whose node metadata (NAMESPACE, SERVICE_ACCOUNT, each where

@@ -3,7 +3,7 @@
 A mesh of 500 services; 200 delta ADS streams, stream i subscribed to every
 cluster (CDS `*`) and to the assignment of service i. Changing one endpoint
 must serialize exactly one ClusterLoadAssignment, send no CDS at all, and wake
-only the streams subscribed to that cluster. With the Kubernetes registry, a
+only the streams subscribed to that cluster. With a Kubernetes source, a
 burst of 1,000 endpoint events inside one debounce window is one push per
 affected stream. With every service in a second cluster too, a change in that
 cluster costs the same: one assignment, with the endpoints of both. With proxies

@@ -60,7 +60,7 @@ CLUSTER_GRANTS = {
     ("", "endpoints", "watch"),
     ("discovery.k8s.io", "endpointslices", "list"),
     ("discovery.k8s.io", "endpointslices", "watch"),
-    # Auto mTLS: which endpoints run a sidecar (pilot/sources/kubernetes/registry.py).
+    # Auto mTLS: which endpoints run a sidecar (pilot/sources/kubernetes/cluster_source.py).
     ("", "pods", "list"),
     ("", "pods", "watch"),
     ("authentication.k8s.io", "tokenreviews", "create"),
@@ -68,7 +68,7 @@ CLUSTER_GRANTS = {
     # readiness waits for their list (tests/cluster/test_deploy_as_shipped.py).
     ("security.istio.io", "peerauthentications", "list"),
     ("security.istio.io", "peerauthentications", "watch"),
-    # Endpoint locality: the Nodes' topology labels (pilot/sources/kubernetes/registry.py).
+    # Endpoint locality: the Nodes' topology labels (pilot/sources/kubernetes/cluster_source.py).
     ("", "nodes", "list"),
     ("", "nodes", "watch"),
     # The root in every namespace (pilot/security/root_publisher.py).

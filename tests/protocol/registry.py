@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pilot.sources.file import FileRegistry
+from pilot.sources.file import FileSource
 from tests.support.mesh import Ep, cluster_name, endpoint_slice, service
 from tests.support.pilot import RunningPilot
 from tests.support.xds_client import DEFAULT_TIMEOUT
@@ -75,7 +75,7 @@ class FileReads:
 
     def __init__(self, pilot: RunningPilot) -> None:
         source = pilot.discovery.source
-        assert isinstance(source, FileRegistry), "these tests feed pilot from a file"
+        assert isinstance(source, FileSource), "these tests feed pilot from a file"
         original = source.load
         self.count = 0
         self._read = asyncio.Event()

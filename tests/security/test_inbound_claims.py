@@ -1,6 +1,6 @@
 """Node ids claiming another pod's IP or namespace weaken nothing the pod's sidecar gets.
 
-A real pilot (file registry, `--xds-auth kubernetes`, tokens from a token file):
+A real pilot (file source, `--xds-auth kubernetes`, tokens from a token file):
 the pod `echo-1` (10.44.0.7) in namespace `shop`, STRICT, is the victim. Its
 sidecar proves shop/cart with its token. Attackers hold a token of their own
 (lax/evil) and connect with the victim's very node id, or with its IP and the

@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 
 from pilot.kube.informer import Informer
-from pilot.sources.kubernetes.registry import KubernetesRegistry
+from pilot.sources.kubernetes.cluster_source import ClusterSource
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
 from tests.support.background import BackgroundLoop
 from tests.support.envoy_process import XDS_CLUSTER, EnvoyProcess, wait_until
@@ -282,7 +282,7 @@ class MeshDriver:
 
 def informers(pilot: RunningPilot) -> list[Informer]:
     source = pilot.discovery.source
-    assert isinstance(source, KubernetesRegistry)
+    assert isinstance(source, ClusterSource)
     return source.informers
 
 

@@ -98,7 +98,7 @@ async def running_kube_pilot(
     security: dict[str, Any] | None = None,
     plaintext_secrets: bool = True,
 ) -> AsyncIterator[RunningPilot]:
-    """A pilot on the Kubernetes registry, reaching the API server through `kubeconfig`.
+    """A pilot on a Kubernetes source, reaching the API server through `kubeconfig`.
 
     xDS streams are trusted by node metadata unless `xds_auth` says otherwise;
     `security` overrides other SecuritySettings fields (e.g. `sds`, `remote_ca`).
@@ -129,7 +129,7 @@ async def running_pilot(
     clusters: Mapping[str, Iterable[dict[str, Any]]] | None = None,
     **overrides: Any,
 ) -> AsyncIterator[RunningPilot]:
-    """A pilot on the file registry, the file written from `objects` first (and a
+    """A pilot on the file source, the file written from `objects` first (and a
     document per other cluster in `clusters`).
 
     `security` overrides SecuritySettings fields; `kubeconfig` gives it a

@@ -1,1 +1,2 @@
-"""The Kubernetes registry: informers over Services and EndpointSlices (or Endpoints)."""
+"""Kubernetes as a source of the registry: each cluster's informers (Services,
+EndpointSlices or Endpoints, Pods, Nodes), remote clusters, and PeerAuthentications."""

@@ -1,4 +1,4 @@
-"""Remote clusters: one `KubernetesRegistry` per remote cluster id, each with a status and
+"""Remote clusters: one `ClusterSource` per remote cluster id, each with a status and
 a lane of its own; and `RemoteSecrets`, which keeps them equal to the Secrets labelled
 `istio/multiCluster: "true"` in pilot's namespace (Istio's multi-primary model: each data
 key a cluster id, its value a kubeconfig).
@@ -57,7 +57,7 @@ from pilot.kube.remote_settings import RemoteSettings
 from pilot.limits import LimitExceeded, LimitHits
 from pilot.registry.updater import RegistryUpdater
 from pilot.runtime.memory import trim_heap
-from pilot.sources.kubernetes.registry import KubernetesRegistry
+from pilot.sources.kubernetes.cluster_source import ClusterSource
 
 __all__ = [
     "ClusterConflict",
@@ -113,7 +113,7 @@ class RemoteCluster:
     cluster: str
     origin: str  # where its kubeconfig came from: a flag, or a Secret's key
     fingerprint: str  # of the kubeconfig: tells a change without keeping it
-    registry: KubernetesRegistry
+    registry: ClusterSource
     remote_client: RemoteClient
 
     @property
@@ -347,7 +347,7 @@ class RemoteClusters:
     async def _swap(self, cluster: str, wanted: Wanted, built: RemoteClient) -> None:
         """Watch `cluster` through `built`; the old watch's state passes to the new one."""
         old = self._clusters.get(cluster)
-        registry = KubernetesRegistry(
+        registry = ClusterSource(
             self._settings,
             self._updater,
             built.api_client,

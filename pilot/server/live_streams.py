@@ -1,4 +1,4 @@
-"""The connection registry: every live xDS stream of a server, counted, closed at shutdown.
+"""The live streams: every live xDS stream of a server, counted, closed at shutdown.
 
 Streams are counted in all and per peer (one HTTP/2 connection), for the limits.
 
@@ -27,7 +27,7 @@ class Closable(Protocol):
 C = TypeVar("C", bound=Closable)
 
 
-class ConnectionRegistry(Generic[C]):
+class LiveStreams(Generic[C]):
     """The live streams of one server."""
 
     def __init__(self) -> None:

@@ -1,4 +1,4 @@
-"""The Kubernetes registry: informers whose objects feed the registry.
+"""A cluster as a source: its informers, whose objects feed the registry.
 
 Services and EndpointSlices (or, with `--endpoints-api endpoints`, legacy v1
 Endpoints) are watched in all namespaces or in the ones named. Each object
@@ -174,7 +174,7 @@ def _requests(
     return {"Service": services, "EndpointSlice": slices}
 
 
-class KubernetesRegistry:
+class ClusterSource:
     """Runs the informers, each a task under the supervisor named
     `informer-CLUSTER-KIND`; `synced` once every one of them has listed."""
 
@@ -238,7 +238,7 @@ class KubernetesRegistry:
             refusals=self._watching.refusals,
         )
 
-    async def start(self, previous: KubernetesRegistry | None = None) -> None:
+    async def start(self, previous: ClusterSource | None = None) -> None:
         """Start watching; in place of `previous` (the same cluster, reached anew) if given:
         what it delivered stays until the first lists say what is gone."""
         self.informers = self._build_informers(self._api_client)
