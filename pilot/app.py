@@ -1,7 +1,8 @@
 """The composition root of `pilot discovery`: builds every part and wires them, once.
 
 Change flow (each step only calls the next, downwards):
-  source (file, informers) -> `IndexUpdater` -> endpoint index -> `Pipeline.submit`
+  source (file, informers) -> `IndexUpdater` -> endpoint index -> `RequestSink`
+  -> `Pipeline.submit`
   -> debounce -> build (the generators: `ResourceBuilder` for CDS and EDS,
   `ListenerGenerator` for LDS, `RouteGenerator` for RDS, `SecretGenerator` for SDS)
   -> cache -> fan-out (`SubscriberIndex`)
@@ -48,9 +49,10 @@ from pilot.kube.informer import Informer, Watching, cluster_status
 from pilot.limits import Admission
 from pilot.push.history import PushHistory
 from pilot.push.pipeline import Pipeline
-from pilot.push.updater import IndexUpdater
+from pilot.push.request import RequestSink
 from pilot.registry.index import EndpointIndex
 from pilot.registry.peer_authentication import PeerAuthentications
+from pilot.registry.updater import IndexUpdater
 from pilot.runtime import collector, event_loop
 from pilot.runtime.supervisor import Supervisor
 from pilot.security.ca_service import CA_SERVICE
@@ -321,7 +323,7 @@ class Discovery:
             pending_streams=self.settings.limits.streams,
         )
         await self.grpc.start()
-        updater = IndexUpdater(self.index, pipeline.submit, self.stats, self.policies)
+        updater = IndexUpdater(self.index, RequestSink(pipeline.submit), self.stats, self.policies)
         self.source = self._source(updater)
         await self.source.start()
         await self._start_remotes(updater)

@@ -1,6 +1,6 @@
 """The push pipeline: submit -> debounce -> build -> cache -> fan-out, for every type.
 
-Sources submit registry changes (through `IndexUpdater`); generators that
+Sources submit registry changes (through `IndexUpdater` and `RequestSink`); generators that
 watch something for a proxy (the SDS generator, while a certificate is being
 kept) submit through the callback they were given. Both are `PushRequest`s,
 merged by the debouncer. A flush hands the request to every generator, which

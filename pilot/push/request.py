@@ -16,6 +16,7 @@ names per type, and names per type owned by one proxy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pilot.registry.index import NO_CHANGE, IndexChange
@@ -108,3 +109,16 @@ class Changes:
             mine = self.owned.setdefault(proxy, {})
             for type_url, names in by_type.items():
                 mine.setdefault(type_url, set()).update(names)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSink:
+    """The registry's changes as push requests (`pilot.registry.updater.ChangeSink`)."""
+
+    submit: Callable[[PushRequest], None]
+
+    def registry_changed(self, change: IndexChange) -> None:
+        self.submit(PushRequest(registry=change))
+
+    def policies_changed(self, namespaces: frozenset[str]) -> None:
+        self.submit(PushRequest(mtls_namespaces=namespaces))

@@ -26,7 +26,7 @@ from pilot.protocol import DeltaStream, SotwStream
 from pilot.protocol.kind import StreamKind
 from pilot.protocol.messages import DeltaRequest, SotwRequest
 from pilot.push.pipeline import Pipeline
-from pilot.push.updater import IndexUpdater
+from pilot.push.request import RequestSink
 from pilot.registry.index import EndpointIndex
 from pilot.registry.model import (
     Endpoint,
@@ -44,6 +44,7 @@ from pilot.registry.peer_authentication import (
     PeerAuthenticationKey,
     PeerAuthentications,
 )
+from pilot.registry.updater import IndexUpdater
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
@@ -137,7 +138,7 @@ def mesh() -> Iterator[Mesh]:
         inbound,
     ]
     pipeline = Pipeline(cache, stats, generators)
-    updater = IndexUpdater(index, pipeline.submit, stats, policies)
+    updater = IndexUpdater(index, RequestSink(pipeline.submit), stats, policies)
     yield Mesh(pipeline, updater, inbound, cache)
 
 
@@ -183,8 +184,8 @@ def strict(namespace: str) -> PeerAuthentication:
 
 
 def reviews(m: Mesh, ips: Iterable[str] = ("10.1.0.1",)) -> None:
-    m.updater.upsert(svc("reviews", ("http", 9080), ("grpc-api", 9090), ("tcp-db", 5432)))
-    m.updater.upsert(
+    m.updater.upsert_service(svc("reviews", ("http", 9080), ("grpc-api", 9090), ("tcp-db", 5432)))
+    m.updater.upsert_endpoints(
         endpoints("reviews", ips, ("http", 8080), ("grpc-api", 9090), ("tcp-db", 5432))
     )
 
@@ -251,18 +252,18 @@ def test_streams_that_read_no_listeners_or_capture_nothing_get_no_inbound() -> N
 def test_a_change_to_one_pods_inbound_reaches_that_pod_only() -> None:
     with mesh() as m:
         reviews(m)
-        m.updater.upsert(svc("ratings", ("http", 80)))
-        m.updater.upsert(endpoints("ratings", ["10.2.0.1"], ("http", 8000)))
+        m.updater.upsert_service(svc("ratings", ("http", 80)))
+        m.updater.upsert_endpoints(endpoints("ratings", ["10.2.0.1"], ("http", 8000)))
         m.flush()
         pod, bystander = m.connect(sidecar("10.1.0.1")), m.connect(sidecar("10.3.0.1"))
         joining = m.connect(sidecar("10.2.0.2"), DELTA_ADS)
 
-        m.updater.upsert(endpoints("ratings", ["10.2.0.1", "10.2.0.3"], ("http", 8000)))
+        m.updater.upsert_endpoints(endpoints("ratings", ["10.2.0.1", "10.2.0.3"], ("http", 8000)))
         m.flush()
         assert pod.notified == bystander.notified == [], "an endpoint elsewhere: EDS only"
         assert joining.notified == []
 
-        m.updater.upsert(endpoints("ratings", ["10.2.0.1", "10.2.0.2"], ("http", 8000)))
+        m.updater.upsert_endpoints(endpoints("ratings", ["10.2.0.1", "10.2.0.2"], ("http", 8000)))
         m.flush()
         assert joining.notified == ["cds", "lds"], "its IP joined: its own CDS, then LDS"
         assert pod.notified == bystander.notified == []
@@ -270,7 +271,7 @@ def test_a_change_to_one_pods_inbound_reaches_that_pod_only() -> None:
         assert inbound_clusters(joining) == {"inbound|8000||"}
         assert "inbound|8000||-mtls" in chains(joining)
 
-        m.updater.upsert(endpoints("ratings", ["10.2.0.1"], ("http", 8000)))
+        m.updater.upsert_endpoints(endpoints("ratings", ["10.2.0.1"], ("http", 8000)))
         m.flush()
         m.take(joining)
         assert inbound_clusters(joining) == set(), "delta: removed when its IP left"
@@ -283,7 +284,7 @@ def test_a_service_changing_its_ports_pushes_its_pods_lds_and_cds() -> None:
         m.flush()
         pod, bystander = m.connect(sidecar("10.1.0.1")), m.connect(sidecar("10.3.0.1"))
         theirs = bystander.held["lds"][VIRTUAL_INBOUND]
-        m.updater.upsert(svc("reviews", ("http", 9080), ("grpc-api", 9090)))
+        m.updater.upsert_service(svc("reviews", ("http", 9080), ("grpc-api", 9090)))
         m.flush()
         assert "lds" in pod.notified and "cds" in pod.notified
         m.take(pod)
@@ -296,8 +297,10 @@ def test_a_service_changing_its_ports_pushes_its_pods_lds_and_cds() -> None:
 def test_strict_and_disable_by_namespace_and_the_mesh_default() -> None:
     with mesh() as m:
         reviews(m)
-        m.updater.upsert(svc("cart", ("http", 80), namespace="cart"))
-        m.updater.upsert(endpoints("cart", ["10.5.0.1"], ("http", 8080), namespace="cart"))
+        m.updater.upsert_service(svc("cart", ("http", 80), namespace="cart"))
+        m.updater.upsert_endpoints(
+            endpoints("cart", ["10.5.0.1"], ("http", 8080), namespace="cart")
+        )
         m.flush()
         shop, cart = m.connect(sidecar("10.1.0.1")), m.connect(sidecar("10.5.0.1", "cart"))
 
@@ -363,8 +366,8 @@ def test_a_node_claiming_another_pods_ip_or_namespace_changes_nothing_it_reads()
 def test_shapes_are_bounded_by_the_registry_not_by_what_nodes_claim() -> None:
     with mesh() as m:
         for i in range(50):
-            m.updater.upsert(svc(f"s{i}", ("http", 80)))
-            m.updater.upsert(endpoints(f"s{i}", [f"10.9.0.{i}"], ("http", 8000 + i)))
+            m.updater.upsert_service(svc(f"s{i}", ("http", 80)))
+            m.updater.upsert_endpoints(endpoints(f"s{i}", [f"10.9.0.{i}"], ("http", 8000 + i)))
         m.flush()
         strangers = [m.connect(sidecar(f"203.0.113.{i}")) for i in range(200)]
         assert m.inbound.shapes == 1, "IPs the registry does not know: one shape"

@@ -29,8 +29,8 @@ def test_a_slice_of_another_namespace_at_a_pods_address_changes_nothing_it_reads
         pod = m.connect(sidecar(POD_IP, identity="spiffe://cluster.local/ns/shop/sa/reviews"))
         before = (chains(pod), inbound_clusters(pod), pod.held["lds"]["virtualInbound"])
         # Namespace `aaa` sorts before `shop`: its ports would come first, and win 8080.
-        m.updater.upsert(svc("squat", ("tcp-x", 80), ("tcp-more", 7777), namespace="aaa"))
-        m.updater.upsert(
+        m.updater.upsert_service(svc("squat", ("tcp-x", 80), ("tcp-more", 7777), namespace="aaa"))
+        m.updater.upsert_endpoints(
             endpoints("squat", [POD_IP], ("tcp-x", 8080), ("tcp-more", 7777), namespace="aaa")
         )
         m.flush()

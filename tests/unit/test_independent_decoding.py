@@ -36,7 +36,7 @@ from pilot.protocol import DeltaStream, SotwStream
 from pilot.protocol.kind import StreamKind
 from pilot.protocol.messages import DeltaRequest, DeltaResponse, SotwRequest, SotwResponse
 from pilot.push.pipeline import Pipeline
-from pilot.push.updater import IndexUpdater
+from pilot.push.request import RequestSink
 from pilot.registry.index import EndpointIndex
 from pilot.registry.model import (
     Endpoint,
@@ -48,6 +48,7 @@ from pilot.registry.model import (
     ServiceKey,
     ServicePort,
 )
+from pilot.registry.updater import IndexUpdater
 from pilot.security.ca import CaSettings, CertificateAuthority
 from pilot.security.ca_client import LocalCa
 from pilot.security.secrets import SdsSettings, SecretManager
@@ -233,7 +234,7 @@ class Plane:
         self.pipeline = Pipeline(
             cache, stats, [builder, SecretGenerator(self.secrets, cache, stats)]
         )
-        self._updater = IndexUpdater(index, self.pipeline.submit, stats)
+        self._updater = IndexUpdater(index, RequestSink(self.pipeline.submit), stats)
 
     def publish(self, registry: list[Workload]) -> None:
         services = [w.service for w in registry]

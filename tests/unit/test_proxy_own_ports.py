@@ -24,10 +24,10 @@ from pilot.generators.builder import BuildSettings
 from pilot.generators.lds import ListenerGenerator, virtual_outbound
 from pilot.generators.outbound import OutboundSettings, TrafficPolicy
 from pilot.generators.rds import RouteGenerator
-from pilot.push.request import PushRequest
-from pilot.push.updater import IndexUpdater
+from pilot.push.request import PushRequest, RequestSink
 from pilot.registry.index import EndpointIndex
 from pilot.registry.model import Service, ServiceKey, ServicePort
+from pilot.registry.updater import IndexUpdater
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
@@ -97,7 +97,7 @@ def outbound() -> Iterator[Outbound]:
         index,
         cache,
         stats,
-        IndexUpdater(index, pending.append, stats),
+        IndexUpdater(index, RequestSink(pending.append), stats),
         ListenerGenerator(index, cache, settings, build, stats),
         RouteGenerator(index, cache, settings, build, stats),
         pending,
@@ -120,7 +120,7 @@ def test_a_service_on_the_sidecars_own_ports_gets_no_listener_or_route_in_any_mo
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with outbound() as o, caplog.at_level(logging.WARNING, "pilot.xds"):
-        o.updater.upsert(hostile())
+        o.updater.upsert_service(hostile())
         o.push()
         redirect = o.listener_names(Interception.REDIRECT)
         assert _own(redirect) == set(), f"listeners on the sidecar's own ports: {redirect}"
@@ -135,7 +135,7 @@ def test_a_service_on_the_sidecars_own_ports_gets_no_listener_or_route_in_any_mo
         assert all(str(port) in lines[0] for port in OWN_PORTS), lines[0]
         assert o.stats.reserved_ports == len(OWN_PORTS)
 
-        o.updater.upsert(hostile(extra=(9081,)))  # changed again, the same own ports
+        o.updater.upsert_service(hostile(extra=(9081,)))  # changed again, the same own ports
         o.push()
         assert "0.0.0.0_9081" in o.listener_names(Interception.REDIRECT)
         lines = [r.getMessage() for r in caplog.records if "shop/hostile" in r.getMessage()]
@@ -146,7 +146,7 @@ def test_a_service_on_the_sidecars_own_ports_gets_no_listener_or_route_in_any_mo
 def test_a_wildcard_cluster_ip_cannot_put_a_tcp_listener_on_15001() -> None:
     """A TCP port's listener is CLUSTERIP_P: a ClusterIP 0.0.0.0 would be the wildcard."""
     with outbound() as o:
-        o.updater.upsert(hostile(cluster_ip="0.0.0.0"))
+        o.updater.upsert_service(hostile(cluster_ip="0.0.0.0"))
         o.push()
         redirect = o.listener_names(Interception.REDIRECT)
         assert _own(redirect) == set(), f"listeners on the sidecar's own ports: {redirect}"
@@ -155,9 +155,11 @@ def test_a_wildcard_cluster_ip_cannot_put_a_tcp_listener_on_15001() -> None:
 def test_reserved_target_ports_get_no_inbound_chain_or_cluster() -> None:
     with mesh() as m:
         ports = (("http", 9080), ("http-outbound", 9081), ("http-status", 9082))
-        m.updater.upsert(Service(ServiceKey("shop", "app"), tuple(ServicePort(*p) for p in ports)))
+        m.updater.upsert_service(
+            Service(ServiceKey("shop", "app"), tuple(ServicePort(*p) for p in ports))
+        )
         targets = (("http", 8080), ("http-outbound", 15001), ("http-status", 15021))
-        m.updater.upsert(endpoints("app", ["10.1.0.1"], *targets))
+        m.updater.upsert_endpoints(endpoints("app", ["10.1.0.1"], *targets))
         m.flush()
         pod = m.connect(sidecar("10.1.0.1"))
         assert chains(pod) == [
@@ -175,7 +177,7 @@ def test_a_wildcard_cluster_ip_claims_no_tcp_listener_on_any_port(wildcard: str)
     """Its listener would take every captured connection on that port, to anyone."""
     with outbound() as o:
         ports = (ServicePort("tcp-db", 5432), ServicePort("http", 9080))
-        o.updater.upsert(Service(HOSTILE, ports, cluster_ip=wildcard))
+        o.updater.upsert_service(Service(HOSTILE, ports, cluster_ip=wildcard))
         o.push()
         redirect = o.listener_names(Interception.REDIRECT)
         assert {name for name in redirect if name.endswith("_5432")} == set(), redirect

@@ -248,7 +248,7 @@ def test_only_pods_of_the_namespace_asked_are_a_sidecars_own() -> None:
 
 def pod(m: Mesh, ip: str, labels: dict[str, str], name: str = "", namespace: str = "shop") -> None:
     key = PodKey("", namespace, name or f"pod-{ip}")
-    m.updater.upsert(Pod(key, (ip,), istio_mtls=True, labels=tuple(sorted(labels.items()))))
+    m.updater.upsert_pod(Pod(key, (ip,), istio_mtls=True, labels=tuple(sorted(labels.items()))))
 
 
 def apply(m: Mesh, obj: dict[str, Any]) -> None:

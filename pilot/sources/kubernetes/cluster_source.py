@@ -87,10 +87,10 @@ class _ServiceHandler(_Handler):
         except _PARSE_ERRORS as error:
             self._report(obj, error)
             return
-        self._updater.upsert(service)
+        self._updater.upsert_service(service)
 
     def delete(self, namespace: str, name: str) -> None:
-        self._updater.delete(ServiceKey(namespace or "default", name), self._cluster)
+        self._updater.delete_service(ServiceKey(namespace or "default", name), self._cluster)
 
 
 class _EndpointsHandler(_Handler):
@@ -109,11 +109,11 @@ class _EndpointsHandler(_Handler):
             self.delete(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
             log.debug("skipping %s (not an IP address type)", object_label(obj))
             return
-        self._updater.upsert(parsed)
+        self._updater.upsert_endpoints(parsed)
 
     def delete(self, namespace: str, name: str) -> None:
         key = EndpointSetKey(self._kind, namespace or "default", name, self._cluster)
-        self._updater.delete(key)
+        self._updater.delete_endpoints(key)
 
 
 class _NodeHandler(_Handler):
@@ -123,10 +123,10 @@ class _NodeHandler(_Handler):
         except _PARSE_ERRORS as error:
             self._report(obj, error)
             return
-        self._updater.upsert(node)
+        self._updater.upsert_node(node)
 
     def delete(self, namespace: str, name: str) -> None:
-        self._updater.delete(NodeKey(self._cluster, name))
+        self._updater.delete_node(NodeKey(self._cluster, name))
 
 
 class _PodHandler(_Handler):
@@ -136,10 +136,10 @@ class _PodHandler(_Handler):
         except _PARSE_ERRORS as error:
             self._report(obj, error)
             return
-        self._updater.upsert(pod)
+        self._updater.upsert_pod(pod)
 
     def delete(self, namespace: str, name: str) -> None:
-        self._updater.delete(PodKey(self._cluster, namespace or "default", name))
+        self._updater.delete_pod(PodKey(self._cluster, namespace or "default", name))
 
 
 # Pods that are done are no endpoint's: the API server leaves them out (and tells a
