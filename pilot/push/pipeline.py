@@ -34,9 +34,10 @@ handed to the pipeline by the composition root.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 from pilot.protocol.kind import StreamKind
@@ -308,6 +309,30 @@ class Pipeline:
     def view(self, subscriber: Subscriber) -> ProxyView:
         """What this stream may read: its flavor of the shared resources, and its own."""
         return self.cache.view(flavors_of(subscriber), subscriber.proxy)
+
+    def shared_view(self, flavors: Flavors) -> ProxyView:
+        """The shared resources of these flavors (no proxy's own)."""
+        return self.cache.view(flavors)
+
+    def in_the_making(self, type_url: str, name: str, proxy: ProxyKey) -> bool:
+        """Whether `name` is still being made for `proxy` (a certificate being minted)."""
+        return self.cache.pending(type_url, name, proxy)
+
+    def push_slot(self) -> asyncio.Semaphore:
+        """One of the slots that bound the responses built and written at once."""
+        return self.push_slots
+
+    @contextlib.contextmanager
+    def writing(self, writer: Hashable, on_timeout: Callable[[], None]) -> Iterator[None]:
+        """A write in flight, ended by `on_timeout` if it outlives the send timeout (a
+        deadline rather than a cancellation: a cancelled write stays in gRPC anyway)."""
+        deadlines = self.write_deadlines
+        if deadlines.timeout:
+            deadlines.started(writer, on_timeout)
+        try:
+            yield
+        finally:
+            deadlines.ended(writer)
 
     def join(self, subscriber: Subscriber) -> None:
         """A stream identified its proxy (on its first request)."""

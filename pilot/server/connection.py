@@ -37,9 +37,9 @@ from pilot.protocol.messages import (
     StreamEvent,
     WildcardRefused,
 )
-from pilot.push.pipeline import Pipeline
 from pilot.server import convert, intake
 from pilot.server.live_streams import LiveStreams
+from pilot.server.pushing import Pushing
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.interception import METADATA_KEY, Interception, interception_of
@@ -75,7 +75,7 @@ class StreamContext:
     builds); `auth` None means the port asks for no credentials.
     """
 
-    pipeline: Pipeline
+    pipeline: Pushing
     stats: XdsStats
     connections: LiveStreams[Connection] = field(default_factory=LiveStreams)
     auth: ProxyAuthenticator | None = None
@@ -293,7 +293,7 @@ class Connection:
             self._wake.set()  # not for a secret still being minted: its mint wakes the stream
 
     def _in_the_making(self, type_url: str, name: str) -> bool:
-        return self._pipeline.cache.pending(type_url, name, self.proxy)
+        return self._pipeline.in_the_making(type_url, name, self.proxy)
 
     def _convert(self, message: Any) -> SotwRequest | DeltaRequest:
         default_type = self.kind.fixed_type or ""
@@ -377,7 +377,7 @@ class Connection:
         await self._until_ready()
         while not self._ended:
             await self._wake.wait()
-            async with pipeline.push_slots:
+            async with pipeline.push_slot():
                 if self._ended:
                     return
                 self._wake.clear()
@@ -413,13 +413,7 @@ class Connection:
     ) -> None:
         started = time.monotonic()
         data = convert.encode(response)
-        deadlines = self._pipeline.write_deadlines
-        # A deadline rather than a cancellation: a cancelled write stays in gRPC anyway.
-        if deadlines.timeout:
-            deadlines.started(self, self._time_out)
-        try:
+        with self._pipeline.writing(self, self._time_out):
             await context.write(data)
-        finally:
-            deadlines.ended(self)
         self._context.stats.responses[response.type_url] += 1
         self._context.metrics.written(response.type_url, len(data), time.monotonic() - started)

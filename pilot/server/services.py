@@ -89,7 +89,7 @@ def _fetch_handler(
             stream.on_request(request)
         except ProtocolError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        view = shared.pipeline.cache.view({types.CLUSTER: flavor.value})
+        view = shared.pipeline.shared_view({types.CLUSTER: flavor.value})
         for response in stream.take_responses(view):
             return convert.encode(response)
         return convert.encode_empty(type_url, view.version(type_url))

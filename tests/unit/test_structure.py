@@ -81,7 +81,7 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_import_walk_sees_real_imports() -> None:
     graph = _graph()
-    assert "pilot.push.pipeline" in graph["pilot.server.connection"]
+    assert "pilot.push.pipeline" in graph["pilot.server.pushing"]
     assert "pilot.xds.cache" in graph["pilot.push.pipeline"]
     assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
@@ -105,6 +105,18 @@ def _imports_from(layer: str, forbidden: str) -> list[str]:
 @pytest.mark.parametrize("forbidden", ["pilot.debug", "pilot.sources", "pilot.security"])
 def test_the_grpc_shell_imports_none_of_what_uses_it(forbidden: str) -> None:
     assert not (offenders := _imports_from("pilot.server", forbidden)), offenders
+
+
+def test_the_grpc_shell_reaches_the_pipeline_through_its_protocol_only() -> None:
+    """server/ names `Pushing` (server/pushing.py), never the Pipeline class itself."""
+    offenders = sorted(
+        module
+        for module, path in _modules().items()
+        if module.startswith("pilot.server")
+        and "pilot.push.pipeline.Pipeline"
+        in _imported(module, path, {"pilot.push.pipeline.Pipeline"})
+    )
+    assert not offenders, offenders
 
 
 @pytest.mark.parametrize("forbidden", ["pilot.debug", "pilot.server"])
