@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pilot.xds import types
 from tests.integration import test_grpcurl as grpcurl
-from tests.integration.test_envoy_ads import expected
+from tests.integration.envoy_ads_expectations import expected
 from tests.support.cli import run_pilot
 from tests.support.deadline import bounded
 from tests.support.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
