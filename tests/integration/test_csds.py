@@ -19,7 +19,7 @@ from envoy.service.status.v3 import csds_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from pilot.xds import types
-from tests.integration import test_grpcurl as grpcurl
+from tests.integration import readme_grpcurl as grpcurl
 from tests.integration.delta_proxy import Proxy
 from tests.integration.envoy_ads_expectations import expected
 from tests.support.cli import run_pilot
