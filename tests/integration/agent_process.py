@@ -15,7 +15,8 @@ The agent's stderr (text logs) is kept line by line: `wait_logged` waits for a
 line with a deadline, `count` counts them (e.g. one per certificate minted).
 `stop` sends SIGTERM and fails unless the agent exits 0; `run_to_exit` runs one
 that is expected to stop by itself (a start-up error) and returns its status
-and stderr.
+and stderr. The process, its log and the stop policy are
+tests/support/background_process's.
 """
 
 from __future__ import annotations
@@ -29,13 +30,13 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from pilot.agent.sds_agent import DEFAULT_ROOT_CERT, DEFAULT_SOCKET
-from tests.support.stderr_log import StderrLog, terminate
+from tests.support.background_process import BackgroundProcess, LineLog
 
 REPO = Path(__file__).resolve().parents[2]
 PILOT = Path(sys.executable).parent / "pilot"  # the console script `pip install` made
@@ -115,16 +116,10 @@ async def agent_folder() -> AsyncIterator[AgentFolder]:
 
 
 @dataclass
-class AgentProcess:
-    """A running `pilot agent` and every line it logged."""
+class AgentProcess(BackgroundProcess[str]):
+    """A running `pilot agent` and every line it logged (to stderr)."""
 
-    process: asyncio.subprocess.Process
     folder: AgentFolder
-    stderr: StderrLog[str] = field(repr=False)
-
-    @property
-    def lines(self) -> list[str]:
-        return self.stderr.lines
 
     def count(self, text: str) -> int:
         return sum(text in line for line in self.lines)
@@ -133,14 +128,9 @@ class AgentProcess:
         self, predicate: Callable[[list[str]], bool], what: str, within: float = 10.0
     ) -> None:
         """Wait until `predicate(lines)` holds (or fail, saying what was awaited)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within
-        while not predicate(self.lines):
-            remaining = deadline - loop.time()
-            if remaining <= 0 or self.stderr.ended:
-                when = "before it exited" if self.stderr.ended else f"within {within:g}s"
-                pytest.fail(f"pilot agent did not log {what} {when}; {self.tail()}")
-            await self.stderr.next_line(remaining)
+        await self.wait_for(
+            lambda: predicate(self.lines), f"pilot agent did not log {what}", within
+        )
 
     async def wait_count(self, text: str, count: int, within: float = 10.0) -> None:
         await self.wait_logged(
@@ -158,12 +148,9 @@ class AgentProcess:
         await self.wait_count(text, 1, within)
         return self.count(text)
 
-    def tail(self, count: int = 8) -> str:
-        return "its last log lines:\n  " + "\n  ".join(self.lines[-count:])
-
     async def stop(self) -> None:
         """SIGTERM; the agent must exit 0 and take its socket with it."""
-        if not await terminate(self.process, self.stderr, STOP_TIMEOUT):
+        if not await self.terminate(STOP_TIMEOUT):
             pytest.fail(f"pilot agent ignored SIGTERM for {STOP_TIMEOUT:g}s; {self.tail()}")
         assert self.process.returncode == 0, f"pilot agent exited {self.process.returncode}"
         assert not self.folder.socket.exists(), "the agent left its socket behind"
@@ -195,7 +182,7 @@ async def start_agent(
 ) -> AgentProcess:
     """The README's command in `folder`, dialing `address`; returns once it serves SDS."""
     process = await _spawn(folder, address, env or {})
-    agent = AgentProcess(process, folder, StderrLog(process, str, "agent-stderr"))
+    agent = AgentProcess(process, LineLog(process.stderr, str, "agent-stderr"), folder)
     try:
         await agent.wait_logged(
             lambda lines: any(SERVING in line for line in lines),
@@ -203,7 +190,7 @@ async def start_agent(
             STARTUP_TIMEOUT,
         )
     except BaseException:
-        await terminate(process, agent.stderr, STOP_TIMEOUT)
+        await agent.terminate(STOP_TIMEOUT)
         raise
     return agent
 

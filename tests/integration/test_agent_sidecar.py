@@ -23,9 +23,8 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Mapping
-from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,35 +32,26 @@ import pytest
 
 from pilot.security.certs import cert_pem, self_signed_root
 from tests.integration.agent_process import PILOT
+from tests.integration.cart_sidecar import (
+    TOKEN,
+    agent_argv_to,
+    cart_agent_folder,
+    get_from,
+    pod_env,
+)
 from tests.integration.sidecar_support import (
     PROXY_UID,
     TOKEN_FILE,
-    Workload,
-    agent_argv,
-    agent_folder,
     envoy_pid,
     pilot_in_pod,
-    sidecar_env,
 )
 from tests.support.envoy_process import find_envoy_binary, validate_bootstrap, wait_until
 from tests.support.mesh import simple_mesh, write_mesh
-from tests.support.pilot_process import (
-    PilotProcess,
-)
+from tests.support.pilot_process import PilotProcess
 from tests.support.pod_process import PodProcess, running_in
 from tests.support.pods import Pod, leftovers, pod_network
 
-TOKEN = "sidecar-token-0123456789abcdef"
 CLUSTER = "outbound|80||reviews.default.svc.cluster.local"
-CART = Workload("shop", "cart", "cart-7d4f9-x2x1z")
-
-
-def _pod_env(ip: str, **extra: str) -> dict[str, str]:
-    return sidecar_env(ip, CART, **extra)
-
-
-def _agent_folder(root_pem: str, owner: int | None = None) -> AbstractContextManager[Path]:
-    return agent_folder(root_pem, TOKEN, owner)
 
 
 def _bootstrap_command(folder: Path, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
@@ -81,8 +71,8 @@ def _other_root() -> str:
 
 
 def test_envoy_accepts_the_bootstrap_the_agent_prints(tmp_path: Path) -> None:
-    with _agent_folder(_other_root()) as folder:
-        result = _bootstrap_command(folder, _pod_env("198.18.0.2"))
+    with cart_agent_folder(_other_root()) as folder:
+        result = _bootstrap_command(folder, pod_env("198.18.0.2"))
         assert result.returncode == 0, result.stderr
         bootstrap = json.loads(result.stdout)
         path = tmp_path / "envoy-rev.json"
@@ -118,8 +108,8 @@ def test_envoy_accepts_the_bootstrap_the_agent_prints(tmp_path: Path) -> None:
     ids=["tilde", "newline", "missing", "ip", "mode"],
 )
 def test_names_that_are_not_names_are_refused(override: dict[str, str], message: str) -> None:
-    with _agent_folder(_other_root()) as folder:
-        result = _bootstrap_command(folder, _pod_env("198.18.0.2") | override)
+    with cart_agent_folder(_other_root()) as folder:
+        result = _bootstrap_command(folder, pod_env("198.18.0.2") | override)
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.splitlines() == [f"pilot: error: {message}"]
@@ -128,11 +118,11 @@ def test_names_that_are_not_names_are_refused(override: dict[str, str], message:
 def test_a_root_agent_does_not_start_envoy_with_capture_on() -> None:
     if os.geteuid() != 0:
         pytest.skip(f"the refusal is of root; these tests run as uid {os.geteuid()}")
-    with _agent_folder(_other_root()) as folder:
+    with cart_agent_folder(_other_root()) as folder:
         result = subprocess.run(
             [str(PILOT), "agent", "--discovery-address", "localhost:1", "--binary-path",
              find_envoy_binary()],
-            cwd=folder, env=_pod_env("198.18.0.2"), capture_output=True, text=True,
+            cwd=folder, env=pod_env("198.18.0.2"), capture_output=True, text=True,
             timeout=60, check=False,
         )  # fmt: skip
         assert not (folder / "etc").exists(), "a bootstrap was written"
@@ -148,24 +138,6 @@ def _pilot_in(pod: Pod, folder: Path) -> AbstractAsyncContextManager[PilotProces
     return pilot_in_pod(pod, folder, mesh, {TOKEN: "system:serviceaccount:shop:cart"})
 
 
-async def _get(pod: Pod, url: str) -> tuple[int, str]:
-    """GET from inside the pod: (status, body); status 0 when nothing answers."""
-    script = (
-        "import sys, urllib.request, urllib.error\n"
-        "try:\n"
-        "    r = urllib.request.urlopen(sys.argv[1], timeout=5)\n"
-        "    print(r.status); print(r.read().decode())\n"
-        "except urllib.error.HTTPError as e:\n"
-        "    print(e.code)\n"
-        "except OSError:\n"
-        "    print(0)\n"
-    )
-    status, out, err = await pod.run(sys.executable, "-c", script, url)
-    assert status == 0, err
-    code, _, body = out.partition("\n")
-    return int(code), body
-
-
 def _ids(pid: int, field: str) -> list[int]:
     status = Path(f"/proc/{pid}/status").read_text()
     [line] = [line for line in status.splitlines() if line.startswith(f"{field}:")]
@@ -174,10 +146,6 @@ def _ids(pid: int, field: str) -> list[int]:
 
 def _exists(path: Path) -> bool:
     return path.exists()
-
-
-def _agent_argv(pilot: PilotProcess) -> list[str]:
-    return agent_argv(f"localhost:{pilot.tls_port}")
 
 
 @dataclass
@@ -196,10 +164,10 @@ async def _sidecar(tmp_path: Path) -> AsyncIterator[Sidecar]:
     async with pod_network(["a"]) as network:
         a = network["a"]
         async with _pilot_in(a, tmp_path) as pilot:
-            with _agent_folder(pilot.root_pem.decode(), owner=PROXY_UID) as folder:
-                env = _pod_env(a.address)
+            with cart_agent_folder(pilot.root_pem.decode(), owner=PROXY_UID) as folder:
+                env = pod_env(a.address)
                 async with running_in(
-                    a, _agent_argv(pilot), "started Envoy", uid=PROXY_UID, cwd=folder, env=env
+                    a, agent_argv_to(pilot), "started Envoy", uid=PROXY_UID, cwd=folder, env=env
                 ) as agent:
                     yield Sidecar(a, pilot, folder, agent)
     assert leftovers(network) == []
@@ -216,24 +184,24 @@ async def test_the_agent_starts_envoy_as_1337_and_envoy_gets_its_clusters_from_p
         written = folder / "etc/istio/proxy/envoy-rev.json"
         assert written.stat().st_mode & 0o777 == 0o644
         await wait_until(
-            lambda: _get(a, "http://127.0.0.1:15000/clusters"),
+            lambda: get_from(a, "http://127.0.0.1:15000/clusters"),
             20,
             f"Envoy to hold {CLUSTER}",
             until=lambda answer: CLUSTER in answer[1],
         )
         await wait_until(
-            lambda: _get(a, f"http://{a.address}:15021/healthz/ready"),
+            lambda: get_from(a, f"http://{a.address}:15021/healthz/ready"),
             30,
             "readiness on 15021",
             until=lambda answer: answer[0] == 200,
         )
         # Ready only once pilot's listeners came: Envoy waits for LDS without a timeout.
-        _, held = await _get(a, "http://127.0.0.1:15000/listeners")
+        _, held = await get_from(a, "http://127.0.0.1:15000/listeners")
         assert "virtualOutbound::0.0.0.0:15001" in held, held
-        status, metrics = await _get(a, f"http://{a.address}:15090/stats/prometheus")
+        status, metrics = await get_from(a, f"http://{a.address}:15090/stats/prometheus")
         assert status == 200 and "envoy_cluster_manager" in metrics
-        assert (await _get(a, f"http://{a.address}:15090/clusters"))[0] == 404
-        assert (await _get(a, f"http://{a.address}:15000/ready"))[0] == 0
+        assert (await get_from(a, f"http://{a.address}:15090/clusters"))[0] == 404
+        assert (await get_from(a, f"http://{a.address}:15000/ready"))[0] == 0
         # Proven by the token Envoy read from CA_TOKEN_FILE (pilot refuses none).
         node = f"sidecar~{a.address}~cart-7d4f9-x2x1z.shop~shop.svc.cluster.local"
         proven = f"{node} (spiffe://cluster.local/ns/shop/sa/cart) connected"

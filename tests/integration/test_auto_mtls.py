@@ -21,7 +21,6 @@ endpoints' metadata; a stream that reads no listener gets clusters without them.
 
 from __future__ import annotations
 
-import socket
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -30,9 +29,9 @@ from pilot.generators.naming import outbound_cluster_name
 from pilot.registry.model import ServiceKey, ServicePort
 from pilot.security.identity import Identity
 from pilot.xds import types
+from tests.integration.envoy_listener_client import free_port, get
 from tests.integration.http_backend import BACKEND_BODY, Backend
 from tests.integration.mtls_backend import MTLS_BODY, MtlsBackend
-from tests.integration.test_envoy_listeners import get
 from tests.integration.tls_probe import probe_credentials
 from tests.support.envoy_process import EnvoyProcess, load_example_bootstrap
 from tests.support.envoy_view import assert_nothing_rejected_or_warming
@@ -45,13 +44,6 @@ NODE_ID = "sidecar~127.0.0.1~client.default~default.svc.cluster.local"
 CLIENT_ID = "spiffe://cluster.local/ns/default/sa/default"  # the example's node metadata
 REVIEWS_IP, RATINGS_IP, DETAILS_IP = "127.0.0.3", "127.0.0.1", "127.0.0.4"
 DEADLINE = 30.0
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on now (Envoy binds it as a service port)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def http_service(name: str, port: int, ip: str, target: int) -> list[dict[str, Any]]:

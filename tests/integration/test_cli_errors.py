@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.background_process import terminate
 from tests.support.ca import write_plugged_in
 from tests.support.deadline import bounded
 from tests.support.mesh import simple_mesh, write_mesh
@@ -36,7 +37,6 @@ from tests.support.pilot_process import (
     spawn,
     wait_serving,
 )
-from tests.support.stderr_log import terminate
 
 EXIT_WITHIN = 30.0  # seconds a refused command may take to exit (a liveness bound)
 WAIT = 15.0

@@ -14,17 +14,14 @@ from pathlib import Path
 
 import grpc
 from envoy.admin.v3 import config_dump_shared_pb2
-from envoy.config.core.v3 import base_pb2
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
-from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.status.v3 import csds_pb2
-from google.protobuf import struct_pb2
-from google.rpc import status_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from pilot.xds import types
-from tests.integration import test_grpcurl as grpcurl
-from tests.integration.test_envoy_ads import expected
+from tests.integration import readme_grpcurl as grpcurl
+from tests.integration.delta_proxy import Proxy
+from tests.integration.envoy_ads_expectations import expected
 from tests.support.cli import run_pilot
 from tests.support.deadline import bounded
 from tests.support.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
@@ -34,47 +31,7 @@ from tests.support.pilot import RunningPilot, running_pilot
 from tests.support.pilot_process import PilotProcess, start_file_pilot_with_ca
 
 CSDS = "/envoy.service.status.v3.ClientStatusDiscoveryService"
-DELTA_ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
 MESH = {"alpha": ["127.0.0.1"], "beta": ["127.0.0.2"]}
-
-
-def _node(node_id: str) -> base_pb2.Node:
-    metadata = struct_pb2.Struct()
-    metadata.update({"NAMESPACE": "shop", "SERVICE_ACCOUNT": node_id})
-    return base_pb2.Node(id=node_id, metadata=metadata)
-
-
-class Proxy:
-    """A delta ADS stream standing in for an Envoy."""
-
-    def __init__(self, channel: grpc.aio.Channel, node_id: str) -> None:
-        self.call = channel.stream_stream(
-            DELTA_ADS,
-            request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
-            response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString,
-        )()
-        self.node = _node(node_id)
-
-    async def subscribe(
-        self, type_url: str, names: list[str]
-    ) -> discovery_pb2.DeltaDiscoveryResponse:
-        request = discovery_pb2.DeltaDiscoveryRequest(
-            type_url=type_url, resource_names_subscribe=names
-        )
-        if self.node is not None:
-            request.node.CopyFrom(self.node)
-            self.node = None
-        await self.call.write(request)
-        response: discovery_pb2.DeltaDiscoveryResponse = await bounded(self.call.read(), 10)
-        return response
-
-    async def reply(self, response: discovery_pb2.DeltaDiscoveryResponse, error: str = "") -> None:
-        request = discovery_pb2.DeltaDiscoveryRequest(
-            type_url=response.type_url, response_nonce=response.nonce
-        )
-        if error:
-            request.error_detail.CopyFrom(status_pb2.Status(code=3, message=error))
-        await self.call.write(request)
 
 
 async def _proxy_status(target: str) -> list[dict[str, str]]:

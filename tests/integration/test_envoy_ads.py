@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import StartEnvoy
+from tests.integration.envoy_ads_expectations import expected
 from tests.support.envoy_process import EnvoyProcess, load_example_bootstrap
 from tests.support.envoy_view import (
-    ClusterView,
     assert_nothing_rejected_or_warming,
     wait_for_view,
 )
@@ -22,14 +22,6 @@ from tests.support.pilot import running_pilot
 from tests.support.pilot_process import start_file_pilot_with_ca
 
 ADS_EXAMPLES = ["envoy-ads-sotw.yaml", "envoy-ads-delta.yaml"]
-PORT = 8080
-
-
-def expected(mesh: dict[str, list[str]], domain: str = "cluster.local") -> ClusterView:
-    return {
-        cluster_name(svc, domain=domain): {(ip, PORT): "HEALTHY" for ip in ips}
-        for svc, ips in mesh.items()
-    }
 
 
 @pytest.mark.parametrize("example", ADS_EXAMPLES)

@@ -10,7 +10,6 @@ routes the proxy holds.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from pilot.xds import types
+from tests.integration.envoy_listener_client import free_port, get
 from tests.integration.http_backend import BACKEND_BODY, Backend
 from tests.support.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
 from tests.support.envoy_view import assert_nothing_rejected_or_warming
@@ -31,13 +31,6 @@ NODE_ID = "sidecar~127.0.0.1~client.default~default.svc.cluster.local"
 DEADLINE = 20.0
 
 
-def free_port() -> int:
-    """A loopback port nobody listens on now (Envoy binds it as a service port)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def http_service(name: str, port: int, backend: Backend | None) -> list[dict[str, Any]]:
     """A Service with one HTTP port, its endpoint the backend on 127.0.0.1 (or none)."""
     endpoints = [Ep("127.0.0.1")] if backend is not None else []
@@ -46,16 +39,6 @@ def http_service(name: str, port: int, backend: Backend | None) -> list[dict[str
         service(name, ports=[("http", port)]),
         endpoint_slice(name, endpoints, ports=[("http", target)]),
     ]
-
-
-async def get(port: int, host: str) -> tuple[int, str]:
-    """GET / through Envoy's listener on 127.0.0.1:port, naming `host`."""
-    timeout = aiohttp.ClientTimeout(total=5)
-    async with (
-        aiohttp.ClientSession(timeout=timeout) as session,
-        session.get(f"http://127.0.0.1:{port}/", headers={"Host": host}) as response,
-    ):
-        return response.status, await response.text()
 
 
 async def answers(port: int, host: str) -> bool:

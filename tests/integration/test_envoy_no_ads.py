@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.integration.conftest import StartEnvoy
-from tests.integration.test_envoy_ads import expected
+from tests.integration.envoy_ads_expectations import expected
 from tests.support.envoy_process import XDS_CLUSTER, EnvoyProcess, Json, load_example_bootstrap
 from tests.support.envoy_view import assert_nothing_rejected_or_warming, wait_for_view
 from tests.support.mesh import simple_mesh, write_mesh

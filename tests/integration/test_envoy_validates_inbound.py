@@ -17,15 +17,11 @@ import pytest
 from envoy.config.listener.v3 import listener_pb2
 
 from pilot.xds import types
-from tests.integration.test_envoy_validates_listeners import bootstrap_of
+from tests.integration.envoy_validation import POD_ID, POD_IP, bootstrap_of, fetch
 from tests.support.envoy_process import validate_bootstrap
 from tests.support.mesh import Ep, endpoint_slice, service
 from tests.support.pilot import running_pilot
-from tests.support.xds_client import DeltaStream, XdsClient, delta_resources, node
-
-POD_IP = "10.44.0.7"
-POD_ID = f"sidecar~{POD_IP}~reviews-1.shop~shop.svc.cluster.local"
-TIMEOUT = 30.0
+from tests.support.xds_client import XdsClient, node
 
 
 def pod_mesh(mode: str) -> list[dict[str, Any]]:
@@ -52,20 +48,6 @@ def pod_mesh(mode: str) -> list[dict[str, Any]]:
             "spec": {"mtls": {"mode": mode}},
         },
     ]
-
-
-async def fetch(stream: DeltaStream) -> dict[str, dict[str, Any]]:
-    held: dict[str, dict[str, Any]] = {t: {} for t in (types.CLUSTER, types.LISTENER, types.ROUTE)}
-    await stream.subscribe(types.CLUSTER, ["*"])
-    await stream.subscribe(types.LISTENER, ["*"])
-    while not (
-        "virtualInbound" in held[types.LISTENER] and "inbound|8080||" in held[types.CLUSTER]
-    ):
-        response = await stream.next_response(TIMEOUT)
-        for name, resource in delta_resources(response).items():
-            held[response.type_url][name] = resource.message
-        await stream.ack(response)
-    return held
 
 
 @pytest.mark.parametrize("mode", ["PERMISSIVE", "STRICT", "DISABLE", "UNSET"])

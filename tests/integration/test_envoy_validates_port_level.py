@@ -16,8 +16,7 @@ from typing import Any
 from envoy.config.listener.v3 import listener_pb2
 
 from pilot.xds import types
-from tests.integration.test_envoy_validates_inbound import POD_ID, POD_IP, fetch
-from tests.integration.test_envoy_validates_listeners import bootstrap_of
+from tests.integration.envoy_validation import POD_ID, POD_IP, bootstrap_of, fetch
 from tests.support.envoy_process import validate_bootstrap
 from tests.support.mesh import Ep, endpoint_slice, service
 from tests.support.pilot import running_pilot

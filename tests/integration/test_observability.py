@@ -15,7 +15,7 @@ import pytest
 
 from pilot.logs import JsonFormatter, LogSpecError, parse_levels
 from pilot.xds import types
-from tests.integration.test_csds import Proxy
+from tests.integration.delta_proxy import Proxy
 from tests.support.deadline import bounded
 from tests.support.envoy_process import wait_until
 from tests.support.mesh import cluster_name, simple_mesh, write_mesh

@@ -40,15 +40,14 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from tests.integration.agent_process import PILOT
-from tests.integration.sidecar_support import pilot_in_pod
-from tests.integration.test_agent_sidecar import (
-    PROXY_UID,
+from tests.integration.cart_sidecar import (
     TOKEN,
-    _agent_argv,
-    _agent_folder,
-    _get,
-    _pod_env,
+    agent_argv_to,
+    cart_agent_folder,
+    get_from,
+    pod_env,
 )
+from tests.integration.sidecar_support import PROXY_UID, pilot_in_pod
 from tests.support.ca import (
     Issuer,
     issue_leaf,
@@ -57,9 +56,7 @@ from tests.support.ca import (
 )
 from tests.support.envoy_process import wait_until
 from tests.support.mesh import Ep, endpoint_slice, service, write_mesh
-from tests.support.pilot_process import (
-    PilotProcess,
-)
+from tests.support.pilot_process import PilotProcess
 from tests.support.pod_process import running_in
 from tests.support.pods import Pod, leftovers, pod_network
 
@@ -145,7 +142,7 @@ async def _call(pod: Pod, host: str, *options: str, port: int = APP_PORT) -> dic
 
 async def _stat(pod: Pod, name: str) -> int:
     """One counter of pod's Envoy (0 when it has none yet)."""
-    status, text = await _get(pod, f"http://127.0.0.1:15000/stats?filter=^{name}$")
+    status, text = await get_from(pod, f"http://127.0.0.1:15000/stats?filter=^{name}$")
     assert status == 200, text
     for line in text.splitlines():
         key, _, value = line.partition(": ")
@@ -171,8 +168,8 @@ async def test_plaintext_and_mtls_reach_the_app_through_virtual_inbound(tmp_path
             running_in(a, other, "serving on"),
             running_in(a, raw, "serving on"),
         ):
-            with _agent_folder(pilot.root_pem.decode(), owner=PROXY_UID) as folder:
-                agent_argv, env = _agent_argv(pilot), _pod_env(a.address)
+            with cart_agent_folder(pilot.root_pem.decode(), owner=PROXY_UID) as folder:
+                agent_argv, env = agent_argv_to(pilot), pod_env(a.address)
                 async with running_in(
                     a, agent_argv, "started Envoy", uid=PROXY_UID, cwd=folder, env=env
                 ) as agent:

@@ -30,7 +30,7 @@ from urllib.parse import quote
 import pytest
 import pytest_asyncio
 
-from tests.integration.test_envoy_listeners import free_port
+from tests.integration.envoy_listener_client import free_port
 from tests.support.cli import Output, assert_formats_agree, run_pilot
 from tests.support.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
 from tests.support.mesh import Ep, endpoint_slice, service, write_mesh

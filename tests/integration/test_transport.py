@@ -24,8 +24,8 @@ from pilot.security.certs import (
     uri_sans,
 )
 from pilot.security.identity import Identity
-from tests.integration.test_csds import Proxy
-from tests.integration.test_envoy_ads import expected
+from tests.integration.delta_proxy import Proxy
+from tests.integration.envoy_ads_expectations import expected
 from tests.support.deadline import bounded
 from tests.support.envoy_process import EXAMPLES_DIR, EnvoyProcess, load_example_bootstrap
 from tests.support.envoy_view import wait_for_view

@@ -28,7 +28,11 @@ from typing import Any
 
 import yaml
 
-from tests.integration.test_many_clusters import (
+from tests.kubeapi import KubeAPIServer
+from tests.security.remote_attackers import Pki, b64, kubeconfig
+from tests.support.ca import write_plugged_in
+from tests.support.kube_helpers import apply_mesh, ready
+from tests.support.many_clusters import (
     Cluster,
     alpha_hosts,
     clusters,
@@ -37,10 +41,6 @@ from tests.integration.test_many_clusters import (
     remote_secret,
     wait_for_hosts,
 )
-from tests.kubeapi import KubeAPIServer
-from tests.security.remote_attackers import Pki, b64, kubeconfig
-from tests.support.ca import write_plugged_in
-from tests.support.kube_helpers import apply_mesh, ready
 from tests.support.pilot_process import PilotProcess
 
 WITHIN = 15.0

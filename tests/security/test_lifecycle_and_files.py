@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.background_process import terminate
 from tests.support.ca import write_plugged_in
 from tests.support.envoy_process import wait_until
 from tests.support.mesh import cluster_name, simple_mesh, write_mesh
@@ -35,7 +36,6 @@ from tests.support.pilot_process import (
     start_file_pilot_with_ca,
     wait_serving,
 )
-from tests.support.stderr_log import terminate
 from tests.support.xds_client import XdsClient, sotw_names
 
 EXIT_WITHIN = 10.0  # seconds a signalled pilot may take to exit (its drain is 0 s)

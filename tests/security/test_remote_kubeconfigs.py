@@ -36,7 +36,6 @@ from typing import Any
 import yaml
 
 from pilot.kube.kubeconfig import MAX_NAMED_FILE_BYTES
-from tests.integration.test_many_clusters import PILOT_NAMESPACE, remote_secret
 from tests.kubeapi import KubeAPIServer
 from tests.security.remote_attackers import (
     Pki,
@@ -50,6 +49,7 @@ from tests.support.ca import write_plugged_in
 from tests.support.deadline import bounded
 from tests.support.envoy_process import wait_until
 from tests.support.kube_helpers import apply_mesh, kube_api, ready
+from tests.support.many_clusters import PILOT_NAMESPACE, remote_secret
 from tests.support.pilot_process import PilotProcess, http_get, launch
 
 ALPHA = "alpha"

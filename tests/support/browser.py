@@ -20,7 +20,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from tests.support.stderr_log import StderrLog, terminate
+from tests.support.background_process import LineLog, terminate
 
 CHROMIUM = "chromium"
 OPEN_TIMEOUT = 20.0
@@ -143,7 +143,7 @@ async def open_page(url: str, within: float = OPEN_TIMEOUT) -> SeenPage:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
-        log = StderrLog(process, str, "chromium-stderr")
+        log = LineLog(process.stderr, str, "chromium-stderr")
         dumped = bytearray()
         try:
             async with asyncio.timeout(within):

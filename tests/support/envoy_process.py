@@ -8,7 +8,9 @@ This module owns:
   xDS port, the node identity and the admin port (``load_example_bootstrap``), so that the
   integration tests run exactly what the README ships;
 * running Envoy (``EnvoyProcess``: start, stop, kill, log capture) and reading its admin API
-  (clusters, hosts, stats, config dump, certificates, readiness);
+  (clusters, hosts, stats, config dump, certificates, readiness); it stops Envoy by the
+  harness's one policy (``tests.support.background_process.terminate``), and keeps its log
+  in a file, not a pipe, so that the log outlives the test;
 * ``wait_until``: the deadline-bound poller that tests use instead of sleeps, with or
   without an Envoy.
 
@@ -39,7 +41,7 @@ from typing import Any, Self, TypedDict, TypeVar, Unpack, overload
 import aiohttp
 import yaml
 
-from tests.support.deadline import bounded
+from tests.support.background_process import terminate
 
 T = TypeVar("T")
 Json = dict[str, Any]
@@ -435,20 +437,10 @@ class EnvoyProcess:
         if process is not None:
             self._stopping = True
             if process.returncode is None:
-                await self._terminate(process, grace)
+                await terminate(process, None, grace)
             _RUNNING.discard(process.pid)
         await self._close_session()
         return None if process is None else process.returncode
-
-    async def _terminate(self, process: asyncio.subprocess.Process, grace: float) -> None:
-        try:
-            process.terminate()
-            await bounded(process.wait(), grace)
-        except ProcessLookupError:
-            await process.wait()
-        except TimeoutError:
-            process.kill()
-            await process.wait()
 
     async def kill(self) -> None:
         """SIGKILL Envoy (an expected death, e.g. to test how pilot sees a vanished client)."""

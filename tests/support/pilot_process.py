@@ -12,7 +12,8 @@ bound are read back from its "serving" log line (text or JSON), and the `--debug
 port, when given, from its "debug endpoints on" line; every line it logs is kept:
 `wait_logged` waits for one with a deadline. The HTTP port's JSON (`/debug/...`) is
 read with `get_json`; `http_get` GETs any URL, from a chosen local address if need be.
-`stop` sends SIGTERM and fails if pilot does not exit 0 in time.
+`stop` sends SIGTERM and fails if pilot does not exit 0 in time. The process, its log
+and the stop policy are tests/support/background_process's.
 
 Nothing is written outside the test's folder: HOME and the CA state live there too.
 """
@@ -32,8 +33,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.support.background_process import BackgroundProcess, LineLog
 from tests.support.ca import write_plugged_in
-from tests.support.stderr_log import StderrLog, terminate
 from tests.support.xds_client import XdsClient, tls_credentials
 
 # One log line: time, level, scope, msg (or raw text), error (a traceback), size (of the
@@ -66,11 +67,9 @@ def _entry(line: str) -> Entry:
 
 
 @dataclass
-class PilotProcess:
+class PilotProcess(BackgroundProcess[Entry]):
     """A running `pilot discovery` subprocess, its ports, and every line it logged."""
 
-    process: asyncio.subprocess.Process
-    stderr: StderrLog[Entry] = field(repr=False)
     root_pem: bytes = field(default=b"", repr=False)  # the CA root, when the test wrote it
     grpc_port: int = 0
     tls_port: int = 0
@@ -78,8 +77,13 @@ class PilotProcess:
     debug_port: int = 0  # with --debug-addr
 
     @property
+    def stderr(self) -> LineLog[Entry]:
+        """Its log: pilot logs to stderr."""
+        return self.output
+
+    @property
     def log(self) -> list[Entry]:
-        return self.stderr.lines
+        return self.output.lines
 
     @property
     def pid(self) -> int:
@@ -87,7 +91,7 @@ class PilotProcess:
 
     @property
     def alive(self) -> bool:
-        return self.process.returncode is None and not self.stderr.ended
+        return self.process.returncode is None and not self.output.ended
 
     # -- ports ---------------------------------------------------------------
 
@@ -123,14 +127,7 @@ class PilotProcess:
         self, predicate: Callable[[Entry], bool], since: int, within: float
     ) -> list[Entry]:
         """The matching lines logged after `since`, once there is one; [] after `within`."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within
-        while not (found := self.logged(predicate, since)):
-            remaining = deadline - loop.time()
-            if remaining <= 0 or self.stderr.ended:
-                return []
-            await self.stderr.next_line(remaining)
-        return found
+        return await self.until(lambda: self.logged(predicate, since), within) or []
 
     async def wait_logged(
         self,
@@ -140,19 +137,15 @@ class PilotProcess:
         within: float = 10.0,
     ) -> list[Entry]:
         """The matching lines logged after `since`, once there is one (or fail)."""
-        found = await self.until_logged(predicate, since, within)
-        if not found:
-            when = "before it exited" if self.stderr.ended else f"within {within:g}s"
-            pytest.fail(f"pilot did not log {what} {when}; {self.tail()}")
-        return found
+        failure = f"pilot did not log {what}"
+        return await self.wait_for(lambda: self.logged(predicate, since), failure, within)
 
-    def tail(self, lines: int = 8) -> str:
-        shown = [f"{e['level']} {e['scope']}: {e['msg']}".strip() for e in self.log[-lines:]]
-        return "its last log lines:\n  " + "\n  ".join(shown)
+    def shown(self, line: Entry) -> str:
+        return f"{line['level']} {line['scope']}: {line['msg']}".strip()
 
     async def stop(self) -> None:
         """SIGTERM; pilot must drain and exit 0."""
-        if not await terminate(self.process, self.stderr, STOP_TIMEOUT):
+        if not await self.terminate(STOP_TIMEOUT):
             pytest.fail(f"pilot ignored SIGTERM for {STOP_TIMEOUT:g}s; {self.tail()}")
         code = self.process.returncode
         assert code == 0, f"pilot exited {code} on SIGTERM; {self.tail()}"
@@ -286,7 +279,7 @@ async def spawn(
         stderr=asyncio.subprocess.PIPE,
         limit=_READ_LIMIT,
     )
-    return PilotProcess(process, StderrLog(process, _entry, "pilot-stderr"), root_pem)
+    return PilotProcess(process, LineLog(process.stderr, _entry, "pilot-stderr"), root_pem)
 
 
 async def start_command(
@@ -305,7 +298,7 @@ async def start_command(
     try:
         await wait_serving(pilot)
     except BaseException:
-        await terminate(pilot.process, pilot.stderr, STOP_TIMEOUT)
+        await pilot.terminate(STOP_TIMEOUT)
         raise
     return pilot
 

@@ -4,12 +4,12 @@ An EndpointSlice of another namespace naming a pod's address (a selector-less
 Service anyone with a namespace can write) must not add ports to that pod's
 inbound listener nor change the protocol of one it has: in Istio a proxy's
 inbound side comes from the services selecting its pod, which are of its own
-namespace. The pipeline and generators are the real ones (tests/unit/test_inbound).
+namespace. The pipeline and generators are the real ones (tests/unit/inbound_mesh).
 """
 
 from __future__ import annotations
 
-from tests.unit.test_inbound import (
+from tests.unit.inbound_mesh import (
     chains,
     endpoints,
     inbound_clusters,

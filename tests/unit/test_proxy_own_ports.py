@@ -32,7 +32,7 @@ from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 from pilot.xds.interception import Interception
-from tests.unit.test_inbound import chains, endpoints, inbound_clusters, mesh, sidecar
+from tests.unit.inbound_mesh import chains, endpoints, inbound_clusters, mesh, sidecar
 
 OWN_PORTS = (15000, 15001, 15006, 15020, 15021, 15090)
 HOSTILE = ServiceKey("shop", "hostile")

@@ -27,7 +27,7 @@ from pilot.registry.peer_authentication import (
 )
 from pilot.sources.file_format import RegistryFileError, parse_registry
 from pilot.xds.proxy import ProxyKey
-from tests.unit.test_inbound import Mesh, chains, mesh, reviews, sidecar
+from tests.unit.inbound_mesh import Mesh, chains, mesh, reviews, sidecar
 
 P, S, D, U = "PERMISSIVE", "STRICT", "DISABLE", "UNSET"
 REVIEWS = {"app": "reviews", "version": "v1"}
