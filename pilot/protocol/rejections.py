@@ -21,10 +21,11 @@ Honest either way: never ACKED when Envoy may not hold it, and never all
 ERROR while Envoy serves most of them when its message says which.
 
 The message is text a client wrote. Only `MAX_MESSAGE_CHARS` of it are read
-and kept (Envoy never sends more), only names the response carried can be
-blamed (a name the client never got is never a resource), and every message
-kept is one printable line: control characters (newlines, terminal escapes,
-bidirectional overrides) are escaped as Python writes them.
+and kept (Envoy never sends more), `MAX_WHY_CHARS` of what it says of one
+name; only names the response carried can be blamed (a name the client never
+got is never a resource); and every message kept is one printable line:
+control characters (newlines, terminal escapes, bidirectional overrides) are
+escaped as Python writes them.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ from pilot.xds import types
 
 ENVOY_CUT = "...(truncated)"  # what Envoy appends to a message it cut at 4,096 characters
 MAX_MESSAGE_CHARS = 4096 + len(ENVOY_CUT)
+# What one name's rejection keeps: a stream holds one per rejected name, and a client
+# that NACKs name after name must not make that a megabyte each.
+MAX_WHY_CHARS = 1000
 # A name may itself hold ": " (Envoy splits nothing: it writes `NAME: WHY`); look this far.
 HEAD_TRIES = 4
 
@@ -78,7 +82,7 @@ def read_rejection(type_url: str, message: str, sent: AbstractSet[str]) -> Rejec
     """Read a NACK's `message` for a response of `type_url` that carried `sent`."""
     cut = len(message) > MAX_MESSAGE_CHARS
     text = message[:MAX_MESSAGE_CHARS]
-    whole = printable(text) + (f"...(+{len(message) - MAX_MESSAGE_CHARS} chars)" if cut else "")
+    whole = _clipped(printable(text), MAX_MESSAGE_CHARS, len(message) - len(text))
     form = _FORMS.get(type_url)
     if form is None or not sent or not text.startswith(form.prefix):
         return Rejection(whole)
@@ -108,7 +112,18 @@ def _entries(body: str, separator: str, sent: AbstractSet[str]) -> dict[str, str
             return {}  # text before any name: not Envoy's list
         else:
             current[-1] += separator + piece
-    return {name: printable("; ".join(w.strip() for w in whys)) for name, whys in found.items()}
+    return {name: _why("; ".join(w.strip() for w in whys)) for name, whys in found.items()}
+
+
+def _why(text: str) -> str:
+    """What the message says of one name: one line, at most `MAX_WHY_CHARS` of it."""
+    return _clipped(printable(text), MAX_WHY_CHARS)
+
+
+def _clipped(shown: str, limit: int, dropped: int = 0) -> str:
+    """`shown` (already escaped, which can make it longer) cut at `limit` characters."""
+    dropped += max(0, len(shown) - limit)
+    return f"{shown[:limit]}...(+{dropped} chars)" if dropped else shown
 
 
 def _head(piece: str, sent: AbstractSet[str]) -> str | None:

@@ -124,7 +124,7 @@ def test_a_hostile_message_is_kept_bounded_and_on_one_line() -> None:
     line = "0.0.0.0_80: \x1b[2J<script>alert(1)</script>\u202e\r\n"
     message = "Error adding/updating listener(s) " + line * 40_000
     rejection = read_rejection(LDS, message, set(LISTENERS))
-    assert len(rejection.message) < MAX_MESSAGE_CHARS * 5
+    assert len(rejection.message) < MAX_MESSAGE_CHARS + 50
     assert rejection.message.isprintable()
-    assert all(why.isprintable() for why in rejection.blamed.values())
+    assert all(why.isprintable() and len(why) < 1100 for why in rejection.blamed.values())
     assert set(rejection.blamed) == {"0.0.0.0_80"} and not rejection.partial
