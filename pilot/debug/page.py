@@ -1,12 +1,13 @@
 """The /debug page: one server-rendered HTML page for an operator, like Envoy's admin page.
 
 It shows the connected proxies with their CDS / LDS / EDS / RDS / SDS state (the cells
-`pilot proxy-status` prints), the registry's size, the last pushes, and links
+`pilot proxy-status` prints), the resources they rejected with what each said
+of it (a row per resource, cut short), the registry's size, the last pushes, and links
 to every JSON endpoint. No JavaScript: the page reloads itself every
 `REFRESH_SECONDS` (`?refresh=0` stops it, to read or copy in peace).
 
-Everything shown is escaped: node ids, identities and service names are
-strings that proxies and registries choose. Nothing of a resource's content
+Everything shown is escaped: node ids, identities, service names and NACK
+messages are strings that proxies and registries choose. Nothing of a resource's content
 is shown, so no private key can be.
 
 A render runs on the event loop and walks every resource of every proxy it
@@ -28,14 +29,21 @@ from collections.abc import Iterable
 from pilot.debug import views
 from pilot.debug.proxy_status import LiveProxies, ProxyStatus
 from pilot.debug.proxy_status_table import COLUMNS, summarize_counts
+from pilot.logs import clipped
 from pilot.push.history import KEPT, PushHistory, PushRecord, Sample
 from pilot.registry.index import EndpointIndex
+from pilot.xds import types
 
 # A push reaches Envoys well within a second, so a change shows up on the next
 # reload; 5 s leaves time to read a row between reloads.
 REFRESH_SECONDS = 5
 LOOP_SHARE = 0.05
 PROXY_ROWS = 50
+# Rejected resources listed (of the proxies shown), and how much of a name or of what
+# the proxy said each row shows: a proxy writes these, so they are bounded.
+REJECTED_ROWS = 100
+NAME_CHARS = 200
+ERROR_CHARS = 300
 
 # Every JSON (and text) endpoint, with what it answers. Both listeners serve them all.
 ENDPOINTS = (
@@ -95,8 +103,10 @@ def render(
 ) -> str:
     """The whole page."""
     started = time.perf_counter()
+    statuses = proxies.statuses(PROXY_ROWS)
     sections = [
-        _proxies(proxies),
+        _proxies(proxies.count(), statuses),
+        _rejected(statuses),
         _registry(views.registry_size(index)),
         _pushes(pushes),
         _endpoints(),
@@ -129,9 +139,7 @@ def _header(period: int | None) -> str:
 # -- connected proxies ---------------------------------------------------------------
 
 
-def _proxies(proxies: LiveProxies) -> str:
-    total = proxies.count()
-    statuses = proxies.statuses(PROXY_ROWS)
+def _proxies(total: int, statuses: list[ProxyStatus]) -> str:
     names = ["Node id", "Identity", "Connections", *(name for name, _ in COLUMNS), "Config"]
     header = _row(map(_th, names))
     rows = [_proxy_row(status) for status in statuses]
@@ -171,6 +179,38 @@ def _state(status: ProxyStatus, type_url: str) -> str:
     counts = Counter(str(resource.status) for resource in status.by_type(type_url))
     worst = next((s for s in ("ERROR", "STALE", "SYNCED", "NOT_SENT") if counts.get(s)), "none")
     return _td(summarize_counts(counts) or "-", worst)
+
+
+# -- rejected resources ---------------------------------------------------------------
+
+
+def _rejected(statuses: list[ProxyStatus]) -> str:
+    """A row per resource a proxy rejected, with what it said (one line, cut short)."""
+    found = [(status, r) for status in statuses for r in status.resources if r.error is not None]
+    names = ["Node id", "Type", "Resource", "What the proxy said"]
+    rows = [
+        _row(
+            [
+                _td(status.proxy.node_id, "id"),
+                _td(types.short_name(resource.type_url).upper()),
+                _td(clipped(resource.name, NAME_CHARS), "id"),
+                _td(clipped(resource.error or "", ERROR_CHARS), "ERROR"),
+            ]
+        )
+        for status, resource in found[:REJECTED_ROWS]
+    ]
+    if not rows:
+        rows = [f'<tr><td class="none" colspan="{len(names)}">None.</td></tr>']
+    more = ""
+    if len(found) > len(rows):
+        more = f'<p class="meta">The first {len(rows)} of {len(found)}: all of them in '
+        more += f"{_link('/debug/syncz', '/debug/syncz')}.</p>"
+    return (
+        f"<h2>Rejected resources ({len(found)})</h2>\n"
+        f'<table id="rejected"><thead>{_row(map(_th, names))}</thead><tbody>\n'
+        + "\n".join(rows)
+        + f"\n</tbody></table>{more}"
+    )
 
 
 # -- registry, pushes, endpoints ---------------------------------------------------------

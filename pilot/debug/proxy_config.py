@@ -9,9 +9,12 @@ behind one node id are two proxies: `select` wants `--identity` then.
 Each table has a row per resource (per endpoint for endpoints, per filter
 chain for listeners, per route for routes, per certificate for secrets) and
 says what CSDS says of it: its state (SYNCED, STALE, NOT_SENT, ERROR; and
-version, for clusters), and what its contents hold where CSDS sent them
-(`routing_rows` words listeners and routes as istioctl does). A resource CSDS
-sent no contents of (or none that decode) is one row of its name and state.
+version, for clusters), ERROR what the proxy said when it rejected it (CSDS
+`error_state`: Envoy's words for that resource when its NACK named it, else
+for the whole update; cut short in `-o table`), and what its contents hold
+where CSDS sent them (`routing_rows` words listeners and routes as istioctl
+does). A resource CSDS sent no contents of (or none that decode) is one row of
+its name and state.
 Secrets come from CSDS with their private keys already redacted
 (`proxy_status.packed`); `secrets` reads only the certificates, and only
 public facts of them (SANs, serial, validity) reach a row.
@@ -40,6 +43,9 @@ from pilot.security.certs import uri_sans
 from pilot.xds import types
 
 M = TypeVar("M", bound=message.Message)
+
+# Envoy's words for a rejected resource, cut in `-o table` (all of them in -o json).
+ERROR_CHARS = {"ERROR": 160}
 
 
 class ProxyNotFound(LookupError):
@@ -111,6 +117,16 @@ def _status(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> str:
     return str(csds_pb2.ConfigStatus.Name(generic.config_status))
 
 
+def _error(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> str | None:
+    """What the proxy said when it rejected this resource (None: it did not)."""
+    return generic.error_state.details if generic.HasField("error_state") else None
+
+
+def _state(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> dict[str, Cell]:
+    """The STATUS and ERROR cells every table ends with."""
+    return {"status": _status(generic), "error": _error(generic)}
+
+
 # --- clusters --------------------------------------------------------------------------
 
 
@@ -128,12 +144,12 @@ def clusters(config: csds_pb2.ClientConfig) -> Table:
         {
             "name": generic.name,
             "type": _discovery_type(_contents(generic, cluster_pb2.Cluster)),
-            "status": _status(generic),
             "version": generic.version_info,
         }
+        | _state(generic)
         for generic in _held(config, types.CLUSTER)
     ]
-    return Table.of(("NAME", "TYPE", "STATUS", "VERSION"), records)
+    return Table.of(("NAME", "TYPE", "STATUS", "VERSION", "ERROR"), records, ERROR_CHARS)
 
 
 # --- endpoints -------------------------------------------------------------------------
@@ -164,6 +180,7 @@ def _endpoint_records(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> Iterat
                 "status": health_check_pb2.HealthStatus.Name(lb_endpoint.health_status),
                 "cluster": assignment.cluster_name or generic.name,
                 "locality": _locality(locality.locality),
+                "error": _error(generic),
             }
 
 
@@ -172,7 +189,8 @@ def endpoints(config: csds_pb2.ClientConfig) -> Table:
     records = [
         record for generic in _held(config, types.ENDPOINT) for record in _endpoint_records(generic)
     ]
-    return Table.of(("ENDPOINT", "STATUS", "CLUSTER", "LOCALITY"), records)
+    headers = ("ENDPOINT", "STATUS", "CLUSTER", "LOCALITY", "ERROR")
+    return Table.of(headers, records, ERROR_CHARS)
 
 
 # --- secrets ---------------------------------------------------------------------------
@@ -222,13 +240,12 @@ def secrets(config: csds_pb2.ClientConfig, now: datetime.datetime | None = None)
         row: dict[str, Cell] = {
             "resource_name": generic.name,
             "type": kind,
-            "status": _status(generic),
-        }
+        } | _state(generic)
         records.extend(row | _certificate_cells(c, now) for c in certificates)
         if not certificates:
             records.append(row)
     headers = ("RESOURCE NAME", "TYPE", "STATUS", "SAN", "VALID CERT", "SERIAL NUMBER")
-    return Table.of((*headers, "NOT AFTER", "NOT BEFORE"), records)
+    return Table.of((*headers, "NOT AFTER", "NOT BEFORE", "ERROR"), records, ERROR_CHARS)
 
 
 # --- listeners -------------------------------------------------------------------------
@@ -237,7 +254,7 @@ def secrets(config: csds_pb2.ClientConfig, now: datetime.datetime | None = None)
 def _listener_records(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> list[dict[str, Cell]]:
     """A row per filter chain (the default one last); one row of name and state without
     contents."""
-    known: dict[str, Cell] = {"name": generic.name, "status": _status(generic)}
+    known: dict[str, Cell] = {"name": generic.name} | _state(generic)
     listener = _contents(generic, listener_pb2.Listener)
     if listener is None:
         return [known]
@@ -271,7 +288,8 @@ def listeners(config: csds_pb2.ClientConfig) -> Table:
         (_listener_records(generic) for generic in _held(config, types.LISTENER)), key=_by_port
     )
     records = [record for rows in per_listener for record in rows]
-    return Table.of(("ADDRESSES", "PORT", "MATCH", "DESTINATION", "NAME", "STATUS"), records)
+    headers = ("ADDRESSES", "PORT", "MATCH", "DESTINATION", "NAME", "STATUS", "ERROR")
+    return Table.of(headers, records, ERROR_CHARS)
 
 
 # --- routes ----------------------------------------------------------------------------
@@ -280,7 +298,7 @@ def listeners(config: csds_pb2.ClientConfig) -> Table:
 def _route_records(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> list[dict[str, Cell]]:
     """A row per route of every virtual host; one row of name and state without contents."""
     known: dict[str, Cell] = {"name": generic.name}
-    state: dict[str, Cell] = {"status": _status(generic)}
+    state = _state(generic)
     config = _contents(generic, route_pb2.RouteConfiguration)
     if config is None:
         return [known | state]
@@ -308,8 +326,8 @@ def routes(config: csds_pb2.ClientConfig) -> Table:
     """A row per route of every route configuration: its virtual host, domains, path, target."""
     held = sorted(_held(config, types.ROUTE), key=_route_order)
     records = [record for generic in held for record in _route_records(generic)]
-    headers = ("NAME", "VHOST NAME", "DOMAINS", "MATCH", "DESTINATION", "STATUS")
-    return Table.of(headers, records)
+    headers = ("NAME", "VHOST NAME", "DOMAINS", "MATCH", "DESTINATION", "STATUS", "ERROR")
+    return Table.of(headers, records, ERROR_CHARS)
 
 
 TABLES: dict[str, Callable[[csds_pb2.ClientConfig], Table]] = {

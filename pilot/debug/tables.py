@@ -8,9 +8,9 @@ keys (the headers in snake_case), with numbers and booleans as such.
 Cells hold what proxies and registries chose (node ids, listener and service
 names), so none reaches a terminal raw: `-o table` escapes control characters
 (an escape sequence, a newline that would forge a row) and cuts a cell at
-`CELL_CHARS` characters, saying how many more there were; `-o json` and `-o
-yaml` escape every control character as their formats do, and keep the whole
-value.
+`CELL_CHARS` characters (or its column's own bound), saying how many more
+there were; `-o json` and `-o yaml` escape every control character as their
+formats do, and keep the whole value.
 """
 
 from __future__ import annotations
@@ -35,9 +35,11 @@ CELL_CHARS = 1000
 
 @dataclass(frozen=True)
 class Column:
-    """A header as printed in a table, and the key of the same value in JSON and YAML."""
+    """A header as printed in a table, and the key of the same value in JSON and YAML;
+    `chars`: where `-o table` cuts its cells."""
 
     header: str
+    chars: int = CELL_CHARS
 
     @property
     def key(self) -> str:
@@ -50,20 +52,28 @@ class Table:
     records: Sequence[Record]
 
     @classmethod
-    def of(cls, headers: Sequence[str], records: Sequence[Record]) -> Table:
-        return cls(tuple(Column(header) for header in headers), records)
+    def of(
+        cls,
+        headers: Sequence[str],
+        records: Sequence[Record],
+        chars: Mapping[str, int] | None = None,
+    ) -> Table:
+        """Columns of these headers (cut at `chars[header]` characters, or CELL_CHARS)."""
+        bounds = chars or {}
+        columns = tuple(Column(header, bounds.get(header, CELL_CHARS)) for header in headers)
+        return cls(columns, records)
 
     def listed(self) -> list[dict[str, Cell]]:
         """The records with exactly the columns' keys, in the columns' order."""
         return [{c.key: record.get(c.key) for c in self.columns} for record in self.records]
 
 
-def _shown(cell: Cell) -> str:
+def _shown(cell: Cell, chars: int = CELL_CHARS) -> str:
     if cell is None or cell == "":
         return "-"
     if isinstance(cell, bool):
         return str(cell).lower()
-    return clipped(str(cell), CELL_CHARS)
+    return clipped(str(cell), chars)
 
 
 def aligned(rows: Sequence[Sequence[str]]) -> str:
@@ -85,5 +95,11 @@ def formatted(table: Table, output: str) -> str:
     if output != "table":
         raise ValueError(f"unknown output format {output!r} (one of {', '.join(FORMATS)})")
     headers = [column.header for column in table.columns]
-    cells = [[_shown(value) for value in record.values()] for record in table.listed()]
+    cells = [
+        [
+            _shown(value, column.chars)
+            for value, column in zip(record.values(), table.columns, strict=True)
+        ]
+        for record in table.listed()
+    ]
     return aligned([headers, *cells])

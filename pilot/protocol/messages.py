@@ -110,12 +110,19 @@ class Acked:
 
 @dataclass(frozen=True, slots=True)
 class Nacked:
-    """The client rejected the response with this nonce; it keeps its last good state."""
+    """The client rejected the response with this nonce; it keeps its last good state.
+
+    `message` is the client's, one printable line of bounded length
+    (`rejections`). `blamed`: the names it says it rejected, having applied the
+    response's others when `partial` (empty: the whole response is rejected).
+    """
 
     type_url: str
     nonce: str
     rejected_version: str
     message: str
+    blamed: tuple[str, ...] = ()
+    partial: bool = False
 
 
 @dataclass(frozen=True, slots=True)

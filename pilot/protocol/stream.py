@@ -4,6 +4,10 @@ A stream holds one `TypeState` per type URL the client asked for. Work is kept
 as *marks* (names to reconsider, names that must be answered) rather than as
 queued responses, so pending work per stream is bounded by the number of names
 and always resolves against the latest resources: latest state wins.
+
+A NACK rejects what the client names in its message, having applied the rest,
+when its words say so (`rejections`: Envoy's listeners and clusters); else every
+name the response carried. Each rejected name keeps the words for it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from pilot.protocol.messages import Acked, Nacked, ResourceView, StaleNonce, StreamEvent
+from pilot.protocol.rejections import Rejection, read_rejection
 from pilot.protocol.subscription import Subscription, SubscriptionDiff
 from pilot.xds import types
 
@@ -34,8 +39,9 @@ class TypeState:
     # one entry per name, not an object, since 1,000 clients x 1,000 names add up.
     sent: dict[str, str] = field(default_factory=dict)
     unacked: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
-    # Names whose last sent version the client rejected, with that NACK. Only a later
-    # response carrying the name, ACKed, clears one: an ACK of other names does not.
+    # Names whose last sent version the client rejected, each with that NACK worded for
+    # it (what Envoy said of the name, or of the whole response). Only a later response
+    # carrying the name, ACKed, clears one: an ACK of other names does not.
     rejected: dict[str, Nacked] = field(default_factory=dict)
     nonce: str = ""
     nonce_seq: int = 0
@@ -60,23 +66,36 @@ class TypeState:
             (_, older), (seq, newer) = self.unacked[:2]
             self.unacked[:2] = [(seq, older + newer)]
 
-    def settle(self, nack: Nacked | None) -> None:
+    def settle(self, nack: Nacked | None, rejection: Rejection | None = None) -> None:
         """The client answered the latest response: accepted (`nack` None) or rejected.
 
-        Every name still unanswered shares that fate. Rejections of names the stream
-        no longer holds are dropped, so `rejected` stays within `sent`.
+        Every name still unanswered shares that fate, unless `rejection` says which
+        names the client rejected (each with its own words) and that it applied the
+        others. Rejections of names the stream no longer holds are dropped, so
+        `rejected` stays within `sent`.
         """
         if nack is None and not self.rejected:  # the usual ACK: nothing to clear
             self.unacked.clear()
             return
-        answered = {name for _, names in self.unacked for name in names}
+        answered = self.unanswered()
         self.unacked.clear()
+        blamed = rejection.blamed if rejection is not None else {}
+        applied = nack is None or (rejection is not None and rejection.partial)
         for name in answered:
-            if nack is None:
+            why = blamed.get(name)
+            if why is not None and nack is not None:
+                self.rejected[name] = Nacked(
+                    nack.type_url, nack.nonce, nack.rejected_version, why, (name,)
+                )
+            elif applied:
                 self.rejected.pop(name, None)
-            else:
+            elif nack is not None:
                 self.rejected[name] = nack
         self.rejected = {n: r for n, r in self.rejected.items() if n in self.sent}
+
+    def unanswered(self) -> set[str]:
+        """Every name carried by a response the client has not answered yet."""
+        return {name for _, names in self.unacked for name in names}
 
     def sent_seq(self, name: str) -> int:
         """The sequence of the last unanswered response that carried `name` (0: none)."""
@@ -217,8 +236,16 @@ class StreamCore:
         if nonce != state.nonce:
             return [StaleNonce(state.type_url, nonce)]
         if error_message is not None:
-            state.nack = Nacked(state.type_url, nonce, state.sent_version, error_message)
-            state.settle(state.nack)
+            rejection = read_rejection(state.type_url, error_message, state.unanswered())
+            state.nack = Nacked(
+                state.type_url,
+                nonce,
+                state.sent_version,
+                rejection.message,
+                tuple(sorted(rejection.blamed)),
+                rejection.partial,
+            )
+            state.settle(state.nack, rejection)
             return [state.nack]
         state.nack = None
         state.acked_seq = state.nonce_seq

@@ -321,11 +321,12 @@ class Connection:
             if isinstance(event, Nacked):
                 stats.nacks[event.type_url] += 1
                 log.warning(
-                    "proxy %s rejected %s version %s (nonce %s): %s",
+                    "proxy %s rejected %s version %s (nonce %s%s): %s",
                     self.proxy,
                     types.short_name(event.type_url),
                     event.rejected_version,
                     clipped(event.nonce),
+                    f"; {len(event.blamed)} named, the others applied" if event.partial else "",
                     clipped(event.message, 1000),
                 )
             elif isinstance(event, StaleNonce):

@@ -137,11 +137,17 @@ async def test_proxy_status_prints_each_format(mesh: Mesh) -> None:
 
 async def test_clusters_are_the_meshs_at_the_versions_envoy_holds(mesh: Mesh) -> None:
     outputs = await mesh.proxy_config("clusters")
-    records = assert_formats_agree(outputs, ["NAME", "TYPE", "STATUS", "VERSION"])
+    records = assert_formats_agree(outputs, ["NAME", "TYPE", "STATUS", "VERSION", "ERROR"])
     held = await mesh.envoy.dynamic_active_clusters()
     assert set(held) == CLUSTERS
     expected = [
-        {"name": name, "type": "EDS", "status": "SYNCED", "version": held[name]["version_info"]}
+        {
+            "name": name,
+            "type": "EDS",
+            "status": "SYNCED",
+            "version": held[name]["version_info"],
+            "error": None,
+        }
         for name in sorted(CLUSTERS)
     ]
     assert records == expected
@@ -165,7 +171,7 @@ def _envoy_endpoints(clusters: dict[str, Any]) -> set[tuple[str, str, str, str |
 
 async def test_endpoints_are_the_meshs_as_envoy_holds_them(mesh: Mesh) -> None:
     outputs = await mesh.proxy_config("endpoints")
-    records = assert_formats_agree(outputs, ["ENDPOINT", "STATUS", "CLUSTER", "LOCALITY"])
+    records = assert_formats_agree(outputs, ["ENDPOINT", "STATUS", "CLUSTER", "LOCALITY", "ERROR"])
     shown_rows = {(r["cluster"], r["endpoint"], r["status"], r["locality"]) for r in records}
     assert len(shown_rows) == len(records), "an endpoint printed twice"
     assert shown_rows == ENDPOINTS
@@ -179,7 +185,7 @@ async def test_secrets_show_the_certificates_envoy_holds_and_no_key(mesh: Mesh) 
         assert "PRIVATE KEY" not in output.stdout + output.stderr, "a private key is shown"
         assert "-----BEGIN" not in output.stdout, "PEM is shown"
     headers = ["RESOURCE NAME", "TYPE", "STATUS", "SAN", "VALID CERT", "SERIAL NUMBER"]
-    records = assert_formats_agree(outputs, [*headers, "NOT AFTER", "NOT BEFORE"])
+    records = assert_formats_agree(outputs, [*headers, "NOT AFTER", "NOT BEFORE", "ERROR"])
     by_name = {record["resource_name"]: record for record in records}
     assert sorted(by_name) == ["ROOTCA", "default"] and len(records) == 2, records
     workload, root = by_name["default"], by_name["ROOTCA"]

@@ -115,8 +115,9 @@ def test_localities_are_written_as_istio_writes_them(
         "status": "UNKNOWN",
         "cluster": "c",
         "locality": shown,
+        "error": None,
     }
-    assert formatted(proxy_config.endpoints(config), "table").splitlines()[1].split()[-1] == (
+    assert formatted(proxy_config.endpoints(config), "table").splitlines()[1].split()[-2] == (
         shown or "-"
     )
 
@@ -238,7 +239,15 @@ def test_listeners_are_a_row_per_filter_chain_by_port() -> None:
         (None, None, None, None, "asked-for-not-sent"),
     ]
     table = formatted(proxy_config.listeners(_sidecar_listeners()), "table").splitlines()
-    assert table[0].split() == ["ADDRESSES", "PORT", "MATCH", "DESTINATION", "NAME", "STATUS"]
+    assert table[0].split() == [
+        "ADDRESSES",
+        "PORT",
+        "MATCH",
+        "DESTINATION",
+        "NAME",
+        "STATUS",
+        "ERROR",
+    ]
     assert table[2].split()[:4] == ["0.0.0.0", "9080", "ALL", "Route:"]
 
 
@@ -332,7 +341,7 @@ def test_names_reach_a_table_escaped_and_cut_short() -> None:
     text = formatted(proxy_config.listeners(config), "table")
     assert not any(ch in text for ch in "\x1b\x07\u202e"), repr(text)
     assert len(text.splitlines()) == 2, "a newline in a name forged a row"
-    assert "evil\\x1b[2J" in text and "(+" in text and len(text) < 2 * CELL_CHARS + 200
+    assert "evil\\x1b[2J" in text and "(+" in text and len(text) < 2 * CELL_CHARS + 250
     for output in ("json", "yaml"):
         shown = formatted(proxy_config.listeners(config), output)
         assert not any(ch in shown for ch in "\x1b\x07\u202e"), output
