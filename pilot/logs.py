@@ -33,7 +33,7 @@ SCOPES: Final = {
     "sds": "pilot.security.sds",
     "agent": "pilot.agent",
     "limits": "pilot.limits",
-    "supervisor": "pilot.runtime.supervisor",
+    "supervisor": "pilot.supervisor",
     "pilot": "pilot",
 }
 LEVELS: Final = ("debug", "info", "warning", "error")

@@ -32,12 +32,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.harness.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
-from tests.integration.test_envoy_listeners import free_port
-from tests.protocol.client import LISTENER, XdsClient, node
-from tests.security.pilot_process import PilotProcess, start_file_pilot_with_ca
+from tests.integration.envoy_listener_client import free_port
 from tests.support.cli import Output, assert_formats_agree, run_pilot
+from tests.support.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
 from tests.support.mesh import Ep, endpoint_slice, service, write_mesh
+from tests.support.pilot_process import PilotProcess, start_file_pilot_with_ca
+from tests.support.xds_client import LISTENER, XdsClient, node
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.envoy]
 

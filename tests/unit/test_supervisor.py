@@ -67,7 +67,7 @@ def test_a_failing_task_is_logged_counted_shown_and_restarted_with_backoff(
         await supervisor.stop()
         assert flaky.cancelled
 
-    with caplog.at_level(logging.ERROR, "pilot.runtime.supervisor"):
+    with caplog.at_level(logging.ERROR, "pilot.supervisor"):
         run_in_virtual_time(main())
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 4
