@@ -2,7 +2,7 @@
 
 pilot's wire path uses protobuf (upb, with the classes xds-protos generates) and,
 for ClusterLoadAssignments, bytes it assembles by hand from cached per-endpoint
-encodings (`pilot.generators.eds`). envoy-data-plane (betterproto2 dataclasses
+encodings (`pilot.builders.eds`). envoy-data-plane (betterproto2 dataclasses
 generated from Envoy's API, pydantic-validated) serves the tests as an
 independent decoder. This measures what each would cost on the wire path, on
 the same input: one Service port's EndpointSlice of N endpoints (`--endpoints`,
@@ -48,8 +48,8 @@ from envoy.config.core.v3 import health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf.internal import api_implementation
 
-from pilot.generators import eds
-from pilot.generators.eds import collect_hosts, encode_load_assignment
+from pilot.builders import eds
+from pilot.builders.eds import collect_hosts, encode_load_assignment
 from pilot.registry.model import (
     Endpoint,
     EndpointGroup,

@@ -32,10 +32,10 @@ from pilot.agent.sds_agent import (
     agent_settings,
 )
 from pilot.agent.status_port import DEFAULT_STATUS_PORT
+from pilot.builders.settings import BuildSettings
 from pilot.cluster_ids import is_cluster_id, quoted
 from pilot.debug import proxy_config, proxy_status_table, tables
 from pilot.durations import parse_duration
-from pilot.generators.builder import BuildSettings
 from pilot.kube.config import (
     EndpointsApi,
     KubernetesSettings,

@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pilot.builders.outbound import OutboundSettings, TrafficPolicy
+from pilot.builders.settings import BuildSettings
 from pilot.cluster_ids import RULE, is_cluster_id, quoted
 from pilot.durations import parse_duration
-from pilot.generators.builder import BuildSettings
-from pilot.generators.outbound import OutboundSettings, TrafficPolicy
 from pilot.kube.config import InformerSettings, KubernetesSettings
 from pilot.kube.remote_settings import INSECURE_OPTIONS, RemoteSettings
 from pilot.limits import Limits

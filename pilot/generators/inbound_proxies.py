@@ -3,7 +3,7 @@
 A sidecar's inbound side depends on three things: its IP (the second field of
 its node id, `sidecar~IP~POD.NS~NS.svc.cluster.local`), the target ports of
 the services whose endpoints include that IP (their protocol from the service
-port; never one of the sidecar's own, `pilot.generators.proxy_ports`), and the
+port; never one of the sidecar's own, `pilot.builders.proxy_ports`), and the
 mTLS modes PeerAuthentication gives its workload and each port (from its
 namespace, the mesh, and the workload policy that selects its own Pod: the Pod
 of its namespace at its IP, never another namespace's). Those make its
@@ -53,7 +53,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pilot.generators.inbound import (
+from pilot.builders.inbound import (
     INBOUND_PASSTHROUGH_CLUSTER,
     VIRTUAL_INBOUND,
     InboundProtocol,
@@ -64,7 +64,7 @@ from pilot.generators.inbound import (
     inbound_protocol,
     virtual_inbound,
 )
-from pilot.generators.proxy_ports import reserved
+from pilot.builders.proxy_ports import reserved
 from pilot.logs import clipped
 from pilot.push.request import Changes, PushRequest
 from pilot.registry.index import EndpointIndex

@@ -9,7 +9,7 @@ serialized once per mode, and shared by every proxy of that mode.
 first chain sends a connection to 15001 itself to `BlackHoleCluster` (Istio's
 `virtualOutbound-blackhole`), so nothing loops through it.
 
-A service port on one of the sidecar's own ports (`pilot.generators.proxy_ports`)
+A service port on one of the sidecar's own ports (`pilot.builders.proxy_ports`)
 claims no address in any mode (`outbound_ports` leaves it out): the operator
 hears it once per service (a warning naming it and the ports, at most
 MAX_CONFLICTS_LOGGED services at a time) and `pilot_reserved_ports` counts it.
@@ -19,37 +19,32 @@ none, as a headless Service's (it would be the wildcard: every destination).
 
 from __future__ import annotations
 
-import ipaddress
 import logging
+from collections.abc import Iterator
 
-from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2
-from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
-from envoy.extensions.filters.http.router.v3 import router_pb2
-from envoy.extensions.filters.listener.original_dst.v3 import original_dst_pb2
-from envoy.extensions.filters.network.http_connection_manager.v3 import (
-    http_connection_manager_pb2 as hcm_pb2,
+from pilot.builders.listeners import (
+    Claims,
+    ListenerKey,
+    claimed_addresses,
+    outbound_listener,
+    virtual_outbound,
+    winner,
 )
-from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
-from google.protobuf import any_pb2, wrappers_pb2
-from google.protobuf.message import Message
-
-from pilot.generators.builder import BuildSettings
-from pilot.generators.naming import outbound_cluster_name
-from pilot.generators.outbound import (
-    ANY_ADDRESS,
-    BLACKHOLE_CLUSTER,
-    LOCALHOST,
+from pilot.builders.naming import outbound_cluster_name
+from pilot.builders.outbound import (
     VIRTUAL_OUTBOUND,
     OutboundSettings,
     listener_name,
     outbound_ports,
     reserved_ports,
 )
-from pilot.generators.proxy_ports import RESERVED_PORTS, VIRTUAL_OUTBOUND_PORT
+from pilot.builders.proxy_ports import RESERVED_PORTS
+from pilot.builders.settings import BuildSettings
+from pilot.generators.claims import ServiceClaims
 from pilot.logs import clipped
 from pilot.push.request import Changes, PushRequest
 from pilot.registry.index import EndpointIndex
-from pilot.registry.model import ServiceKey
+from pilot.registry.model import Service, ServiceKey
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
@@ -57,135 +52,7 @@ from pilot.xds.interception import Interception
 from pilot.xds.resource import Resource
 
 log = logging.getLogger("pilot.xds")
-
-ListenerKey = tuple[Interception, str, int]  # mode, address, port
-# Who claims one listener address: service -> (cluster name, whether the port is HTTP).
-Claims = dict[ServiceKey, tuple[str, bool]]
 MAX_CONFLICTS_LOGGED = 16
-
-
-def typed(message: Message) -> any_pb2.Any:
-    """`message` packed as the `typed_config` of a filter or extension."""
-    packed = any_pb2.Any()
-    packed.Pack(message)
-    return packed
-
-
-def socket_address(address: str, port: int) -> address_pb2.Address:
-    return address_pb2.Address(
-        socket_address=address_pb2.SocketAddress(address=address, port_value=port)
-    )
-
-
-def router_filter() -> hcm_pb2.HttpFilter:
-    """The HTTP connection manager's last filter: route the request."""
-    return hcm_pb2.HttpFilter(
-        name="envoy.filters.http.router", typed_config=typed(router_pb2.Router())
-    )
-
-
-def tcp_proxy_filter(stat_prefix: str, cluster: str) -> listener_components_pb2.Filter:
-    """The network filter that proxies every connection to `cluster`."""
-    proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix, cluster=cluster)
-    return listener_components_pb2.Filter(
-        name="envoy.filters.network.tcp_proxy", typed_config=typed(proxy)
-    )
-
-
-def tcp_proxy_chain(stat_prefix: str, cluster: str) -> listener_components_pb2.FilterChain:
-    """A filter chain that proxies every connection to `cluster`."""
-    return listener_components_pb2.FilterChain(filters=[tcp_proxy_filter(stat_prefix, cluster)])
-
-
-def http_chain(stat_prefix: str, port: int) -> listener_components_pb2.FilterChain:
-    """A filter chain whose HTTP connection manager reads route configuration `port` (ADS)."""
-    source = config_source_pb2.ConfigSource(resource_api_version=config_source_pb2.V3)
-    source.ads.SetInParent()
-    manager = hcm_pb2.HttpConnectionManager(
-        stat_prefix=stat_prefix,
-        rds=hcm_pb2.Rds(config_source=source, route_config_name=str(port)),
-        http_filters=[router_filter()],
-    )
-    return listener_components_pb2.FilterChain(
-        filters=[
-            listener_components_pb2.Filter(
-                name="envoy.filters.network.http_connection_manager",
-                typed_config=typed(manager),
-            )
-        ]
-    )
-
-
-def virtual_outbound_blackhole() -> listener_components_pb2.FilterChain:
-    """A connection whose original destination is 15001 itself goes nowhere.
-
-    Without it, a connection to a pod's 15001 from outside (virtualInbound passes
-    it through to the pod's own 15001) is sent on by PassthroughCluster, captured
-    again, and comes back: a loop that ends when Envoy runs out of descriptors.
-    """
-    chain = tcp_proxy_chain(BLACKHOLE_CLUSTER, BLACKHOLE_CLUSTER)
-    chain.name = f"{VIRTUAL_OUTBOUND}-blackhole"
-    chain.filter_chain_match.destination_port.value = VIRTUAL_OUTBOUND_PORT
-    return chain
-
-
-def virtual_outbound(settings: OutboundSettings) -> listener_pb2.Listener:
-    """15001: where captured connections land, handed on by their original destination."""
-    chain = tcp_proxy_chain(settings.fallback_cluster, settings.fallback_cluster)
-    chain.name = settings.fallback_cluster
-    return listener_pb2.Listener(
-        name=VIRTUAL_OUTBOUND,
-        address=socket_address(ANY_ADDRESS, VIRTUAL_OUTBOUND_PORT),
-        use_original_dst=wrappers_pb2.BoolValue(value=True),
-        traffic_direction=base_pb2.OUTBOUND,
-        filter_chains=[virtual_outbound_blackhole(), chain],
-        listener_filters=[
-            listener_components_pb2.ListenerFilter(
-                name="envoy.filters.listener.original_dst",
-                typed_config=typed(original_dst_pb2.OriginalDst()),
-            )
-        ],
-    )
-
-
-def outbound_listener(
-    mode: Interception, address: str, port: int, cluster: str, http: bool
-) -> listener_pb2.Listener:
-    """One outbound listener: HTTP by routes, or TCP to one cluster."""
-    name = listener_name(address, port)
-    chain = http_chain(f"outbound_{name}", port) if http else tcp_proxy_chain(cluster, cluster)
-    return listener_pb2.Listener(
-        name=name,
-        address=socket_address(address, port),
-        # Captured traffic reaches it through virtualOutbound; in NONE mode it binds.
-        bind_to_port=wrappers_pb2.BoolValue(value=mode is Interception.NONE),
-        traffic_direction=base_pb2.OUTBOUND,
-        filter_chains=[chain],
-    )
-
-
-def claimed_addresses(
-    mode: Interception, cluster_ip: str, port: int, http: bool
-) -> tuple[str, int] | None:
-    """The address a service port claims in `mode` (None: no listener, a headless TCP port).
-
-    A ClusterIP of 0.0.0.0 or :: counts as none: its TCP listener would be the
-    wildcard, taking every captured connection on the port, whoever it was for.
-    """
-    if mode is Interception.NONE:
-        return LOCALHOST, port
-    if http:
-        return ANY_ADDRESS, port
-    if not cluster_ip or ipaddress.ip_address(cluster_ip).is_unspecified:
-        return None
-    return cluster_ip, port
-
-
-def winner(claims: Claims) -> tuple[ServiceKey, str, bool]:
-    """Of several services on one address: an HTTP one, else the first by namespace and name."""
-    key = min(claims, key=lambda k: (not claims[k][1], k))
-    cluster, http = claims[key]
-    return key, cluster, http
 
 
 class ListenerGenerator:
@@ -206,8 +73,7 @@ class ListenerGenerator:
         self._settings = settings
         self._domain = build.cluster_domain
         self._stats = stats
-        self._claims: dict[ListenerKey, Claims] = {}
-        self._claimed: dict[ServiceKey, set[ListenerKey]] = {}
+        self._claims: ServiceClaims[ListenerKey, tuple[str, bool]] = ServiceClaims()
         self._conflicts: set[ListenerKey] = set()  # logged once each
         # Services with ports the sidecar keeps for itself: those ports, refused now.
         self._reserved: dict[ServiceKey, tuple[int, ...]] = {}
@@ -232,24 +98,21 @@ class ListenerGenerator:
 
     def _reclaim(self, key: ServiceKey) -> set[ListenerKey]:
         """Move a service's claims to what it has now; returns every address touched."""
-        old = self._claimed.pop(key, set())
-        for listener in old:
-            self._claims[listener].pop(key, None)
-        new: set[ListenerKey] = set()
         service = self._index.services.get(key)
         self._note_reserved(key, reserved_ports(service) if service is not None else ())
+        return self._claims.reclaim(key, self._claims_of(key, service))
+
+    def _claims_of(
+        self, key: ServiceKey, service: Service | None
+    ) -> Iterator[tuple[ListenerKey, tuple[str, bool]]]:
+        """The addresses the service's ports claim in each mode, with cluster and protocol."""
         cluster_ip = service.cluster_ip if service is not None else ""
         for port, http in outbound_ports(service) if service is not None else []:
             cluster = outbound_cluster_name(key, port, self._domain)
             for mode in Interception:
                 address = claimed_addresses(mode, cluster_ip, port.port, http)
                 if address is not None:
-                    listener = (mode, *address)
-                    self._claims.setdefault(listener, {}).setdefault(key, (cluster, http))
-                    new.add(listener)
-        if new:
-            self._claimed[key] = new
-        return old | new
+                    yield (mode, *address), (cluster, http)
 
     def _rebuild(self, affected: set[ListenerKey]) -> set[str]:
         changed: set[str] = set()
@@ -257,9 +120,8 @@ class ListenerGenerator:
             built, gone = [], []
             for listener in sorted(k for k in affected if k[0] is mode):
                 _, address, port = listener
-                claims = self._claims.get(listener)
+                claims = self._claims.of(listener)
                 if not claims:
-                    self._claims.pop(listener, None)
                     self._conflicts.discard(listener)
                     gone.append(listener_name(address, port))
                     continue

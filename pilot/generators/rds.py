@@ -20,19 +20,23 @@ host gets 404. Routes depend on services only: an endpoint change builds nothing
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Iterator
 
-from envoy.config.route.v3 import route_components_pb2 as rc_pb2
 from envoy.config.route.v3 import route_pb2
-from google.protobuf import duration_pb2
 
-from pilot.generators.builder import BuildSettings
-from pilot.generators.naming import outbound_cluster_name
-from pilot.generators.outbound import OutboundSettings, TrafficPolicy, outbound_ports
+from pilot.builders.naming import outbound_cluster_name
+from pilot.builders.outbound import OutboundSettings, outbound_ports
+from pilot.builders.routes import (
+    HostRoute,
+    fallback_host,
+    shared_domains,
+    virtual_hosts,
+)
+from pilot.builders.settings import BuildSettings
+from pilot.generators.claims import ServiceClaims
 from pilot.push.request import Changes, PushRequest
 from pilot.registry.index import EndpointIndex
-from pilot.registry.model import ServiceKey
+from pilot.registry.model import Service, ServiceKey
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
@@ -41,76 +45,6 @@ from pilot.xds.resource import Resource
 
 log = logging.getLogger("pilot.xds")
 MAX_SHARED_DOMAINS_LOGGED = 16
-
-
-@dataclass(frozen=True, slots=True)
-class HostRoute:
-    """One service on one HTTP port, as its virtual host needs it."""
-
-    key: ServiceKey
-    hostname: str
-    cluster: str
-    cluster_ip: str
-
-
-def candidate_domains(route: HostRoute, port: int) -> list[str]:
-    """Istio's domains for a service port, before shared ones are left out."""
-    name, namespace = route.key.name, route.key.namespace
-    bare = [route.hostname, f"{name}.{namespace}.svc", f"{name}.{namespace}", name]
-    if route.cluster_ip:
-        bare.append(route.cluster_ip if ":" not in route.cluster_ip else f"[{route.cluster_ip}]")
-    return [domain for host in bare for domain in (host, f"{host}:{port}")]
-
-
-def virtual_host(route: HostRoute, port: int, domains: list[str]) -> rc_pb2.VirtualHost:
-    """`HOST:P`: every path to the service's cluster (no route timeout, as Istio)."""
-    return rc_pb2.VirtualHost(
-        name=f"{route.hostname}:{port}",
-        domains=domains,
-        routes=[
-            rc_pb2.Route(
-                name="default",
-                match=rc_pb2.RouteMatch(prefix="/"),
-                route=rc_pb2.RouteAction(
-                    cluster=route.cluster, timeout=duration_pb2.Duration(seconds=0)
-                ),
-            )
-        ],
-    )
-
-
-def fallback_host(settings: OutboundSettings) -> rc_pb2.VirtualHost:
-    """Hosts no service has: PassthroughCluster (ALLOW_ANY) or 502 (REGISTRY_ONLY)."""
-    if settings.traffic_policy is TrafficPolicy.ALLOW_ANY:
-        action = rc_pb2.Route(
-            name="allow_any",
-            match=rc_pb2.RouteMatch(prefix="/"),
-            route=rc_pb2.RouteAction(
-                cluster=settings.fallback_cluster, timeout=duration_pb2.Duration(seconds=0)
-            ),
-        )
-        return rc_pb2.VirtualHost(name="allow_any", domains=["*"], routes=[action])
-    block = rc_pb2.Route(
-        name="block_all",
-        match=rc_pb2.RouteMatch(prefix="/"),
-        direct_response=rc_pb2.DirectResponseAction(status=502),
-    )
-    return rc_pb2.VirtualHost(name="block_all", domains=["*"], routes=[block])
-
-
-def shared_domains(routes: list[HostRoute], port: int) -> set[str]:
-    """Domains more than one of these services would claim."""
-    counts = Counter(domain for route in routes for domain in candidate_domains(route, port))
-    return {domain for domain, count in counts.items() if count > 1}
-
-
-def virtual_hosts(routes: list[HostRoute], port: int, shared: set[str]) -> list[rc_pb2.VirtualHost]:
-    """One virtual host per service, in a stable order, no domain in two of them."""
-    hosts = []
-    for route in sorted(routes, key=lambda r: r.key):
-        domains = [d for d in candidate_domains(route, port) if d not in shared]
-        hosts.append(virtual_host(route, port, domains))
-    return hosts
 
 
 class RouteGenerator:
@@ -131,8 +65,7 @@ class RouteGenerator:
         self._settings = settings
         self._domain = build.cluster_domain
         self._stats = stats
-        self._by_port: dict[int, dict[ServiceKey, HostRoute]] = {}
-        self._ports_of: dict[ServiceKey, set[int]] = {}
+        self._routes: ServiceClaims[int, HostRoute] = ServiceClaims()  # by HTTP port
         self._logged: set[str] = set()  # shared domains logged once each
 
     def build(self, request: PushRequest) -> Changes:
@@ -146,28 +79,25 @@ class RouteGenerator:
         return Changes(shared={types.ROUTE: changed}) if changed else Changes()
 
     def _reclaim(self, key: ServiceKey) -> set[int]:
-        old = self._ports_of.pop(key, set())
-        for port in old:
-            self._by_port[port].pop(key, None)
-        service = self._index.services.get(key)
-        new: set[int] = set()
+        """Move a service's routes to the HTTP ports it has now; returns every port touched."""
+        return self._routes.reclaim(key, self._routes_of(key, self._index.services.get(key)))
+
+    def _routes_of(
+        self, key: ServiceKey, service: Service | None
+    ) -> Iterator[tuple[int, HostRoute]]:
         cluster_ip = service.cluster_ip if service is not None else ""
         for service_port, http in outbound_ports(service) if service is not None else []:
-            if not http:
-                continue
-            cluster = outbound_cluster_name(key, service_port, self._domain)
-            route = HostRoute(key, key.hostname(self._domain), cluster, cluster_ip)
-            self._by_port.setdefault(service_port.port, {}).setdefault(key, route)
-            new.add(service_port.port)
-        if new:
-            self._ports_of[key] = new
-        return old | new
+            if http:
+                cluster = outbound_cluster_name(key, service_port, self._domain)
+                yield (
+                    service_port.port,
+                    HostRoute(key, key.hostname(self._domain), cluster, cluster_ip),
+                )
 
     def _rebuild(self, port: int) -> set[str]:
         name = str(port)
-        routes = list(self._by_port.get(port, {}).values())
+        routes = list(self._routes.of(port).values())
         if not routes:
-            self._by_port.pop(port, None)
             return {
                 n
                 for mode in Interception

@@ -25,7 +25,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from pilot.generators.naming import outbound_cluster_name
+from pilot.builders.naming import outbound_cluster_name
 from pilot.registry.model import ServiceKey, ServicePort
 from pilot.security.identity import Identity
 from pilot.xds import types

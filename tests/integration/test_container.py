@@ -42,7 +42,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from pilot.generators.naming import outbound_cluster_name
+from pilot.builders.naming import outbound_cluster_name
 from pilot.sources.file_format import parse_registry
 from tests.integration.http_backend import Backend
 from tests.support.docker_engine import (

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 
 from envoy.config.listener.v3 import listener_pb2
 
-from pilot.generators.builder import BuildSettings, ResourceBuilder
-from pilot.generators.inbound import VIRTUAL_INBOUND
+from pilot.builders.inbound import VIRTUAL_INBOUND
+from pilot.builders.outbound import OutboundSettings
+from pilot.builders.settings import BuildSettings
+from pilot.generators.cds_eds import ClusterEndpointGenerator
 from pilot.generators.inbound_proxies import InboundGenerator
 from pilot.generators.lds import ListenerGenerator
-from pilot.generators.outbound import OutboundSettings
 from pilot.protocol import DeltaStream, SotwStream
 from pilot.protocol.kind import StreamKind
 from pilot.protocol.messages import DeltaRequest, SotwRequest
@@ -127,7 +128,7 @@ def mesh() -> Iterator[Mesh]:
     build = BuildSettings()
     inbound = InboundGenerator(index, cache, policies, stats)
     generators = [
-        ResourceBuilder(index, cache, build, stats),
+        ClusterEndpointGenerator(index, cache, build, stats),
         ListenerGenerator(index, cache, OutboundSettings(), build, stats),
         inbound,
     ]

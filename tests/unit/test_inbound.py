@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from envoy.config.cluster.v3 import cluster_pb2
 
-from pilot.generators.inbound import VIRTUAL_INBOUND
+from pilot.builders.inbound import VIRTUAL_INBOUND
 from pilot.generators.inbound_proxies import sidecar_of
 from pilot.registry.peer_authentication import (
     MtlsMode,

@@ -1,7 +1,7 @@
 """Every kind of response pilot writes, for generated registries, read by envoy-data-plane too.
 
 pilot assembles its responses by hand from pre-encoded fragments
-(pilot/xds/resource.py; ClusterLoadAssignments in pilot/generators/eds.py).
+(pilot/xds/resource.py; ClusterLoadAssignments in pilot/builders/eds.py).
 Here pilot's own code makes them: the endpoint index and its updater, the
 CDS/EDS generator, the SDS generator on the real secret manager and CA, the
 cache, the push pipeline, the SotW and delta protocol machines, and
@@ -30,7 +30,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pilot.generators.builder import BuildSettings, ResourceBuilder
+from pilot.builders.settings import BuildSettings
+from pilot.generators.cds_eds import ClusterEndpointGenerator
 from pilot.generators.sds import ROOT_SECRET, WORKLOAD_SECRET, SecretGenerator
 from pilot.protocol import DeltaStream, SotwStream
 from pilot.protocol.kind import StreamKind
@@ -230,7 +231,7 @@ class Plane:
         index, cache, stats = EndpointIndex(), ResourceCache(), XdsStats()
         ca = LocalCa(authority, asyncio.Semaphore(1))
         self.secrets = SecretManager(ca, authority.root_pem, SdsSettings())
-        builder = ResourceBuilder(index, cache, BuildSettings(), stats)
+        builder = ClusterEndpointGenerator(index, cache, BuildSettings(), stats)
         self.pipeline = Pipeline(
             cache, stats, [builder, SecretGenerator(self.secrets, cache, stats)]
         )

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pilot.generators.builder import BuildSettings, ResourceBuilder
+from pilot.builders.settings import BuildSettings
+from pilot.generators.cds_eds import ClusterEndpointGenerator
 from pilot.registry.index import EndpointIndex
 from pilot.registry.kubernetes_objects import parse_endpoint_slice, parse_endpoints, parse_service
 from pilot.registry.model import EndpointSet, Service, ServiceKey
@@ -91,9 +92,9 @@ def test_replace_all_applies_only_the_difference() -> None:
     assert gone.full == {other.key} and not gone.endpoints
 
 
-def _builder() -> tuple[EndpointIndex, ResourceCache, ResourceBuilder, XdsStats]:
+def _builder() -> tuple[EndpointIndex, ResourceCache, ClusterEndpointGenerator, XdsStats]:
     index, cache, stats = EndpointIndex(), ResourceCache(), XdsStats()
-    return index, cache, ResourceBuilder(index, cache, BuildSettings(), stats), stats
+    return index, cache, ClusterEndpointGenerator(index, cache, BuildSettings(), stats), stats
 
 
 def test_endpoint_change_serializes_one_assignment_and_no_cluster() -> None:

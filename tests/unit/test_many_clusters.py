@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from envoy.config.endpoint.v3 import endpoint_pb2
 
+from pilot.builders.eds import build_load_assignment
 from pilot.debug import views
-from pilot.generators.eds import build_load_assignment
 from pilot.registry.index import EndpointIndex
 from pilot.registry.kubernetes_objects import parse_endpoint_slice, parse_endpoints, parse_service
 from pilot.registry.model import EndpointSet, Node, NodeKey, Service, ServiceKey

@@ -15,9 +15,10 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 
-from pilot.generators.builder import BuildSettings, ResourceBuilder
-from pilot.generators.mtls import alpn as alpn_of
-from pilot.generators.naming import outbound_cluster_name
+from pilot.builders.mtls import alpn as alpn_of
+from pilot.builders.naming import outbound_cluster_name
+from pilot.builders.settings import BuildSettings
+from pilot.generators.cds_eds import ClusterEndpointGenerator
 from pilot.registry.index import EndpointIndex
 from pilot.registry.kubernetes_objects import (
     MAX_POD_IPS,
@@ -276,7 +277,9 @@ def test_pod_churn_returns_the_memory_of_the_pods_it_removes() -> None:
 
 def _built(*pods: Pod) -> ResourceCache:
     index, cache = EndpointIndex(primary=EAST), ResourceCache()
-    builder = ResourceBuilder(index, cache, BuildSettings(trust_domain="example.org"), XdsStats())
+    builder = ClusterEndpointGenerator(
+        index, cache, BuildSettings(trust_domain="example.org"), XdsStats()
+    )
     builder.apply(index.replace_cluster(EAST, [parse_service(service("web"), EAST)], [_slice()]))
     builder.apply(index.upsert_endpoints(_slice("10.0.0.1", "10.0.0.2")))
     for each in pods:

@@ -20,9 +20,10 @@ import pytest
 from envoy.config.listener.v3 import listener_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 
-from pilot.generators.builder import BuildSettings
-from pilot.generators.lds import ListenerGenerator, virtual_outbound
-from pilot.generators.outbound import OutboundSettings, TrafficPolicy
+from pilot.builders.listeners import virtual_outbound
+from pilot.builders.outbound import OutboundSettings, TrafficPolicy
+from pilot.builders.settings import BuildSettings
+from pilot.generators.lds import ListenerGenerator
 from pilot.generators.rds import RouteGenerator
 from pilot.push.request import PushRequest, RequestSink
 from pilot.registry.index import EndpointIndex

@@ -107,6 +107,12 @@ def test_the_grpc_shell_imports_none_of_what_uses_it(forbidden: str) -> None:
     assert not (offenders := _imports_from("pilot.server", forbidden)), offenders
 
 
+@pytest.mark.parametrize("forbidden", ["pilot.generators", "pilot.push", "pilot.server"])
+def test_the_builders_are_pure_and_know_no_generator(forbidden: str) -> None:
+    """builders/ turns registry values into Envoy resources; it keeps and pushes nothing."""
+    assert not (offenders := _imports_from("pilot.builders", forbidden)), offenders
+
+
 def test_the_grpc_shell_reaches_the_pipeline_through_its_protocol_only() -> None:
     """server/ names `Pushing` (server/pushing.py), never the Pipeline class itself."""
     offenders = sorted(

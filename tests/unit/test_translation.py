@@ -11,8 +11,8 @@ from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pilot.generators.cds import build_cluster
-from pilot.generators.eds import build_load_assignment, collect_hosts, encode_load_assignment
+from pilot.builders.cds import build_cluster
+from pilot.builders.eds import build_load_assignment, collect_hosts, encode_load_assignment
 from pilot.registry.kubernetes_objects import (
     ObjectError,
     parse_endpoint_slice,

@@ -1,6 +1,6 @@
 """What a sidecar's outbound listeners and routes are made of: Istio's names and its policy.
 
-A Service port becomes, by its protocol (`pilot.generators.protocols`), either
+A Service port becomes, by its protocol (`pilot.builders.protocols`), either
 an HTTP port P (a listener `0.0.0.0_P` whose connection manager reads the
 route configuration `P`, one virtual host `HOST:P` per service there) or a TCP
 port (a listener `CLUSTERIP_P` straight to the cluster; none for a headless
@@ -16,7 +16,7 @@ or to `BlackHoleCluster` under REGISTRY_ONLY.
 A Service whose name or namespace is not a DNS label reaches no listener or
 route: its names become Envoy domains and listener names, where a `*` or a
 duplicate would make Envoy reject the whole route configuration. A Service
-port that is one of the sidecar's own (`pilot.generators.proxy_ports`: 15000,
+port that is one of the sidecar's own (`pilot.builders.proxy_ports`: 15000,
 15001, 15006, 15020, 15021, 15090) gets no listener and no route in any mode,
 as Istio skips ports that conflict with its reserved listeners: `0.0.0.0_15001`
 beside `virtualOutbound` would make Envoy reject every listener of the update,
@@ -32,9 +32,9 @@ from enum import StrEnum
 from envoy.config.cluster.v3 import cluster_pb2
 from google.protobuf import duration_pb2
 
-from pilot.generators.cds import CONNECT_TIMEOUT_SECONDS
-from pilot.generators.protocols import PortProtocol, is_http, protocol_of
-from pilot.generators.proxy_ports import reserved
+from pilot.builders.cds import CONNECT_TIMEOUT_SECONDS
+from pilot.builders.protocols import PortProtocol, is_http, protocol_of
+from pilot.builders.proxy_ports import reserved
 from pilot.registry.model import Service, ServicePort
 
 PASSTHROUGH_CLUSTER = "PassthroughCluster"

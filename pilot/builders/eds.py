@@ -11,7 +11,7 @@ An endpoint whose pod runs a sidecar (`sidecar`: the index's answer for its
 endpoint set, the endpoint and its address, which finds its pod by its
 targetRef) carries `envoy.transport_socket_match: {tlsMode: istio}`,
 as Istio puts it: a sidecar's cluster then picks its mTLS transport socket for
-it (`pilot.generators.mtls`), and plaintext for the others.
+it (`pilot.builders.mtls`), and plaintext for the others.
 
 An endpoint's locality (region, zone) comes from `locate` (the endpoint index
 resolves it from the endpoint's Node; without one, only the slice's zone).

@@ -23,7 +23,7 @@ a filter chain by destination port, Istio's way:
   nothing loops into the listener.
 
 A workload port, or a port-level one, is never one of the sidecar's own
-(`pilot.generators.proxy_ports`; `pilot.generators.inbound_proxies` leaves them
+(`pilot.builders.proxy_ports`; `pilot.generators.inbound_proxies` leaves them
 out of the shape's ports, and `InboundShape.passthrough_ports` out of the
 port-level chains): a chain there could outrank the blackhole (a TLS chain on
 15006 is more specific) or forward to Envoy's own listener. What the
@@ -66,12 +66,12 @@ from envoy.type.v3 import range_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
 from google.protobuf.message import Message
 
-from pilot.generators.cds import CONNECT_TIMEOUT_SECONDS, HTTP_OPTIONS_KEY, http2_options
-from pilot.generators.lds import router_filter, socket_address, tcp_proxy_filter, typed
-from pilot.generators.mtls import sds_config
-from pilot.generators.outbound import ANY_ADDRESS, BLACKHOLE_CLUSTER
-from pilot.generators.protocols import PortProtocol, protocol_of
-from pilot.generators.proxy_ports import VIRTUAL_INBOUND_PORT, reserved
+from pilot.builders.cds import CONNECT_TIMEOUT_SECONDS, HTTP_OPTIONS_KEY, http2_options
+from pilot.builders.listeners import router_filter, socket_address, tcp_proxy_filter, typed
+from pilot.builders.mtls import sds_config
+from pilot.builders.outbound import ANY_ADDRESS, BLACKHOLE_CLUSTER
+from pilot.builders.protocols import PortProtocol, protocol_of
+from pilot.builders.proxy_ports import VIRTUAL_INBOUND_PORT, reserved
 from pilot.registry.model import ServicePort
 from pilot.registry.peer_authentication import MtlsMode
 

@@ -12,7 +12,7 @@ once, then encoded once per variant, into that variant's cache flavor.
 
 ADS streams that read listeners (sidecars) read their clusters from one more
 table (`ADS_WITH_LISTENERS`): the ADS clusters with auto mTLS's transport
-socket matches (`pilot.generators.mtls`: the SANs are the service's pods'
+socket matches (`pilot.builders.mtls`: the SANs are the service's pods'
 service accounts, so a change of those is a full change of the service), plus
 PassthroughCluster and BlackHoleCluster, which outbound listeners name. A proxy
 that reads no listener never holds those, and its clusters are as before.
@@ -22,15 +22,15 @@ Assignments mark the endpoints whose pod runs a sidecar (the index knows).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from envoy.config.cluster.v3 import cluster_pb2
 
-from pilot.generators.cds import build_cluster, served_ports
-from pilot.generators.eds import encode_groups, group_hosts
-from pilot.generators.mtls import transport_socket_matches
-from pilot.generators.naming import outbound_cluster_name
-from pilot.generators.outbound import fixed_clusters
+from pilot.builders.cds import build_cluster, served_ports
+from pilot.builders.eds import encode_groups, group_hosts
+from pilot.builders.mtls import transport_socket_matches
+from pilot.builders.naming import outbound_cluster_name
+from pilot.builders.outbound import fixed_clusters
+from pilot.builders.settings import BuildSettings
 from pilot.push.request import Changes, PushRequest
 from pilot.registry.index import EndpointIndex, IndexChange
 from pilot.registry.model import Service, ServiceKey
@@ -44,16 +44,7 @@ from pilot.xds.resource import Resource
 TypeChanges = dict[str, set[str]]
 
 
-@dataclass(frozen=True, slots=True)
-class BuildSettings:
-    """What resource content depends on besides the registry."""
-
-    cluster_domain: str = "cluster.local"
-    xds_cluster_name: str = "xds-grpc"
-    trust_domain: str = "cluster.local"  # of the SPIFFE identities sidecars' clusters accept
-
-
-class ResourceBuilder:
+class ClusterEndpointGenerator:
     """The CDS and EDS generator: index changes in, cache updates out."""
 
     type_urls = frozenset({types.CLUSTER, types.ENDPOINT})

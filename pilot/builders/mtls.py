@@ -3,7 +3,7 @@
 Istio's auto mTLS, as a sidecar's cluster carries it: two
 `transport_socket_matches`. `tlsMode-istio` matches endpoints whose metadata
 says `envoy.transport_socket_match: {tlsMode: istio}` (their pod runs a
-sidecar, `pilot.generators.eds`) and speaks mTLS to them: the proxy's own
+sidecar, `pilot.builders.eds`) and speaks mTLS to them: the proxy's own
 certificate (`default`) and the trust root (`ROOTCA`), both by SDS from the
 bootstrap cluster `sds-grpc`; SNI `outbound_.PORT_._.HOST`; ALPN by the port's
 protocol (Istio's `istio-http/1.1`, `istio-h2`, `istio-peer-exchange`, each
@@ -32,8 +32,8 @@ from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2, tl
 from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import duration_pb2, struct_pb2
 
-from pilot.generators.cds import grpc_source
-from pilot.generators.protocols import PortProtocol, protocol_of
+from pilot.builders.cds import grpc_source
+from pilot.builders.protocols import PortProtocol, protocol_of
 from pilot.registry.model import ServiceKey, ServicePort
 
 SDS_CLUSTER = "sds-grpc"  # the bootstrap cluster every sidecar reaches its SDS server by
