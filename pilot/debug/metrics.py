@@ -239,8 +239,9 @@ class PilotCollector(Collector):
         rejected = CounterMetricFamily(
             "pilot_k8s_rejected",
             "What API servers sent that pilot skipped or refused: lines that are not JSON"
-            " objects, events of no known type, objects of another kind, without a name or"
-            " that do not parse, watch events and list pages over their bound.",
+            " objects, events of no known type, objects of another kind, without a name,"
+            " without a field Kubernetes requires (missing_field) or that do not parse,"
+            " watch events and list pages over their bound.",
             labels=["cluster_id", "kind", "reason"],
         )
         for (cluster, kind, reason), count in sorted(self._sources.watch_faults().items()):
