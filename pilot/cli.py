@@ -592,8 +592,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _flag_settings(args: argparse.Namespace) -> Settings:
     grpc_addr, grpc_tls_addr, http_addr = _addresses(args)
-    _check_config_file(args.config)
-    return Settings(
+    settings = Settings(
         grpc_addr=grpc_addr,
         http_addr=http_addr,
         debug_addr=args.debug_addr,
@@ -624,6 +623,8 @@ def _flag_settings(args: argparse.Namespace) -> Settings:
             informer=informer_from_env(),
         ),
     )
+    _check_config_file(args.config)  # after the flags' own checks: a flag is named first
+    return settings
 
 
 ANY_ADDRESSES = ("0.0.0.0:15010", "0.0.0.0:15012", "0.0.0.0:15014")
