@@ -116,6 +116,7 @@ class Discovery:
             DebugState(self.proxies, self.index, self.pushes),
             settings.debug_addr,
             ready_detail=self.cluster_lines,
+            xds_ports=self.xds_ports,
         )
         self.api_client: client.ApiClient | None = None
         self._api_server = ""
@@ -173,6 +174,16 @@ class Discovery:
         """`/ready`'s detail: each cluster's status, then each failing task."""
         clusters = [f"cluster {c}: {status}" for c, status in self.cluster_statuses().items()]
         return clusters + self.supervisor.lines()
+
+    def xds_ports(self) -> str:
+        """Where xDS is, for a TLS or HTTP/2 client that came to the HTTP port instead:
+        the bound ports once they are, else the flags' addresses."""
+        plain, tls = self.settings.grpc_addr, self.settings.grpc_tls_addr
+        if self._grpc is not None:
+            plain = f"port {self.grpc.port}"
+            tls = f"port {self.grpc.tls_port}" if self.grpc.tls_port else ""
+        where = f"xDS (gRPC) is {plain} (--grpc-addr)"
+        return where + (f", over TLS {tls} (--grpc-tls-addr)" if tls else "")
 
     async def _connect(self) -> None:
         kubernetes = self.settings.kubernetes

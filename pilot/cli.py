@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import importlib.metadata
 import json
 import logging
 import re
@@ -152,8 +153,27 @@ def _negative_durations_joined(argv: Sequence[str]) -> list[str]:
     return joined
 
 
+def version() -> str:
+    """pilot's version, as its installed package's metadata says."""
+    try:
+        return importlib.metadata.version("pilot")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout never installed
+        return "unknown"
+
+
+def _version_flag(parser: argparse.ArgumentParser) -> None:
+    """`--version`: `pilot X.Y.Z` on stdout, exit status 0 (the flag Envoy and kubectl have)."""
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"pilot {version()}",
+        help="print pilot's version and exit",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pilot", description="An asyncio xDS control plane for Envoy.")
+    _version_flag(parser)
     commands = parser.add_subparsers(dest="command", required=True)
     discovery = commands.add_parser(
         "discovery",
@@ -162,6 +182,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_DISCOVERY_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _version_flag(discovery)
     discovery.add_argument(
         "--grpc-addr",
         help="xDS, gRPC health and reflection (default 0.0.0.0:15010; with --xds-auth none,"
@@ -347,6 +368,7 @@ def _agent_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
         epilog=_AGENT_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _version_flag(agent)
     agent.add_argument(
         "--sds-socket",
         type=Path,
@@ -572,8 +594,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _flag_settings(args: argparse.Namespace) -> Settings:
     grpc_addr, grpc_tls_addr, http_addr = _addresses(args)
-    _check_config_file(args.config)
-    return Settings(
+    settings = Settings(
         grpc_addr=grpc_addr,
         http_addr=http_addr,
         debug_addr=args.debug_addr,
@@ -604,6 +625,8 @@ def _flag_settings(args: argparse.Namespace) -> Settings:
             informer=informer_from_env(),
         ),
     )
+    _check_config_file(args.config)  # after the flags' own checks: a flag is named first
+    return settings
 
 
 ANY_ADDRESSES = ("0.0.0.0:15010", "0.0.0.0:15012", "0.0.0.0:15014")
@@ -653,10 +676,15 @@ def _addresses(args: argparse.Namespace) -> tuple[str, str, str]:
 
 
 def _check_config_file(path: Path | None) -> None:
-    """A --config that can never be a registry file is an error at start. A missing or
-    unreadable file is not: it may be written (or mounted) later, and pilot waits for it
-    unready, saying so in its log."""
-    if path is not None and path.is_dir():
+    """A --config that is not there at start, or can never be a registry file, is an error
+    at start: a path mistyped would otherwise leave pilot running, unready, for good.
+    A file that is there but broken or empty is not: pilot waits for a good version,
+    unready, saying so in its log; and a file removed later keeps the last good state."""
+    if path is None:
+        return
+    if not path.exists():
+        raise SettingsError(f"--config {path}: no such file")
+    if path.is_dir():
         raise SettingsError(f"--config {path}: is a directory, not a registry file")
 
 

@@ -15,10 +15,15 @@ listener) also checks the `Host:` header: it must name loopback (`localhost`,
 IP, say); anything else is 403. A request with no `Host:` is answered: no
 browser sends one. `/ready` and `/metrics` on `--http-addr` answer any Host
 (kubelet probes and Prometheus name the pod, or a Service); they show no proxy.
+
+Both listeners are pilot's own (`asyncio` servers for aiohttp's protocol), so that
+each connection's first bytes are looked at before aiohttp reads them: a TLS or
+HTTP/2 client is answered, counted and logged by `wrong_protocol`, in one line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import logging
@@ -32,6 +37,7 @@ from aiohttp import hdrs, web
 from pilot.debug import page, tasks, views
 from pilot.debug.metrics import CONTENT_TYPE, Metrics
 from pilot.debug.proxy_status import LiveProxies
+from pilot.debug.wrong_protocol import FirstBytes, WrongProtocols
 from pilot.logs import clipped
 from pilot.push.history import PushHistory
 from pilot.registry.index import EndpointIndex
@@ -228,8 +234,12 @@ class HttpServer:
         debug_address: str | None = None,
         *,
         ready_detail: Callable[[], list[str]] = list,
+        xds_ports: Callable[[], str] = str,
     ) -> None:
         self.host, self.port = split_host_port(address)
+        # `xds_ports`: where xDS is, for a client that came to this port instead.
+        self._wrong = WrongProtocols(metrics.http_wrong_protocol_for, xds_ports)
+        self._listeners: list[asyncio.Server] = []
         self._is_ready = is_ready
         self._ready_detail = ready_detail  # a line per cluster, under /ready's first line
         self._metrics = metrics
@@ -267,9 +277,9 @@ class HttpServer:
         ports = []
         for runner, (host, port) in zip(self._runners, self._addresses, strict=True):
             await runner.setup()
-            site = web.TCPSite(runner, host, port, reuse_port=False)
-            await site.start()
-            ports.append(_bound_port(site, port))
+            listener = await self._listen(runner, host, port)
+            self._listeners.append(listener)
+            ports.append(listener.sockets[0].getsockname()[1] if listener.sockets else port)
         self.port = ports[0]
         self.debug_port = ports[-1]
         if len(self._runners) > 1:
@@ -284,14 +294,18 @@ class HttpServer:
                     self.debug_port,
                 )
 
+    async def _listen(self, runner: web.AppRunner, host: str, port: int) -> asyncio.Server:
+        """A listener handing each connection to `runner`'s aiohttp protocol, through
+        `FirstBytes` (what aiohttp's TCPSite does, but for that)."""
+        make = runner.server
+        assert make is not None, "set up first"
+        wrong = self._wrong
+        loop = asyncio.get_running_loop()
+        return await loop.create_server(lambda: FirstBytes(make(), wrong), host, port)
+
     async def stop(self) -> None:
+        for listener in self._listeners:  # no new connections, as aiohttp's sites stop first
+            listener.close()
+        self._listeners.clear()
         for runner in self._runners:
             await runner.cleanup()
-
-
-def _bound_port(site: web.TCPSite, requested: int) -> int:
-    server = site._server
-    if requested == 0 and server is not None and server.sockets:  # type: ignore[attr-defined]
-        port: int = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-        return port
-    return requested

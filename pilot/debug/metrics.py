@@ -239,8 +239,9 @@ class PilotCollector(Collector):
         rejected = CounterMetricFamily(
             "pilot_k8s_rejected",
             "What API servers sent that pilot skipped or refused: lines that are not JSON"
-            " objects, events of no known type, objects of another kind, without a name or"
-            " that do not parse, watch events and list pages over their bound.",
+            " objects, events of no known type, objects of another kind, without a name,"
+            " without a field Kubernetes requires (missing_field) or that do not parse,"
+            " watch events and list pages over their bound.",
             labels=["cluster_id", "kind", "reason"],
         )
         for (cluster, kind, reason), count in sorted(self._sources.watch_faults().items()):
@@ -325,6 +326,16 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.http_wrong_protocol = Counter(
+            "pilot_http_wrong_protocol",
+            "Connections to the HTTP port (--http-addr, --debug-addr) that spoke TLS or"
+            " HTTP/2, by protocol: clients meant for an xDS port, most likely.",
+            ["protocol"],
+            registry=self.registry,
+        )
+        for protocol in ("tls", "http2"):  # both series from the start, at 0
+            self.http_wrong_protocol.labels(protocol)
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -351,6 +362,10 @@ class Metrics:
 
     def locality_refused(self, proven: bool) -> None:
         self.localities_refused.labels("proven" if proven else "unverified").inc()
+
+    def http_wrong_protocol_for(self, protocol: str) -> None:
+        """A TLS or HTTP/2 client came to the HTTP port (`wrong_protocol` tells)."""
+        self.http_wrong_protocol.labels(protocol).inc()
 
     def registry_file_rejected_for(self, reason: str) -> None:
         """A version of the registry file was not applied (the file source says why)."""

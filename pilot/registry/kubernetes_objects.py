@@ -5,6 +5,20 @@ and what the API server returns. Anything malformed raises `ObjectError` saying
 which object and which field; unknown kinds are the caller's business. Each
 parser stamps the values with the id of the cluster the object came from.
 
+A field that Kubernetes' own validation requires and pilot reads is required here
+too, and its absence raises `MissingField` (an `ObjectError`) naming it: an API
+server never sends such an object, so one without it is a hand-written mistake
+(a Service without `spec` or `spec.ports` otherwise loaded as a service with no
+port, silently). They are: a Service's `spec.ports` (unless headless,
+`clusterIP: None`, or `type: ExternalName`, as Kubernetes allows), each port's
+`port`, and its `name` when there is more than one; an EndpointSlice's
+`addressType` and each endpoint's `addresses` (its `endpoints` may be empty or
+null); a legacy Endpoints' addresses' `ip` and ports' `port`; a Pod's `spec` and
+`status` (the API server sets it at creation, and the pod's addresses are in it),
+and each container port's `containerPort`. Fields Kubernetes requires that pilot
+never reads (a container's image, an ExternalName's `externalName`) are not
+checked, nor a Pod's `spec.containers`: pilot reads them only for named ports.
+
 An endpoint's `targetRef` (of an EndpointSlice endpoint, or of a legacy
 Endpoints address) is kept as the name of the Pod it names (`pod_name`), and
 only within the object's own namespace: a targetRef to a Pod of another
@@ -49,6 +63,14 @@ class ObjectError(ValueError):
     """An object is not a valid Service, EndpointSlice, Endpoints, Node or Pod."""
 
 
+class MissingField(ObjectError):
+    """An object lacks a field Kubernetes requires of it (`field`, as a path)."""
+
+    def __init__(self, obj: Obj, field: str, why: str = "") -> None:
+        super().__init__(f"{object_label(obj)}: {field} is missing{f' ({why})' if why else ''}")
+        self.field = field
+
+
 def object_label(obj: Obj) -> str:
     """`Kind namespace/name` for messages, as far as the object says: each part one line of
     printable characters, bounded (a name may be anything until a parser checks it)."""
@@ -91,6 +113,8 @@ def _list(obj: Obj, value: Any, where: str) -> list[Any]:
 
 
 def _port_number(obj: Obj, value: Any, where: str) -> int:
+    if value is None:
+        raise MissingField(obj, where)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
         raise _fail(obj, f"{where} must be a port number (1-65535), got {value!r}")
     return value
@@ -101,27 +125,48 @@ def _condition(conditions: Mapping[str, Any], name: str, default: bool) -> bool:
     return default if value is None else bool(value)
 
 
+_PORTS_WHY = "a Service needs ports unless clusterIP is None or type is ExternalName"
+
+
 def parse_service(obj: Obj, cluster: str = "") -> Service:
     """A Service; ExternalName services have no endpoints and keep no ports."""
     namespace, name = _metadata(obj)
-    spec = obj.get("spec") or {}
+    spec = obj.get("spec")
+    if spec is None:
+        raise MissingField(obj, "spec", _PORTS_WHY)
     if not isinstance(spec, Mapping):
         raise _fail(obj, "spec must be a mapping")
-    ports = []
-    if spec.get("type") != "ExternalName":
-        for i, raw in enumerate(_list(obj, spec.get("ports"), "spec.ports")):
-            if not isinstance(raw, Mapping):
-                raise _fail(obj, f"spec.ports[{i}] must be a mapping")
-            ports.append(
-                ServicePort(
-                    name=str(raw.get("name") or ""),
-                    port=_port_number(obj, raw.get("port"), f"spec.ports[{i}].port"),
-                    protocol=str(raw.get("protocol") or "TCP"),
-                    app_protocol=str(raw.get("appProtocol") or ""),
-                )
-            )
     cluster_ip = _cluster_ip(obj, spec.get("clusterIP"))
-    return Service(ServiceKey(namespace, name), tuple(ports), cluster, cluster_ip)
+    if spec.get("type") == "ExternalName":
+        ports: tuple[ServicePort, ...] = ()
+    else:
+        ports = _service_ports(obj, spec.get("ports"), headless=spec.get("clusterIP") == "None")
+    return Service(ServiceKey(namespace, name), ports, cluster, cluster_ip)
+
+
+def _service_ports(obj: Obj, raw_ports: Any, headless: bool) -> tuple[ServicePort, ...]:
+    """spec.ports: required but for a headless Service; each named when there are two or
+    more (endpoints find their port by its name), as Kubernetes validates them."""
+    raw_list = _list(obj, raw_ports, "spec.ports")
+    if not raw_list and not headless:
+        raise MissingField(obj, "spec.ports", _PORTS_WHY)
+    ports = []
+    for i, raw in enumerate(raw_list):
+        if not isinstance(raw, Mapping):
+            raise _fail(obj, f"spec.ports[{i}] must be a mapping")
+        if len(raw_list) > 1 and not raw.get("name"):
+            raise MissingField(
+                obj, f"spec.ports[{i}].name", "required when a Service has two ports or more"
+            )
+        ports.append(
+            ServicePort(
+                name=str(raw.get("name") or ""),
+                port=_port_number(obj, raw.get("port"), f"spec.ports[{i}].port"),
+                protocol=str(raw.get("protocol") or "TCP"),
+                app_protocol=str(raw.get("appProtocol") or ""),
+            )
+        )
+    return tuple(ports)
 
 
 def _cluster_ip(obj: Obj, value: Any) -> str:
@@ -140,12 +185,16 @@ def _cluster_ip(obj: Obj, value: Any) -> str:
         raise _fail(obj, f"spec.clusterIP must be an IP address or None, got {value!r}") from None
 
 
-def _endpoint_ports(obj: Obj, raw_ports: Any, where: str) -> tuple[EndpointPort, ...]:
+def _endpoint_ports(
+    obj: Obj, raw_ports: Any, where: str, numbered: bool = False
+) -> tuple[EndpointPort, ...]:
+    """A slice's or a subset's ports; `numbered`: each must have its number (a legacy
+    Endpoints' must; a slice port without one means the Service port has no target)."""
     ports = []
     for i, raw in enumerate(_list(obj, raw_ports, where)):
         if not isinstance(raw, Mapping):
             raise _fail(obj, f"{where}[{i}] must be a mapping")
-        if raw.get("port") is None:
+        if raw.get("port") is None and not numbered:
             continue  # a slice port with no number: the Service port has no target
         ports.append(
             EndpointPort(
@@ -178,7 +227,9 @@ def _slice_endpoint(obj: Obj, raw: Any, i: int, namespace: str) -> Endpoint:
     if not isinstance(raw, Mapping):
         raise _fail(obj, f"endpoints[{i}] must be a mapping")
     addresses = _list(obj, raw.get("addresses"), f"endpoints[{i}].addresses")
-    if not addresses or not all(isinstance(a, str) and a for a in addresses):
+    if not addresses:
+        raise MissingField(obj, f"endpoints[{i}].addresses")
+    if not all(isinstance(a, str) and a for a in addresses):
         raise _fail(obj, f"endpoints[{i}].addresses must list at least one address")
     conditions = raw.get("conditions") or {}
     if not isinstance(conditions, Mapping):
@@ -202,7 +253,9 @@ def parse_endpoint_slice(obj: Obj, cluster: str = "") -> EndpointSet | None:
     service = labels.get(SERVICE_NAME_LABEL) if isinstance(labels, Mapping) else None
     if not isinstance(service, str) or not service:
         raise _fail(obj, f"label {SERVICE_NAME_LABEL} is missing")
-    address_type = obj.get("addressType", "IPv4")
+    address_type = obj.get("addressType")
+    if address_type is None or address_type == "":
+        raise MissingField(obj, "addressType", "IPv4, IPv6 or FQDN")
     if not isinstance(address_type, str):
         raise _fail(obj, "addressType must be a string")
     if address_type not in _IP_ADDRESS_TYPES:
@@ -223,7 +276,7 @@ def _legacy_addresses(
     for i, address in enumerate(_list(obj, raw, where)):
         ip = address.get("ip") if isinstance(address, Mapping) else None
         if not isinstance(ip, str) or not ip:
-            raise _fail(obj, f"{where}[{i}].ip is missing")
+            raise MissingField(obj, f"{where}[{i}].ip")
         node_name = str(address.get("nodeName") or "")
         pod_name = _target_pod(obj, address.get("targetRef"), namespace, f"{where}[{i}].targetRef")
         found.append(
@@ -246,7 +299,7 @@ def parse_endpoints(obj: Obj, cluster: str = "") -> EndpointSet:
         endpoints += _legacy_addresses(
             obj, subset.get("notReadyAddresses"), f"{where}.notReadyAddresses", False, namespace
         )
-        ports = _endpoint_ports(obj, subset.get("ports"), f"{where}.ports")
+        ports = _endpoint_ports(obj, subset.get("ports"), f"{where}.ports", numbered=True)
         groups.append(EndpointGroup(ports, tuple(endpoints)))
     key = EndpointSetKey("Endpoints", namespace, name, cluster)
     return EndpointSet(key, ServiceKey(namespace, name), tuple(groups))
@@ -367,8 +420,11 @@ def parse_pod(obj: Obj, cluster: str = "") -> Pod:
     labels = meta.get("labels") or {}
     if not isinstance(labels, Mapping):
         raise _fail(obj, "metadata.labels must be a mapping")
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
+    spec, status = obj.get("spec"), obj.get("status")
+    if spec is None:
+        raise MissingField(obj, "spec", "a Pod needs spec.containers")
+    if status is None:
+        raise MissingField(obj, "status", "the API server sets it: it holds the pod's addresses")
     if not isinstance(spec, Mapping) or not isinstance(status, Mapping):
         raise _fail(obj, "spec and status must be mappings")
     account = spec.get("serviceAccountName") or spec.get("serviceAccount") or "default"

@@ -1,7 +1,7 @@
 """Lifecycle and files, tried as a new user would: signals before the first load, and
 saves that leave the registry file empty.
 
-- A pilot whose registry file is missing or broken at start never serves; SIGTERM and
+- A pilot whose registry file is empty or broken at start never serves; SIGTERM and
   Ctrl-C (SIGINT) must stop it all the same: exit 0, one line saying why. (They were
   ignored: only SIGKILL stopped it.)
 - A zero-byte or whitespace-only file is what a truncating save leaves behind: it is
@@ -87,16 +87,15 @@ BROKEN = "kind: Service\nmetadata: {name: [unclosed\n"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
-@pytest.mark.parametrize("state", ["missing", "broken"])
+@pytest.mark.parametrize("state", ["empty", "broken"])
 async def test_a_signal_stops_pilot_before_the_first_load(
     tmp_path: Path, signum: signal.Signals, state: str
 ) -> None:
     config = tmp_path / "mesh.yaml"
-    if state == "broken":
-        config.write_text(BROKEN)
+    config.write_text(BROKEN if state == "broken" else "")
     pilot = await _spawn_file_pilot(tmp_path, config)
     try:
-        words = "cannot read" if state == "missing" else "not valid YAML"
+        words = "is empty" if state == "empty" else "not valid YAML"
         await pilot.wait_logged(_rejected(config, words), f"that {config} is {state}")
         pilot.process.send_signal(signum)
         code = await _exit_code(pilot)

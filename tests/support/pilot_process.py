@@ -6,7 +6,7 @@
 the test knows the root), ephemeral loopback ports and JSON logs on stderr.
 `start_command` runs any `pilot discovery` command line as given (say, the README's,
 with its addresses changed to `127.0.0.1:0`); `spawn` runs one without waiting for it
-to serve (a pilot whose registry file is missing never does), and `wait_serving` waits.
+to serve (a pilot whose registry file is broken never does), and `wait_serving` waits.
 Whatever the command, pilot binds the ports it is given, 0 included, and the ports it
 bound are read back from its "serving" log line (text or JSON), and the `--debug-addr`
 port, when given, from its "debug endpoints on" line; every line it logs is kept:

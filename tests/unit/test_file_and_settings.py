@@ -110,7 +110,11 @@ def test_yaml_in_flow_style_is_still_yaml() -> None:
 def test_a_json_list_of_objects_is_one_document_each() -> None:
     text = json.dumps(
         [
-            {"kind": "Service", "metadata": {"name": "a", "namespace": "x"}, "spec": {}},
+            {
+                "kind": "Service",
+                "metadata": {"name": "a", "namespace": "x"},
+                "spec": {"ports": [{"port": 80}]},
+            },
             {"kind": "Deployment", "metadata": {"name": "a", "namespace": "x"}},
             {"kind": "Service"},
         ]

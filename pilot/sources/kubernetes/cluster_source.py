@@ -4,7 +4,9 @@ Services and EndpointSlices (or, with `--endpoints-api endpoints`, legacy v1
 Endpoints) are watched in all namespaces or in the ones named. Each object
 event becomes an upsert or delete on the `RegistryUpdater` the registry was
 given. A malformed object is logged with its name (rate-limited,
-`WatchFaults`), counted and skipped; what pilot knew of it before stays:
+`WatchFaults`), counted and skipped (reason `missing_field` when it lacks a field
+Kubernetes requires, such as a Service's `spec.ports`, else `invalid`); what pilot
+knew of it before stays:
 whatever a parser raises on it (a wrong type, nesting deep enough for
 RecursionError) never ends the informer. Nodes (cluster-scoped) are watched for
 endpoint locality, as metadata only (`metadata.py`), and only their region and
@@ -34,6 +36,7 @@ from pilot.kube.informer import Informer, Obj, Request, WatchFaults, Watching
 from pilot.kube.metadata import metadata_only
 from pilot.registry.kubernetes_objects import (
     SERVICE_NAME_LABEL,
+    MissingField,
     ObjectError,
     object_label,
     parse_endpoint_slice,
@@ -63,7 +66,7 @@ _PARSE_ERRORS = (ObjectError, TypeError, ValueError, KeyError, AttributeError, R
 
 class _Handler:
     """Parses each object; one that does not parse is counted and logged (rate-limited)
-    as `invalid`, and what pilot knew of it before stays."""
+    as `missing_field` or `invalid`, and what pilot knew of it before stays."""
 
     def __init__(
         self, updater: RegistryUpdater, kind: str, cluster: str, faults: WatchFaults
@@ -77,7 +80,8 @@ class _Handler:
         what = str(error) if isinstance(error, ObjectError) else describe(error)
         if not isinstance(error, ObjectError):
             what = f"{object_label(obj)}: {what}"
-        self._faults.report(self._cluster, self._kind, "invalid", f"an invalid {what}")
+        reason = "missing_field" if isinstance(error, MissingField) else "invalid"
+        self._faults.report(self._cluster, self._kind, reason, f"an invalid {what}")
 
 
 class _ServiceHandler(_Handler):
