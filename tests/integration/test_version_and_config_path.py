@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.protocol.client import XdsClient, sotw_names
-from tests.security.pilot_process import pilot_environment, start_file_pilot_with_ca
 from tests.support.deadline import bounded
 from tests.support.mesh import cluster_name, simple_mesh, write_mesh
+from tests.support.pilot_process import pilot_environment, start_file_pilot_with_ca
+from tests.support.xds_client import XdsClient, sotw_names
 
 EXIT_WITHIN = 30.0  # seconds a command that refuses to start may take (a liveness bound)
 WAIT = 15.0

@@ -22,9 +22,9 @@ import h2.config
 import h2.connection
 import pytest
 
-from tests.security.pilot_process import PilotProcess, start_file_pilot_with_ca
 from tests.support.deadline import bounded
 from tests.support.mesh import simple_mesh, write_mesh
+from tests.support.pilot_process import PilotProcess, start_file_pilot_with_ca
 
 ROUNDS = 50  # connections of each protocol
 WITHIN = 10.0

@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.harness.envoy_process import wait_until
-from tests.integration.ca_support import write_plugged_in
-from tests.integration.kube_helpers import apply_mesh, kube_api, ready
-from tests.protocol.client import XdsClient, sotw_names
-from tests.security.pilot_process import PilotProcess, start_file_pilot_with_ca, start_pilot
+from tests.support.ca import write_plugged_in
+from tests.support.envoy_process import wait_until
+from tests.support.kube_helpers import apply_mesh, kube_api, ready
 from tests.support.mesh import cluster_name, service, simple_mesh, write_mesh
+from tests.support.pilot_process import PilotProcess, start_file_pilot_with_ca, start_pilot
+from tests.support.xds_client import XdsClient, sotw_names
 
 WAIT = 20.0
 LOCAL = "Kubernetes"  # pilot's default --cluster-id
