@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from pilot.cli import _parser
+from pilot.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "cli.md"
@@ -46,10 +46,10 @@ def _walk(parser: argparse.ArgumentParser, words: tuple[str, ...]) -> Iterator[t
 
 def reference() -> str:
     """The generated part of docs/cli.md, markers included."""
-    os.environ["COLUMNS"] = COLUMNS  # read when argparse formats, the next by _parser()
+    os.environ["COLUMNS"] = COLUMNS  # read when argparse formats, the next by build_parser()
     os.environ["XDG_STATE_HOME"] = "~/.local/state"  # the CA's default, not this machine's
     parts = [BEGIN, ""]
-    for command, text in _walk(_parser(), ("pilot",)):
+    for command, text in _walk(build_parser(), ("pilot",)):
         parts += [f"### `{command}`", "", "```", text.rstrip(), "```", ""]
     parts.append(END)
     return "\n".join(parts)

@@ -785,7 +785,7 @@ def test_the_build_context_holds_what_the_dockerfile_copies_and_little_else() ->
     ]
     assert {"pyproject.toml", "README.md", "pilot"} <= set(sources)
     copied = [p for p in _tracked(*sources) if "__pycache__" not in p]
-    assert "pilot/cli.py" in copied and "pilot/py.typed" in copied
+    assert "pilot/cli/main.py" in copied and "pilot/py.typed" in copied
     missing = [p for p in copied if not _in_build_context(p)]
     assert not missing, f".dockerignore leaves out {missing}"
     sent = [p for p in _tracked() if _in_build_context(p)]

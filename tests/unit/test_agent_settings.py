@@ -18,7 +18,7 @@ import pytest
 
 from pilot.agent import sds_socket
 from pilot.agent.sds_agent import DEFAULT_DISCOVERY_ADDRESS, DEFAULT_ROOT_CERT, agent_settings
-from pilot.cli import _parser
+from pilot.cli import build_parser
 from pilot.security.certs import KeyType, cert_pem, self_signed_root
 from pilot.security.settings import SecuritySettingsError
 
@@ -49,7 +49,7 @@ def _write_root(path: Path) -> None:
 def test_the_default_is_tls_to_pilots_tls_port_verified_with_istios_root_path(
     in_folder: Path,
 ) -> None:
-    args = _parser().parse_args(["agent"])
+    args = build_parser().parse_args(["agent"])
     assert args.discovery_address == DEFAULT_DISCOVERY_ADDRESS == "pilot.pilot-system.svc:15012"
     _write_root(in_folder / "var/run/secrets/istio/root-cert.pem")
     settings = agent_settings(

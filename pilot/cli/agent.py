@@ -1,0 +1,202 @@
+"""`pilot agent`: its flags and steps (the SDS agent, `bootstrap`, `iptables`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from pilot.agent import iptables as agent_iptables
+from pilot.agent.envoy import DEFAULT_CONFIG_PATH, EnvoySettings
+from pilot.agent.iptables import CaptureSettings
+from pilot.agent.sds_agent import (
+    DEFAULT_DISCOVERY_ADDRESS,
+    DEFAULT_ROOT_CERT,
+    DEFAULT_SOCKET,
+    Agent,
+    AgentSettings,
+    agent_settings,
+)
+from pilot.agent.status_port import DEFAULT_STATUS_PORT
+from pilot.cli.flags import Parser, key_type_flag, log_flags, version_flag
+from pilot.cli.running import run_until_signalled
+from pilot.runtime import event_loop
+from pilot.security.certs import KeyType
+
+log = logging.getLogger("pilot")
+
+_AGENT_EPILOG = f"""\
+environment:
+  POD_NAMESPACE, SERVICE_ACCOUNT  the workload identity (required)
+  CA_TOKEN_FILE              service-account token presented to the CA
+  CA_ADDR                    the CA (default: --discovery-address)
+  CA_ROOT_CERT               the root that verifies the CA and every chain, served to
+                             Envoy as ROOTCA (default ./{DEFAULT_ROOT_CERT})
+  CA_INSECURE                true: plaintext to the CA (chains are still verified)
+  SECRET_TTL, SECRET_GRACE_PERIOD_RATIO  lifetime and rotation point
+  POD_NAME, INSTANCE_IP      with --binary-path or `bootstrap`: the pod, in Envoy's node id
+  ISTIO_META_INTERCEPTION_MODE  REDIRECT (default: traffic captured) or NONE
+"""
+
+
+def agent_parser(commands: argparse._SubParsersAction[Parser]) -> None:
+    agent = commands.add_parser(
+        "agent",
+        help="serve SDS next to Envoy on a Unix socket (keys never leave the node)",
+        description="Mint this pod's workload certificates and serve them to Envoy over SDS.",
+        epilog=_AGENT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    version_flag(agent)
+    agent.add_argument(
+        "--sds-socket",
+        type=Path,
+        default=DEFAULT_SOCKET,
+        help="the Unix socket Envoy reads its certificates from (default %(default)s)",
+    )
+    agent.add_argument(
+        "--discovery-address",
+        default=DEFAULT_DISCOVERY_ADDRESS,
+        help="pilot's TLS gRPC address, the default CA_ADDR (default %(default)s)",
+    )
+    agent.add_argument(
+        "--trust-domain",
+        default="cluster.local",
+        help="SPIFFE trust domain of the workload's identity (default %(default)s)",
+    )
+    key_type_flag(agent)
+    _sidecar_flags(agent)
+    log_flags(agent)
+    steps = agent.add_subparsers(dest="agent_step", metavar="STEP")
+    steps.add_parser(
+        "bootstrap",
+        help="print the sidecar's Envoy bootstrap (JSON) and exit",
+        description="Print the bootstrap --binary-path would start Envoy with.",
+    )
+    _iptables_parser(steps)
+
+
+def _sidecar_flags(agent: argparse.ArgumentParser) -> None:
+    """`pilot agent` bringing Envoy up (Istio's ProxyConfig names: binaryPath, configPath)."""
+    group = agent.add_argument_group("sidecar (Envoy started by the agent)")
+    group.add_argument(
+        "--binary-path",
+        type=Path,
+        help="start this Envoy once SDS serves, with the bootstrap written to --config-path",
+    )
+    group.add_argument(
+        "--config-path",
+        type=Path,
+        default=DEFAULT_CONFIG_PATH,
+        help="where envoy-rev.json is written (default %(default)s)",
+    )
+    group.add_argument(
+        "--cluster-domain",
+        default="cluster.local",
+        help="the DNS suffix in the sidecar's node id (default %(default)s)",
+    )
+    group.add_argument(
+        "--proxy-log-level", default="warning", help="Envoy's log level (default %(default)s)"
+    )
+    group.add_argument("--concurrency", type=int, default=2, help="Envoy's worker threads")
+    group.add_argument(
+        "--status-port",
+        type=_port_or_zero,
+        default=DEFAULT_STATUS_PORT,
+        help="the agent's status port, /healthz/ready on 0.0.0.0 (Istio's statusPort; default"
+        " %(default)s; 0: none, and 15020 is then left to whatever binds it)",
+    )
+
+
+def _port_or_zero(text: str) -> int:
+    """A port number 1-65535, or 0."""
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r}: expected a port number 1-65535, or 0")
+    return int(text)
+
+
+def _iptables_parser(steps: argparse._SubParsersAction[Parser]) -> None:
+    """istio-iptables' flags and defaults."""
+    defaults = CaptureSettings()
+    rules = steps.add_parser(
+        "iptables",
+        help="set the capture rules in this network namespace (as root, before the app)",
+        description="Redirect the pod's TCP to Envoy, as istio-iptables (REDIRECT mode).",
+    )
+    rules.add_argument("-p", dest="proxy_port", type=int, default=defaults.proxy_port,
+                       help="outbound capture port (default %(default)s)")  # fmt: skip
+    rules.add_argument("-z", dest="inbound_port", type=int,
+                       default=defaults.inbound_capture_port,
+                       help="inbound capture port (default %(default)s)")  # fmt: skip
+    rules.add_argument("-u", dest="proxy_uid", type=int, default=defaults.proxy_uid,
+                       help="Envoy's uid, never captured (default %(default)s)")  # fmt: skip
+    rules.add_argument("-g", dest="proxy_gid", type=int, default=None,
+                       help="Envoy's gid (default: -u)")  # fmt: skip
+    rules.add_argument("-b", dest="inbound_ports", default="*",
+                       help="inbound ports to capture, or '*' (default)")  # fmt: skip
+    rules.add_argument("-d", dest="exclude_inbound", default="15090,15021,15020",
+                       help="inbound ports never captured (default %(default)s)")  # fmt: skip
+    rules.add_argument("-o", dest="exclude_outbound", default="",
+                       help="outbound ports never captured (default none)")  # fmt: skip
+    action = rules.add_mutually_exclusive_group()
+    action.add_argument("--dry-run", action="store_true", help="print the rules, change nothing")
+    action.add_argument("--cleanup", action="store_true", help="remove the rules")
+
+
+async def _run_agent(settings: AgentSettings) -> int:
+    agent = Agent(settings)
+    await run_until_signalled(agent, lambda: "while starting")
+    return agent.exit_status
+
+
+def agent_command(args: argparse.Namespace) -> int:
+    """`pilot agent` and its steps (bootstrap, iptables)."""
+    if args.agent_step == "iptables":
+        return _iptables(args)
+    envoy = None
+    if args.binary_path is not None and args.agent_step is None:
+        envoy = EnvoySettings(
+            args.binary_path, args.config_path, args.proxy_log_level, args.concurrency
+        )
+    settings = agent_settings(
+        args.sds_socket,
+        args.discovery_address,
+        args.trust_domain,
+        KeyType(args.key_type),
+        envoy=envoy,
+        sidecar=args.agent_step == "bootstrap",
+        cluster_domain=args.cluster_domain,
+        status_port=args.status_port,
+    )
+    if args.agent_step == "bootstrap":
+        print(json.dumps(settings.bootstrap(), indent=2))
+        return 0
+    return event_loop.run(_run_agent(settings))
+
+
+def _iptables(args: argparse.Namespace) -> int:
+    if args.cleanup:
+        removed = agent_iptables.cleanup()
+        log.info("removed capture chains: %s", ", ".join(removed) or "none were set")
+        return 0
+    settings = CaptureSettings(
+        proxy_port=args.proxy_port,
+        inbound_capture_port=args.inbound_port,
+        proxy_uid=args.proxy_uid,
+        proxy_gid=args.proxy_uid if args.proxy_gid is None else args.proxy_gid,
+        inbound_ports=agent_iptables.parse_ports("-b", args.inbound_ports, wildcard=True),
+        exclude_inbound_ports=agent_iptables.parse_ports("-d", args.exclude_inbound) or (),
+        exclude_outbound_ports=agent_iptables.parse_ports("-o", args.exclude_outbound) or (),
+    )
+    if args.dry_run:
+        print(agent_iptables.capture_rules(settings), end="")
+        return 0
+    agent_iptables.apply(settings)
+    log.info(
+        "capture rules set: outbound to %d, inbound to %d, uid %d exempt",
+        settings.proxy_port,
+        settings.inbound_capture_port,
+        settings.proxy_uid,
+    )
+    return 0
