@@ -15,12 +15,10 @@ label key longer than any Pod's label can be) is counted as invalid
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
-
-from envoy.config.listener.v3 import listener_pb2
 
 from pilot.registry.peer_authentication import (
     MAX_LABEL_CHARS,
@@ -40,11 +38,10 @@ from tests.cluster.workloads import (
     watching_pilot,
 )
 from tests.support.envoy_process import wait_until
-from tests.support.xds_client import DeltaStream, XdsClient, delta_resources, node
+from tests.support.inbound_listener import PERMISSIVE, STRICT, Inbound
+from tests.support.xds_client import XdsClient, node
 
 TIMEOUT = 30.0
-PERMISSIVE = {"tls", "raw_buffer", ""}
-STRICT = {"tls", ""}
 
 
 def peer_authentication(
@@ -56,26 +53,6 @@ def peer_authentication(
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"mtls": {"mode": mode}, **spec},
     }
-
-
-class Inbound:
-    """The transport protocols of the `virtualInbound` a delta stream holds."""
-
-    def __init__(self, stream: DeltaStream) -> None:
-        self.stream = stream
-        self.listener = listener_pb2.Listener()
-
-    def transports(self) -> set[str]:
-        return {c.filter_chain_match.transport_protocol for c in self.listener.filter_chains}
-
-    async def until(self, condition: Callable[[set[str]], bool]) -> set[str]:
-        while not condition(self.transports()):
-            response = await self.stream.next_response(TIMEOUT)
-            held = delta_resources(response)
-            if response.type_url == types.LISTENER and "virtualInbound" in held:
-                self.listener = held["virtualInbound"].message
-            await self.stream.ack(response)
-        return self.transports()
 
 
 @asynccontextmanager

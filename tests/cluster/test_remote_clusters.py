@@ -52,6 +52,7 @@ from tests.cluster.remote_cluster import (
 from tests.support import mesh
 from tests.support.ca import write_plugged_in
 from tests.support.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
+from tests.support.many_clusters import cluster_metrics
 from tests.support.mesh import cluster_name, write_mesh
 from tests.support.pilot_process import PilotProcess, start_file_pilot_with_ca, start_pilot
 
@@ -185,24 +186,18 @@ async def ready_lines(pilot: PilotProcess) -> tuple[int, list[str]]:
     return status, str(body).splitlines()
 
 
-async def cluster_metrics(pilot: PilotProcess) -> dict[str, float]:
-    """`pilot_cluster_synced` by cluster id, and `pilot_remote_clusters` under "remote"."""
-    _status, body = await pilot.get("/metrics")
-    found = {
-        m[1]: float(m[2])
-        for m in re.finditer(r'^pilot_cluster_synced\{cluster_id="([^"]+)"\} (\S+)$', body, re.M)
-    }
-    remote = re.search(r"^pilot_remote_clusters (\S+)$", body, re.M)
-    assert remote is not None, "no pilot_remote_clusters metric"
-    found["remote"] = float(remote[1])
-    return found
-
-
 def alpha(namespace: str) -> str:
     return cluster_name("alpha", 80, namespace)
 
 
 # ------------------------------------------------------------------ tests
+
+
+async def alpha_in_both(deployed: ControlPlane, remote_plane: ControlPlane, ns: str) -> None:
+    """Service alpha with one Pod in each cluster: 10.36.1.1 here, 10.36.2.1 in west."""
+    async with admin(deployed) as local, admin(remote_plane) as remote:
+        await workload(local, ns, "alpha", {"alpha-0": "10.36.1.1"}, "rk-plain")
+        await workload(remote, ns, "alpha", {"alpha-0": "10.36.2.1"}, "rk-plain")
 
 
 async def test_a_service_in_both_clusters_has_both_clusters_endpoints(
@@ -251,9 +246,7 @@ async def test_without_topology_labels_an_endpoints_region_is_its_cluster_id(
     """Nodes without topology labels: each endpoint's region is its cluster's id, so an
     Envoy declaring the local cluster's id as its region fails over to the remote."""
     ns = shared_namespace
-    async with admin(deployed) as local, admin(remote_plane) as remote:
-        await workload(local, ns, "alpha", {"alpha-0": "10.36.1.1"}, "rk-plain")
-        await workload(remote, ns, "alpha", {"alpha-0": "10.36.2.1"}, "rk-plain")
+    await alpha_in_both(deployed, remote_plane, ns)
     async with (
         joined(deployed, {"west": west_kubeconfig}),
         pilot_and_envoy(deployed, tmp_path, {"region": LOCAL}) as (_pilot, envoy),
@@ -273,9 +266,7 @@ async def test_a_secret_added_later_joins_and_a_new_key_renames_the_cluster(
     tmp_path: Path,
 ) -> None:
     ns = shared_namespace
-    async with admin(deployed) as local, admin(remote_plane) as remote:
-        await workload(local, ns, "alpha", {"alpha-0": "10.36.1.1"}, "rk-plain")
-        await workload(remote, ns, "alpha", {"alpha-0": "10.36.2.1"}, "rk-plain")
+    await alpha_in_both(deployed, remote_plane, ns)
     async with pilot_and_envoy(deployed, tmp_path) as (pilot, envoy):
         local_only = {"10.36.1.1": Host(LOCAL, LOCAL, "")}
         await wait_hosts(envoy, alpha(ns), local_only, "the local cluster alone")
@@ -345,9 +336,8 @@ async def test_a_token_the_remote_refuses_is_one_warning_and_the_local_cluster_i
     tmp_path: Path,
 ) -> None:
     ns = shared_namespace
+    await alpha_in_both(deployed, remote_plane, ns)
     async with admin(deployed) as local, admin(remote_plane) as remote:
-        await workload(local, ns, "alpha", {"alpha-0": "10.36.1.1"}, "rk-plain")
-        await workload(remote, ns, "alpha", {"alpha-0": "10.36.2.1"}, "rk-plain")
         tokens = _refused_tokens(deployed, remote_plane, ns)
         kubeconfigs = {key: remote_kubeconfig(remote_plane, t) for key, t in tokens.items()}
         binding: dict[str, Any] = {}
@@ -399,9 +389,7 @@ async def test_keys_that_are_no_remote_cluster_are_warned_about_and_ignored(
     tmp_path: Path,
 ) -> None:
     ns = shared_namespace
-    async with admin(deployed) as local, admin(remote_plane) as remote:
-        await workload(local, ns, "alpha", {"alpha-0": "10.36.1.1"}, "rk-plain")
-        await workload(remote, ns, "alpha", {"alpha-0": "10.36.2.1"}, "rk-plain")
+    await alpha_in_both(deployed, remote_plane, ns)
     async with pilot_and_envoy(deployed, tmp_path) as (pilot, envoy):
         kubeconfigs = {
             LOCAL: west_kubeconfig,  # the local cluster's id

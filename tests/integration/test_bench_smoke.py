@@ -46,17 +46,17 @@ def _row(output: str, label: str) -> list[float]:
     raise AssertionError(f"no {label!r} row in:\n{output}")
 
 
-def test_bench_prints_finite_positive_table() -> None:
+def _small_eds_push(*extra: str) -> subprocess.CompletedProcess[str]:
+    """bench.eds_push at 20 services, 5 clients, 5 changes, with `extra` flags."""
     command = [sys.executable, "-m", "bench.eds_push", "--services", "20", "--clients", "5"]
-    command += ["--changes", "5", "--timeout", "60", "--retries", "3", "--channels", "5"]
-    done = subprocess.run(
-        [*command, "--peers", "none"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=110,
-        check=False,
+    command += ["--changes", "5", "--timeout", "60", "--channels", "5", *extra]
+    return subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=110, check=False
     )
+
+
+def test_bench_prints_finite_positive_table() -> None:
+    done = _small_eds_push("--retries", "3", "--peers", "none")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "S=20 services" in done.stdout and "N=5 delta ADS clients" in done.stdout
     assert "K=5 endpoint changes" in done.stdout
@@ -73,16 +73,7 @@ def test_bench_prints_finite_positive_table() -> None:
 def test_bench_prints_go_control_plane_beside_pilot_and_floor() -> None:
     # Built first, on its own clock: the first build downloads and compiles modules.
     subprocess.run([str(peers.BUILD)], cwd=ROOT, capture_output=True, timeout=900, check=True)
-    command = [sys.executable, "-m", "bench.eds_push", "--services", "20", "--clients", "5"]
-    command += ["--changes", "5", "--timeout", "60", "--channels", "5"]
-    done = subprocess.run(
-        [*command, "--peers", "linear,snapshot"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=110,
-        check=False,
-    )
+    done = _small_eds_push("--peers", "linear,snapshot")
     assert done.returncode == 0, done.stderr[-3000:]
     header = next(line for line in done.stdout.splitlines() if line.lstrip().startswith("pilot "))
     assert header.split() == ["pilot", "floor", "gcp-linear", "gcp-snapshot", "ratio"], header

@@ -15,7 +15,6 @@ two of them in tests/cluster/test_remote_clusters.py.
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -29,6 +28,7 @@ from tests.support.envoy_process import EnvoyProcess, wait_until
 from tests.support.kube_helpers import apply_mesh, ready, ready_status
 from tests.support.many_clusters import (
     Cluster,
+    cluster_metrics,
     clusters,
     pilot_with_envoy,
     ready_lines,
@@ -56,19 +56,6 @@ async def local_and_west(
         ) as (pilot, envoy),
     ):
         yield found, pilot, envoy
-
-
-async def cluster_metrics(pilot: PilotProcess) -> dict[str, float]:
-    """`pilot_cluster_synced` by cluster id, and `pilot_remote_clusters` under "remote"."""
-    _status, body = await pilot.get("/metrics")
-    found = {
-        m[1]: float(m[2])
-        for m in re.finditer(r'^pilot_cluster_synced\{cluster_id="([^"]+)"\} (\S+)$', body, re.M)
-    }
-    remote = re.search(r"^pilot_remote_clusters (\S+)$", body, re.M)
-    assert remote is not None, "no pilot_remote_clusters metric"
-    found["remote"] = float(remote[1])
-    return found
 
 
 def kubeconfig_text(cluster: Cluster, token: str | None = None) -> str:

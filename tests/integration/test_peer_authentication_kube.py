@@ -9,44 +9,20 @@ through the CRD, watched and applied: tests/cluster/test_peer_authentication_crd
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from aiohttp import web
-from envoy.config.listener.v3 import listener_pb2
 
 from pilot.xds import types
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
+from tests.support.inbound_listener import PERMISSIVE, Inbound
 from tests.support.mesh import Ep, endpoint_slice, service
 from tests.support.pilot import running_kube_pilot
-from tests.support.xds_client import DeltaStream, XdsClient, delta_resources, node
+from tests.support.xds_client import XdsClient, node
 
 TIMEOUT = 30.0
 POD = "sidecar~10.44.0.7~reviews-1.shop~shop.svc.cluster.local"
-
-
-class Inbound:
-    """The virtualInbound a delta ADS stream holds, kept current."""
-
-    def __init__(self, stream: DeltaStream) -> None:
-        self.stream = stream
-        self.listener = listener_pb2.Listener()
-
-    async def until(self, condition: Callable[[set[str]], bool]) -> set[str]:
-        while not condition(self.transports()):
-            response = await self.stream.next_response(TIMEOUT)
-            held = delta_resources(response)
-            if response.type_url == types.LISTENER and "virtualInbound" in held:
-                self.listener = held["virtualInbound"].message
-            await self.stream.ack(response)
-        return self.transports()
-
-    def transports(self) -> set[str]:
-        return {c.filter_chain_match.transport_protocol for c in self.listener.filter_chains}
-
-
-PERMISSIVE = {"tls", "raw_buffer", ""}
 
 
 async def test_without_istios_crds_pilot_says_so_and_serves_permissive(

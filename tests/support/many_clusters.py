@@ -12,6 +12,7 @@ for pilot, as `kubectl create secret generic` makes it.
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -114,3 +115,16 @@ def remote_secret(name: str, kubeconfigs: Mapping[str, str]) -> dict[str, Any]:
         "type": "Opaque",
         "data": data,
     }
+
+
+async def cluster_metrics(pilot: PilotProcess) -> dict[str, float]:
+    """`pilot_cluster_synced` by cluster id, and `pilot_remote_clusters` under "remote"."""
+    _status, body = await pilot.get("/metrics")
+    found = {
+        m[1]: float(m[2])
+        for m in re.finditer(r'^pilot_cluster_synced\{cluster_id="([^"]+)"\} (\S+)$', body, re.M)
+    }
+    remote = re.search(r"^pilot_remote_clusters (\S+)$", body, re.M)
+    assert remote is not None, "no pilot_remote_clusters metric"
+    found["remote"] = float(remote[1])
+    return found
