@@ -3,7 +3,7 @@
 Change flow (each step only calls the next, downwards):
   source (file, informers) -> `IndexUpdater` -> endpoint index -> `RequestSink`
   -> `Pipeline.submit`
-  -> debounce -> build (the generators: `ClusterEndpointGenerator` for CDS and EDS,
+  -> debounce -> build (the generators: `ClusterGenerator` for CDS, `EndpointGenerator` for EDS,
   `ListenerGenerator` for LDS, `RouteGenerator` for RDS, `SecretGenerator` for SDS)
   -> cache -> fan-out (`SubscriberIndex`)
   -> each stream's writer (`server.Connection`).
@@ -40,7 +40,8 @@ from pilot.debug.csds import CSDS_SERVICE, StatusReaders, csds_handler
 from pilot.debug.http import DebugState, HttpServer
 from pilot.debug.metrics import Metrics, Sources, WatchCounts
 from pilot.debug.proxy_status import LiveProxies
-from pilot.generators.cds_eds import ClusterEndpointGenerator
+from pilot.generators.cds import ClusterGenerator
+from pilot.generators.eds import EndpointGenerator
 from pilot.generators.inbound_proxies import InboundGenerator
 from pilot.generators.lds import ListenerGenerator
 from pilot.generators.rds import RouteGenerator
@@ -207,7 +208,8 @@ class Discovery:
     def _pipeline(self, security: Security) -> Pipeline:
         self.inbound = InboundGenerator(self.index, self.cache, self.policies, self.stats)
         generators = (
-            ClusterEndpointGenerator(self.index, self.cache, self.settings.build, self.stats),
+            ClusterGenerator(self.index, self.cache, self.settings.build, self.stats),
+            EndpointGenerator(self.index, self.cache, self.settings.build, self.stats),
             ListenerGenerator(
                 self.index, self.cache, self.settings.outbound, self.settings.build, self.stats
             ),

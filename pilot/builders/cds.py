@@ -13,6 +13,7 @@ from envoy.config.core.v3 import config_source_pb2, grpc_service_pb2, protocol_p
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import any_pb2, duration_pb2
 
+from pilot.builders.naming import outbound_cluster_name
 from pilot.registry.model import Service, ServicePort
 from pilot.xds.flavor import Flavor
 
@@ -91,3 +92,14 @@ def build_cluster(
 def served_ports(service: Service) -> list[ServicePort]:
     """The ports that become clusters: TCP ones (Envoy clusters here are TCP)."""
     return [p for p in service.ports if p.protocol.upper() == "TCP"]
+
+
+def served_port_names(service: Service | None, cluster_domain: str) -> dict[str, int]:
+    """The cluster (and assignment) name of each port served, to its index in the Service."""
+    if service is None:
+        return {}
+    return {
+        outbound_cluster_name(service.key, port, cluster_domain): i
+        for i, port in enumerate(service.ports)
+        if port in served_ports(service)
+    }

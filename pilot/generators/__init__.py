@@ -1,4 +1,4 @@
-"""The generators: one per resource kind the pipeline builds (clusters and their
-assignments, outbound listeners, routes, each sidecar's inbound side, secrets), each
-keeping what it built in step with the registry and calling the pure builders
-(`pilot.builders`)."""
+"""The generators, one per type the pipeline builds: clusters (cds), assignments (eds),
+outbound listeners (lds), routes (rds), each sidecar's own inbound listener and clusters
+(inbound_proxies), secrets (sds). Each keeps what it built in step with the registry
+and calls the pure builders (`pilot.builders`)."""

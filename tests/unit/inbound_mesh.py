@@ -19,7 +19,8 @@ from envoy.config.listener.v3 import listener_pb2
 from pilot.builders.inbound import VIRTUAL_INBOUND
 from pilot.builders.outbound import OutboundSettings
 from pilot.builders.settings import BuildSettings
-from pilot.generators.cds_eds import ClusterEndpointGenerator
+from pilot.generators.cds import ClusterGenerator
+from pilot.generators.eds import EndpointGenerator
 from pilot.generators.inbound_proxies import InboundGenerator
 from pilot.generators.lds import ListenerGenerator
 from pilot.protocol import DeltaStream, SotwStream
@@ -128,7 +129,8 @@ def mesh() -> Iterator[Mesh]:
     build = BuildSettings()
     inbound = InboundGenerator(index, cache, policies, stats)
     generators = [
-        ClusterEndpointGenerator(index, cache, build, stats),
+        ClusterGenerator(index, cache, build, stats),
+        EndpointGenerator(index, cache, build, stats),
         ListenerGenerator(index, cache, OutboundSettings(), build, stats),
         inbound,
     ]

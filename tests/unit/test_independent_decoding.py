@@ -31,7 +31,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pilot.builders.settings import BuildSettings
-from pilot.generators.cds_eds import ClusterEndpointGenerator
+from pilot.generators.cds import ClusterGenerator
+from pilot.generators.eds import EndpointGenerator
 from pilot.generators.sds import ROOT_SECRET, WORKLOAD_SECRET, SecretGenerator
 from pilot.protocol import DeltaStream, SotwStream
 from pilot.protocol.kind import StreamKind
@@ -231,9 +232,10 @@ class Plane:
         index, cache, stats = EndpointIndex(), ResourceCache(), XdsStats()
         ca = LocalCa(authority, asyncio.Semaphore(1))
         self.secrets = SecretManager(ca, authority.root_pem, SdsSettings())
-        builder = ClusterEndpointGenerator(index, cache, BuildSettings(), stats)
+        clusters = ClusterGenerator(index, cache, BuildSettings(), stats)
+        endpoints = EndpointGenerator(index, cache, BuildSettings(), stats)
         self.pipeline = Pipeline(
-            cache, stats, [builder, SecretGenerator(self.secrets, cache, stats)]
+            cache, stats, [clusters, endpoints, SecretGenerator(self.secrets, cache, stats)]
         )
         self._updater = IndexUpdater(index, RequestSink(self.pipeline.submit), stats)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pilot.builders.settings import BuildSettings
-from pilot.generators.cds_eds import ClusterEndpointGenerator
 from pilot.registry.index import EndpointIndex
 from pilot.registry.kubernetes_objects import parse_endpoint_slice, parse_endpoints, parse_service
 from pilot.registry.model import EndpointSet, Service, ServiceKey
@@ -11,6 +10,7 @@ from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 from tests.support.mesh import Ep, cluster_name, endpoint_slice, service
+from tests.unit.clusters_and_endpoints import ClustersAndEndpoints
 
 WEB = ServiceKey("default", "web")
 
@@ -92,9 +92,9 @@ def test_replace_all_applies_only_the_difference() -> None:
     assert gone.full == {other.key} and not gone.endpoints
 
 
-def _builder() -> tuple[EndpointIndex, ResourceCache, ClusterEndpointGenerator, XdsStats]:
+def _builder() -> tuple[EndpointIndex, ResourceCache, ClustersAndEndpoints, XdsStats]:
     index, cache, stats = EndpointIndex(), ResourceCache(), XdsStats()
-    return index, cache, ClusterEndpointGenerator(index, cache, BuildSettings(), stats), stats
+    return index, cache, ClustersAndEndpoints(index, cache, BuildSettings(), stats), stats
 
 
 def test_endpoint_change_serializes_one_assignment_and_no_cluster() -> None:

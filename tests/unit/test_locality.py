@@ -5,7 +5,7 @@ from __future__ import annotations
 from envoy.config.endpoint.v3 import endpoint_pb2
 
 from pilot.builders.settings import BuildSettings
-from pilot.generators.cds_eds import ClusterEndpointGenerator
+from pilot.generators.eds import EndpointGenerator
 from pilot.registry.index import EndpointIndex, IndexChange
 from pilot.registry.kubernetes_objects import parse_endpoint_slice, parse_node, parse_service
 from pilot.registry.model import EndpointSet, NodeKey, ServiceKey
@@ -87,7 +87,7 @@ def test_each_proxy_locality_gets_its_own_priorities_until_it_is_dropped() -> No
     for name, region, zone in (("eu-a", "eu", "a"), ("eu-b", "eu", "b"), ("us-c", "us", "c")):
         index.upsert_node(parse_node(node(name, region, zone), CLUSTER))
     cache, stats = ResourceCache(), XdsStats()
-    builder = ClusterEndpointGenerator(index, cache, BuildSettings(), stats)
+    builder = EndpointGenerator(index, cache, BuildSettings(), stats)
     builder.apply(IndexChange(full=frozenset({WEB})))
     eu_a, us_x = Locality("eu", "a"), Locality("us", "x")
     builder.add_locality(eu_a)

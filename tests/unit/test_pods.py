@@ -18,7 +18,6 @@ from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 from pilot.builders.mtls import alpn as alpn_of
 from pilot.builders.naming import outbound_cluster_name
 from pilot.builders.settings import BuildSettings
-from pilot.generators.cds_eds import ClusterEndpointGenerator
 from pilot.registry.index import EndpointIndex
 from pilot.registry.kubernetes_objects import (
     MAX_POD_IPS,
@@ -37,6 +36,7 @@ from pilot.xds.cache import ResourceCache
 from pilot.xds.flavor import ADS_WITH_LISTENERS, Flavor
 from tests.support.endpoint_index import marked
 from tests.support.mesh import Ep, as_list, endpoint_slice, pod, service
+from tests.unit.clusters_and_endpoints import ClustersAndEndpoints
 
 WEB = ServiceKey("default", "web")
 WEB_CLUSTER = outbound_cluster_name(WEB, parse_service(service("web")).ports[0], "cluster.local")
@@ -277,7 +277,7 @@ def test_pod_churn_returns_the_memory_of_the_pods_it_removes() -> None:
 
 def _built(*pods: Pod) -> ResourceCache:
     index, cache = EndpointIndex(primary=EAST), ResourceCache()
-    builder = ClusterEndpointGenerator(
+    builder = ClustersAndEndpoints(
         index, cache, BuildSettings(trust_domain="example.org"), XdsStats()
     )
     builder.apply(index.replace_cluster(EAST, [parse_service(service("web"), EAST)], [_slice()]))

@@ -1,0 +1,95 @@
+"""EDS: keeps the assignments in step with the endpoint index, rebuilding only what changed.
+
+A full or an endpoint change of a service rebuilds its assignments, nothing else:
+the fast path. Each new assignment is encoded exactly once per variant; the cache
+then says which names really changed, and that is what gets pushed.
+
+Assignments come in variants, one per proxy locality in use (`add_locality`,
+`drop_locality`, driven by the pipeline as proxies come and go) besides the shared
+one for proxies without a locality: a service's endpoints are grouped once, then
+encoded once per variant, into that variant's cache flavor. Assignments mark the
+endpoints whose pod runs a sidecar (the index knows).
+"""
+
+from __future__ import annotations
+
+from pilot.builders.cds import served_port_names
+from pilot.builders.eds import encode_groups, group_hosts
+from pilot.builders.settings import BuildSettings
+from pilot.generators.claims import retrack
+from pilot.push.request import Changes, PushRequest
+from pilot.registry.index import EndpointIndex, IndexChange
+from pilot.registry.model import ServiceKey
+from pilot.stats import XdsStats
+from pilot.xds import types
+from pilot.xds.cache import SHARED, ResourceCache
+from pilot.xds.locality import NOWHERE, Locality
+from pilot.xds.resource import Resource
+
+
+class EndpointGenerator:
+    """The EDS generator: services' endpoint (and full) changes in, assignment updates out."""
+
+    type_urls = frozenset({types.ENDPOINT})
+
+    def __init__(
+        self,
+        index: EndpointIndex,
+        cache: ResourceCache,
+        settings: BuildSettings,
+        stats: XdsStats,
+    ) -> None:
+        self._index = index
+        self._cache = cache
+        self._settings = settings
+        self._stats = stats
+        self._names: dict[ServiceKey, set[str]] = {}
+        self._variants: dict[str, Locality] = {SHARED: NOWHERE}  # flavor -> proxy locality
+
+    def build(self, request: PushRequest) -> Changes:
+        """Rebuild the assignments of the services the request changes."""
+        changed = self.apply(request.registry) if request.registry else set()
+        return Changes(shared={types.ENDPOINT: changed}) if changed else Changes()
+
+    def apply(self, change: IndexChange) -> set[str]:
+        """Rebuild the assignments `change` touches; returns the names that changed."""
+        changed: set[str] = set()
+        for key in sorted(change.full | change.endpoints):
+            changed |= self._rebuild(key)
+        return changed
+
+    def add_locality(self, locality: Locality) -> None:
+        """Build every assignment for proxies in `locality` (the first of them arrived)."""
+        if locality.flavor in self._variants:
+            return
+        self._variants[locality.flavor] = locality
+        for key in sorted(self._names):
+            self._rebuild(key, {locality.flavor: locality})
+
+    def drop_locality(self, locality: Locality) -> None:
+        """The last proxy in `locality` left: its variant is no longer kept."""
+        if locality.flavor != SHARED and self._variants.pop(locality.flavor, None) is not None:
+            self._cache.drop_flavor(types.ENDPOINT, locality.flavor)
+
+    def _rebuild(self, key: ServiceKey, variants: dict[str, Locality] | None = None) -> set[str]:
+        service = self._index.services.get(key)
+        names = served_port_names(service, self._settings.cluster_domain)
+        stale = retrack(self._names, key, names.keys()) if variants is None else set()
+        built: dict[str, list[Resource]] = {flavor: [] for flavor in variants or self._variants}
+        if service is not None:
+            endpoint_sets = self._index.endpoint_sets(key)
+            for name, i in names.items():
+                groups = group_hosts(
+                    service.ports[i],
+                    endpoint_sets,
+                    self._index.locality_of,
+                    self._index.runs_sidecar,
+                )
+                for flavor, locality in (variants or self._variants).items():
+                    assignment = encode_groups(name, groups, locality)
+                    built[flavor].append(Resource.from_payload(types.ENDPOINT, name, assignment))
+        changed: set[str] = set()
+        for flavor, resources in built.items():
+            self._stats.serializations[types.ENDPOINT] += len(resources)
+            changed |= self._cache.update(types.ENDPOINT, resources, stale, flavor=flavor)
+        return changed
