@@ -33,7 +33,9 @@ good state, and `/ready`'s lines and `pilot_cluster_synced` say what is failing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from pilot.debug.csds import CSDS_SERVICE, StatusReaders, csds_handler
@@ -46,7 +48,7 @@ from pilot.generators.inbound_proxies import InboundGenerator
 from pilot.generators.lds import ListenerGenerator
 from pilot.generators.rds import RouteGenerator
 from pilot.generators.sds import SecretGenerator
-from pilot.kube.informer import Informer, Watching, cluster_status
+from pilot.kube.informer import Watching, cluster_status
 from pilot.limits import Admission
 from pilot.push.history import PushHistory
 from pilot.push.pipeline import Pipeline
@@ -94,6 +96,35 @@ class RegistrySource(Protocol):
     async def stop(self) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Started:
+    """What `Discovery.start` builds, by one function (`_build`): it exists only whole.
+
+    Optional only where a mode has none: the TLS port's serving (no TLS port), the API
+    client (a file and no --kubeconfig), the cluster source (a file), remote clusters (a
+    file and no --remote-kubeconfig).
+    """
+
+    security: Security
+    pipeline: Pipeline
+    inbound: InboundGenerator
+    grpc: GrpcServer
+    source: RegistrySource
+    tls: TlsServing | None
+    api_client: client.ApiClient | None
+    kubernetes: ClusterSource | None  # the source, in Kubernetes mode
+    remotes: RemoteClusters | None
+
+    async def stop(self) -> None:
+        """After the streams ended and the tasks stopped: the sources, then the clients."""
+        await self.source.stop()
+        if self.remotes is not None:
+            await self.remotes.stop()
+        await self.security.close()
+        if self.api_client is not None:
+            await self.api_client.close()
+
+
 class Discovery:
     """A running control plane; `start`, then `stop`."""
 
@@ -119,57 +150,85 @@ class Discovery:
             ready_detail=self.cluster_lines,
             xds_ports=self.xds_ports,
         )
-        self.api_client: client.ApiClient | None = None
-        self._api_server = ""
-        self.security: Security | None = None
-        self.pipeline: Pipeline | None = None
-        self.inbound: InboundGenerator | None = None
-        self.source: RegistrySource | None = None
-        self._kubernetes: ClusterSource | None = None  # the source, in Kubernetes mode
-        self.remotes: RemoteClusters | None = None
-        self.remote_secrets: Informer | None = None
-        self._grpc: GrpcServer | None = None
+        self.started: Started | None = None  # whole once `start` has built it, else None
         self._serving = False
         self._thresholds: tuple[int, int, int] | None = None  # the collector's, once settled
 
+    def _started(self) -> Started:
+        assert self.started is not None, "pilot has not started"
+        return self.started
+
+    # What `start` built, for callers that come after it (tests, benches, the debug views).
     @property
     def grpc(self) -> GrpcServer:
-        assert self._grpc is not None, "pilot has not started"
-        return self._grpc
+        return self._started().grpc
+
+    @property
+    def security(self) -> Security:
+        return self._started().security
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return self._started().pipeline
+
+    @property
+    def inbound(self) -> InboundGenerator:
+        return self._started().inbound
+
+    @property
+    def source(self) -> RegistrySource:
+        return self._started().source
+
+    @property
+    def remotes(self) -> RemoteClusters | None:
+        return self._started().remotes
 
     def _metric_sources(self) -> Sources:
+        # Read while pilot starts too: before `start` has built its parts, they are none.
         def informers() -> list[WatchCounts]:
-            return list(self._kubernetes.informers) if self._kubernetes is not None else []
+            started = self.started
+            return list(started.kubernetes.informers) if started and started.kubernetes else []
+
+        def remotes() -> RemoteClusters | None:
+            return self.started.remotes if self.started is not None else None
+
+        def inbound() -> InboundGenerator | None:
+            return self.started.inbound if self.started is not None else None
+
+        def security() -> Security | None:
+            return self.started.security if self.started is not None else None
 
         return Sources(
             stats=self.stats,
             connections=lambda: len(self.connections),
             services=lambda: len(self.index.services),
-            inbound_shapes=lambda: self.inbound.shapes if self.inbound is not None else 0,
-            inbound_failed_closed=lambda: self.inbound.failed_closed if self.inbound else 0,
-            secret_stats=lambda: self.security.secrets.stats if self.security else None,
-            ca_stats=lambda: self.security.ca_service.stats if self.security else None,
+            inbound_shapes=lambda: g.shapes if (g := inbound()) else 0,
+            inbound_failed_closed=lambda: g.failed_closed if (g := inbound()) else 0,
+            secret_stats=lambda: c.secrets.stats if (c := security()) else None,
+            ca_stats=lambda: c.ca_service.stats if (c := security()) else None,
             limit_hits=lambda: self.admission.hits.counts,
             informers=informers,
             clusters=lambda: {c: s == "synced" for c, s in self.cluster_statuses().items()},
-            remote_clusters=lambda: len(self.remotes) if self.remotes is not None else 0,
-            remote_refusals=lambda: self.remotes.refusals if self.remotes is not None else {},
-            remote_insecure=lambda: self.remotes.insecure() if self.remotes is not None else 0,
+            remote_clusters=lambda: len(r) if (r := remotes()) is not None else 0,
+            remote_refusals=lambda: r.refusals if (r := remotes()) is not None else {},
+            remote_insecure=lambda: r.insecure() if (r := remotes()) is not None else 0,
             task_failures=lambda: self.supervisor.failures,
             watch_faults=lambda: self.watching.faults.counts,
         )
 
     def is_ready(self) -> bool:
         """The local registry has synced; remote clusters never hold this back."""
-        return self._serving and self.source is not None and self.source.synced
+        return self._serving and self.started is not None and self.started.source.synced
 
     def cluster_statuses(self) -> dict[str, str]:
         """Cluster id -> synced, syncing or unreachable: the local cluster first."""
-        source, kubernetes = self.source, self._kubernetes
+        started = self.started
+        kubernetes = started.kubernetes if started is not None else None
         informers = kubernetes.informers if kubernetes is not None else []
-        local = cluster_status(informers, source is not None and source.synced)
-        remotes = self.remotes.statuses() if self.remotes is not None else {}
-        return {self.settings.cluster_id: local} | remotes
+        local = cluster_status(informers, started is not None and started.source.synced)
+        remotes = started.remotes if started is not None else None
+        statuses = remotes.statuses() if remotes is not None else {}
+        return {self.settings.cluster_id: local} | statuses
 
     def cluster_lines(self) -> list[str]:
         """`/ready`'s detail: each cluster's status, then each failing task."""
@@ -180,33 +239,34 @@ class Discovery:
         """Where xDS is, for a TLS or HTTP/2 client that came to the HTTP port instead:
         the bound ports once they are, else the flags' addresses."""
         plain, tls = self.settings.grpc_addr, self.settings.grpc_tls_addr
-        if self._grpc is not None:
+        if self.started is not None:
             plain = f"port {self.grpc.port}"
             tls = f"port {self.grpc.tls_port}" if self.grpc.tls_port else ""
         where = f"xDS (gRPC) is {plain} (--grpc-addr)"
         return where + (f", over TLS {tls} (--grpc-tls-addr)" if tls else "")
 
-    async def _connect(self) -> None:
+    async def _connect(self) -> tuple[client.ApiClient | None, str]:
+        """The API client and its server's URL (none with a file and no --kubeconfig)."""
         kubernetes = self.settings.kubernetes
         if self.settings.config is None or kubernetes.kubeconfig is not None:
             # With --config, a --kubeconfig serves TokenReview only.
             from pilot.kube.connection import connect  # noqa: PLC0415
 
-            self.api_client, self._api_server = await connect(kubernetes.kubeconfig)
+            return await connect(kubernetes.kubeconfig)
+        return None, ""
 
-    async def _start_security(self) -> Security:
+    async def _start_security(self, api_client: client.ApiClient | None) -> Security:
         default_auth = XdsAuth.NONE if self.settings.config is not None else XdsAuth.KUBERNETES
         return await Security.create(
             self.settings.security,
-            self.api_client,
+            api_client,
             default_auth,
             shared_root=self.settings.config is None,
             observe_ca_latency=self.metrics.ca_latency.observe,
             admission=self.admission,
         )
 
-    def _pipeline(self, security: Security) -> Pipeline:
-        self.inbound = InboundGenerator(self.index, self.cache, self.policies, self.stats)
+    def _pipeline(self, security: Security, inbound: InboundGenerator) -> Pipeline:
         generators = (
             ClusterGenerator(self.index, self.cache, self.settings.build, self.stats),
             EndpointGenerator(self.index, self.cache, self.settings.build, self.stats),
@@ -216,7 +276,7 @@ class Discovery:
             RouteGenerator(
                 self.index, self.cache, self.settings.outbound, self.settings.build, self.stats
             ),
-            self.inbound,
+            inbound,
             SecretGenerator(security.secrets, self.cache, self.stats),
         )
         return Pipeline(
@@ -229,7 +289,10 @@ class Discovery:
             history=self.pushes,
         )
 
-    def _source(self, updater: IndexUpdater) -> RegistrySource:
+    def _source(
+        self, updater: IndexUpdater, api_client: client.ApiClient | None, api_server: str
+    ) -> tuple[RegistrySource, ClusterSource | None]:
+        """The registry's source, and the same as a cluster source in Kubernetes mode."""
         if self.settings.config is not None:
             return FileSource(
                 self.settings.config,
@@ -238,20 +301,20 @@ class Discovery:
                 self.settings.cluster_id,
                 supervisor=self.supervisor,
                 rejected=self.metrics.registry_file_rejected_for,
-            )
-        assert self.api_client is not None
+            ), None
+        assert api_client is not None
         from pilot.sources.kubernetes.cluster_source import ClusterSource  # noqa: PLC0415
 
-        self._kubernetes = ClusterSource(
+        kubernetes = ClusterSource(
             self.settings.kubernetes,
             updater,
-            self.api_client,
-            self._api_server,
+            api_client,
+            api_server,
             self.settings.cluster_id,
             watching=self.watching,
             peer_authentications=True,  # Istio's config comes from the local cluster only
         )
-        return self._kubernetes
+        return kubernetes, kubernetes
 
     def _tls(self, security: Security) -> TlsServing | None:
         if not self.settings.grpc_tls_addr:
@@ -323,65 +386,94 @@ class Discovery:
         return listeners
 
     async def start(self) -> None:
-        """Serve /ready, sync the registry, then serve xDS."""
+        """Serve /ready, build and start every part, sync the registry, then serve xDS."""
         await self.http.start()
-        await self._connect()
-        self.security = security = await self._start_security()
-        self.pipeline = pipeline = self._pipeline(security)
-        tls = self._tls(security)
-        self._grpc = GrpcServer(
-            self._listeners(security, pipeline, tls),
-            max_connection_age=self.settings.max_connection_age,
-            drain=self.settings.drain_duration,
-            pending_streams=self.settings.limits.streams,
-        )
-        await self.grpc.start()
-        updater = IndexUpdater(self.index, RequestSink(pipeline.submit), self.stats, self.policies)
-        self.source = self._source(updater)
-        await self.source.start()
-        await self._start_remotes(updater)
-        await self.source.wait_synced()
-        pipeline.publish_initial()
+        self.started = started = await self._build()
+        await self._add_remote_clusters(started)
+        await started.source.wait_synced()
+        started.pipeline.publish_initial()
         if self.settings.freeze_heap:
             self._thresholds = collector.settle()
-        self.supervisor.start("push", pipeline.run)
-        if tls is not None:
-            self.supervisor.start("tls-renewal", tls.run)
+        self._start_tasks(started)
+        await started.grpc.set_serving(True)
+        self._serving = True
+        log.info(
+            "pilot discovery serving xDS on %s (port %d, TLS port %d), HTTP on %s:%d"
+            " (event loop: %s)",
+            self.settings.grpc_addr,
+            started.grpc.port,
+            started.grpc.tls_port,
+            self.http.host,
+            self.http.port,
+            event_loop.running(),
+        )
+
+    async def _build(self) -> Started:
+        """Every part `start` needs, built and started in order, returned whole; if one fails
+        (or the start is cut short), those already started are stopped again."""
+        async with contextlib.AsyncExitStack() as undo:
+            api_client, api_server = await self._connect()
+            if api_client is not None:
+                undo.push_async_callback(api_client.close)
+            security = await self._start_security(api_client)
+            undo.push_async_callback(security.close)
+            inbound = InboundGenerator(self.index, self.cache, self.policies, self.stats)
+            pipeline = self._pipeline(security, inbound)
+            tls = self._tls(security)
+            grpc = GrpcServer(
+                self._listeners(security, pipeline, tls),
+                max_connection_age=self.settings.max_connection_age,
+                drain=self.settings.drain_duration,
+                pending_streams=self.settings.limits.streams,
+            )
+            await grpc.start()
+            undo.push_async_callback(grpc.stop, self.settings.drain_duration)
+            updater = IndexUpdater(
+                self.index, RequestSink(pipeline.submit), self.stats, self.policies
+            )
+            source, kubernetes = self._source(updater, api_client, api_server)
+            await source.start()
+            undo.push_async_callback(source.stop)
+            remotes = self._remote_clusters(updater)
+            if remotes is not None:
+                undo.push_async_callback(remotes.stop)
+            started = Started(
+                security, pipeline, inbound, grpc, source, tls, api_client, kubernetes, remotes
+            )
+            undo.pop_all()
+            return started
+        raise AssertionError("unreachable: the block returns or raises")  # for mypy
+
+    def _start_tasks(self, started: Started) -> None:
+        """The long-lived tasks, under the supervisor: push, TLS renewal, the CA's Lease and
+        the root's ConfigMaps."""
+        self.supervisor.start("push", started.pipeline.run)
+        if started.tls is not None:
+            self.supervisor.start("tls-renewal", started.tls.run)
+        security = started.security
         if security.elector is not None:
             # Holds the Lease for single-writer CA duties (root creation, later rotation).
             self.supervisor.start("ca-lease", security.elector.run)
             # ConfigMap istio-ca-root-cert in every watched namespace, written by the holder.
-            assert self.api_client is not None
+            assert started.api_client is not None
             from pilot.security.root_publisher import RootPublisher  # noqa: PLC0415
 
             publisher = RootPublisher(
-                self.api_client,
+                started.api_client,
                 self.settings.kubernetes,
                 security.secrets.root_pem,
                 security.elector,
                 supervisor=self.supervisor,
             )
             self.supervisor.start("ca-root-publisher", publisher.run)
-        await self.grpc.set_serving(True)
-        self._serving = True
-        log.info(
-            "pilot discovery serving xDS on %s (port %d, TLS port %d), HTTP on %s:%d"
-            " (event loop: %s)",
-            self.settings.grpc_addr,
-            self.grpc.port,
-            self.grpc.tls_port,
-            self.http.host,
-            self.http.port,
-            event_loop.running(),
-        )
 
-    async def _start_remotes(self, updater: IndexUpdater) -> None:
-        """The --remote-kubeconfig clusters, then (in Kubernetes mode) the Secrets' ones."""
+    def _remote_clusters(self, updater: IndexUpdater) -> RemoteClusters | None:
+        """Remote clusters, where there may be some: none with a file and no flag."""
         if self.settings.config is not None and not self.settings.remote_kubeconfigs:
-            return  # a file's mesh, no cluster: nothing to watch
+            return None  # a file's mesh, no cluster: nothing to watch
         from pilot.sources.kubernetes import clusters  # noqa: PLC0415
 
-        self.remotes = clusters.RemoteClusters(
+        return clusters.RemoteClusters(
             self.settings.kubernetes,
             updater,
             self.settings.cluster_id,
@@ -389,32 +481,40 @@ class Discovery:
             self.admission.hits,
             watching=self.watching,
         )
+
+    async def _add_remote_clusters(self, started: Started) -> None:
+        """The --remote-kubeconfig clusters, then (in Kubernetes mode) the Secrets' ones."""
+        remotes = started.remotes
+        if remotes is None:
+            return
         for cluster, path in self.settings.remote_kubeconfigs:
             origin = f"--remote-kubeconfig {cluster}={path}"
             try:
                 kubeconfig = path.read_text(encoding="utf-8")
             except OSError as error:
                 raise OSError(f"{origin}: {error.strerror or error}") from None
-            await self.remotes.add(cluster, kubeconfig, origin)
+            await remotes.add(cluster, kubeconfig, origin)
         if self.settings.config is None:
-            assert self.api_client is not None
-            namespace = self.settings.security.namespace
-            handler = clusters.RemoteSecrets(self.remotes, namespace)
-            self.remote_secrets = clusters.secret_informer(
-                self.api_client,
-                namespace,
-                handler,
-                self.settings.kubernetes,
-                self.watching.faults,
-            )
+            assert started.api_client is not None
+            self._watch_remote_secrets(started.api_client, remotes)
 
-            async def apply_remote_secrets() -> None:
-                # Started again after a failure: first apply what the failed run left undone.
-                handler.reconcile()
-                await handler.run()
+    def _watch_remote_secrets(self, api_client: client.ApiClient, remotes: RemoteClusters) -> None:
+        """Secrets labelled istio/multiCluster in pilot's namespace add remote clusters."""
+        from pilot.sources.kubernetes import clusters  # noqa: PLC0415
 
-            self.supervisor.start("remote-secrets", apply_remote_secrets)
-            self.supervisor.start("informer-remote-secrets", self.remote_secrets.run)
+        namespace = self.settings.security.namespace
+        handler = clusters.RemoteSecrets(remotes, namespace)
+        informer = clusters.secret_informer(
+            api_client, namespace, handler, self.settings.kubernetes, self.watching.faults
+        )
+
+        async def apply_remote_secrets() -> None:
+            # Started again after a failure: first apply what the failed run left undone.
+            handler.reconcile()
+            await handler.run()
+
+        self.supervisor.start("remote-secrets", apply_remote_secrets)
+        self.supervisor.start("informer-remote-secrets", informer.run)
 
     async def stop(self) -> None:
         """Health goes NOT_SERVING, streams end, background work stops."""
@@ -422,15 +522,10 @@ class Discovery:
         if self._thresholds is not None:
             collector.release(self._thresholds)
             self._thresholds = None
-        if self._grpc is not None:
-            await self._grpc.stop(self.settings.drain_duration)
+        started = self.started
+        if started is not None:
+            await started.grpc.stop(self.settings.drain_duration)
         await self.supervisor.stop()
-        if self.source is not None:
-            await self.source.stop()
-        if self.remotes is not None:
-            await self.remotes.stop()
-        if self.security is not None:
-            await self.security.close()
-        if self.api_client is not None:
-            await self.api_client.close()
+        if started is not None:
+            await started.stop()
         await self.http.stop()

@@ -245,8 +245,8 @@ async def _run_discovery(settings: Settings) -> None:
     discovery = Discovery(settings)
 
     def starting() -> str:
-        source = discovery.source
-        if source is None or not source.synced:
+        started = discovery.started
+        if started is None or not started.source.synced:
             return "before the registry's first load"
         return "while starting"
 
