@@ -74,13 +74,20 @@ from pilot.xds.cache import ResourceCache
 if TYPE_CHECKING:
     from kubernetes_asyncio import client
 
+    from pilot.kubernetes_mode import KubernetesMode
     from pilot.sources.kubernetes.cluster_source import ClusterSource
     from pilot.sources.kubernetes.clusters import RemoteClusters
 
-# Kubernetes' client (kubernetes_asyncio) takes 0.7 s to import, about half of a start
-# from a file, which never calls it: what needs it is imported where it is first used.
 
 log = logging.getLogger("pilot")
+
+
+def _kubernetes() -> KubernetesMode:
+    """The one door to what needs Kubernetes' client (0.7 s to import, about half of a start
+    from a file, which never calls it): opened the first time pilot has an API to call."""
+    from pilot.kubernetes_mode import KubernetesMode  # noqa: PLC0415
+
+    return KubernetesMode()
 
 
 class RegistrySource(Protocol):
@@ -250,16 +257,14 @@ class Discovery:
         kubernetes = self.settings.kubernetes
         if self.settings.config is None or kubernetes.kubeconfig is not None:
             # With --config, a --kubeconfig serves TokenReview only.
-            from pilot.kube.connection import connect  # noqa: PLC0415
-
-            return await connect(kubernetes.kubeconfig)
+            return await _kubernetes().connect(kubernetes.kubeconfig)
         return None, ""
 
     async def _start_security(self, api_client: client.ApiClient | None) -> Security:
         default_auth = XdsAuth.NONE if self.settings.config is not None else XdsAuth.KUBERNETES
         return await Security.create(
             self.settings.security,
-            api_client,
+            _kubernetes().security(api_client) if api_client is not None else None,
             default_auth,
             shared_root=self.settings.config is None,
             observe_ca_latency=self.metrics.ca_latency.observe,
@@ -303,16 +308,13 @@ class Discovery:
                 rejected=self.metrics.registry_file_rejected_for,
             ), None
         assert api_client is not None
-        from pilot.sources.kubernetes.cluster_source import ClusterSource  # noqa: PLC0415
-
-        kubernetes = ClusterSource(
+        kubernetes = _kubernetes().cluster_source(
             self.settings.kubernetes,
             updater,
             api_client,
             api_server,
             self.settings.cluster_id,
             watching=self.watching,
-            peer_authentications=True,  # Istio's config comes from the local cluster only
         )
         return kubernetes, kubernetes
 
@@ -456,14 +458,12 @@ class Discovery:
             self.supervisor.start("ca-lease", security.elector.run)
             # ConfigMap istio-ca-root-cert in every watched namespace, written by the holder.
             assert started.api_client is not None
-            from pilot.security.root_publisher import RootPublisher  # noqa: PLC0415
-
-            publisher = RootPublisher(
+            publisher = _kubernetes().root_publisher(
                 started.api_client,
                 self.settings.kubernetes,
                 security.secrets.root_pem,
                 security.elector,
-                supervisor=self.supervisor,
+                self.supervisor,
             )
             self.supervisor.start("ca-root-publisher", publisher.run)
 
@@ -471,9 +471,7 @@ class Discovery:
         """Remote clusters, where there may be some: none with a file and no flag."""
         if self.settings.config is not None and not self.settings.remote_kubeconfigs:
             return None  # a file's mesh, no cluster: nothing to watch
-        from pilot.sources.kubernetes import clusters  # noqa: PLC0415
-
-        return clusters.RemoteClusters(
+        return _kubernetes().remote_clusters(
             self.settings.kubernetes,
             updater,
             self.settings.cluster_id,
@@ -500,12 +498,9 @@ class Discovery:
 
     def _watch_remote_secrets(self, api_client: client.ApiClient, remotes: RemoteClusters) -> None:
         """Secrets labelled istio/multiCluster in pilot's namespace add remote clusters."""
-        from pilot.sources.kubernetes import clusters  # noqa: PLC0415
-
         namespace = self.settings.security.namespace
-        handler = clusters.RemoteSecrets(remotes, namespace)
-        informer = clusters.secret_informer(
-            api_client, namespace, handler, self.settings.kubernetes, self.watching.faults
+        handler, informer = _kubernetes().remote_secrets(
+            api_client, remotes, namespace, self.settings.kubernetes, self.watching.faults
         )
 
         async def apply_remote_secrets() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pilot.limits import Admission
 from pilot.security.authn import Authenticator, TokenReviewer
@@ -21,12 +21,26 @@ from pilot.security.xds_auth import ProxyIdentities, XdsAuth
 
 if TYPE_CHECKING:
     # Kubernetes' client takes 0.7 s to import: what needs it (the Lease, the shared root,
-    # TokenReview) is imported only when pilot has a Kubernetes API to call.
-    from kubernetes_asyncio import client
-
+    # TokenReview) comes from `pilot.kubernetes_mode`, only with a Kubernetes API to call.
     from pilot.security.lease import LeaseElector
 
 SIGNING_SLOTS = 4
+
+
+class KubernetesSecurity(Protocol):
+    """What security needs of a Kubernetes API (`pilot.kubernetes_mode.ClusterSecurity`)."""
+
+    def elector(self, settings: SecuritySettings) -> LeaseElector:
+        """The Lease pilot-ca, held by the replica that does the CA's single-writer duties."""
+        ...
+
+    async def shared_root(
+        self, settings: SecuritySettings, elector: LeaseElector
+    ) -> CertificateAuthority:
+        """The root the replicas share through Secret pilot-ca-secret."""
+        ...
+
+    def token_reviewer(self) -> TokenReviewer: ...
 
 
 @dataclass
@@ -44,7 +58,7 @@ class Security:
     async def create(
         cls,
         settings: SecuritySettings,
-        api_client: client.ApiClient | None,
+        kubernetes: KubernetesSecurity | None,
         default_xds_auth: XdsAuth,
         *,
         shared_root: bool = False,
@@ -58,14 +72,14 @@ class Security:
         they share through Secret pilot-ca-secret.
         """
         elector = None
-        if shared_root and api_client is not None:
-            elector = _elector(settings, api_client)
-        if api_client is not None and elector is not None and settings.ca.cert_dir is None:
-            ca = await _shared_root(settings, api_client, elector)
+        if shared_root and kubernetes is not None:
+            elector = kubernetes.elector(settings)
+        if kubernetes is not None and elector is not None and settings.ca.cert_dir is None:
+            ca = await kubernetes.shared_root(settings, elector)
         else:
             ca = await asyncio.to_thread(CertificateAuthority.load, settings.ca)
         admission = admission or Admission.unlimited()
-        reviewer = await _token_reviewer(settings, api_client, ca.settings.trust_domain, admission)
+        reviewer = await _token_reviewer(settings, kubernetes, ca.settings.trust_domain, admission)
         authenticator = Authenticator(
             ca.settings.trust_domain, reviewer, settings.token_audiences, [ca.signing_cert]
         )
@@ -89,35 +103,15 @@ class Security:
             await self.remote.close()
 
 
-def _elector(settings: SecuritySettings, api_client: client.ApiClient) -> LeaseElector:
-    """The Lease pilot-ca, held by the replica that does the CA's single-writer duties."""
-    from pilot.security.lease import LeaseElector  # noqa: PLC0415
-    from pilot.security.root_store import LEASE_NAME  # noqa: PLC0415
-
-    duration = settings.lease_duration
-    return LeaseElector(api_client, settings.namespace, LEASE_NAME, lease_duration=duration)
-
-
-async def _shared_root(
-    settings: SecuritySettings, api_client: client.ApiClient, elector: LeaseElector
-) -> CertificateAuthority:
-    """The root the replicas share through Secret pilot-ca-secret."""
-    from pilot.security.root_store import SharedRoot  # noqa: PLC0415
-
-    return await SharedRoot(api_client, settings.namespace, settings.ca, elector).load()
-
-
 async def _token_reviewer(
     settings: SecuritySettings,
-    api_client: client.ApiClient | None,
+    kubernetes: KubernetesSecurity | None,
     trust_domain: str,
     admission: Admission,
 ) -> TokenReviewer | None:
     """TokenReview when there is a Kubernetes API, else --token-auth-file's tokens, if any."""
-    if api_client is not None:
-        from pilot.security.token_review import KubernetesTokenReviewer  # noqa: PLC0415
-
-        reviewer = KubernetesTokenReviewer(api_client)
+    if kubernetes is not None:
+        reviewer = kubernetes.token_reviewer()
         return CachedReviewer(reviewer, admission.limits.token_cache, admission.hits)
     if settings.token_auth_file is not None:
         return await asyncio.to_thread(load_token_file, settings.token_auth_file, trust_domain)

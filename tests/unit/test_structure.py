@@ -96,7 +96,7 @@ def _imports_from(layer: str, forbidden: str) -> list[str]:
     return sorted(
         f"{module} -> {imported}"
         for module, imports in _graph().items()
-        if module.startswith(layer)
+        if module == layer or module.startswith(f"{layer}.")
         for imported in imports
         if imported.startswith(forbidden)
     )
@@ -149,6 +149,26 @@ def test_importing_the_server_and_the_agent_loads_no_kubernetes_client() -> None
     subprocess.run([sys.executable, "-c", check], check=True, timeout=60)
 
 
+def _kubernetes_imports(command: list[str], env: dict[str, str], serving: str) -> list[str]:
+    """Run `command` until it logs `serving`, then SIGTERM: the kubernetes_asyncio imports
+    it made meanwhile (PYTHONVERBOSE writes every import to stderr)."""
+    env = env | {"PYTHONVERBOSE": "1"}
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    lines = []
+    try:
+        for line in process.stderr:
+            lines.append(line)
+            if serving in line:
+                break
+        else:
+            pytest.fail(f"{command[3]} ended without serving:\n" + "".join(lines[-20:]))
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)  # drained: a full pipe would hold its exit back
+    return [line for line in lines if line.startswith("import 'kubernetes_asyncio")]
+
+
 def test_a_running_pilot_agent_loads_no_kubernetes_client(tmp_path: Path) -> None:
     root = tmp_path / "root-cert.pem"
     root.write_text(cert_pem(self_signed_root("cluster.local")[1]))
@@ -156,21 +176,19 @@ def test_a_running_pilot_agent_loads_no_kubernetes_client(tmp_path: Path) -> Non
         "POD_NAMESPACE": "shop",
         "SERVICE_ACCOUNT": "cart",
         "CA_ROOT_CERT": str(root),
-        "PYTHONVERBOSE": "1",  # every import is written to stderr
     }
     command = [sys.executable, "-m", "pilot", "agent", "--sds-socket", str(tmp_path / "sds.sock")]
-    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
-    assert process.stderr is not None
-    lines = []
-    try:
-        for line in process.stderr:
-            lines.append(line)
-            if "serving SDS" in line:
-                break
-        else:
-            pytest.fail("pilot agent ended without serving:\n" + "".join(lines[-20:]))
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=30)
-    loaded = [line for line in lines if line.startswith("import 'kubernetes_asyncio")]
+    loaded = _kubernetes_imports(command, env, "serving SDS")
+    assert not loaded, loaded[:3]
+
+
+def test_pilot_serving_a_file_loads_no_kubernetes_client(tmp_path: Path) -> None:
+    """The Kubernetes client is behind one door (pilot.kubernetes_mode): a file never opens it."""
+    mesh = tmp_path / "mesh.yaml"
+    mesh.write_text((PACKAGE.parent / "examples" / "mesh.yaml").read_text())
+    env = os.environ | {"XDG_STATE_HOME": str(tmp_path / "state")}
+    command = [sys.executable, "-m", "pilot", "discovery", "--config", str(mesh)]
+    command += ["--grpc-addr", "127.0.0.1:0", "--grpc-tls-addr", "127.0.0.1:0"]
+    command += ["--http-addr", "127.0.0.1:0"]
+    loaded = _kubernetes_imports(command, env, "pilot discovery serving xDS")
     assert not loaded, loaded[:3]
