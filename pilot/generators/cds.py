@@ -20,7 +20,7 @@ from pilot.builders.cds import build_cluster, served_port_names
 from pilot.builders.mtls import transport_socket_matches
 from pilot.builders.outbound import fixed_clusters
 from pilot.builders.settings import BuildSettings
-from pilot.generators.claims import retrack
+from pilot.generators.per_service import PerServiceGenerator
 from pilot.push.request import Changes, PushRequest
 from pilot.registry.index import EndpointIndex, IndexChange
 from pilot.registry.model import Service, ServiceKey
@@ -31,7 +31,7 @@ from pilot.xds.flavor import ADS_WITH_LISTENERS, Flavor
 from pilot.xds.resource import Resource
 
 
-class ClusterGenerator:
+class ClusterGenerator(PerServiceGenerator):
     """The CDS generator: services' full changes in, cluster updates out."""
 
     type_urls = frozenset({types.CLUSTER})
@@ -43,11 +43,7 @@ class ClusterGenerator:
         settings: BuildSettings,
         stats: XdsStats,
     ) -> None:
-        self._index = index
-        self._cache = cache
-        self._settings = settings
-        self._stats = stats
-        self._names: dict[ServiceKey, set[str]] = {}
+        super().__init__(index, cache, settings, stats)
         self._fixed_built = False
 
     def build(self, request: PushRequest) -> Changes:
@@ -74,7 +70,7 @@ class ClusterGenerator:
     def _rebuild(self, key: ServiceKey) -> set[str]:
         service = self._index.services.get(key)
         names = served_port_names(service, self._settings.cluster_domain)
-        stale = retrack(self._names, key, names.keys())
+        stale = self._retrack(key, names.keys())
         changed: set[str] = set()
         for flavor in Flavor:
             built, sidecars = [], []

@@ -1,6 +1,5 @@
 """Which services claim which keys (a listener's address and port, a route configuration's
-port): the bookkeeping the LDS and RDS generators share; and the resource names each
-service has (`retrack`), which the CDS and EDS generators keep.
+port): the bookkeeping the LDS and RDS generators share.
 
 A service's claims move as a whole when it changes: `reclaim` drops what it claimed
 before, records what it claims now, and returns every key either touched, which is
@@ -46,12 +45,3 @@ class ServiceClaims(Generic[K, V]):
             self._by_key.pop(key, None)
             return {}
         return claimants
-
-
-def retrack(tracked: dict[ServiceKey, set[str]], key: ServiceKey, names: Iterable[str]) -> set[str]:
-    """Record a service's current resource names; returns the ones it no longer has."""
-    current = set(names)
-    stale = tracked.pop(key, set()) - current
-    if current:
-        tracked[key] = current
-    return stale

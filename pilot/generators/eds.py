@@ -16,7 +16,7 @@ from __future__ import annotations
 from pilot.builders.cds import served_port_names
 from pilot.builders.eds import encode_groups, group_hosts
 from pilot.builders.settings import BuildSettings
-from pilot.generators.claims import retrack
+from pilot.generators.per_service import PerServiceGenerator
 from pilot.push.request import Changes, PushRequest
 from pilot.registry.index import EndpointIndex, IndexChange
 from pilot.registry.model import ServiceKey
@@ -27,7 +27,7 @@ from pilot.xds.locality import NOWHERE, Locality
 from pilot.xds.resource import Resource
 
 
-class EndpointGenerator:
+class EndpointGenerator(PerServiceGenerator):
     """The EDS generator: services' endpoint (and full) changes in, assignment updates out."""
 
     type_urls = frozenset({types.ENDPOINT})
@@ -39,11 +39,7 @@ class EndpointGenerator:
         settings: BuildSettings,
         stats: XdsStats,
     ) -> None:
-        self._index = index
-        self._cache = cache
-        self._settings = settings
-        self._stats = stats
-        self._names: dict[ServiceKey, set[str]] = {}
+        super().__init__(index, cache, settings, stats)
         self._variants: dict[str, Locality] = {SHARED: NOWHERE}  # flavor -> proxy locality
 
     def build(self, request: PushRequest) -> Changes:
@@ -74,7 +70,7 @@ class EndpointGenerator:
     def _rebuild(self, key: ServiceKey, variants: dict[str, Locality] | None = None) -> set[str]:
         service = self._index.services.get(key)
         names = served_port_names(service, self._settings.cluster_domain)
-        stale = retrack(self._names, key, names.keys()) if variants is None else set()
+        stale = self._retrack(key, names.keys()) if variants is None else set()
         built: dict[str, list[Resource]] = {flavor: [] for flavor in variants or self._variants}
         if service is not None:
             endpoint_sets = self._index.endpoint_sets(key)
