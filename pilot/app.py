@@ -17,11 +17,13 @@ credentials; the TLS port serves everything (xDS with SDS, the CA, CSDS) to
 callers that prove who they are. With --config (loopback development) the
 plaintext port serves everything too; --plaintext-secrets forces that.
 
-Start-up order: the HTTP port first (so `/ready` answers 503 meanwhile), then
-the security component (it may wait for the shared root), the pipeline and
-the gRPC port (health NOT_SERVING: Envoys may connect, and wait), then the
-registry; streams get their first answers only once the registry has its first
-full state, so no Envoy ever receives a partial mesh.
+Start-up (`start_discovery`, one function): on a `Core` (what exists from the settings
+alone: the index, the cache, the counters, the supervisor, the HTTP port), the HTTP port
+first (so `/ready` answers 503 meanwhile), then the security component (it may wait for
+the shared root), the pipeline and the gRPC port (health NOT_SERVING: Envoys may connect,
+and wait), then the registry; streams get their first answers only once the registry has
+its first full state, so no Envoy ever receives a partial mesh. The `Discovery` it returns
+has every part; if the start fails or is cut short, what had started is stopped.
 
 Every long-lived task (each cluster's informers, the Secret reconciler, the file
 poll, the push pipeline, TLS renewal, the CA lease, the root publisher) runs
@@ -33,6 +35,7 @@ good state, and `/ready`'s lines and `pilot_cluster_synced` say what is failing.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
@@ -103,37 +106,10 @@ class RegistrySource(Protocol):
     async def stop(self) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Started:
-    """What `Discovery.start` builds, by one function (`_build`): it exists only whole.
-
-    Optional only where a mode has none: the TLS port's serving (no TLS port), the API
-    client (a file and no --kubeconfig), the cluster source (a file), remote clusters (a
-    file and no --remote-kubeconfig).
-    """
-
-    security: Security
-    pipeline: Pipeline
-    inbound: InboundGenerator
-    grpc: GrpcServer
-    source: RegistrySource
-    tls: TlsServing | None
-    api_client: client.ApiClient | None
-    kubernetes: ClusterSource | None  # the source, in Kubernetes mode
-    remotes: RemoteClusters | None
-
-    async def stop(self) -> None:
-        """After the streams ended and the tasks stopped: the sources, then the clients."""
-        await self.source.stop()
-        if self.remotes is not None:
-            await self.remotes.stop()
-        await self.security.close()
-        if self.api_client is not None:
-            await self.api_client.close()
-
-
-class Discovery:
-    """A running control plane; `start`, then `stop`."""
+class Core:
+    """What `pilot discovery` has from its settings alone, before any part starts: the
+    registry's index, the cache, the counters and limits, the supervisor, and the HTTP port
+    that reports on them. `start_discovery` builds the rest on it."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -157,53 +133,23 @@ class Discovery:
             ready_detail=self.cluster_lines,
             xds_ports=self.xds_ports,
         )
-        self.started: Started | None = None  # whole once `start` has built it, else None
-        self._serving = False
-        self._thresholds: tuple[int, int, int] | None = None  # the collector's, once settled
-
-    def _started(self) -> Started:
-        assert self.started is not None, "pilot has not started"
-        return self.started
-
-    # What `start` built, for callers that come after it (tests, benches, the debug views).
-    @property
-    def grpc(self) -> GrpcServer:
-        return self._started().grpc
-
-    @property
-    def security(self) -> Security:
-        return self._started().security
-
-    @property
-    def pipeline(self) -> Pipeline:
-        return self._started().pipeline
-
-    @property
-    def inbound(self) -> InboundGenerator:
-        return self._started().inbound
-
-    @property
-    def source(self) -> RegistrySource:
-        return self._started().source
-
-    @property
-    def remotes(self) -> RemoteClusters | None:
-        return self._started().remotes
+        # Optional, and only here: the HTTP port answers (503) before the parts exist.
+        self.discovery: Discovery | None = None
 
     def _metric_sources(self) -> Sources:
-        # Read while pilot starts too: before `start` has built its parts, they are none.
+        # Read while pilot starts too: before `start_discovery` has built the parts, none.
         def informers() -> list[WatchCounts]:
-            started = self.started
-            return list(started.kubernetes.informers) if started and started.kubernetes else []
+            d = self.discovery
+            return list(d.cluster_source.informers) if d and d.cluster_source else []
 
         def remotes() -> RemoteClusters | None:
-            return self.started.remotes if self.started is not None else None
+            return self.discovery.remotes if self.discovery is not None else None
 
         def inbound() -> InboundGenerator | None:
-            return self.started.inbound if self.started is not None else None
+            return self.discovery.inbound if self.discovery is not None else None
 
         def security() -> Security | None:
-            return self.started.security if self.started is not None else None
+            return self.discovery.security if self.discovery is not None else None
 
         return Sources(
             stats=self.stats,
@@ -225,17 +171,13 @@ class Discovery:
 
     def is_ready(self) -> bool:
         """The local registry has synced; remote clusters never hold this back."""
-        return self._serving and self.started is not None and self.started.source.synced
+        return self.discovery is not None and self.discovery.is_ready()
 
     def cluster_statuses(self) -> dict[str, str]:
         """Cluster id -> synced, syncing or unreachable: the local cluster first."""
-        started = self.started
-        kubernetes = started.kubernetes if started is not None else None
-        informers = kubernetes.informers if kubernetes is not None else []
-        local = cluster_status(informers, started is not None and started.source.synced)
-        remotes = started.remotes if started is not None else None
-        statuses = remotes.statuses() if remotes is not None else {}
-        return {self.settings.cluster_id: local} | statuses
+        if self.discovery is not None:
+            return self.discovery.cluster_statuses()
+        return {self.settings.cluster_id: cluster_status([], synced=False)}
 
     def cluster_lines(self) -> list[str]:
         """`/ready`'s detail: each cluster's status, then each failing task."""
@@ -246,281 +188,382 @@ class Discovery:
         """Where xDS is, for a TLS or HTTP/2 client that came to the HTTP port instead:
         the bound ports once they are, else the flags' addresses."""
         plain, tls = self.settings.grpc_addr, self.settings.grpc_tls_addr
-        if self.started is not None:
-            plain = f"port {self.grpc.port}"
-            tls = f"port {self.grpc.tls_port}" if self.grpc.tls_port else ""
+        if self.discovery is not None:
+            grpc = self.discovery.grpc
+            plain = f"port {grpc.port}"
+            tls = f"port {grpc.tls_port}" if grpc.tls_port else ""
         where = f"xDS (gRPC) is {plain} (--grpc-addr)"
         return where + (f", over TLS {tls} (--grpc-tls-addr)" if tls else "")
 
-    async def _connect(self) -> tuple[client.ApiClient | None, str]:
-        """The API client and its server's URL (none with a file and no --kubeconfig)."""
-        kubernetes = self.settings.kubernetes
-        if self.settings.config is None or kubernetes.kubeconfig is not None:
-            # With --config, a --kubeconfig serves TokenReview only.
-            return await _kubernetes().connect(kubernetes.kubeconfig)
-        return None, ""
 
-    async def _start_security(self, api_client: client.ApiClient | None) -> Security:
-        default_auth = XdsAuth.NONE if self.settings.config is not None else XdsAuth.KUBERNETES
-        return await Security.create(
-            self.settings.security,
-            _kubernetes().security(api_client) if api_client is not None else None,
-            default_auth,
-            shared_root=self.settings.config is None,
-            observe_ca_latency=self.metrics.ca_latency.observe,
-            admission=self.admission,
-        )
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """What `start_discovery` builds on the core, in order, for `Discovery`.
 
-    def _pipeline(self, security: Security, inbound: InboundGenerator) -> Pipeline:
-        generators = (
-            ClusterGenerator(self.index, self.cache, self.settings.build, self.stats),
-            EndpointGenerator(self.index, self.cache, self.settings.build, self.stats),
-            ListenerGenerator(
-                self.index, self.cache, self.settings.outbound, self.settings.build, self.stats
-            ),
-            RouteGenerator(
-                self.index, self.cache, self.settings.outbound, self.settings.build, self.stats
-            ),
-            inbound,
-            SecretGenerator(security.secrets, self.cache, self.stats),
-        )
-        return Pipeline(
-            self.cache,
-            self.stats,
-            generators,
-            debounce=self.settings.debounce,
-            push=self.settings.push,
-            metrics=self.metrics,
-            history=self.pushes,
-        )
+    Optional only where a mode has none: the TLS port's serving (no --grpc-tls-addr), the
+    API client (a file and no --kubeconfig), the cluster source (a file), remote clusters
+    (a file and no --remote-kubeconfig; they need Kubernetes' client, so no empty stand-in).
+    """
 
-    def _source(
-        self, updater: IndexUpdater, api_client: client.ApiClient | None, api_server: str
-    ) -> tuple[RegistrySource, ClusterSource | None]:
-        """The registry's source, and the same as a cluster source in Kubernetes mode."""
-        if self.settings.config is not None:
-            return FileSource(
-                self.settings.config,
-                updater,
-                self.settings.file_poll_interval,
-                self.settings.cluster_id,
-                supervisor=self.supervisor,
-                rejected=self.metrics.registry_file_rejected_for,
-            ), None
-        assert api_client is not None
-        kubernetes = _kubernetes().cluster_source(
-            self.settings.kubernetes,
-            updater,
-            api_client,
-            api_server,
-            self.settings.cluster_id,
-            watching=self.watching,
-        )
-        return kubernetes, kubernetes
+    security: Security
+    pipeline: Pipeline
+    inbound: InboundGenerator
+    grpc: GrpcServer
+    source: RegistrySource
+    tls: TlsServing | None
+    api_client: client.ApiClient | None
+    cluster_source: ClusterSource | None  # the source, in Kubernetes mode
+    remotes: RemoteClusters | None
 
-    def _tls(self, security: Security) -> TlsServing | None:
-        if not self.settings.grpc_tls_addr:
-            return None
-        names = list(self.settings.tls_dns_names) or default_dns_names(
-            self.settings.build.cluster_domain
-        )
-        return TlsServing(security.ca, names, self.settings.tls_require_client_cert)
 
-    def _plaintext_secrets(self) -> bool:
-        """Whether the plaintext port serves the CA, SDS and CSDS (with their credentials)."""
-        if self.settings.plaintext_secrets is None:
-            return self.settings.config is not None  # loopback development
-        if self.settings.plaintext_secrets and self.settings.config is None:
-            log.warning(
-                "--plaintext-secrets: the CA, SDS and CSDS also answer on the plaintext port %s;"
-                " tokens and private keys cross the network unencrypted",
-                self.settings.grpc_addr,
-            )
-        return self.settings.plaintext_secrets
+class Discovery:
+    """A running control plane, built whole by `start_discovery`; `stop` stops it.
 
-    def _listeners(
-        self, security: Security, pipeline: Pipeline, tls: TlsServing | None
-    ) -> list[Listener]:
-        """The plaintext port, and the TLS port if configured.
+    The core's parts (stats, index, cache, connections, http, ...) and the built ones
+    (security, pipeline, inbound, grpc, source, ...) under their own names.
+    """
 
-        As in Istio, tokens and private keys travel over TLS only: in Kubernetes
-        mode the plaintext port serves clusters and endpoints and asks for no
-        credentials, unless --plaintext-secrets says otherwise.
-        """
-        everything = StreamContext(
-            pipeline,
-            self.stats,
-            self.connections,
-            security.identities,
-            self.metrics,
-            admission=self.admission,
-        )
-        readers = StatusReaders(
-            self.settings.security.namespace, frozenset(self.settings.csds_trusted_accounts)
-        )
-        extra = (
-            ExtraService(
-                CSDS_SERVICE,
-                csds_handler(self.proxies, security.identities, readers, self.admission),
-            ),
-            ExtraService(CA_SERVICE, security.ca_service.handler()),
-        )
-        address = self.settings.grpc_addr
-        if self._plaintext_secrets():
-            listeners = [Listener(address, everything, extra)]
-        else:
-            mesh = StreamContext(
-                pipeline,
-                self.stats,
-                self.connections,
-                metrics=self.metrics,
-                # The mesh's configuration, which holds no secret: Istio's 15010 serves it all.
-                served_types=frozenset(
-                    {types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE}
-                ),
-                admission=self.admission,
-            )
-            listeners = [Listener(address, mesh)]
-        if tls is not None:
-            listeners.append(
-                Listener(self.settings.grpc_tls_addr, everything, extra, tls.credentials)
-            )
-        return listeners
+    def __init__(self, core: Core, parts: Parts) -> None:
+        self.settings = core.settings
+        self.stats = core.stats
+        self.index = core.index
+        self.cache = core.cache
+        self.policies = core.policies
+        self.connections = core.connections
+        self.admission = core.admission
+        self.proxies = core.proxies
+        self.pushes = core.pushes
+        self.supervisor = core.supervisor
+        self.watching = core.watching
+        self.metrics = core.metrics
+        self.http = core.http
+        self.security = parts.security
+        self.pipeline = parts.pipeline
+        self.inbound = parts.inbound
+        self.grpc = parts.grpc
+        self.source = parts.source
+        self.tls = parts.tls
+        self.api_client = parts.api_client
+        self.cluster_source = parts.cluster_source
+        self.remotes = parts.remotes
+        self._serving = False
+        self._thresholds: tuple[int, int, int] | None = None  # the collector's, if frozen
 
-    async def start(self) -> None:
-        """Serve /ready, build and start every part, sync the registry, then serve xDS."""
-        await self.http.start()
-        self.started = started = await self._build()
-        await self._add_remote_clusters(started)
-        await started.source.wait_synced()
-        started.pipeline.publish_initial()
-        if self.settings.freeze_heap:
-            self._thresholds = collector.settle()
-        self._start_tasks(started)
-        await started.grpc.set_serving(True)
-        self._serving = True
-        log.info(
-            "pilot discovery serving xDS on %s (port %d, TLS port %d), HTTP on %s:%d"
-            " (event loop: %s)",
-            self.settings.grpc_addr,
-            started.grpc.port,
-            started.grpc.tls_port,
-            self.http.host,
-            self.http.port,
-            event_loop.running(),
-        )
+    def is_ready(self) -> bool:
+        """The local registry has synced; remote clusters never hold this back."""
+        return self._serving and self.source.synced
 
-    async def _build(self) -> Started:
-        """Every part `start` needs, built and started in order, returned whole; if one fails
-        (or the start is cut short), those already started are stopped again."""
-        async with contextlib.AsyncExitStack() as undo:
-            api_client, api_server = await self._connect()
-            if api_client is not None:
-                undo.push_async_callback(api_client.close)
-            security = await self._start_security(api_client)
-            undo.push_async_callback(security.close)
-            inbound = InboundGenerator(self.index, self.cache, self.policies, self.stats)
-            pipeline = self._pipeline(security, inbound)
-            tls = self._tls(security)
-            grpc = GrpcServer(
-                self._listeners(security, pipeline, tls),
-                max_connection_age=self.settings.max_connection_age,
-                drain=self.settings.drain_duration,
-                pending_streams=self.settings.limits.streams,
-            )
-            await grpc.start()
-            undo.push_async_callback(grpc.stop, self.settings.drain_duration)
-            updater = IndexUpdater(
-                self.index, RequestSink(pipeline.submit), self.stats, self.policies
-            )
-            source, kubernetes = self._source(updater, api_client, api_server)
-            await source.start()
-            undo.push_async_callback(source.stop)
-            remotes = self._remote_clusters(updater)
-            if remotes is not None:
-                undo.push_async_callback(remotes.stop)
-            started = Started(
-                security, pipeline, inbound, grpc, source, tls, api_client, kubernetes, remotes
-            )
-            undo.pop_all()
-            return started
-        raise AssertionError("unreachable: the block returns or raises")  # for mypy
-
-    def _start_tasks(self, started: Started) -> None:
-        """The long-lived tasks, under the supervisor: push, TLS renewal, the CA's Lease and
-        the root's ConfigMaps."""
-        self.supervisor.start("push", started.pipeline.run)
-        if started.tls is not None:
-            self.supervisor.start("tls-renewal", started.tls.run)
-        security = started.security
-        if security.elector is not None:
-            # Holds the Lease for single-writer CA duties (root creation, later rotation).
-            self.supervisor.start("ca-lease", security.elector.run)
-            # ConfigMap istio-ca-root-cert in every watched namespace, written by the holder.
-            assert started.api_client is not None
-            publisher = _kubernetes().root_publisher(
-                started.api_client,
-                self.settings.kubernetes,
-                security.secrets.root_pem,
-                security.elector,
-                self.supervisor,
-            )
-            self.supervisor.start("ca-root-publisher", publisher.run)
-
-    def _remote_clusters(self, updater: IndexUpdater) -> RemoteClusters | None:
-        """Remote clusters, where there may be some: none with a file and no flag."""
-        if self.settings.config is not None and not self.settings.remote_kubeconfigs:
-            return None  # a file's mesh, no cluster: nothing to watch
-        return _kubernetes().remote_clusters(
-            self.settings.kubernetes,
-            updater,
-            self.settings.cluster_id,
-            self.settings.remote,
-            self.admission.hits,
-            watching=self.watching,
-        )
-
-    async def _add_remote_clusters(self, started: Started) -> None:
-        """The --remote-kubeconfig clusters, then (in Kubernetes mode) the Secrets' ones."""
-        remotes = started.remotes
-        if remotes is None:
-            return
-        for cluster, path in self.settings.remote_kubeconfigs:
-            origin = f"--remote-kubeconfig {cluster}={path}"
-            try:
-                kubeconfig = path.read_text(encoding="utf-8")
-            except OSError as error:
-                raise OSError(f"{origin}: {error.strerror or error}") from None
-            await remotes.add(cluster, kubeconfig, origin)
-        if self.settings.config is None:
-            assert started.api_client is not None
-            self._watch_remote_secrets(started.api_client, remotes)
-
-    def _watch_remote_secrets(self, api_client: client.ApiClient, remotes: RemoteClusters) -> None:
-        """Secrets labelled istio/multiCluster in pilot's namespace add remote clusters."""
-        namespace = self.settings.security.namespace
-        handler, informer = _kubernetes().remote_secrets(
-            api_client, remotes, namespace, self.settings.kubernetes, self.watching.faults
-        )
-
-        async def apply_remote_secrets() -> None:
-            # Started again after a failure: first apply what the failed run left undone.
-            handler.reconcile()
-            await handler.run()
-
-        self.supervisor.start("remote-secrets", apply_remote_secrets)
-        self.supervisor.start("informer-remote-secrets", informer.run)
+    def cluster_statuses(self) -> dict[str, str]:
+        """Cluster id -> synced, syncing or unreachable: the local cluster first."""
+        informers = self.cluster_source.informers if self.cluster_source is not None else []
+        local = cluster_status(informers, self.source.synced)
+        statuses = self.remotes.statuses() if self.remotes is not None else {}
+        return {self.settings.cluster_id: local} | statuses
 
     async def stop(self) -> None:
-        """Health goes NOT_SERVING, streams end, background work stops."""
+        """Health goes NOT_SERVING, streams end, background work stops, then the sources,
+        the clients and the HTTP port."""
         self._serving = False
         if self._thresholds is not None:
             collector.release(self._thresholds)
             self._thresholds = None
-        started = self.started
-        if started is not None:
-            await started.grpc.stop(self.settings.drain_duration)
+        await self.grpc.stop(self.settings.drain_duration)
         await self.supervisor.stop()
-        if started is not None:
-            await started.stop()
+        await self.source.stop()
+        if self.remotes is not None:
+            await self.remotes.stop()
+        await self.security.close()
+        if self.api_client is not None:
+            await self.api_client.close()
         await self.http.stop()
+
+
+async def start_discovery(core: Core) -> Discovery:
+    """Serve /ready (503 meanwhile), build and start every part in order, sync the
+    registry, then serve xDS. If a part fails, or the start is cut short (a signal), what
+    had started is stopped again: no port stays bound, no task runs."""
+    undo = contextlib.AsyncExitStack()
+    try:
+        await core.http.start()
+        undo.push_async_callback(core.http.stop)
+        undo.push_async_callback(core.supervisor.stop)  # the sources' tasks run under it
+        parts = await _build(core, undo)
+        core.discovery = discovery = Discovery(core, parts)
+        undo.pop_all()
+        undo.push_async_callback(discovery.stop)  # from here, it stops it all
+        await _serve(discovery)
+    except BaseException:
+        await _undo(undo)
+        raise
+    return discovery
+
+
+async def _undo(undo: contextlib.AsyncExitStack) -> None:
+    """Stop what a failed start had started, in a task of its own: a start cut short is a
+    cancelled task, and a cancelled stopper's stops let its cancellation through half-way
+    (the supervisor's do, so that its own stop can be cut short)."""
+    await asyncio.shield(asyncio.create_task(undo.aclose(), name="undo-start"))
+
+
+async def _build(core: Core, undo: contextlib.AsyncExitStack) -> Parts:
+    """Every part, built and started in order; each one started is pushed onto `undo`."""
+    settings = core.settings
+    api_client, api_server = await _connect(settings)
+    if api_client is not None:
+        undo.push_async_callback(api_client.close)
+    security = await _start_security(core, api_client)
+    undo.push_async_callback(security.close)
+    inbound = InboundGenerator(core.index, core.cache, core.policies, core.stats)
+    pipeline = _pipeline(core, security, inbound)
+    tls = _tls(settings, security)
+    grpc = GrpcServer(
+        _listeners(core, security, pipeline, tls),
+        max_connection_age=settings.max_connection_age,
+        drain=settings.drain_duration,
+        pending_streams=settings.limits.streams,
+    )
+    await grpc.start()
+    undo.push_async_callback(grpc.stop, settings.drain_duration)
+    updater = IndexUpdater(core.index, RequestSink(pipeline.submit), core.stats, core.policies)
+    source, cluster_source = _source(core, updater, api_client, api_server)
+    await source.start()
+    undo.push_async_callback(source.stop)
+    remotes = _remote_clusters(core, updater)
+    if remotes is not None:
+        undo.push_async_callback(remotes.stop)
+    return Parts(
+        security, pipeline, inbound, grpc, source, tls, api_client, cluster_source, remotes
+    )
+
+
+async def _serve(discovery: Discovery) -> None:
+    """Remote clusters, the registry's first full state, the long-lived tasks, then
+    health SERVING: streams get their first answers only now."""
+    settings = discovery.settings
+    await _add_remote_clusters(discovery)
+    await discovery.source.wait_synced()
+    discovery.pipeline.publish_initial()
+    if settings.freeze_heap:
+        discovery._thresholds = collector.settle()
+    _start_tasks(discovery)
+    await discovery.grpc.set_serving(True)
+    discovery._serving = True
+    log.info(
+        "pilot discovery serving xDS on %s (port %d, TLS port %d), HTTP on %s:%d (event loop: %s)",
+        settings.grpc_addr,
+        discovery.grpc.port,
+        discovery.grpc.tls_port,
+        discovery.http.host,
+        discovery.http.port,
+        event_loop.running(),
+    )
+
+
+async def _connect(settings: Settings) -> tuple[client.ApiClient | None, str]:
+    """The API client and its server's URL (none with a file and no --kubeconfig)."""
+    kubernetes = settings.kubernetes
+    if settings.config is None or kubernetes.kubeconfig is not None:
+        # With --config, a --kubeconfig serves TokenReview only.
+        return await _kubernetes().connect(kubernetes.kubeconfig)
+    return None, ""
+
+
+async def _start_security(core: Core, api_client: client.ApiClient | None) -> Security:
+    settings = core.settings
+    default_auth = XdsAuth.NONE if settings.config is not None else XdsAuth.KUBERNETES
+    return await Security.create(
+        settings.security,
+        _kubernetes().security(api_client) if api_client is not None else None,
+        default_auth,
+        shared_root=settings.config is None,
+        observe_ca_latency=core.metrics.ca_latency.observe,
+        admission=core.admission,
+    )
+
+
+def _pipeline(core: Core, security: Security, inbound: InboundGenerator) -> Pipeline:
+    settings = core.settings
+    generators = (
+        ClusterGenerator(core.index, core.cache, settings.build, core.stats),
+        EndpointGenerator(core.index, core.cache, settings.build, core.stats),
+        ListenerGenerator(core.index, core.cache, settings.outbound, settings.build, core.stats),
+        RouteGenerator(core.index, core.cache, settings.outbound, settings.build, core.stats),
+        inbound,
+        SecretGenerator(security.secrets, core.cache, core.stats),
+    )
+    return Pipeline(
+        core.cache,
+        core.stats,
+        generators,
+        debounce=settings.debounce,
+        push=settings.push,
+        metrics=core.metrics,
+        history=core.pushes,
+    )
+
+
+def _source(
+    core: Core, updater: IndexUpdater, api_client: client.ApiClient | None, api_server: str
+) -> tuple[RegistrySource, ClusterSource | None]:
+    """The registry's source, and the same as a cluster source in Kubernetes mode."""
+    settings = core.settings
+    if settings.config is not None:
+        return FileSource(
+            settings.config,
+            updater,
+            settings.file_poll_interval,
+            settings.cluster_id,
+            supervisor=core.supervisor,
+            rejected=core.metrics.registry_file_rejected_for,
+        ), None
+    assert api_client is not None
+    cluster_source = _kubernetes().cluster_source(
+        settings.kubernetes,
+        updater,
+        api_client,
+        api_server,
+        settings.cluster_id,
+        watching=core.watching,
+    )
+    return cluster_source, cluster_source
+
+
+def _tls(settings: Settings, security: Security) -> TlsServing | None:
+    if not settings.grpc_tls_addr:
+        return None
+    names = list(settings.tls_dns_names) or default_dns_names(settings.build.cluster_domain)
+    return TlsServing(security.ca, names, settings.tls_require_client_cert)
+
+
+def _plaintext_secrets(settings: Settings) -> bool:
+    """Whether the plaintext port serves the CA, SDS and CSDS (with their credentials)."""
+    if settings.plaintext_secrets is None:
+        return settings.config is not None  # loopback development
+    if settings.plaintext_secrets and settings.config is None:
+        log.warning(
+            "--plaintext-secrets: the CA, SDS and CSDS also answer on the plaintext port %s;"
+            " tokens and private keys cross the network unencrypted",
+            settings.grpc_addr,
+        )
+    return settings.plaintext_secrets
+
+
+def _listeners(
+    core: Core, security: Security, pipeline: Pipeline, tls: TlsServing | None
+) -> list[Listener]:
+    """The plaintext port, and the TLS port if configured.
+
+    As in Istio, tokens and private keys travel over TLS only: in Kubernetes
+    mode the plaintext port serves clusters and endpoints and asks for no
+    credentials, unless --plaintext-secrets says otherwise.
+    """
+    settings = core.settings
+    everything = StreamContext(
+        pipeline,
+        core.stats,
+        core.connections,
+        security.identities,
+        core.metrics,
+        admission=core.admission,
+    )
+    readers = StatusReaders(settings.security.namespace, frozenset(settings.csds_trusted_accounts))
+    extra = (
+        ExtraService(
+            CSDS_SERVICE,
+            csds_handler(core.proxies, security.identities, readers, core.admission),
+        ),
+        ExtraService(CA_SERVICE, security.ca_service.handler()),
+    )
+    address = settings.grpc_addr
+    if _plaintext_secrets(settings):
+        listeners = [Listener(address, everything, extra)]
+    else:
+        mesh = StreamContext(
+            pipeline,
+            core.stats,
+            core.connections,
+            metrics=core.metrics,
+            # The mesh's configuration, which holds no secret: Istio's 15010 serves it all.
+            served_types=frozenset({types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE}),
+            admission=core.admission,
+        )
+        listeners = [Listener(address, mesh)]
+    if tls is not None:
+        listeners.append(Listener(settings.grpc_tls_addr, everything, extra, tls.credentials))
+    return listeners
+
+
+def _remote_clusters(core: Core, updater: IndexUpdater) -> RemoteClusters | None:
+    """Remote clusters, where there may be some: none with a file and no flag."""
+    settings = core.settings
+    if settings.config is not None and not settings.remote_kubeconfigs:
+        return None  # a file's mesh, no cluster: nothing to watch
+    return _kubernetes().remote_clusters(
+        settings.kubernetes,
+        updater,
+        settings.cluster_id,
+        settings.remote,
+        core.admission.hits,
+        watching=core.watching,
+    )
+
+
+async def _add_remote_clusters(discovery: Discovery) -> None:
+    """The --remote-kubeconfig clusters, then (in Kubernetes mode) the Secrets' ones."""
+    remotes, settings = discovery.remotes, discovery.settings
+    if remotes is None:
+        return
+    for cluster, path in settings.remote_kubeconfigs:
+        origin = f"--remote-kubeconfig {cluster}={path}"
+        try:
+            kubeconfig = path.read_text(encoding="utf-8")
+        except OSError as error:
+            raise OSError(f"{origin}: {error.strerror or error}") from None
+        await remotes.add(cluster, kubeconfig, origin)
+    if settings.config is None:
+        assert discovery.api_client is not None
+        _watch_remote_secrets(discovery, discovery.api_client, remotes)
+
+
+def _watch_remote_secrets(
+    discovery: Discovery, api_client: client.ApiClient, remotes: RemoteClusters
+) -> None:
+    """Secrets labelled istio/multiCluster in pilot's namespace add remote clusters."""
+    settings = discovery.settings
+    handler, informer = _kubernetes().remote_secrets(
+        api_client,
+        remotes,
+        settings.security.namespace,
+        settings.kubernetes,
+        discovery.watching.faults,
+    )
+
+    async def apply_remote_secrets() -> None:
+        # Started again after a failure: first apply what the failed run left undone.
+        handler.reconcile()
+        await handler.run()
+
+    discovery.supervisor.start("remote-secrets", apply_remote_secrets)
+    discovery.supervisor.start("informer-remote-secrets", informer.run)
+
+
+def _start_tasks(discovery: Discovery) -> None:
+    """The long-lived tasks, under the supervisor: push, TLS renewal, the CA's Lease and
+    the root's ConfigMaps."""
+    supervisor, security = discovery.supervisor, discovery.security
+    supervisor.start("push", discovery.pipeline.run)
+    if discovery.tls is not None:
+        supervisor.start("tls-renewal", discovery.tls.run)
+    if security.elector is not None:
+        # Holds the Lease for single-writer CA duties (root creation, later rotation).
+        supervisor.start("ca-lease", security.elector.run)
+        # ConfigMap istio-ca-root-cert in every watched namespace, written by the holder.
+        assert discovery.api_client is not None
+        publisher = _kubernetes().root_publisher(
+            discovery.api_client,
+            discovery.settings.kubernetes,
+            security.secrets.root_pem,
+            security.elector,
+            supervisor,
+        )
+        supervisor.start("ca-root-publisher", publisher.run)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pilot import cluster_ids
 from pilot.cli.discovery_settings import settings_from_flags
@@ -17,6 +19,9 @@ from pilot.runtime.memory import map_large_buffers
 from pilot.security.ca import default_state_dir
 from pilot.security.xds_auth import XdsAuth
 from pilot.settings import Settings
+
+if TYPE_CHECKING:
+    from pilot.app import Discovery
 
 _DISCOVERY_EPILOG = """\
 environment:
@@ -237,20 +242,36 @@ def _remote_kubeconfig(text: str) -> tuple[str, Path]:
     return _cluster_id(cluster), Path(path)
 
 
+class _Discovery:
+    """`pilot discovery` for `run_until_signalled`: a start that fails or is cut short
+    stops what it started itself, so `stop` has a control plane to stop only once started."""
+
+    def __init__(self, start: Callable[[], Awaitable[Discovery]]) -> None:
+        self._start = start
+        self.running: Discovery | None = None
+
+    async def start(self) -> None:
+        self.running = await self._start()
+
+    async def stop(self) -> None:
+        if self.running is not None:
+            await self.running.stop()
+
+
 async def _run_discovery(settings: Settings) -> None:
     # Imported here: the control plane loads the Kubernetes client, which
     # `pilot agent` and `pilot proxy-status` never need.
-    from pilot.app import Discovery  # noqa: PLC0415
+    from pilot.app import Core, start_discovery  # noqa: PLC0415
 
-    discovery = Discovery(settings)
+    core = Core(settings)
 
     def starting() -> str:
-        started = discovery.started
-        if started is None or not started.source.synced:
+        discovery = core.discovery
+        if discovery is None or not discovery.source.synced:
             return "before the registry's first load"
         return "while starting"
 
-    await run_until_signalled(discovery, starting)
+    await run_until_signalled(_Discovery(lambda: start_discovery(core)), starting)
 
 
 def run_discovery(args: argparse.Namespace) -> None:

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from pilot.app import Discovery
+from pilot.app import Core, start_discovery
 from pilot.kube.config import KubernetesSettings
 from tests.integration.conftest import StartEnvoy
 from tests.support.envoy_process import wait_until
@@ -43,12 +43,14 @@ async def test_not_ready_while_the_first_lists_fail(
         mesh = MeshDriver(srv, {"alpha": ready("127.0.1.1")})
         srv.fail_lists()  # every list fails until fail_lists(0)
         kubernetes = KubernetesSettings(kubeconfig, informer=FAST_INFORMER)
-        discovery = Discovery(_settings(tmp_path / "ca", kubernetes=kubernetes))
-        starting = asyncio.create_task(discovery.start(), name="pilot-start")
+        core = Core(_settings(tmp_path / "ca", kubernetes=kubernetes))
+        starting = asyncio.create_task(start_discovery(core), name="pilot-start")
         try:
             await srv.wait_until(
                 lambda: all(n >= 3 for n in list_requests(srv, *KINDS).values()), timeout=10.0
             )
+            discovery = core.discovery  # built: the informers list
+            assert discovery is not None
             port = discovery.http.port  # serving since before the first list
             statuses = [await ready_status(port) for _ in range(5)]
             assert statuses == [503] * 5
@@ -71,11 +73,9 @@ async def test_not_ready_while_the_first_lists_fail(
                 assert {key.name for key in discovery.index.services} == {"alpha"}
                 await wait_for_view(envoy, mesh.expected(), "the mesh once pilot is ready")
         finally:
-            if not starting.done():
-                starting.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await starting
-            await discovery.stop()
+            starting.cancel()  # a start cut short stops what it had started
+            with contextlib.suppress(asyncio.CancelledError):
+                await (await starting).stop()
 
 
 async def test_namespaces_limit_what_pilot_sees(tmp_path: Path, start_envoy: StartEnvoy) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pilot.app import Discovery
+from pilot.app import Core, Discovery, start_discovery
 from pilot.kube.config import EndpointsApi, InformerSettings, KubernetesSettings
 from pilot.push.debounce import DebounceSettings
 from pilot.security.ca import CaSettings
@@ -55,9 +55,8 @@ class RunningPilot:
 
 @asynccontextmanager
 async def _running(settings: Settings, config: Path | None) -> AsyncIterator[RunningPilot]:
-    discovery = Discovery(settings)
+    discovery = await start_discovery(Core(settings))  # a failed start stops what it started
     try:
-        await discovery.start()
         yield RunningPilot(discovery, config)
     finally:
         await discovery.stop()
