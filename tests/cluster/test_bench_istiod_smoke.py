@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import istiod, peers
+from bench import istiod
 from tests.cluster.control_plane import build_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +63,6 @@ def _build_istiod() -> None:
     )  # fmt: skip
 
 
-@pytest.mark.skipif(not peers.go_found(), reason="no Go: tools/istiod/build cannot build istiod")
 @pytest.mark.timeout(BUILD_SECONDS + RUN_SECONDS + 60)
 def test_bench_sidecar_istiod_prints_istiod_beside_pilot() -> None:
     # Built first, on their own clocks: a first build takes minutes.
