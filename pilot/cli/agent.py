@@ -173,6 +173,15 @@ def _iptables_parser(steps: argparse._SubParsersAction[Parser]) -> None:
                        help="inbound ports never captured (default %(default)s)")  # fmt: skip
     rules.add_argument("-o", dest="exclude_outbound", default="",
                        help="outbound ports never captured (default none)")  # fmt: skip
+    rules.add_argument("-q", dest="include_outbound", default="",
+                       help="outbound ports captured whatever -i says (default none)")  # fmt: skip
+    rules.add_argument("-i", dest="include_ranges", default="*",
+                       help="outbound IPv4 CIDRs captured: '*' (default), '' (none)")  # fmt: skip
+    rules.add_argument("-x", dest="exclude_ranges", default="",
+                       help="outbound CIDRs never captured (default none)")  # fmt: skip
+    rules.add_argument("-m", dest="mode", default="REDIRECT",
+                       help="inbound interception mode: REDIRECT (the default and only one;"
+                       " TPROXY is refused)")  # fmt: skip
     action = rules.add_mutually_exclusive_group()
     action.add_argument("--dry-run", action="store_true", help="print the rules, change nothing")
     action.add_argument("--cleanup", action="store_true", help="remove the rules")
@@ -221,6 +230,7 @@ def _iptables(args: argparse.Namespace) -> int:
         removed = agent_iptables.cleanup()
         log.info("removed capture chains: %s", ", ".join(removed) or "none were set")
         return 0
+    agent_iptables.check_mode(args.mode)
     settings = CaptureSettings(
         proxy_port=args.proxy_port,
         inbound_capture_port=args.inbound_port,
@@ -229,6 +239,11 @@ def _iptables(args: argparse.Namespace) -> int:
         inbound_ports=agent_iptables.parse_ports("-b", args.inbound_ports, wildcard=True),
         exclude_inbound_ports=agent_iptables.parse_ports("-d", args.exclude_inbound) or (),
         exclude_outbound_ports=agent_iptables.parse_ports("-o", args.exclude_outbound) or (),
+        include_outbound_ports=agent_iptables.parse_ports("-q", args.include_outbound) or (),
+        include_outbound_ranges=agent_iptables.parse_ranges(
+            "-i", args.include_ranges, wildcard=True, ipv6=False
+        ),
+        exclude_outbound_ranges=agent_iptables.parse_ranges("-x", args.exclude_ranges) or (),
     )
     if args.dry_run:
         print(agent_iptables.capture_rules(settings), end="")
