@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
 
 from pilot.agent import iptables as agent_iptables
@@ -32,6 +33,7 @@ from pilot.agent.sds_agent import (
     agent_settings,
 )
 from pilot.agent.status_port import DEFAULT_STATUS_PORT
+from pilot.agent.wait import READY_URL, WaitSettings, wait_until_ready
 from pilot.cli.flags import Parser, key_type_flag, log_flags, version_flag
 from pilot.cli.running import run_until_signalled
 from pilot.runtime import event_loop
@@ -89,6 +91,7 @@ def agent_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         description="Print the bootstrap --binary-path would start Envoy with.",
     )
     _proxy_parser(steps)
+    _wait_parser(steps)
     _iptables_parser(steps)
 
 
@@ -108,6 +111,30 @@ def _proxy_parser(steps: argparse._SubParsersAction[Parser]) -> None:
         default="sidecar",
         help="the proxy's kind: sidecar (the only one; the default)",
     )
+
+
+def _wait_parser(steps: argparse._SubParsersAction[Parser]) -> None:
+    """Istio's `pilot-agent wait` (its camelCase flags, and kebab-case ones)."""
+    wait = steps.add_parser(
+        "wait",
+        help="wait until Envoy is ready (the classic sidecar's postStart hook)",
+        description=f"Poll {READY_URL} until it answers 200 (exit 0) or the time is up (exit 1).",
+    )
+    wait.add_argument("--timeout-seconds", "--timeoutSeconds", dest="timeout_seconds",
+                      type=_positive_int, default=60,
+                      help="give up after this many seconds (default %(default)s)")  # fmt: skip
+    wait.add_argument("--period-millis", "--periodMillis", dest="period_millis",
+                      type=_positive_int, default=500,
+                      help="milliseconds between attempts (default %(default)s)")  # fmt: skip
+    wait.add_argument("--request-timeout-millis", "--requestTimeoutMillis",
+                      dest="request_timeout_millis", type=_positive_int, default=1000,
+                      help="milliseconds each attempt may take (default %(default)s)")  # fmt: skip
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) <= 86400_000:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r}: expected a positive whole number")
+    return int(text)
 
 
 def _sidecar_flags(agent: argparse.ArgumentParser) -> None:
@@ -207,6 +234,8 @@ def agent_command(args: argparse.Namespace) -> int:
     """`pilot agent` and its steps (proxy, bootstrap, iptables)."""
     if args.agent_step == "iptables":
         return _iptables(args)
+    if args.agent_step == "wait":
+        return _wait(args)
     proxy = args.agent_step == "proxy"
     settings = agent_settings(
         args.sds_socket or (SIDECAR_SOCKET if proxy else DEFAULT_SOCKET),
@@ -223,6 +252,25 @@ def agent_command(args: argparse.Namespace) -> int:
         print(json.dumps(settings.bootstrap(), indent=2))
         return 0
     return event_loop.run(_run_agent(settings))
+
+
+def _wait(args: argparse.Namespace) -> int:
+    settings = WaitSettings(
+        timeout=args.timeout_seconds,
+        period=args.period_millis / 1000,
+        request_timeout=args.request_timeout_millis / 1000,
+        port=args.status_port or DEFAULT_STATUS_PORT,
+    )
+    ready, last = wait_until_ready(settings)
+    if ready:
+        log.info("Envoy is ready")
+        return 0
+    print(
+        f"pilot: error: Envoy was not ready within {args.timeout_seconds}s"
+        f" (last answer from http://localhost:{settings.port}/healthz/ready: {last})",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _iptables(args: argparse.Namespace) -> int:
