@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from pilot.agent import iptables as agent_iptables
@@ -38,12 +40,16 @@ from pilot.cli.flags import Parser, key_type_flag, log_flags, version_flag
 from pilot.cli.running import run_until_signalled
 from pilot.runtime import event_loop
 from pilot.security.certs import KeyType
+from pilot.security.identity import check_trust_domain
+from pilot.security.settings import SecuritySettingsError
 
 log = logging.getLogger("pilot")
+DEFAULT_TRUST_DOMAIN = "cluster.local"
 
 _AGENT_EPILOG = f"""\
 environment:
   POD_NAMESPACE, SERVICE_ACCOUNT  the workload identity (required)
+  TRUST_DOMAIN               its SPIFFE trust domain, unless --trust-domain
   CA_TOKEN_FILE              service-account token presented to the CA
   CA_ADDR                    the CA (default: --discovery-address)
   CA_ROOT_CERT               the root that verifies the CA and every chain, served to
@@ -78,8 +84,8 @@ def agent_parser(commands: argparse._SubParsersAction[Parser]) -> None:
     )
     agent.add_argument(
         "--trust-domain",
-        default="cluster.local",
-        help="SPIFFE trust domain of the workload's identity (default %(default)s)",
+        help="SPIFFE trust domain of the workload's identity (default $TRUST_DOMAIN, as the"
+        " injector sets it, else cluster.local)",
     )
     key_type_flag(agent)
     _sidecar_flags(agent)
@@ -240,7 +246,7 @@ def agent_command(args: argparse.Namespace) -> int:
     settings = agent_settings(
         args.sds_socket or (SIDECAR_SOCKET if proxy else DEFAULT_SOCKET),
         args.discovery_address,
-        args.trust_domain,
+        _trust_domain(args.trust_domain, os.environ),
         KeyType(args.key_type),
         envoy=_envoy(args),
         sidecar=args.agent_step == "bootstrap",
@@ -252,6 +258,19 @@ def agent_command(args: argparse.Namespace) -> int:
         print(json.dumps(settings.bootstrap(), indent=2))
         return 0
     return event_loop.run(_run_agent(settings))
+
+
+def _trust_domain(flag: str | None, env: Mapping[str, str]) -> str:
+    """--trust-domain, else TRUST_DOMAIN (Istio's agent reads it; the injector sets it)."""
+    if flag:
+        return flag
+    value = env.get("TRUST_DOMAIN", "").strip()
+    if not value:
+        return DEFAULT_TRUST_DOMAIN
+    try:
+        return check_trust_domain(value)
+    except ValueError as error:
+        raise SecuritySettingsError(f"TRUST_DOMAIN: {error}") from None
 
 
 def _wait(args: argparse.Namespace) -> int:
