@@ -11,8 +11,10 @@ routes `CLUSTER_IP:443` to the port its local pilot listens on (`route`): the AP
 still resolves the Service itself and verifies TLS as it would, and the proxy only
 carries bytes. A destination with no route is refused (502), as an unreachable address.
 
-The proxy runs in threads of its own (the control plane is set up synchronously, once
-per session), one per connection; every route belongs to the test that made it.
+The API server reaches the proxy over a Unix socket (HTTP CONNECT over TCP would need
+mutual TLS with it). The proxy runs in threads of its own (the control plane is set up
+synchronously, once per session), one per connection; every route belongs to the test
+that made it.
 """
 
 from __future__ import annotations
@@ -90,23 +92,22 @@ def _pipe(a: socket.socket, b: socket.socket) -> None:
     other.join()
 
 
-class _ProxyServer(socketserver.ThreadingTCPServer):
+class _ProxyServer(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
-    allow_reuse_address = True
 
-    def __init__(self, network: ClusterNetwork) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+    def __init__(self, path: Path, network: ClusterNetwork) -> None:
+        super().__init__(str(path), _Handler)
         self.network = network
 
 
 class ClusterNetwork:
     """The proxy and its routes: (address, port) in the cluster -> a local port."""
 
-    def __init__(self) -> None:
+    def __init__(self, socket_path: Path) -> None:
         self._routes: dict[tuple[str, int], tuple[str, int]] = {}
         self._lock = threading.Lock()
-        self._server = _ProxyServer(self)
-        self.port: int = self._server.server_address[1]
+        self.socket_path = socket_path
+        self._server = _ProxyServer(socket_path, self)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     def start(self) -> None:
@@ -143,7 +144,7 @@ class ClusterNetwork:
                     "name": "cluster",
                     "connection": {
                         "proxyProtocol": "HTTPConnect",
-                        "transport": {"tcp": {"url": f"http://127.0.0.1:{self.port}"}},
+                        "transport": {"uds": {"udsName": str(self.socket_path)}},
                     },
                 }
             ],

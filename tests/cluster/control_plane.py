@@ -126,7 +126,10 @@ class ControlPlane:
     # controllers would (EndpointSlices, ServiceAccounts) itself.
     controllers: bool = True
     # Where the API server's `cluster` egress goes: a test routes Service addresses here.
-    network: ClusterNetwork = field(default_factory=ClusterNetwork)
+    network: ClusterNetwork = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.network = ClusterNetwork(self.folder / "egress.sock")
 
     @property
     def url(self) -> str:

@@ -172,6 +172,10 @@ RUN_HERE = {
 
 # Run exactly as printed by another test: command -> (test file, what it must contain).
 ELSEWHERE = {
+    "kubectl label namespace default istio-injection=enabled": (
+        "tests/cluster/test_injection_webhook.py",
+        'README_COMMAND = "kubectl label namespace default istio-injection=enabled"',
+    ),
     "pilot agent iptables": (
         "tests/integration/test_pod_capture.py",
         'a.run(str(PILOT), "agent", "iptables")',
