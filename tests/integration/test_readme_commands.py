@@ -244,6 +244,8 @@ NOT_HERE = {
     " in process": _BENCH,
     "python -m bench.instructions --proxies 1000              # ... of 1,000 certificates,"
     " in instructions": _BENCH,
+    "python -m bench.inject                                   # the injection webhook,"
+    " 100 reviews at once": _BENCH,
     "docker build -t registry.example/pilot:0.1.0 .": (
         "tagged for an example registry; tests/integration/test_container.py builds the"
         " same Dockerfile with a plain docker build and runs the image"
