@@ -4,7 +4,7 @@ print, run as printed.
 The commands are read from the ```sh blocks of those files (a line ending in
 `\\` continues on the next). Each one is either run here by bash, exactly as
 printed, from a copy of the checkout (as a user's clone), against real
-processes on the addresses the README prints (pilot on 15010/15012/15014,
+processes on the addresses the README prints (pilot on 15010/15012/15014/15017,
 Envoy's admin on 15000); or run exactly as printed by another test
 (`ELSEWHERE`, which checks that test still holds the command); or named in
 `NOT_HERE` with the reason it cannot run on this machine. A command in neither
@@ -50,7 +50,7 @@ READMES = (
     ROOT / "deploy" / "README.md",
     *(ROOT / "docs" / f"{page}.md" for page in (*MOVED, "benchmarks", "development")),
 )
-PORTS = (15000, 15010, 15012, 15014)  # Envoy's admin, pilot's gRPC, TLS gRPC and HTTP
+PORTS = (15000, 15010, 15012, 15014, 15017)  # Envoy's admin, pilot's gRPC, TLS, HTTP, webhook
 DEADLINE = 60.0  # a bound on waiting for a condition, never a way to wait for one
 COMMAND_TIMEOUT = 60.0
 NODE_ID = "sidecar~127.0.0.1~example.default~default.svc.cluster.local"  # envoy-ads-delta.yaml
