@@ -403,6 +403,7 @@ def _annotations(
     }
     first = containers[0]["name"]
     added = {
+        "istio.io/rev": REVISION,  # Istio's template says which revision injected the pod
         "kubectl.kubernetes.io/default-container": first,
         "kubectl.kubernetes.io/default-logs-container": first,
     }

@@ -243,6 +243,7 @@ def test_annotations_say_what_was_injected() -> None:
         "imagePullSecrets": None,
         "revision": "default",
     }  # fmt: skip
+    assert annotations["istio.io/rev"] == "default"
     assert annotations["kubectl.kubernetes.io/default-container"] == "web"
     assert annotations["kubectl.kubernetes.io/default-logs-container"] == "web"
     assert annotations["prometheus.io/scrape"] == "true"
