@@ -102,7 +102,10 @@ def _listening() -> Iterator[int]:
         yield port
 
 
-FILE_MODE = ["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--grpc-tls-addr", ""]
+FILE_MODE = [
+    "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--grpc-tls-addr", "",
+    "--webhook-addr", "",
+]  # fmt: skip
 
 # ------------------------------------------------------------- listen addresses
 
