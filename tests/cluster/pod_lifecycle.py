@@ -13,9 +13,9 @@
 5. then it keeps them: probes on their schedule (tests.cluster.probes), readiness into
    the container statuses and the pod's Ready condition (the sidecars' included, as
    Kubernetes counts them), a container that fails liveness or exits restarted as the
-   pod's restartPolicy says (native sidecars always). Once every container of a pod
-   that does not restart has ended, its sidecars get SIGTERM (in reverse order) and the
-   pod is Succeeded (all exited 0) or Failed.
+   pod's restartPolicy says (native sidecars always), after a back-off that doubles.
+   Once every container of a pod that does not restart has ended, its sidecars get
+   SIGTERM (in reverse order) and the pod is Succeeded (all exited 0) or Failed.
 `stop` is a deletion: SIGTERM to the containers, then to the sidecars in reverse order,
 SIGKILL after the grace period (capped at STOP_GRACE), the namespace gone.
 
@@ -51,6 +51,7 @@ NODE_NAME = "node-1"
 STOP_GRACE = 10.0  # seconds: terminationGracePeriodSeconds, capped for tests
 INIT_TIMEOUT = 120.0
 HOOK_TIMEOUT = 120.0
+MAX_BACKOFF = 8.0
 _FAILURES = (ContainerError, EnvError, VolumeError, ValueError, KeyError)
 
 
@@ -68,6 +69,12 @@ async def _any_changed(probers: list[Prober]) -> None:
             waiter.cancel()
     for prober in probers:
         prober.changed.clear()
+
+
+def _backoff(restarts: int) -> float:
+    """Seconds before a container's restart: doubling from 0.5, at most MAX_BACKOFF (a
+    kubelet's 10 s to 5 min, compressed for tests)."""
+    return float(min(0.5 * 2 ** (restarts - 1), MAX_BACKOFF))
 
 
 def is_sidecar(container: Obj) -> bool:
@@ -341,6 +348,9 @@ class PodRun:
                 self.changed.set()
                 return
             state.restarts += 1
+            await asyncio.sleep(_backoff(state.restarts))  # the kubelet's crash back-off
+            if self.stopping:
+                return
             process = await self._spawn(container)
             self._probers_for(container)
             await self.write_status()

@@ -1,0 +1,146 @@
+"""pilot, its injector and the test kubelet on the real API server: a mesh whose Pods run.
+
+`injected_mesh(plane, folder, namespaces)` labels each namespace
+`istio-injection=enabled` (deploy/ must be applied: its MutatingWebhookConfiguration
+sends the Pods there to pilot's webhook), starts `pilot discovery` as pilot's own
+ServiceAccount (tests.cluster.discovery) with the root the replicas share, routes its
+Service's ClusterIP:443 to pilot's webhook port (tests.cluster.cluster_network: the
+API server calls the webhook as in a cluster), waits for the caBundles pilot writes
+and for its ConfigMap istio-ca-root-cert in each namespace, and runs the test kubelet on those
+namespaces, with `pilot.pilot-system.svc:15012` on the node relayed to pilot's TLS
+port: the injected sidecars' discovery and CA address, as the injector writes it.
+
+The test writes plain Deployments and Services (`app_deployment`, `app_service`):
+not one line of sidecar configuration. `exec_in` runs a command in a pod's container,
+as `kubectl exec` does; `fetch` is a Python one-liner for the client's app container
+that prints an HTTP answer's status, body and the headers the test backend echoes.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.cluster.client import Kube, admin, path_of
+from tests.cluster.control_plane import REPO, ControlPlane
+from tests.cluster.discovery import forget_shared_root, start_discovery
+from tests.cluster.in_cluster import PILOT_NAMESPACE
+from tests.cluster.local_kubelet import TestKubelet, running_kubelet
+from tests.cluster.node import PILOT_HOST
+from tests.cluster.pod_lifecycle import PodRun
+from tests.cluster.root_configmaps import wait_published
+from tests.support.envoy_process import wait_until
+from tests.support.pilot_process import PilotProcess
+
+Obj = dict[str, Any]
+PILOT_TLS_PORT = 15012
+PILOT_NAMES = (PILOT_HOST, "pilot.pilot-system", f"{PILOT_HOST}.cluster.local")
+INJECTION_LABEL = "istio-injection=enabled"
+INJECTOR = "pilot-sidecar-injector"  # deploy/'s MutatingWebhookConfiguration
+BACKEND = ["python", "-m", "tests.integration.http_backend", "--host", "0.0.0.0"]
+
+
+@dataclass
+class Mesh:
+    """The running parts a test of injected pods uses."""
+
+    plane: ControlPlane
+    kube: Kube
+    pilot: PilotProcess
+    kubelet: TestKubelet
+
+    async def exec_in(self, run: PodRun, container: str, command: Sequence[str]) -> str:
+        """`command` in `container` of `run` (kubectl exec): its output; fails unless 0."""
+        code, output = await run.launches[container].run(list(command), 30)
+        assert code == 0, f"{list(command)[:3]} in {run.name}/{container} exited {code}:\n{output}"
+        return output
+
+
+def app_deployment(
+    namespace: str, name: str, command: Sequence[str], port: int | None = None, **extra: Any
+) -> Obj:
+    """A Deployment of one replica running `command` from this checkout (workingDir), as
+    ServiceAccount `name`; with `port`, HTTP probes on it."""
+    container: Obj = {"name": name, "image": "python", "command": list(command),
+                      "workingDir": str(REPO)}  # fmt: skip
+    if port is not None:
+        container["ports"] = [{"name": "http", "containerPort": port}]
+        container["readinessProbe"] = {"httpGet": {"path": "/ready", "port": port}}
+        container["livenessProbe"] = {"tcpSocket": {"port": port}}
+    labels = {"app": name}
+    pod_spec = {"serviceAccountName": name, "containers": [container], **extra}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": pod_spec}},
+    }  # fmt: skip
+
+
+def app_service(namespace: str, name: str, port: int, target: int) -> Obj:
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"selector": {"app": name},
+                 "ports": [{"name": "http", "port": port, "targetPort": target}]},
+    }  # fmt: skip
+
+
+def fetch(url: str) -> list[str]:
+    """A command printing `url`'s answer as JSON: status, body, x-seen-xfcc."""
+    script = (
+        "import json, urllib.request\n"
+        f"answer = urllib.request.urlopen({url!r}, timeout=10)\n"
+        "print(json.dumps({'status': answer.status, 'body': answer.read().decode(),"
+        " 'xfcc': answer.headers.get('x-seen-xfcc', '')}))\n"
+    )
+    return ["python", "-c", script]
+
+
+def fetched(output: str) -> Obj:
+    answer: Obj = json.loads(output.strip().splitlines()[-1])
+    return answer
+
+
+@asynccontextmanager
+async def injected_mesh(
+    plane: ControlPlane, folder: Path, namespaces: Sequence[str], *flags: str, label: bool = True
+) -> AsyncIterator[Mesh]:
+    """pilot (with `flags`) injecting and serving `namespaces`, their Pods run for real;
+    `label`: the test labels the namespaces for injection (else they are already)."""
+    for namespace in namespaces if label else ():
+        plane.kubectl("label", "namespace", namespace, INJECTION_LABEL, "--overwrite")
+    async with admin(plane) as kube:
+        await forget_shared_root(kube)
+        service = await kube.get(path_of("Service", PILOT_NAMESPACE, "pilot"))
+        pilot = await start_discovery(kube, plane, folder / "pilot", *flags)
+        try:
+            with plane.network.route(service["spec"]["clusterIP"], 443, pilot.webhook_port):
+                await _wait_bundles(kube, pilot)
+                await wait_published(kube, list(namespaces), pilot.root_pem)
+                async with running_kubelet(kube, folder / "kubelet", namespaces) as kubelet:
+                    await kubelet.node.relay(PILOT_NAMES, PILOT_TLS_PORT, pilot.tls_port)
+                    yield Mesh(plane, kube, pilot, kubelet)
+        finally:
+            await pilot.stop()
+            await forget_shared_root(kube)
+
+
+async def _wait_bundles(kube: Kube, pilot: PilotProcess) -> None:
+    """Until every webhook of pilot's MutatingWebhookConfiguration trusts pilot's root."""
+    root = base64.b64encode(pilot.root_pem).decode()
+    path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/" + INJECTOR
+
+    async def bundles() -> list[str]:
+        configuration = await kube.get(path)
+        return [w["clientConfig"].get("caBundle", "") for w in configuration["webhooks"]]
+
+    await wait_until(
+        bundles, 30, "every caBundle to be pilot's root",
+        until=lambda found: found and all(b == root for b in found), context=pilot.tail,
+    )  # fmt: skip
