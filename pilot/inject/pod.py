@@ -318,7 +318,7 @@ def _proxy_env(
         {"name": "SERVICE_ACCOUNT", "valueFrom": _field("spec.serviceAccountName")},
         {"name": "HOST_IP", "valueFrom": _field("status.hostIP")},
         {"name": "ISTIO_CPU_LIMIT",
-         "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "0"}}},
+         "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "1"}}},
         {"name": "PROXY_CONFIG", "value": proxy_config_json(options.proxy_config)},
         {"name": "ISTIO_META_POD_PORTS", "value": json.dumps(ports, separators=(",", ":"))},
         {"name": "ISTIO_META_APP_CONTAINERS", "value": ",".join(c["name"] for c in containers)},
