@@ -212,7 +212,7 @@ def _init_container(settings: InjectSettings, options: PodOptions) -> dict[str, 
         args += ["-o", capture.exclude_outbound_ports]
     return {
         "name": INIT,
-        "image": settings.proxy_image,
+        "image": options.proxy_image or settings.proxy_image,
         "command": ["pilot", "agent", "iptables"],
         "args": args,
         "resources": _resources(options),
@@ -244,9 +244,9 @@ def _proxy_container(
     """istio-proxy: `pilot agent ... proxy sidecar` as 1337, read-only, no capability."""
     proxy: dict[str, Any] = {
         "name": PROXY,
-        "image": settings.proxy_image,
+        "image": options.proxy_image or settings.proxy_image,
         "command": ["pilot", "agent"],
-        "args": _proxy_args(settings),
+        "args": _proxy_args(settings, options),
         "ports": [{"containerPort": 15090, "name": "http-envoy-prom", "protocol": "TCP"}],
         "env": _proxy_env(settings, options, containers, workload, probers),
         "readinessProbe": _ready_probe(period=15, failures=4),
@@ -271,17 +271,21 @@ def _proxy_container(
     return proxy
 
 
-def _proxy_args(settings: InjectSettings) -> list[str]:
-    """What runs, said fully: the agent's files at the volumes' absolute paths."""
-    return [
+def _proxy_args(settings: InjectSettings, options: PodOptions) -> list[str]:
+    """What runs, said fully: the agent's files at the volumes' absolute paths; the pod's
+    annotations (checked) over the operator's levels and concurrency."""
+    concurrency = settings.proxy_concurrency if options.concurrency is None else options.concurrency
+    args = [
         "--discovery-address", settings.discovery_address,
-        "--proxy-log-level", settings.proxy_log_level,
-        "--concurrency", str(settings.proxy_concurrency),
+        "--proxy-log-level", options.proxy_log_level or settings.proxy_log_level,
+        "--concurrency", str(concurrency),
         "--trust-domain", settings.trust_domain,
         "--sds-socket", SDS_SOCKET,
         "--config-path", CONFIG_PATH,
-        "proxy", "sidecar",
     ]  # fmt: skip
+    if options.agent_log_level is not None:
+        args += ["--log-level", options.agent_log_level]
+    return [*args, "proxy", "sidecar"]
 
 
 def _ready_probe(*, period: int, failures: int) -> dict[str, Any]:
