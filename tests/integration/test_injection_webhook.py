@@ -230,6 +230,35 @@ async def test_reviews_past_the_bound_get_429(tmp_path: Path) -> None:
         await pilot.stop()
 
 
+async def test_bodies_past_the_bytes_bound_get_429(tmp_path: Path) -> None:
+    pilot = await _pilot(tmp_path, PILOT_MAX_INJECTION_BYTES=str(SIX_MIB))
+    try:
+        _, writer = await raw(pilot.webhook_port, pilot.root_pem)
+        writer.write(b"POST /inject HTTP/1.1\r\nHost: pilot\r\nContent-Type: application/json"
+                     b"\r\nContent-Length: 4000000\r\n\r\n{")  # fmt: skip
+        await writer.drain()  # 4 MB promised, held while it comes
+        status = 0
+        for _ in range(50):  # once the first is being read, 3 MB more is past 6 MiB
+            status, _ = await post(pilot.webhook_port, pilot.root_pem, b" " * 3_000_000)
+            if status == 429:
+                break
+        assert status == 429
+        writer.close()
+        # a small review still fits beside the 4 MB one
+        assert (await post(pilot.webhook_port, pilot.root_pem, review_body(_pod())))[0] == 200
+    finally:
+        await pilot.stop()
+
+
+async def test_the_webhook_can_be_turned_off(tmp_path: Path) -> None:
+    pilot = await start_file_pilot_with_ca(tmp_path, MESH, "--webhook-addr", "")
+    try:
+        assert pilot.webhook_port == 0
+        assert await _metric(pilot, "sidecar_injection_requests_total") == 0
+    finally:
+        await pilot.stop()
+
+
 # --------------------------------------------------------------------------- hostile callers
 
 
