@@ -143,6 +143,9 @@ class WebhookServer:
             handle_signals=False,
             keepalive_timeout=KEEPALIVE_TIMEOUT,
             lingering_time=0,
+            # On stop, reviews under way get as long as a body may take, not aiohttp's 60 s
+            # (past the Deployment's grace period).
+            shutdown_timeout=settings.body_timeout,
         )
         self._pool: ThreadPoolExecutor | None = None
         self._listener: asyncio.Server | None = None

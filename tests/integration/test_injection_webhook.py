@@ -129,6 +129,21 @@ async def test_a_hundred_concurrent_reviews_are_all_answered(pilot: PilotProcess
     assert await _metric(pilot, "sidecar_injection_success_total") == 100
 
 
+async def test_ready_answers_while_large_reviews_are_decoded(pilot: PilotProcess) -> None:
+    """Reviews of nearly 6 MiB are decoded on the worker threads: the loop answers /ready
+    meanwhile (how fast is bench.inject's figure, not this test's)."""
+    big = _pod(**{"example.com/blob": "x" * (SIX_MIB - 4096)})
+    bodies = [review_body(big, uid=f"big-{i}") for i in range(4)]
+    assert all(len(body) < SIX_MIB for body in bodies)
+    posts = asyncio.gather(*(post(pilot.webhook_port, pilot.root_pem, b) for b in bodies))
+    probes = []
+    while not posts.done():
+        probes.append(await _ready(pilot))
+    answers = await posts
+    assert [status for status, _ in answers] == [200] * 4
+    assert probes and set(probes) == {200}
+
+
 # --------------------------------------------------------------------------- Istio's bad input
 
 
