@@ -1,4 +1,4 @@
-"""`pilot agent`: its flags and steps (the SDS agent, `proxy`, `bootstrap`, `iptables`).
+"""`pilot agent`: its flags and steps (the SDS agent, `proxy`, `bootstrap`, `wait`, `iptables`).
 
 `pilot agent ... proxy sidecar` is what an injected `istio-proxy` container runs
 (Istio's `pilot-agent proxy sidecar`): SDS, the bootstrap and Envoy, found on PATH
@@ -237,7 +237,7 @@ def _envoy(args: argparse.Namespace) -> EnvoySettings | None:
 
 
 def agent_command(args: argparse.Namespace) -> int:
-    """`pilot agent` and its steps (proxy, bootstrap, iptables)."""
+    """`pilot agent` and its steps (proxy, bootstrap, wait, iptables)."""
     if args.agent_step == "iptables":
         return _iptables(args)
     if args.agent_step == "wait":

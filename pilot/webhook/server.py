@@ -39,6 +39,7 @@ PATHS = frozenset({"/inject", "/inject/"})
 HANDSHAKE_TIMEOUT = 10.0  # seconds for a TLS handshake: a half-open connection goes
 KEEPALIVE_TIMEOUT = 30.0  # an idle kept-alive connection (the API server reuses them)
 CHUNK = 64 * 1024
+SHUTDOWN_GRACE = 2.0  # seconds, on stop, for requests under way
 
 
 class _Refused(Exception):
@@ -143,6 +144,9 @@ class WebhookServer:
             handle_signals=False,
             keepalive_timeout=KEEPALIVE_TIMEOUT,
             lingering_time=0,
+            # On stop, reviews under way get SHUTDOWN_GRACE to finish (an answer takes
+            # milliseconds; what waits longer is a body still coming), not aiohttp's 60 s.
+            shutdown_timeout=SHUTDOWN_GRACE,
         )
         self._pool: ThreadPoolExecutor | None = None
         self._listener: asyncio.Server | None = None

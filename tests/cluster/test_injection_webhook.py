@@ -264,3 +264,21 @@ async def test_the_readmes_command_turns_injection_on(
         assert _injected(created), _containers(created)
     finally:
         deployed.kubectl("label", "namespace", "default", "istio-injection-")
+
+
+async def test_a_missing_configuration_is_a_warning_and_filled_once_applied(
+    deployed: ControlPlane, injector: PilotProcess
+) -> None:
+    deployed.kubectl("delete", "mutatingwebhookconfiguration", CONFIGURATION)
+    try:
+        await injector.wait_logged(
+            lambda e: f"{CONFIGURATION} not found" in e["msg"], "the missing configuration",
+            within=TIMEOUT,
+        )  # fmt: skip
+        assert (await injector.get("/ready"))[0] == 200, "unready for want of injection"
+    finally:
+        deployed.kubectl("apply", "-k", str(REPO / "deploy"))
+    async with admin(deployed) as kube:
+        await _wait_bundles(kube, injector)
+        with _namespace(deployed, **{"istio-injection": "enabled"}) as namespace:
+            assert _injected(await kube.create(_pod(namespace)))

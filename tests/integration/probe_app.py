@@ -1,15 +1,17 @@
 """An app with health endpoints, for the rewritten-probe tests: HTTP and gRPC.
 
-`python -m tests.integration.probe_app HTTP_PORT GRPC_PORT` serves HTTP on
-0.0.0.0:HTTP_PORT: `/healthz` 200, `/fail` 500, `/moved` a 302 to an address off the
-pod, `/headers` 200 only when the request carries `x-probe: yes`; each request is
-printed as `probe PEER METHOD PATH`. On GRPC_PORT, grpc.health.v1: the server ("")
-SERVING, `down` NOT_SERVING. It prints `serving` once both listen.
+`python -m tests.integration.probe_app HTTP_PORT GRPC_PORT [HTTPS_PORT CERT KEY]`
+serves HTTP on 0.0.0.0:HTTP_PORT (and the same over TLS on HTTPS_PORT, with CERT and
+KEY): `/healthz` 200, `/fail` 500, `/moved` a 302 to an address off the pod,
+`/headers` 200 only when the request carries `x-probe: yes`; each request is printed
+as `probe PEER METHOD PATH`. On GRPC_PORT, grpc.health.v1: the server ("") SERVING,
+`down` NOT_SERVING. It prints `serving` once both listen.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import sys
 
 import grpc
@@ -33,10 +35,14 @@ def _http_app() -> web.Application:
     return app
 
 
-async def main(http_port: int, grpc_port: int) -> None:
+async def main(http_port: int, grpc_port: int, tls: list[str]) -> None:
     runner = web.AppRunner(_http_app())
     await runner.setup()
     await web.TCPSite(runner, "0.0.0.0", http_port).start()
+    if tls:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(tls[1], tls[2])
+        await web.TCPSite(runner, "0.0.0.0", int(tls[0]), ssl_context=context).start()
     server = grpc.aio.server()
     checks = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
@@ -49,4 +55,4 @@ async def main(http_port: int, grpc_port: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
+    asyncio.run(main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:6]))

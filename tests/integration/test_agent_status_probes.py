@@ -5,7 +5,8 @@ discovery` (its control plane, on loopback), an app with HTTP and gRPC health
 endpoints (tests/integration/probe_app) and the injected agent as a kubelet runs it
 (uid 1337, read-only root, emptyDirs) with ISTIO_KUBE_APP_PROBERS as the injector
 writes it. Pod `b` plays the kubelet: its GETs of a's 15020 `/app-health/...` paths
-answer 200 or 503 as the app's HTTP (2xx/3xx), TCP and gRPC (SERVING) health says;
+answer 200 or 503 as the app's HTTP (2xx/3xx; HTTPS too, its certificate not
+verified, as the kubelet's), TCP and gRPC (SERVING) health says;
 the app sees them come from 127.0.0.6, and Envoy's inbound listener (15006) never
 sees a connection: the probes reach the app directly, so they pass whatever mTLS
 mode the port has. A 302 to an address off the pod is an answer, never followed.
@@ -30,6 +31,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from pilot.security.certs import cert_pem, key_pem, self_signed_root
 from tests.integration.agent_process import PILOT
 from tests.integration.cart_sidecar import TOKEN, get_from
 from tests.integration.injected_sidecar import (
@@ -44,7 +46,7 @@ from tests.support.mesh import simple_mesh, write_mesh
 from tests.support.pod_process import PodProcess, running_in
 from tests.support.pods import Pod, leftovers, pod_network
 
-HTTP_PORT, GRPC_PORT, CLOSED_PORT = 9080, 9090, 9099
+HTTP_PORT, GRPC_PORT, HTTPS_PORT, CLOSED_PORT = 9080, 9090, 9443, 9099
 PROBERS = {
     "/app-health/app/livez": {"httpGet": {"path": "/healthz", "port": HTTP_PORT}},
     "/app-health/app/readyz": {"httpGet": {"path": "/fail", "port": HTTP_PORT}},
@@ -59,6 +61,10 @@ PROBERS = {
             "httpHeaders": [{"name": "x-probe", "value": "yes"}],
         },
     },
+    "/app-health/tls/livez": {
+        "httpGet": {"path": "/healthz", "port": HTTPS_PORT, "scheme": "HTTPS"}
+    },
+    "/app-health/tls/readyz": {"httpGet": {"path": "/fail", "port": HTTPS_PORT, "scheme": "HTTPS"}},
     "/app-health/tcp/livez": {"tcpSocket": {"port": HTTP_PORT}},
     "/app-health/tcp/readyz": {"tcpSocket": {"port": CLOSED_PORT}},
     "/app-health/grpc/livez": {"grpc": {"port": GRPC_PORT}},
@@ -72,6 +78,8 @@ EXPECTED = {
     "/app-health/app/readyz": 503,
     "/app-health/app/startupz": 200,
     "/app-health/headers/livez": 200,
+    "/app-health/tls/livez": 200,
+    "/app-health/tls/readyz": 503,
     "/app-health/tcp/livez": 200,
     "/app-health/tcp/readyz": 503,
     "/app-health/grpc/livez": 200,
@@ -114,6 +122,16 @@ class InjectedPod:
     agent: PodProcess
 
 
+def _app_certificate(folder: Path) -> list[str]:
+    """The app's own TLS certificate and key (self-signed: a kubelet's HTTPS probe, and
+    the agent's, does not verify it)."""
+    key, certificate = self_signed_root("app.example")
+    paths = [folder / "app-cert.pem", folder / "app-key.pem"]
+    paths[0].write_text(cert_pem(certificate))
+    paths[1].write_bytes(key_pem(key))
+    return [str(path) for path in paths]
+
+
 @asynccontextmanager
 async def _injected_pod(folder: Path) -> AsyncIterator[InjectedPod]:
     async with pod_network(["a", "b"]) as network:
@@ -123,7 +141,7 @@ async def _injected_pod(folder: Path) -> AsyncIterator[InjectedPod]:
         mesh = folder / "mesh.yaml"
         write_mesh(mesh, simple_mesh({"reviews": ["198.18.0.9"]}))
         app_argv = [sys.executable, "-m", "tests.integration.probe_app", str(HTTP_PORT),
-                    str(GRPC_PORT)]  # fmt: skip
+                    str(GRPC_PORT), str(HTTPS_PORT), *_app_certificate(folder)]  # fmt: skip
         async with (
             pilot_in_pod(a, folder, mesh, {TOKEN: "system:serviceaccount:shop:cart"}) as pilot,
             running_in(a, app_argv, "serving") as app,

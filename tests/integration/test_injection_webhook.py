@@ -129,6 +129,21 @@ async def test_a_hundred_concurrent_reviews_are_all_answered(pilot: PilotProcess
     assert await _metric(pilot, "sidecar_injection_success_total") == 100
 
 
+async def test_ready_answers_while_large_reviews_are_decoded(pilot: PilotProcess) -> None:
+    """Reviews of nearly 6 MiB are decoded on the worker threads: the loop answers /ready
+    meanwhile (how fast is bench.inject's figure, not this test's)."""
+    big = _pod(**{"example.com/blob": "x" * (SIX_MIB - 4096)})
+    bodies = [review_body(big, uid=f"big-{i}") for i in range(4)]
+    assert all(len(body) < SIX_MIB for body in bodies)
+    posts = asyncio.gather(*(post(pilot.webhook_port, pilot.root_pem, b) for b in bodies))
+    probes = []
+    while not posts.done():
+        probes.append(await _ready(pilot))
+    answers = await posts
+    assert [status for status, _ in answers] == [200] * 4
+    assert probes and set(probes) == {200}
+
+
 # --------------------------------------------------------------------------- Istio's bad input
 
 
@@ -226,6 +241,46 @@ async def test_reviews_past_the_bound_get_429(tmp_path: Path) -> None:
         for _, writer in held:
             writer.close()
         assert (await post(pilot.webhook_port, pilot.root_pem, review_body(_pod())))[0] == 200
+    finally:
+        await pilot.stop()
+
+
+async def test_bodies_past_the_bytes_bound_get_429(tmp_path: Path) -> None:
+    pilot = await _pilot(tmp_path, PILOT_MAX_INJECTION_BYTES=str(SIX_MIB))
+    try:
+        _, writer = await raw(pilot.webhook_port, pilot.root_pem)
+        writer.write(b"POST /inject HTTP/1.1\r\nHost: pilot\r\nContent-Type: application/json"
+                     b"\r\nContent-Length: 4000000\r\n\r\n{")  # fmt: skip
+        await writer.drain()  # 4 MB promised, held while it comes
+        status = 0
+        for _ in range(50):  # once the first is being read, 3 MB more is past 6 MiB
+            status, _ = await post(pilot.webhook_port, pilot.root_pem, b" " * 3_000_000)
+            if status == 429:
+                break
+        assert status == 429
+        writer.close()
+        # a small review still fits beside the 4 MB one
+        assert (await post(pilot.webhook_port, pilot.root_pem, review_body(_pod())))[0] == 200
+    finally:
+        await pilot.stop()
+
+
+async def test_sigterm_while_a_body_is_still_coming_exits_cleanly(tmp_path: Path) -> None:
+    pilot = await _pilot(tmp_path)
+    _, writer = await raw(pilot.webhook_port, pilot.root_pem)
+    writer.write(b"POST /inject HTTP/1.1\r\nHost: pilot\r\nContent-Type: application/json"
+                 b"\r\nContent-Length: 100\r\n\r\n{")  # fmt: skip
+    await writer.drain()
+    await _ready(pilot)  # the request is in: its headers came before this probe's
+    await pilot.stop()  # exits 0 in time, or fails
+    writer.close()
+
+
+async def test_the_webhook_can_be_turned_off(tmp_path: Path) -> None:
+    pilot = await start_file_pilot_with_ca(tmp_path, MESH, "--webhook-addr", "")
+    try:
+        assert pilot.webhook_port == 0
+        assert await _metric(pilot, "sidecar_injection_requests_total") == 0
     finally:
         await pilot.stop()
 
