@@ -20,6 +20,10 @@ volumes bound at their paths, then the app.
 * In classic mode with holdApplicationUntilProxyStarts, istio-proxy is the first
   container and its postStart hook (`pilot agent wait`) holds the app until Envoy is
   ready: the app's first act, asking Envoy's readiness, gets 200.
+* Claimed identity: a Pod of the client's account whose (already injected, then
+  edited) sidecar says SERVICE_ACCOUNT=server is refused by pilot, naming the claim
+  and the proof (its projected token is the client's); its Envoy never gets ready, its
+  app never starts, and it holds no certificate of the server's.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from pathlib import Path
 
 import pytest
 
+from pilot.inject.pod import inject
+from pilot.inject.settings import InjectSettings
 from tests.cluster.client import path_of
 from tests.cluster.control_plane import ControlPlane
 from tests.cluster.injected_mesh import (
@@ -52,6 +58,11 @@ pytestmark = [pytest.mark.envoy, pytest.mark.timeout(300)]
 SERVER_PORT = 8080
 SERVICE_PORT = 80
 IDLE = ["python", "-c", "import signal; signal.pause()"]
+ENVOY_CERTS = [
+    "python",
+    "-c",
+    "import urllib.request as u; print(u.urlopen('http://127.0.0.1:15000/certs').read().decode())",
+]
 
 
 @pytest.fixture
@@ -190,3 +201,33 @@ async def test_the_classic_sidecar_holds_the_app_until_envoy_is_ready(
     assert names == ["istio-proxy", "held"], names
     await wait_until(lambda: run.output("held"), 30, "the app's first line")
     assert run.output("held")[0] == "200", run.tail()
+
+
+async def test_a_sidecar_that_claims_another_account_gets_no_certificate(
+    mesh: Mesh, namespace: str
+) -> None:
+    app = {"name": "claims", "image": "python", "command": IDLE}
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "claims", "namespace": namespace, "labels": {"app": "claims"}},
+           "spec": {"serviceAccountName": "client", "containers": [app]}}  # fmt: skip
+    # kube-inject's output, edited: the sidecar says it is the server; the Pod (and so
+    # its projected token) is the client's. Already injected: the webhook leaves it.
+    injected = inject(pod, InjectSettings(), namespace=namespace)
+    (proxy,) = [c for c in injected["spec"]["initContainers"] if c["name"] == "istio-proxy"]
+    proxy["env"] = [e for e in proxy["env"] if e["name"] != "SERVICE_ACCOUNT"]
+    proxy["env"].append({"name": "SERVICE_ACCOUNT", "value": "server"})
+    await mesh.kube.create(injected)
+    runs = await wait_until(lambda: mesh.kubelet.pods(namespace, "app=claims"), 30, "the Pod")
+    run = runs[0]
+    claim = f"claims {namespace}/server but the credentials are {namespace}/client"
+
+    def refusals() -> list[str]:
+        return [e["msg"] for e in mesh.pilot.logged(lambda e: claim in e["msg"])]
+
+    # Twice: the first stream refused, and Envoy's retry too.
+    await wait_until(refusals, 60, "pilot to refuse the claim twice", context=run.tail,
+                     until=lambda found: len(found) >= 2)  # fmt: skip
+    assert not run.states["istio-proxy"].started, "Envoy never got ready"
+    assert "claims" not in run.processes, "the app never started"
+    certs = await mesh.exec_in(run, "istio-proxy", ENVOY_CERTS)
+    assert f"/ns/{namespace}/sa/server" not in certs, certs

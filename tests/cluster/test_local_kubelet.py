@@ -16,7 +16,8 @@ sidecar's startupProbe passes, and when the app exits the sidecar is stopped and
 Pod is Succeeded.
 
 Hostile specs: a hostPath volume or a secretKeyRef is refused (the Pod says why in its
-status and nothing runs); a mountPath that is shell code is only a path.
+status and nothing runs); a mountPath or an argument that is shell code is only a path,
+an argument.
 """
 
 from __future__ import annotations
@@ -249,13 +250,14 @@ async def test_what_this_kubelet_does_not_give_is_refused_in_the_pod_status(
     assert run.processes == {}, "nothing ran"
 
 
-async def test_a_mount_path_that_is_shell_code_is_only_a_path(
+async def test_a_mount_path_or_argument_that_is_shell_code_is_only_text(
     kube: Kube, kubelet: TestKubelet, namespace: str, tmp_path: Path
 ) -> None:
     marker = Path("/tmp/pilot-kubelet-pwned")
     path = f"/run/pilot-kubelet-'$(touch {marker})'"
+    show = f"import os, sys; print(os.listdir({path!r}), sys.argv[1:])"
     container = {"name": "app", "image": "python",
-                 "command": ["python", "-c", f"import os; print(os.listdir({path!r}))"],
+                 "command": ["python", "-c", show], "args": [f"$(touch {marker})"],
                  "volumeMounts": [{"name": "v", "mountPath": path}]}  # fmt: skip
     pod = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": "odd", "namespace": namespace, "labels": {"app": "odd"}},
@@ -264,5 +266,5 @@ async def test_a_mount_path_that_is_shell_code_is_only_a_path(
     await kube.create(pod)
     run = await wait_until(lambda: kubelet.pods(namespace, "app=odd"), 30, "the pod")
     await kubelet.wait_phase(run[0], "Succeeded")
-    assert run[0].output("app") == ["[]"], "the emptyDir, bound at that literal path"
+    assert run[0].output("app") == [f"[] ['$(touch {marker})']"], "a literal path and argument"
     assert not _exists(marker), "the mount path ran as shell code"
