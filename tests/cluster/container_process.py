@@ -27,7 +27,7 @@ import contextlib
 import shlex
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -123,7 +123,6 @@ class Launch:
     env: dict[str, str]
     pilot: str  # the virtual environment's `pilot` script
     workdir: str = "/"
-    extra_mounts: Sequence[Mount] = field(default_factory=tuple)
 
     def argv(self, command: Sequence[str]) -> list[str]:
         """The command line that runs `command` as this container."""

@@ -39,6 +39,7 @@ from tests.support.envoy_process import wait_until
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
+RELIST_DELAY = 0.5  # seconds before a failed watch lists again
 START_TIMEOUT = 60.0  # seconds for a pod to come up: Envoy's first config included
 
 
@@ -52,6 +53,7 @@ class TestKubelet:
     node: Node
     folder: Path
     runs: dict[str, PodRun] = field(default_factory=dict)  # by the Pod's uid
+    watch_errors: list[str] = field(default_factory=list)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _slots: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -67,7 +69,8 @@ class TestKubelet:
         ]  # fmt: skip
 
     def describe(self) -> str:
-        return "\n".join(run.tail() for run in self.runs.values()) or "no pods run here"
+        said = [*self.watch_errors[-3:], *(run.tail() for run in self.runs.values())]
+        return "\n".join(said) or "no pods run here"
 
     async def wait_running(self, namespace: str, label: str, count: int = 1) -> list[PodRun]:
         """`count` pods of `label`, Running with every container ready."""
@@ -89,6 +92,16 @@ class TestKubelet:
     # -- the watch --------------------------------------------------------------------
 
     async def watch(self, namespace: str) -> None:
+        """The namespace's Pods, listed and watched; an error is kept (`describe` shows
+        it) and the watch starts again, as a kubelet's does."""
+        while True:
+            try:
+                await self._watch_once(namespace)
+            except (aiohttp.ClientError, KubeError, ValueError, KeyError) as error:
+                self.watch_errors.append(f"watch of {namespace}: {type(error).__name__}: {error}")
+                await asyncio.sleep(RELIST_DELAY)
+
+    async def _watch_once(self, namespace: str) -> None:
         path = path_of("Pod", namespace)
         while True:
             listing = await self.kube.get(path)

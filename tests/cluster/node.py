@@ -42,7 +42,7 @@ from typing import Any
 from tests.cluster.client import Kube
 from tests.cluster.control_plane import SERVICE_RANGE
 from tests.support.envoy_process import find_envoy_binary
-from tests.support.machine_lock import held
+from tests.support.machine_lock import held_async
 from tests.support.pods import PodNetwork, add_node_address, pod_network, socket_in
 
 Obj = dict[str, Any]
@@ -176,7 +176,7 @@ class Node:
 @asynccontextmanager
 async def running_node() -> AsyncIterator[Node]:
     """The node, for as long as the block runs; everything it made gone afterwards."""
-    with held(NODE_LOCK):
+    async with held_async(NODE_LOCK):
         mount_points = MountPoints()
         try:
             async with pod_network([]) as network:
