@@ -15,9 +15,12 @@ A Pod with restartPolicy Never and a native sidecar: the app starts only once th
 sidecar's startupProbe passes, and when the app exits the sidecar is stopped and the
 Pod is Succeeded.
 
-Hostile specs: a hostPath volume or a secretKeyRef is refused (the Pod says why in its
-status and nothing runs); a mountPath or an argument that is shell code is only a path,
-an argument.
+Hostile specs: a hostPath volume, a secretKeyRef or an image with no command and no
+entrypoint known here is refused (the Pod says why in its status and nothing runs);
+a mountPath or an argument that is shell code is only a path, an argument.
+
+A container that exits is restarted (restartPolicy Always), and so is one whose
+liveness probe fails: the kubelet stops it with SIGTERM.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ Obj = dict[str, Any]
 FS_GROUP = 2000
 APP_UID = 1000
 AUDIENCE = "test-audience"
+IDLE_COMMAND = ["python", "-c", "import signal; signal.pause()"]
 
 _INSPECT = """
 import json, os, socket, stat
@@ -215,27 +219,27 @@ async def test_a_job_pod_ends_once_its_app_has_and_its_sidecar_is_stopped(
     assert status["status"]["phase"] == "Succeeded"
 
 
+SECRET_ENV = [{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+PRINT_RAN = ["python", "-c", "print('ran')"]
+
+
 @pytest.mark.parametrize(
     "case",
     [
-        ({"name": "host", "hostPath": {"path": "/etc"}}, [], "hostPath"),
-        ({"name": "host", "emptyDir": {}},
-         [{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+        ({"name": "host", "hostPath": {"path": "/etc"}}, {"command": PRINT_RAN}, "hostPath"),
+        ({"name": "host", "emptyDir": {}}, {"command": PRINT_RAN, "env": SECRET_ENV},
          "secretKeyRef"),
+        ({"name": "host", "emptyDir": {}}, {"image": "registry.example/unknown:1"},
+         "no entrypoint known"),
     ],
-    ids=["hostPath", "secretKeyRef"],
+    ids=["hostPath", "secretKeyRef", "unknown-image"],
 )  # fmt: skip
 async def test_what_this_kubelet_does_not_give_is_refused_in_the_pod_status(
-    kube: Kube, kubelet: TestKubelet, namespace: str, case: tuple[Obj, list[Obj], str]
+    kube: Kube, kubelet: TestKubelet, namespace: str, case: tuple[Obj, Obj, str]
 ) -> None:
-    volume, env, refused = case
-    container = {
-        "name": "app",
-        "image": "python",
-        "command": ["python", "-c", "print('ran')"],
-        "env": env,
-        "volumeMounts": [{"name": "host", "mountPath": "/mnt/host"}],
-    }
+    volume, fields, refused = case
+    mounts = [{"name": "host", "mountPath": "/mnt/host"}]
+    container = {"name": "app", "image": "python", "volumeMounts": mounts, **fields}
     pod = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": "refused", "namespace": namespace, "labels": {"app": "r"}},
            "spec": {"containers": [container], "volumes": [volume]}}  # fmt: skip
@@ -268,3 +272,41 @@ async def test_a_mount_path_or_argument_that_is_shell_code_is_only_text(
     await kubelet.wait_phase(run[0], "Succeeded")
     assert run[0].output("app") == [f"[] ['$(touch {marker})']"], "a literal path and argument"
     assert not _exists(marker), "the mount path ran as shell code"
+
+
+async def test_a_container_that_exits_or_fails_liveness_is_restarted(
+    kube: Kube, kubelet: TestKubelet, namespace: str
+) -> None:
+    once = ("import pathlib, signal\n"
+            "marker = pathlib.Path('/data/ran')\n"
+            "first = not marker.exists()\n"
+            "marker.write_text('ran')\n"
+            "print('first' if first else 'again', flush=True)\n"
+            "raise SystemExit(1) if first else signal.pause()\n")  # fmt: skip
+    failing = {"exec": {"command": ["python", "-c", "raise SystemExit(3)"]},
+               "initialDelaySeconds": 1, "periodSeconds": 1, "failureThreshold": 1}  # fmt: skip
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "restarts", "namespace": namespace, "labels": {"app": "re"}},
+           "spec": {"containers": [
+               {"name": "exits", "image": "python", "command": ["python", "-c", once],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]},
+               {"name": "unhealthy", "image": "python", "command": IDLE_COMMAND,
+                "livenessProbe": failing}],
+               "volumes": [{"name": "data", "emptyDir": {}}]}}  # fmt: skip
+    await kube.create(pod)
+    runs = await wait_until(lambda: kubelet.pods(namespace, "app=re"), 30, "the pod")
+
+    async def restarts() -> dict[str, int]:
+        answer = await kube.get(path_of("Pod", namespace, "restarts"))
+        statuses = answer.get("status", {}).get("containerStatuses", [])
+        return {s["name"]: s["restartCount"] for s in statuses}
+
+    def both(found: dict[str, int]) -> bool:
+        return all(found.get(name, 0) >= 1 for name in ("exits", "unhealthy"))
+
+    counted = await wait_until(restarts, 60, "both containers restarted",
+                               until=both, context=kubelet.describe)  # fmt: skip
+    assert runs[0].output("exits")[:2] == ["first", "again"]
+    assert counted["exits"] == 1, "exited once, then stays up"
+    first = runs[0].processes["unhealthy"][0].process
+    assert first.returncode == -signal.SIGTERM, "stopped by the kubelet: it never exits itself"
