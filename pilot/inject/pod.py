@@ -154,6 +154,11 @@ def _app_containers(
     return containers, objects(spec, "initContainers", "spec.initContainers")
 
 
+def _merge_limit(settings: InjectSettings) -> int:
+    """The longest env, ports, mounts or devices list a customization may bring."""
+    return max(settings.max_env, settings.max_volumes)
+
+
 def _customized(
     init: dict[str, Any],
     proxy: dict[str, Any],
@@ -164,10 +169,10 @@ def _customized(
     """The pod's own istio-init and istio-proxy merged over the template's (Istio's
     customizing injection), each checked again as the template's own."""
     if INIT in own:
-        init = overrides.merge(init, own[INIT])
+        init = overrides.merge(init, own[INIT], _merge_limit(settings))
         overrides.check(init, settings, restart=None)
     if PROXY in own:
-        proxy = overrides.merge(proxy, own[PROXY])
+        proxy = overrides.merge(proxy, own[PROXY], _merge_limit(settings))
         overrides.check(proxy, settings, restart="Always" if native else None)
         # As Istio: iptables must let the proxy's own uid out, whatever uid it runs as.
         security = mapping(own[PROXY], "securityContext", f"{PROXY}.securityContext")
