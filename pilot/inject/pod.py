@@ -3,7 +3,8 @@
 Istio's `injection-template.yaml` (native-sidecar variant) written as Python, shaped
 by docs/contract of issue 38: `istio-init` (the capture rules, `pilot agent
 iptables`), `istio-proxy` (`pilot agent ... proxy sidecar`: SDS, bootstrap, Envoy),
-their volumes, labels and annotations, and the app's probes moved to the agent.
+their volumes, labels and annotations, and the app's probes moved to the agent; a
+pod's own `istio-proxy` or `istio-init` is merged over ours (overrides.py).
 Pure: the caller's pod is never changed, a new one is returned. Nothing in the
 injected spec names an identity: the certificate comes from the pod's own projected
 token, and SERVICE_ACCOUNT is read by the downward API, never copied from the pod.
