@@ -12,7 +12,6 @@ from pilot.durations import parse_duration
 # Istio's webhook reads at most 6 MiB of a review (kube.HTTPConfigReader): a Pod is at
 # most what etcd stores of one object (1.5 MiB by default), JSON-escaped.
 MAX_REVIEW_BYTES = 6 * 1024 * 1024
-DEFAULT_PORT = 15017
 CONFIGURATION = "pilot-sidecar-injector"  # deploy/sidecar-injector.yaml
 
 
@@ -24,7 +23,7 @@ class WebhookSettingError(ValueError):
 class WebhookSettings:
     """Where the webhook listens ('' : off), and what one caller may make it hold."""
 
-    address: str = f"127.0.0.1:{DEFAULT_PORT}"
+    address: str = ""  # the CLI fills in its default (pilot.cli.discovery_settings)
     configuration: str = CONFIGURATION  # --injector-webhook-config (Kubernetes mode)
     max_reviews: int = 1000  # PILOT_MAX_INJECTION_REVIEWS: reviews being answered at once
     # PILOT_MAX_INJECTION_BYTES: request bodies held at once (read, queued, being answered).
