@@ -188,15 +188,3 @@ async def running_node() -> AsyncIterator[Node]:
                         server.close()
         finally:
             mount_points.remove()
-
-
-def check_readable_by(uid: int, *paths: str) -> str | None:
-    """Why `uid` cannot run the virtual environment's programs, or None."""
-    for path in paths:
-        folder = Path(path)
-        while folder != folder.parent:
-            mode = folder.stat().st_mode
-            if folder.stat().st_uid != uid and not mode & 0o001:
-                return f"uid {uid} cannot reach {path}: {folder} is closed to others"
-            folder = folder.parent
-    return None

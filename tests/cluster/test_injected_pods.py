@@ -197,8 +197,10 @@ async def test_the_classic_sidecar_holds_the_app_until_envoy_is_ready(
     held["spec"]["template"]["spec"]["serviceAccountName"] = "client"
     await mesh.kube.create(held)
     (run,) = await mesh.kubelet.wait_running(namespace, "app=held")
-    names = [c["name"] for c in run.pod["spec"]["containers"]]
-    assert names == ["istio-proxy", "held"], names
+    proxy, app = run.pod["spec"]["containers"]
+    assert (proxy["name"], app["name"]) == ("istio-proxy", "held")
+    hook = proxy["lifecycle"]["postStart"]["exec"]["command"]
+    assert hook == ["pilot", "agent", "wait"], hook
     await wait_until(lambda: run.output("held"), 30, "the app's first line")
     assert run.output("held")[0] == "200", run.tail()
 
