@@ -13,8 +13,8 @@ volumes bound at their paths, then the app.
 * `http://server.NS/` from the client's app reaches the server through both Envoys
   with mTLS: the server's app sees the client's SPIFFE id in XFCC.
 * With STRICT PeerAuthentication on the namespace it still does; plaintext from the
-  node to the server's port is refused; and the server's probes, rewritten to the
-  agent's 15020, keep passing (the Pod stays Ready).
+  node to the server's port, let in before (PERMISSIVE), is refused; and the server's
+  probes, rewritten to the agent's 15020, keep passing (the Pod stays Ready).
 * A Job's Pod ends once its app exits: its native sidecar is stopped, the Pod is
   Succeeded, the Job complete.
 * In classic mode with holdApplicationUntilProxyStarts, istio-proxy is the first
@@ -144,6 +144,7 @@ async def test_two_injected_deployments_talk_mtls_through_both_sidecars(
     strict = {"apiVersion": "security.istio.io/v1", "kind": "PeerAuthentication",
               "metadata": {"name": "default", "namespace": namespace},
               "spec": {"mtls": {"mode": "STRICT"}}}  # fmt: skip
+    assert not await _plaintext_refused(mesh, server), "PERMISSIVE: plaintext is let in"
     failures = {p.kind: p.failed for p in server.probers["server"]}
     await mesh.kube.create(strict)
     await wait_until(lambda: _plaintext_refused(mesh, server), 30, "plaintext refused")
