@@ -13,7 +13,9 @@ port: the injected sidecars' discovery and CA address, as the injector writes it
 The test writes plain Deployments and Services (`app_deployment`, `app_service`):
 not one line of sidecar configuration. `exec_in` runs a command in a pod's container,
 as `kubectl exec` does; `fetch` is a Python one-liner for the client's app container
-that prints an HTTP answer's status, body and the headers the test backend echoes.
+that prints an HTTP answer's status, body and the headers the test backend echoes;
+`envoy_admin` one that prints a path of a sidecar's Envoy admin API, and
+`wait_endpoints` waits until a sidecar's Envoy holds a cluster's healthy endpoints.
 """
 
 from __future__ import annotations
@@ -59,6 +61,29 @@ class Mesh:
         code, output = await run.launches[container].run(list(command), 30)
         assert code == 0, f"{list(command)[:3]} in {run.name}/{container} exited {code}:\n{output}"
         return output
+
+    async def wait_endpoints(self, run: PodRun, cluster: str, count: int) -> None:
+        """Until `run`'s Envoy holds `count` healthy endpoints of `cluster` (a Pod is
+        Ready before the others' Envoys have its endpoint: a client would retry)."""
+
+        async def healthy() -> int:
+            text = await self.exec_in(run, "istio-proxy", envoy_admin("/clusters"))
+            return sum(
+                line.startswith(f"{cluster}::") and line.endswith("::health_flags::healthy")
+                for line in text.splitlines()
+            )
+
+        await wait_until(healthy, 30, f"{count} healthy endpoint(s) of {cluster} in"
+                         f" {run.name}'s Envoy", until=lambda found: found >= count)  # fmt: skip
+
+
+def envoy_admin(path: str) -> list[str]:
+    """A command, for an istio-proxy container, printing Envoy's admin API at `path`."""
+    script = (
+        "import urllib.request\n"
+        f"print(urllib.request.urlopen('http://127.0.0.1:15000{path}').read().decode())\n"
+    )
+    return ["python", "-c", script]
 
 
 def app_deployment(

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.control_plane import REPO, ControlPlane
-from tests.cluster.injected_mesh import Mesh, fetch, fetched, injected_mesh
+from tests.cluster.injected_mesh import Mesh, envoy_admin, fetch, fetched, injected_mesh
 from tests.cluster.pod_lifecycle import PodRun
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(300)]
@@ -40,14 +40,8 @@ APPLY = "kubectl apply -k deploy/example-app/"
 GET_PODS = "kubectl -n example get pods"
 
 
-def _admin(path: str) -> list[str]:
-    """A command, for the istio-proxy container, printing Envoy's admin `path`."""
-    script = f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:15000{path}').read().decode())"
-    return ["python", "-c", script]
-
-
 async def _handshakes(mesh: Mesh, run: PodRun) -> int:
-    stats = await mesh.exec_in(run, "istio-proxy", _admin("/stats?filter=ssl.handshake"))
+    stats = await mesh.exec_in(run, "istio-proxy", envoy_admin("/stats?filter=ssl.handshake"))
     prefix = f"cluster.{ECHO_CLUSTER}.ssl.handshake: "
     counts = [
         int(line.removeprefix(prefix)) for line in stats.splitlines() if line.startswith(prefix)
@@ -56,7 +50,7 @@ async def _handshakes(mesh: Mesh, run: PodRun) -> int:
 
 
 async def _identities(mesh: Mesh, run: PodRun) -> set[str]:
-    certs = json.loads(await mesh.exec_in(run, "istio-proxy", _admin("/certs")))
+    certs = json.loads(await mesh.exec_in(run, "istio-proxy", envoy_admin("/certs")))
     chains = [c for entry in certs.get("certificates", []) for c in entry.get("cert_chain", [])]
     return {
         san["uri"] for cert in chains for san in cert.get("subject_alt_names", []) if "uri" in san
@@ -90,6 +84,7 @@ async def test_the_example_app_comes_up_injected_and_serves_through_its_sidecar(
                 assert [c["name"] for c in spec["containers"]] == ["echo"]
             assert _ready_and_status(deployed) == [["2/2", "Running"]] * 2
 
+            await mesh.wait_endpoints(runs[0], ECHO_CLUSTER, 2)
             answer = fetched(await mesh.exec_in(runs[0], "echo", fetch("http://echo.example/")))
             assert (answer["status"], answer["body"]) == (200, "hello from echo\n")
             assert await _handshakes(mesh, runs[0]) >= 1, "the request went out over mTLS"

@@ -44,6 +44,7 @@ from tests.cluster.injected_mesh import (
     Mesh,
     app_deployment,
     app_service,
+    envoy_admin,
     fetch,
     fetched,
     injected_mesh,
@@ -134,6 +135,8 @@ async def test_two_injected_deployments_talk_mtls_through_both_sidecars(
         init = [c["name"] for c in run.pod["spec"]["initContainers"]]
         assert init == ["istio-init", "istio-proxy"], f"{run.name} was injected: {init}"
 
+    cluster = f"outbound|{SERVICE_PORT}||server.{namespace}.svc.cluster.local"
+    await mesh.wait_endpoints(client, cluster, 1)
     url = f"http://server.{namespace}:{SERVICE_PORT}/hello"
     answer = await _fetch_from(mesh, client, url)
     assert answer["status"] == 200
@@ -232,5 +235,5 @@ async def test_a_sidecar_that_claims_another_account_gets_no_certificate(
                      until=lambda found: len(found) >= 2)  # fmt: skip
     assert not run.states["istio-proxy"].started, "Envoy never got ready"
     assert "claims" not in run.processes, "the app never started"
-    certs = await mesh.exec_in(run, "istio-proxy", ENVOY_CERTS)
+    certs = await mesh.exec_in(run, "istio-proxy", envoy_admin("/certs"))
     assert f"/ns/{namespace}/sa/server" not in certs, certs
