@@ -60,6 +60,9 @@ from pilot.xds.cache import ResourceCache
 log = logging.getLogger("pilot.agent")
 
 DEFAULT_SOCKET = Path("./var/run/secrets/workload-spiffe-uds/socket")
+# `pilot agent proxy`: the paths of Istio's injected volumes (workload-socket, istiod-ca-cert).
+SIDECAR_SOCKET = Path("/var/run/secrets/workload-spiffe-uds/socket")
+SIDECAR_ROOT_CERT = Path("/var/run/secrets/istio/root-cert.pem")
 # pilot's TLS port through the Service in deploy/ (Istio's agent: istiod.istio-system.svc:15012).
 DEFAULT_DISCOVERY_ADDRESS = "pilot.pilot-system.svc:15012"
 # Where Istio mounts the istio-ca-root-cert ConfigMap; relative to the working directory.
@@ -99,18 +102,19 @@ def agent_settings(
     sidecar: bool = False,
     cluster_domain: str = "cluster.local",
     status_port: int = DEFAULT_STATUS_PORT,
+    default_root: Path = DEFAULT_ROOT_CERT,
 ) -> AgentSettings:
     """Resolve the agent's identity and CA from the environment.
 
     With `envoy` (or `sidecar`: the bootstrap is wanted) the pod's node too
     (POD_NAME, INSTANCE_IP), and the discovery address must be HOST:PORT;
-    BootstrapError otherwise.
+    BootstrapError otherwise. The socket is where `sds_socket.resolve` puts it.
     """
     env = os.environ if env is None else env
     identity = own_identity(env, trust_domain)
     if identity is None:
         raise SecuritySettingsError("pilot agent needs POD_NAMESPACE and SERVICE_ACCOUNT")
-    remote = remote_ca_from_env(env, trust_domain, discovery_address, DEFAULT_ROOT_CERT)
+    remote = remote_ca_from_env(env, trust_domain, discovery_address, default_root)
     if remote is None:
         raise SecuritySettingsError("pilot agent needs --discovery-address or CA_ADDR")
     node = None
@@ -120,7 +124,14 @@ def agent_settings(
     if envoy is not None:
         EnvoyChild.check_user(node.interception_mode if node else "")
     return AgentSettings(
-        socket, identity, remote, key_type, discovery_address, envoy, node, status_port
+        sds_socket.resolve(socket),
+        identity,
+        remote,
+        key_type,
+        discovery_address,
+        envoy,
+        node,
+        status_port,
     )
 
 

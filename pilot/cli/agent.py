@@ -1,4 +1,10 @@
-"""`pilot agent`: its flags and steps (the SDS agent, `bootstrap`, `iptables`)."""
+"""`pilot agent`: its flags and steps (the SDS agent, `proxy`, `bootstrap`, `iptables`).
+
+`pilot agent ... proxy sidecar` is what an injected `istio-proxy` container runs
+(Istio's `pilot-agent proxy sidecar`): SDS, the bootstrap and Envoy, found on PATH
+unless --binary-path names one, at Istio's absolute paths unless flags say
+otherwise (the other steps keep their paths relative to the working directory).
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,19 @@ import logging
 from pathlib import Path
 
 from pilot.agent import iptables as agent_iptables
-from pilot.agent.envoy import DEFAULT_CONFIG_PATH, EnvoySettings
+from pilot.agent.envoy import (
+    DEFAULT_CONFIG_PATH,
+    SIDECAR_CONFIG_PATH,
+    EnvoySettings,
+    find_envoy,
+)
 from pilot.agent.iptables import CaptureSettings
 from pilot.agent.sds_agent import (
     DEFAULT_DISCOVERY_ADDRESS,
     DEFAULT_ROOT_CERT,
     DEFAULT_SOCKET,
+    SIDECAR_ROOT_CERT,
+    SIDECAR_SOCKET,
     Agent,
     AgentSettings,
     agent_settings,
@@ -52,8 +65,9 @@ def agent_parser(commands: argparse._SubParsersAction[Parser]) -> None:
     agent.add_argument(
         "--sds-socket",
         type=Path,
-        default=DEFAULT_SOCKET,
-        help="the Unix socket Envoy reads its certificates from (default %(default)s)",
+        help=f"the Unix socket Envoy reads its certificates from (default {DEFAULT_SOCKET};"
+        f" with `proxy`: {SIDECAR_SOCKET}); in a directory others can write (an emptyDir)"
+        " it goes into a 0700 directory `agent` of its own there",
     )
     agent.add_argument(
         "--discovery-address",
@@ -74,7 +88,26 @@ def agent_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         help="print the sidecar's Envoy bootstrap (JSON) and exit",
         description="Print the bootstrap --binary-path would start Envoy with.",
     )
+    _proxy_parser(steps)
     _iptables_parser(steps)
+
+
+def _proxy_parser(steps: argparse._SubParsersAction[Parser]) -> None:
+    """Istio's `pilot-agent proxy sidecar`: the injected container's command."""
+    proxy = steps.add_parser(
+        "proxy",
+        help="run the sidecar: SDS, the bootstrap, and Envoy (from PATH unless --binary-path)",
+        description="Serve SDS, write Envoy's bootstrap and run Envoy until SIGTERM (exit 0)."
+        f" Paths default to Istio's: the socket {SIDECAR_SOCKET}, the bootstrap under"
+        f" {SIDECAR_CONFIG_PATH}, the root {SIDECAR_ROOT_CERT} (or CA_ROOT_CERT).",
+    )
+    proxy.add_argument(
+        "kind",
+        nargs="?",
+        choices=["sidecar"],
+        default="sidecar",
+        help="the proxy's kind: sidecar (the only one; the default)",
+    )
 
 
 def _sidecar_flags(agent: argparse.ArgumentParser) -> None:
@@ -83,13 +116,14 @@ def _sidecar_flags(agent: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--binary-path",
         type=Path,
-        help="start this Envoy once SDS serves, with the bootstrap written to --config-path",
+        help="start this Envoy once SDS serves, with the bootstrap written to --config-path"
+        " (with `proxy`: default `envoy` on PATH)",
     )
     group.add_argument(
         "--config-path",
         type=Path,
-        default=DEFAULT_CONFIG_PATH,
-        help="where envoy-rev.json is written (default %(default)s)",
+        help=f"where envoy-rev.json is written (default {DEFAULT_CONFIG_PATH};"
+        f" with `proxy`: {SIDECAR_CONFIG_PATH})",
     )
     group.add_argument(
         "--cluster-domain",
@@ -150,24 +184,31 @@ async def _run_agent(settings: AgentSettings) -> int:
     return agent.exit_status
 
 
+def _envoy(args: argparse.Namespace) -> EnvoySettings | None:
+    """The Envoy to start: `proxy` always (found on PATH unless named), else --binary-path."""
+    proxy = args.agent_step == "proxy"
+    if not proxy and (args.binary_path is None or args.agent_step is not None):
+        return None
+    binary = find_envoy(args.binary_path) if proxy else args.binary_path
+    config_path = args.config_path or (SIDECAR_CONFIG_PATH if proxy else DEFAULT_CONFIG_PATH)
+    return EnvoySettings(binary, config_path, args.proxy_log_level, args.concurrency)
+
+
 def agent_command(args: argparse.Namespace) -> int:
-    """`pilot agent` and its steps (bootstrap, iptables)."""
+    """`pilot agent` and its steps (proxy, bootstrap, iptables)."""
     if args.agent_step == "iptables":
         return _iptables(args)
-    envoy = None
-    if args.binary_path is not None and args.agent_step is None:
-        envoy = EnvoySettings(
-            args.binary_path, args.config_path, args.proxy_log_level, args.concurrency
-        )
+    proxy = args.agent_step == "proxy"
     settings = agent_settings(
-        args.sds_socket,
+        args.sds_socket or (SIDECAR_SOCKET if proxy else DEFAULT_SOCKET),
         args.discovery_address,
         args.trust_domain,
         KeyType(args.key_type),
-        envoy=envoy,
+        envoy=_envoy(args),
         sidecar=args.agent_step == "bootstrap",
         cluster_domain=args.cluster_domain,
         status_port=args.status_port,
+        default_root=SIDECAR_ROOT_CERT if proxy else DEFAULT_ROOT_CERT,
     )
     if args.agent_step == "bootstrap":
         print(json.dumps(settings.bootstrap(), indent=2))

@@ -128,7 +128,7 @@ def test_a_root_agent_does_not_start_envoy_with_capture_on() -> None:
         assert not (folder / "etc").exists(), "a bootstrap was written"
     assert result.returncode == 2
     [line] = result.stderr.splitlines()
-    assert line.startswith("pilot: error: --binary-path: pilot agent runs as root")
+    assert line.startswith("pilot: error: pilot agent runs as root")
 
 
 def _pilot_in(pod: Pod, folder: Path) -> AbstractAsyncContextManager[PilotProcess]:
