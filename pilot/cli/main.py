@@ -11,6 +11,7 @@ from pilot.agent.iptables import CaptureError
 from pilot.cli.agent import agent_command, agent_parser
 from pilot.cli.discovery import discovery_parser, run_discovery
 from pilot.cli.flags import Parser, negative_durations_joined, version_flag
+from pilot.cli.kube_inject import kube_inject_command, kube_inject_parser
 from pilot.cli.proxy_config import proxy_config_command, proxy_config_parser
 from pilot.cli.proxy_status import proxy_status_command, proxy_status_parser
 from pilot.kube.config import KubernetesUnavailable
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent_parser(commands)
     proxy_status_parser(commands)
     proxy_config_parser(commands)
+    kube_inject_parser(commands)
     return parser
 
 
@@ -43,6 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return proxy_status_command(args)
     if args.command == "proxy-config":
         return proxy_config_command(args)
+    if args.command == "kube-inject":
+        return kube_inject_command(args)
     try:
         configure_logging(args.log_level, args.log_format)
         if args.command == "agent":

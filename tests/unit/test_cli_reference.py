@@ -19,8 +19,10 @@ def test_the_committed_reference_is_the_parsers() -> None:
 
 def test_every_command_and_flag_is_in_it() -> None:
     text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
-    for command in ("discovery", "agent", "agent iptables", "proxy-status", "proxy-config routes"):
+    for command in ("discovery", "agent", "agent iptables", "proxy-status", "proxy-config routes",
+                    "kube-inject"):  # fmt: skip
         assert f"### `pilot {command}`" in text, command
-    for flag in ("--grpc-tls-addr", "--remote-kubeconfig", "--status-port", "--identity", "-z"):
+    for flag in ("--grpc-tls-addr", "--remote-kubeconfig", "--status-port", "--identity", "-z",
+                 "--proxy-image", "--no-native-sidecars"):  # fmt: skip
         assert flag in text, flag
     assert f"{Path.home()}/" not in text, "a path of this machine"

@@ -1,0 +1,222 @@
+"""`pilot kube-inject` as a user runs it: every workload kind in multi-document YAML and
+in JSON, printed injected in order and in the same format, other documents unchanged;
+hostile files refused whole with one line naming the document."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pilot.inject.pod import inject
+from pilot.inject.settings import InjectSettings
+from tests.support.inject_pods import app_pod, workload
+
+KINDS = ["Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob"]
+SERVICE = {
+    "apiVersion": "v1",
+    "kind": "Service",
+    "metadata": {"name": "web", "namespace": "shop"},
+    "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+}
+
+
+def kube_inject(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pilot", "kube-inject", *argv],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _template(document: dict[str, Any]) -> dict[str, Any]:
+    spec = document["spec"]
+    return dict(
+        spec["jobTemplate"]["spec"]["template"]
+        if document["kind"] == "CronJob"
+        else spec["template"]
+    )
+
+
+def _names(containers: list[dict[str, Any]]) -> list[str]:
+    return [container["name"] for container in containers]
+
+
+def _documents() -> list[dict[str, Any]]:
+    pod = app_pod(name="solo")
+    pod["metadata"]["namespace"] = "shop"
+    return [*(workload(kind) for kind in KINDS), SERVICE, pod]
+
+
+def _check_injected(documents: list[dict[str, Any]], printed: list[dict[str, Any]]) -> None:
+    assert [d["kind"] for d in printed] == [d["kind"] for d in documents]
+    for before, after in zip(documents, printed, strict=True):
+        if before["kind"] == "Service":
+            assert after == before
+            continue
+        template = after if after["kind"] == "Pod" else _template(after)
+        assert _names(template["spec"]["initContainers"]) == ["istio-init", "istio-proxy"]
+        assert _names(template["spec"]["containers"]) == ["web"]
+        env = {e["name"]: e.get("value") for e in template["spec"]["initContainers"][1]["env"]}
+        name = before["metadata"]["name"]
+        plural = before["kind"].lower() + "s"
+        assert env["ISTIO_META_OWNER"] == (
+            f"kubernetes://apis/{before['apiVersion']}/namespaces/shop/{plural}/{name}"
+        )
+        if before["kind"] != "Pod":
+            assert _without_template(after) == _without_template(before)  # only the pod changed
+
+
+def _without_template(document: dict[str, Any]) -> dict[str, Any]:
+    copied = copy.deepcopy(document)
+    spec = copied["spec"]["jobTemplate"]["spec"] if copied["kind"] == "CronJob" else copied["spec"]
+    del spec["template"]
+    return copied
+
+
+def test_every_workload_kind_in_multi_document_yaml(tmp_path: Path) -> None:
+    documents = _documents()
+    source = tmp_path / "app.yaml"
+    source.write_text(yaml.safe_dump_all(documents, sort_keys=False))
+    done = kube_inject("-f", str(source))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    _check_injected(documents, list(yaml.safe_load_all(done.stdout)))
+
+
+def test_json_in_json_out_and_a_list_of_workloads(tmp_path: Path) -> None:
+    documents = _documents()
+    listed = {"apiVersion": "v1", "kind": "List", "items": documents[:2]}
+    text = json.dumps(listed) + "\n" + "\n".join(json.dumps(d, indent=1) for d in documents[2:])
+    source = tmp_path / "app.json"
+    source.write_text(text)
+    done = kube_inject("-f", str(source))
+    assert done.returncode == 0, done.stderr
+    decoder, printed, position = json.JSONDecoder(), [], 0
+    while position < len(done.stdout.rstrip()):
+        document, position = decoder.raw_decode(done.stdout, position)
+        printed.append(document)
+        position += len(done.stdout[position:]) - len(done.stdout[position:].lstrip())
+    assert printed[0]["kind"] == "List"
+    _check_injected(documents, [*printed[0]["items"], *printed[1:]])
+
+
+def test_standard_input_and_an_output_file(tmp_path: Path) -> None:
+    target = tmp_path / "out.yaml"
+    done = kube_inject("-f", "-", "-o", str(target), stdin=yaml.safe_dump(workload("Deployment")))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    printed = yaml.safe_load(target.read_text())
+    assert _names(_template(printed)["spec"]["initContainers"]) == ["istio-init", "istio-proxy"]
+
+
+def test_the_pod_template_is_what_the_webhook_would_make() -> None:
+    """The same template: kube-inject's pod is inject()'s for the same workload."""
+    deployment = workload("Deployment")
+    done = kube_inject("-f", "-", stdin=yaml.safe_dump(deployment))
+    assert done.returncode == 0, done.stderr
+    owner = {"kind": "Deployment", "apiVersion": "apps/v1", "name": "web"}
+    expected = inject(_template(deployment), InjectSettings(), namespace="shop", owner=owner)
+    assert _template(yaml.safe_load(done.stdout)) == expected
+
+
+def test_the_injection_flags_reach_the_pod() -> None:
+    done = kube_inject(
+        "-f", "-", "--proxy-image", "registry.example/proxy:2", "--no-native-sidecars",
+        "--injection-discovery-address", "pilot.mesh.svc:15012", "--proxy-concurrency", "1",
+        stdin=yaml.safe_dump(workload("Deployment", namespace=None)),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    spec = _template(yaml.safe_load(done.stdout))["spec"]
+    proxy = spec["containers"][0]
+    assert proxy["image"] == spec["initContainers"][0]["image"] == "registry.example/proxy:2"
+    assert proxy["args"][:2] == ["--discovery-address", "pilot.mesh.svc:15012"]
+    env = {e["name"]: e.get("value") for e in proxy["env"]}
+    assert env["ISTIO_META_OWNER"].startswith("kubernetes://apis/apps/v1/namespaces/default/")
+
+
+def test_the_namespace_flag_is_for_objects_that_name_none() -> None:
+    documents = [workload("Deployment", namespace=None), workload("Job", namespace="kube-system")]
+    done = kube_inject("-f", "-", "-n", "team-a", stdin=yaml.safe_dump_all(documents))
+    assert done.returncode == 0, done.stderr
+    first, second = yaml.safe_load_all(done.stdout)
+    env = {e["name"]: e.get("value") for e in _template(first)["spec"]["initContainers"][1]["env"]}
+    assert "/namespaces/team-a/" in env["ISTIO_META_OWNER"]
+    assert second == documents[1]  # kube-system: never injected
+
+
+def test_documents_the_decision_leaves_alone_are_printed_unchanged() -> None:
+    opted_out = workload("Deployment")
+    opted_out["spec"]["template"]["metadata"]["annotations"] = {"sidecar.istio.io/inject": "false"}
+    host = workload("DaemonSet")
+    host["spec"]["template"]["spec"]["hostNetwork"] = True
+    done = kube_inject("-f", "-", stdin=yaml.safe_dump_all([opted_out, host]))
+    assert done.returncode == 0, done.stderr
+    assert list(yaml.safe_load_all(done.stdout)) == [opted_out, host]
+
+
+def test_injecting_the_output_again_changes_nothing() -> None:
+    first = kube_inject("-f", "-", stdin=yaml.safe_dump_all(_documents()))
+    second = kube_inject("-f", "-", stdin=first.stdout)
+    assert first.returncode == second.returncode == 0
+    assert second.stdout == first.stdout
+
+
+def _refused(text: str) -> str:
+    done = kube_inject("-f", "-", stdin=text)
+    assert done.returncode == 1, done
+    assert done.stdout == ""  # nothing half-printed
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    return done.stderr
+
+
+def test_a_bad_document_names_its_index_kind_and_name() -> None:
+    bad = workload("StatefulSet", name="db")
+    bad["spec"]["template"]["metadata"]["annotations"] = {
+        "traffic.sidecar.istio.io/excludeOutboundIPRanges": "10.0.0.0/8; iptables -F"
+    }
+    line = _refused(yaml.safe_dump_all([workload("Deployment"), SERVICE, bad]))
+    assert line.startswith("pilot: error: document 3 (StatefulSet db): annotation"), line
+    assert "excludeOutboundIPRanges" in line
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("kind: Deployment\nspec: [\n", "not YAML"),
+        ("a: &x [1, 2]\nb: *x\n", "YAML aliases"),
+        ('{"kind": "Pod", "spec": ', "document 1: not JSON"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deep"),
+        ("- just\n- a list\n", "document 1 (list): not a Kubernetes object"),
+        (json.dumps({"kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": "web"}}),
+         "document 1 (Pod p): spec.containers: expected a list"),
+        (json.dumps({"kind": "List", "items": [SERVICE, {"kind": "Job", "metadata": {"name": "j\n"},
+                                                         "spec": {"template": []}}]}),
+         "document 1 (item 1 (Job 'j\\n')): spec.template: expected an object"),
+    ],
+)  # fmt: skip
+def test_hostile_files_are_refused_whole(text: str, expected: str) -> None:
+    assert expected in _refused(text)
+
+
+def test_a_file_that_is_not_there_is_one_line() -> None:
+    done = kube_inject("-f", "/nonexistent/app.yaml")
+    assert done.returncode == 1
+    assert done.stderr.startswith("pilot: error: [Errno 2]")
+    assert done.stderr.count("\n") == 1
+
+
+def test_a_bad_flag_value_is_refused_naming_the_flag() -> None:
+    done = kube_inject("-f", "-", "--proxy-image", "img --privileged", stdin="")
+    assert done.returncode == 2
+    assert done.stderr.startswith("pilot: error: --proxy-image: ")
