@@ -58,6 +58,17 @@ def kube_inject_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         default="default",
         help="namespace of objects that name none (default %(default)s)",
     )
+    # pilot discovery has these of its own; kube-inject, run away from pilot, is told them.
+    command.add_argument(
+        "--trust-domain",
+        default="cluster.local",
+        help="the mesh's trust domain, as pilot's --trust-domain (default %(default)s)",
+    )
+    command.add_argument(
+        "--cluster-id",
+        default="Kubernetes",
+        help="the cluster's id, as pilot's --cluster-id (default %(default)s)",
+    )
     injection_flags(command)
 
 

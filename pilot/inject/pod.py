@@ -85,16 +85,27 @@ def inject(
     containers, init_containers = _checked_containers(spec, settings)
     _check_volumes(spec, settings)
     options = pod_options(annotations, settings.max_proxy_config_bytes)
-    where = dns_label(namespace or text(metadata, "namespace", "metadata.namespace") or "default",
-                      "namespace")  # fmt: skip
-    workload = _workload(metadata, labels, where, owner)
+    given = namespace or text(metadata, "namespace", "metadata.namespace") or "default"
+    workload = _workload(metadata, labels, dns_label(given, "namespace"), owner)
     native = settings.native_sidecars if options.native_sidecar is None else options.native_sidecar
     probed = [*containers, *(c for c in init_containers if c.get("restartPolicy") == "Always")]
     probers = probes.rewrite(probed) if options.rewrite_probes else {}
     proxy = _proxy_container(
         settings, options, containers=containers, workload=workload, probers=probers, native=native
     )
-    init = _init_container(settings, options)
+    _add_to_spec(spec, _init_container(settings, options), proxy, native=native)
+    metadata["labels"] = _labels(labels, workload)
+    metadata["annotations"] = _annotations(annotations, containers, native)
+    new["metadata"], new["spec"] = metadata, spec
+    return new
+
+
+def _add_to_spec(
+    spec: dict[str, Any], init: dict[str, Any], proxy: dict[str, Any], *, native: bool
+) -> None:
+    """The sidecar's containers before the pod's own, its volumes after, and an fsGroup."""
+    containers = spec["containers"]
+    init_containers = sequence(spec, "initContainers", "spec.initContainers")
     if native:
         spec["initContainers"] = [init, proxy, *init_containers]
     else:
@@ -102,12 +113,9 @@ def inject(
         spec["containers"] = [proxy, *containers]
     spec["volumes"] = [*sequence(spec, "volumes", "spec.volumes"), *_volumes()]
     security = mapping(spec, "securityContext", "spec.securityContext")
-    # The projected token is 0600 to its fsGroup: 1337 must read it.
-    spec["securityContext"] = {**security, "fsGroup": security.get("fsGroup", PROXY_UID)}
-    metadata["labels"] = _labels(labels, workload)
-    metadata["annotations"] = _annotations(annotations, containers, native)
-    new["metadata"], new["spec"] = metadata, spec
-    return new
+    # The projected token is 0600 to its fsGroup: 1337 must read it (null is unset).
+    group = security.get("fsGroup")
+    spec["securityContext"] = {**security, "fsGroup": PROXY_UID if group is None else group}
 
 
 def _checked_containers(
@@ -179,8 +187,11 @@ def _owner_from_pod(metadata: dict[str, Any], labels: dict[str, str]) -> dict[st
     owner_name = text(controller, "name", "ownerReferences name") or name
     template_hash = labels.get("pod-template-hash", "")
     if kind == "ReplicaSet" and template_hash and owner_name.endswith(f"-{template_hash}"):
-        return {"name": owner_name.removesuffix(f"-{template_hash}"), "kind": "Deployment",
-                "apiVersion": api_version}  # fmt: skip
+        return {
+            "name": owner_name.removesuffix(f"-{template_hash}"),
+            "kind": "Deployment",
+            "apiVersion": api_version,
+        }
     if kind == "Job" and (cron := _CRON_JOB.fullmatch(owner_name)):
         return {"name": cron.group(1), "kind": "CronJob", "apiVersion": "batch/v1"}
     return {"name": owner_name, "kind": kind, "apiVersion": api_version}
@@ -307,7 +318,7 @@ def _proxy_env(
         {"name": "SERVICE_ACCOUNT", "valueFrom": _field("spec.serviceAccountName")},
         {"name": "HOST_IP", "valueFrom": _field("status.hostIP")},
         {"name": "ISTIO_CPU_LIMIT",
-         "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "0"}}},
+         "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "1"}}},
         {"name": "PROXY_CONFIG", "value": proxy_config_json(options.proxy_config)},
         {"name": "ISTIO_META_POD_PORTS", "value": json.dumps(ports, separators=(",", ":"))},
         {"name": "ISTIO_META_APP_CONTAINERS", "value": ",".join(c["name"] for c in containers)},
@@ -392,11 +403,17 @@ def _annotations(
     }
     first = containers[0]["name"]
     added = {
+        "istio.io/rev": REVISION,  # Istio's template says which revision injected the pod
         "kubectl.kubernetes.io/default-container": first,
         "kubectl.kubernetes.io/default-logs-container": first,
     }
     if not any(key.startswith("prometheus.io/") for key in annotations):
-        added.update({"prometheus.io/scrape": "true", "prometheus.io/port": "15090",
-                      "prometheus.io/path": "/stats/prometheus"})  # fmt: skip
+        added.update(
+            {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": "15090",
+                "prometheus.io/path": "/stats/prometheus",
+            }
+        )
     # What the pod set is kept; the status is always the injector's.
     return {**added, **annotations, STATUS: json.dumps(status, separators=(",", ":"))}

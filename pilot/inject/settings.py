@@ -69,8 +69,10 @@ class InjectSettings:
         )
         _check(self.proxy_log_level in ENVOY_LOG_LEVELS, "--proxy-log-level", self.proxy_log_level)
         _check(0 <= self.proxy_concurrency <= 1024, "--proxy-concurrency", self.proxy_concurrency)
-        _check(bool(_TRUST_DOMAIN.fullmatch(self.trust_domain)), "trust domain", self.trust_domain)
-        _check(is_cluster_id(self.cluster_id), "cluster id", self.cluster_id)
+        _check(
+            bool(_TRUST_DOMAIN.fullmatch(self.trust_domain)), "--trust-domain", self.trust_domain
+        )
+        _check(is_cluster_id(self.cluster_id), "--cluster-id", self.cluster_id)
 
     @property
     def ca(self) -> str:

@@ -14,7 +14,7 @@ from pilot.inject.errors import InjectError
 
 # Kubernetes' DNS-1123 label (container names, namespaces) and subdomain (object names).
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _SHOWN = 40  # characters of a refused value shown in an error
 
 
@@ -81,6 +81,6 @@ def dns_label(value: str, where: str) -> str:
 
 def dns_subdomain(value: str, where: str) -> str:
     """`value` when it is empty or a DNS-1123 subdomain (an object's name)."""
-    if value and not _SUBDOMAIN.fullmatch(value):
+    if value and (len(value) > 253 or not _SUBDOMAIN.fullmatch(value)):
         raise InjectError(f"{where}: {shown(value)} is not a DNS-1123 subdomain")
     return value

@@ -39,8 +39,13 @@ class ObjectError(InjectError):
 def label(obj: dict[str, Any]) -> str:
     """`Kind name` of an object, for an error line (repr-escaped when not plain)."""
     kind, name = obj.get("kind"), mapping_or_empty(obj.get("metadata")).get("name")
-    parts = [value if isinstance(value, str) and value.isprintable() and len(value) <= 253
-             else repr(value)[:60] for value in (kind, name) if value is not None]  # fmt: skip
+    parts = [
+        value
+        if isinstance(value, str) and value.isprintable() and len(value) <= 253
+        else repr(value)[:60]
+        for value in (kind, name)
+        if value is not None
+    ]
     return " ".join(parts) or "object without kind or name"
 
 
@@ -83,8 +88,11 @@ def _inject(obj: dict[str, Any], settings: InjectSettings, namespace: str) -> di
     template = mapping(parent, path[-1], ".".join(path))
     if not injection_required(template, where, settings)[0]:
         return new
-    owner = {"kind": kind, "apiVersion": text(obj, "apiVersion", "apiVersion"),
-             "name": text(metadata, "name", "metadata.name")}  # fmt: skip
+    owner = {
+        "kind": kind,
+        "apiVersion": text(obj, "apiVersion", "apiVersion"),
+        "name": text(metadata, "name", "metadata.name"),
+    }
     parent[path[-1]] = inject(template, settings, namespace=where, owner=owner)
     return new
 

@@ -144,6 +144,29 @@ def test_the_injection_flags_reach_the_pod() -> None:
     assert env["ISTIO_META_OWNER"].startswith("kubernetes://apis/apps/v1/namespaces/default/")
 
 
+def test_the_trust_domain_and_cluster_id_reach_the_proxy() -> None:
+    done = kube_inject(
+        "-f", "-", "--trust-domain", "mesh.example", "--cluster-id", "west",
+        stdin=yaml.safe_dump(workload("Deployment")),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    proxy = _template(yaml.safe_load(done.stdout))["spec"]["initContainers"][1]
+    env = {e["name"]: e.get("value") for e in proxy["env"]}
+    assert env["TRUST_DOMAIN"] == env["ISTIO_META_MESH_ID"] == "mesh.example"
+    assert env["ISTIO_META_CLUSTER_ID"] == "west"
+    assert proxy["args"][proxy["args"].index("--trust-domain") + 1] == "mesh.example"
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--cluster-id", "west\nforged"), ("--trust-domain", "a b")]
+)
+def test_names_reaching_the_proxy_from_flags_are_checked(flag: str, value: str) -> None:
+    done = kube_inject("-f", "-", flag, value, stdin="")
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"pilot: error: {flag}: ")
+    assert done.stderr.count("\n") == 1
+
+
 def test_the_namespace_flag_is_for_objects_that_name_none() -> None:
     documents = [workload("Deployment", namespace=None), workload("Job", namespace="kube-system")]
     done = kube_inject("-f", "-", "-n", "team-a", stdin=yaml.safe_dump_all(documents))

@@ -75,6 +75,18 @@ def test_owner_references_reaching_node_metadata_are_checked(reference: dict[str
         inject(pod, SETTINGS, namespace="shop")
 
 
+@pytest.mark.parametrize("name", ["web..1", "web-.1", "-web", "web.", "a" * 254, "wéb"])
+def test_pod_names_reaching_node_metadata_must_be_dns_subdomains(name: str) -> None:
+    with pytest.raises(InjectError, match="is not a DNS-1123 subdomain"):
+        inject(app_pod(name), SETTINGS, namespace="shop")
+
+
+def test_a_long_dotted_pod_name_is_a_name() -> None:
+    name = ".".join(["a" * 63] * 3) + "." + "b" * 61  # 253 characters
+    env = inject(app_pod(name), SETTINGS, namespace="shop")["spec"]["initContainers"][1]["env"]
+    assert {"name": "ISTIO_META_WORKLOAD_NAME", "value": name} in env
+
+
 def test_the_namespace_must_be_a_dns_label() -> None:
     with pytest.raises(
         InjectError, match=re.escape("namespace: 'shop/../x' is not a DNS-1123 label")

@@ -4,6 +4,7 @@ tests/support/json_patch.py) it gives exactly the injected pod."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -22,6 +23,23 @@ from tests.support.json_patch import apply_patch
 def test_the_patch_gives_the_injected_pod(pod: dict[str, Any], native: bool) -> None:
     injected = inject(pod, InjectSettings(native_sidecars=native), namespace="shop")
     assert apply_patch(pod, create_patch(pod, injected)) == injected
+
+
+def test_the_patch_adds_the_sidecar_and_sends_back_nothing_else() -> None:
+    """A pod of 500 containers gets a patch the size of the sidecar, not of the pod."""
+    pod = app_pod(
+        initContainers=[{"name": f"c{n}", "image": "registry.example/c"} for n in range(498)]
+    )
+    patch = create_patch(pod, inject(pod, InjectSettings(), namespace="shop"))
+    added = {op["path"] for op in patch if op["path"].startswith("/spec/initContainers")}
+    assert added == {"/spec/initContainers/0", "/spec/initContainers/1"}
+    assert len(json.dumps(patch)) < 10_000 < len(json.dumps(pod))
+
+
+def test_a_changed_list_is_replaced_whole() -> None:
+    assert create_patch({"a": [1, 2]}, {"a": [2, 1]}) == [
+        {"op": "replace", "path": "/a", "value": [2, 1]}
+    ]
 
 
 def test_annotation_names_are_escaped_as_json_pointers() -> None:
@@ -54,7 +72,7 @@ _json = st.recursive(
 )
 
 
-_KEYS = st.sampled_from(["a", "b/c", "~d"])
+_KEYS = st.sampled_from(["a", "b/c", "~d", "name"])
 
 
 # Generation speed is the shared machine's, not the code's: no health check on it.

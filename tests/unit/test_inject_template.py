@@ -138,7 +138,7 @@ def test_the_proxys_env_is_istios() -> None:
     assert env["HOST_IP"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
     assert env["ISTIO_META_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["ISTIO_CPU_LIMIT"] == {
-        "resourceFieldRef": {"resource": "limits.cpu", "divisor": "0"}
+        "resourceFieldRef": {"resource": "limits.cpu", "divisor": "1"}
     }
     assert env["PROXY_CONFIG"] == "{}"
     assert json.loads(env["ISTIO_META_POD_PORTS"]) == [
@@ -243,6 +243,7 @@ def test_annotations_say_what_was_injected() -> None:
         "imagePullSecrets": None,
         "revision": "default",
     }  # fmt: skip
+    assert annotations["istio.io/rev"] == "default"
     assert annotations["kubectl.kubernetes.io/default-container"] == "web"
     assert annotations["kubectl.kubernetes.io/default-logs-container"] == "web"
     assert annotations["prometheus.io/scrape"] == "true"
@@ -289,3 +290,8 @@ def test_holding_the_app_with_native_sidecars_is_the_startup_probe() -> None:
     proxy = inject(pod, SETTINGS, namespace="shop")["spec"]["initContainers"][1]
     assert "lifecycle" not in proxy
     assert proxy["startupProbe"]["httpGet"]["port"] == 15021
+
+
+def test_a_null_fs_group_is_unset() -> None:
+    spec = inject(app_pod(securityContext={"fsGroup": None}), SETTINGS, namespace="shop")["spec"]
+    assert spec["securityContext"] == {"fsGroup": 1337}
