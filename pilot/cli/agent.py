@@ -1,4 +1,4 @@
-"""`pilot agent`: its flags and steps (the SDS agent, `proxy`, `bootstrap`, `iptables`).
+"""`pilot agent`: its flags and steps (the SDS agent, `proxy`, `bootstrap`, `wait`, `iptables`).
 
 `pilot agent ... proxy sidecar` is what an injected `istio-proxy` container runs
 (Istio's `pilot-agent proxy sidecar`): SDS, the bootstrap and Envoy, found on PATH
@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from pilot.agent import iptables as agent_iptables
@@ -32,16 +35,21 @@ from pilot.agent.sds_agent import (
     agent_settings,
 )
 from pilot.agent.status_port import DEFAULT_STATUS_PORT
+from pilot.agent.wait import READY_URL, WaitSettings, wait_until_ready
 from pilot.cli.flags import Parser, key_type_flag, log_flags, version_flag
 from pilot.cli.running import run_until_signalled
 from pilot.runtime import event_loop
 from pilot.security.certs import KeyType
+from pilot.security.identity import check_trust_domain
+from pilot.security.settings import SecuritySettingsError
 
 log = logging.getLogger("pilot")
+DEFAULT_TRUST_DOMAIN = "cluster.local"
 
 _AGENT_EPILOG = f"""\
 environment:
   POD_NAMESPACE, SERVICE_ACCOUNT  the workload identity (required)
+  TRUST_DOMAIN               its SPIFFE trust domain, unless --trust-domain
   CA_TOKEN_FILE              service-account token presented to the CA
   CA_ADDR                    the CA (default: --discovery-address)
   CA_ROOT_CERT               the root that verifies the CA and every chain, served to
@@ -76,8 +84,8 @@ def agent_parser(commands: argparse._SubParsersAction[Parser]) -> None:
     )
     agent.add_argument(
         "--trust-domain",
-        default="cluster.local",
-        help="SPIFFE trust domain of the workload's identity (default %(default)s)",
+        help="SPIFFE trust domain of the workload's identity (default $TRUST_DOMAIN, as the"
+        " injector sets it, else cluster.local)",
     )
     key_type_flag(agent)
     _sidecar_flags(agent)
@@ -89,6 +97,7 @@ def agent_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         description="Print the bootstrap --binary-path would start Envoy with.",
     )
     _proxy_parser(steps)
+    _wait_parser(steps)
     _iptables_parser(steps)
 
 
@@ -108,6 +117,30 @@ def _proxy_parser(steps: argparse._SubParsersAction[Parser]) -> None:
         default="sidecar",
         help="the proxy's kind: sidecar (the only one; the default)",
     )
+
+
+def _wait_parser(steps: argparse._SubParsersAction[Parser]) -> None:
+    """Istio's `pilot-agent wait` (its camelCase flags, and kebab-case ones)."""
+    wait = steps.add_parser(
+        "wait",
+        help="wait until Envoy is ready (the classic sidecar's postStart hook)",
+        description=f"Poll {READY_URL} until it answers 200 (exit 0) or the time is up (exit 1).",
+    )
+    wait.add_argument("--timeout-seconds", "--timeoutSeconds", dest="timeout_seconds",
+                      type=_positive_int, default=60,
+                      help="give up after this many seconds (default %(default)s)")  # fmt: skip
+    wait.add_argument("--period-millis", "--periodMillis", dest="period_millis",
+                      type=_positive_int, default=500,
+                      help="milliseconds between attempts (default %(default)s)")  # fmt: skip
+    wait.add_argument("--request-timeout-millis", "--requestTimeoutMillis",
+                      dest="request_timeout_millis", type=_positive_int, default=1000,
+                      help="milliseconds each attempt may take (default %(default)s)")  # fmt: skip
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) <= 86400_000:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r}: expected a positive whole number")
+    return int(text)
 
 
 def _sidecar_flags(agent: argparse.ArgumentParser) -> None:
@@ -173,6 +206,15 @@ def _iptables_parser(steps: argparse._SubParsersAction[Parser]) -> None:
                        help="inbound ports never captured (default %(default)s)")  # fmt: skip
     rules.add_argument("-o", dest="exclude_outbound", default="",
                        help="outbound ports never captured (default none)")  # fmt: skip
+    rules.add_argument("-q", dest="include_outbound", default="",
+                       help="outbound ports captured whatever -i says (default none)")  # fmt: skip
+    rules.add_argument("-i", dest="include_ranges", default="*",
+                       help="outbound IPv4 CIDRs captured: '*' (default), '' (none)")  # fmt: skip
+    rules.add_argument("-x", dest="exclude_ranges", default="",
+                       help="outbound CIDRs never captured (default none)")  # fmt: skip
+    rules.add_argument("-m", dest="mode", default="REDIRECT",
+                       help="inbound interception mode: REDIRECT (the default and only one;"
+                       " TPROXY is refused)")  # fmt: skip
     action = rules.add_mutually_exclusive_group()
     action.add_argument("--dry-run", action="store_true", help="print the rules, change nothing")
     action.add_argument("--cleanup", action="store_true", help="remove the rules")
@@ -195,14 +237,16 @@ def _envoy(args: argparse.Namespace) -> EnvoySettings | None:
 
 
 def agent_command(args: argparse.Namespace) -> int:
-    """`pilot agent` and its steps (proxy, bootstrap, iptables)."""
+    """`pilot agent` and its steps (proxy, bootstrap, wait, iptables)."""
     if args.agent_step == "iptables":
         return _iptables(args)
+    if args.agent_step == "wait":
+        return _wait(args)
     proxy = args.agent_step == "proxy"
     settings = agent_settings(
         args.sds_socket or (SIDECAR_SOCKET if proxy else DEFAULT_SOCKET),
         args.discovery_address,
-        args.trust_domain,
+        _trust_domain(args.trust_domain, os.environ),
         KeyType(args.key_type),
         envoy=_envoy(args),
         sidecar=args.agent_step == "bootstrap",
@@ -216,11 +260,44 @@ def agent_command(args: argparse.Namespace) -> int:
     return event_loop.run(_run_agent(settings))
 
 
+def _trust_domain(flag: str | None, env: Mapping[str, str]) -> str:
+    """--trust-domain, else TRUST_DOMAIN (Istio's agent reads it; the injector sets it)."""
+    if flag:
+        return flag
+    value = env.get("TRUST_DOMAIN", "").strip()
+    if not value:
+        return DEFAULT_TRUST_DOMAIN
+    try:
+        return check_trust_domain(value)
+    except ValueError as error:
+        raise SecuritySettingsError(f"TRUST_DOMAIN: {error}") from None
+
+
+def _wait(args: argparse.Namespace) -> int:
+    settings = WaitSettings(
+        timeout=args.timeout_seconds,
+        period=args.period_millis / 1000,
+        request_timeout=args.request_timeout_millis / 1000,
+        port=args.status_port or DEFAULT_STATUS_PORT,
+    )
+    ready, last = wait_until_ready(settings)
+    if ready:
+        log.info("Envoy is ready")
+        return 0
+    print(
+        f"pilot: error: Envoy was not ready within {args.timeout_seconds}s"
+        f" (last answer from http://localhost:{settings.port}/healthz/ready: {last})",
+        file=sys.stderr,
+    )
+    return 1
+
+
 def _iptables(args: argparse.Namespace) -> int:
     if args.cleanup:
         removed = agent_iptables.cleanup()
         log.info("removed capture chains: %s", ", ".join(removed) or "none were set")
         return 0
+    agent_iptables.check_mode(args.mode)
     settings = CaptureSettings(
         proxy_port=args.proxy_port,
         inbound_capture_port=args.inbound_port,
@@ -229,6 +306,11 @@ def _iptables(args: argparse.Namespace) -> int:
         inbound_ports=agent_iptables.parse_ports("-b", args.inbound_ports, wildcard=True),
         exclude_inbound_ports=agent_iptables.parse_ports("-d", args.exclude_inbound) or (),
         exclude_outbound_ports=agent_iptables.parse_ports("-o", args.exclude_outbound) or (),
+        include_outbound_ports=agent_iptables.parse_ports("-q", args.include_outbound) or (),
+        include_outbound_ranges=agent_iptables.parse_ranges(
+            "-i", args.include_ranges, wildcard=True, ipv6=False
+        ),
+        exclude_outbound_ranges=agent_iptables.parse_ranges("-x", args.exclude_ranges) or (),
     )
     if args.dry_run:
         print(agent_iptables.capture_rules(settings), end="")

@@ -354,3 +354,16 @@ async def test_a_socket_directory_others_can_write_is_refused(mode: int) -> None
         f"pilot: error: SDS socket directory {DEFAULT_SOCKET.parent / 'agent'} is writable"
     )
     assert f"(mode {mode:04o})" in line
+
+
+async def test_the_trust_domain_is_trust_domain_as_the_injector_sets_it() -> None:
+    """Istio's agent reads TRUST_DOMAIN; a value that is not a DNS name is one line."""
+    async with agent_folder() as folder:
+        folder.write_token(COMMAND, "token")
+        folder.write_root(_other_root())
+        async with running_agent(folder, "localhost:1", {"TRUST_DOMAIN": "example.org"}) as agent:
+            assert any(" for spiffe://example.org/ns/" in line for line in agent.lines)
+        status, stderr = await run_to_exit(folder, "localhost:1", {"TRUST_DOMAIN": "Evil\nx"})
+    assert status == 2
+    [line] = stderr.splitlines()
+    assert line.startswith("pilot: error: TRUST_DOMAIN: trust domain 'Evil\\nx' is not a valid")
