@@ -23,7 +23,6 @@ import yaml
 from pilot.inject.errors import InjectError
 from pilot.inject.settings import ENVOY_LOG_LEVELS, MAX_CONCURRENCY, is_image
 from pilot.inject.shape import shown
-from pilot.logs import SCOPES, LogSpecError, parse_levels
 
 INJECT = "sidecar.istio.io/inject"
 STATUS = "sidecar.istio.io/status"
@@ -156,6 +155,9 @@ def envoy_log_level(value: str, name: str) -> str:
 def agent_log_level(value: str, name: str) -> str:
     """Istio's `[scope:]level,...` as pilot's --log-level: `warn` is `warning`, the scope
     `default` or one of pilot's; Istio's own scopes (ads, cache, ...) are refused."""
+    # Here, not at the top: pilot.logs brings asyncio, which the template never needs.
+    from pilot.logs import SCOPES, LogSpecError, parse_levels  # noqa: PLC0415
+
     if len(value) > _MAX_AGENT_LEVELS:
         raise InjectError(f"annotation {name}: over {_MAX_AGENT_LEVELS} characters")
     parts = []

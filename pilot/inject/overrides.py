@@ -59,8 +59,9 @@ def take(spec: dict[str, Any], names: tuple[str, ...]) -> dict[str, dict[str, An
     return found
 
 
-def merge(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
-    """`theirs` (the pod's container) merged over `ours` (the template's), a new dict."""
+def merge(ours: dict[str, Any], theirs: dict[str, Any], limit: int) -> dict[str, Any]:
+    """`theirs` (the pod's container) merged over `ours` (the template's), a new dict;
+    a keyed list of theirs longer than `limit` is refused before any work on it."""
     merged = copy.deepcopy(ours)
     for key, value in theirs.items():
         if value is None or (key == "image" and value == AUTO_IMAGE):
@@ -69,7 +70,7 @@ def merge(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
         current = merged.get(key)
         if key in _MERGE_KEYS:
             merged[key] = _merge_list(
-                sequence(merged, key, where), _list(value, where), _MERGE_KEYS[key], where
+                sequence(merged, key, where), _list(value, where, limit), _MERGE_KEYS[key], where
             )
         elif key == "lifecycle" and isinstance(value, dict) and isinstance(current, dict):
             merged[key] = _merge_lifecycle(current, value)
@@ -80,9 +81,11 @@ def merge(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _list(value: Any, where: str) -> list[Any]:
+def _list(value: Any, where: str, limit: int) -> list[Any]:
     if not isinstance(value, list):
         raise InjectError(f"{where}: expected a list, got {type(value).__name__}")
+    if len(value) > limit:
+        raise InjectError(f"{where}: {len(value)} entries, over the bound of {limit}")
     return value
 
 
@@ -116,24 +119,29 @@ def _merge_lifecycle(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, 
 
 
 def _merge_list(ours: list[Any], theirs: list[Any], key: str, where: str) -> list[Any]:
-    """Items merged by `key` (a new key appended), as a strategic merge of a list."""
+    """Items merged by `key` (a new key appended), as a strategic merge of a list; found
+    by an index, so a long list costs its length, not its square."""
     merged = copy.deepcopy(ours)
-    for index, item in enumerate(theirs):
+    index = {_key(item, key): n for n, item in enumerate(merged) if isinstance(item, dict)}
+    exclusive = _ENV_SOURCES if key == "name" else _NONE
+    for position, item in enumerate(theirs):
         if not isinstance(item, dict) or item.get(key) is None:
-            raise InjectError(f"{where}[{index}]: expected an object with {key}")
-        at = next(
-            (
-                n
-                for n, old in enumerate(merged)
-                if isinstance(old, dict) and old.get(key) == item[key]
-            ),
-            None,
-        )
-        if at is None:
+            raise InjectError(f"{where}[{position}]: expected an object with {key}")
+        found = index.get(_key(item, key))
+        if found is None:
+            index[_key(item, key)] = len(merged)
             merged.append(copy.deepcopy(item))
         else:
-            merged[at] = _merge_map(merged[at], item, _ENV_SOURCES if key == "name" else _NONE)
+            merged[found] = _merge_map(merged[found], item, exclusive)
     return merged
+
+
+def _key(item: dict[str, Any], key: str) -> tuple[str, Any]:
+    """An item's merge key, hashable whatever JSON it is (its type kept: 80 is not "80")."""
+    value = item.get(key)
+    if isinstance(value, (dict, list)):
+        return ("json", repr(value))
+    return (type(value).__name__, value)
 
 
 def check(container: dict[str, Any], settings: InjectSettings, *, restart: str | None) -> None:

@@ -3,7 +3,8 @@
 Istio's `injection-template.yaml` (native-sidecar variant) written as Python, shaped
 by docs/contract of issue 38: `istio-init` (the capture rules, `pilot agent
 iptables`), `istio-proxy` (`pilot agent ... proxy sidecar`: SDS, bootstrap, Envoy),
-their volumes, labels and annotations, and the app's probes moved to the agent.
+their volumes, labels and annotations, and the app's probes moved to the agent; a
+pod's own `istio-proxy` or `istio-init` is merged over ours (overrides.py).
 Pure: the caller's pod is never changed, a new one is returned. Nothing in the
 injected spec names an identity: the certificate comes from the pod's own projected
 token, and SERVICE_ACCOUNT is read by the downward API, never copied from the pod.
@@ -154,6 +155,11 @@ def _app_containers(
     return containers, objects(spec, "initContainers", "spec.initContainers")
 
 
+def _merge_limit(settings: InjectSettings) -> int:
+    """The longest env, ports, mounts or devices list a customization may bring."""
+    return max(settings.max_env, settings.max_volumes)
+
+
 def _customized(
     init: dict[str, Any],
     proxy: dict[str, Any],
@@ -164,10 +170,10 @@ def _customized(
     """The pod's own istio-init and istio-proxy merged over the template's (Istio's
     customizing injection), each checked again as the template's own."""
     if INIT in own:
-        init = overrides.merge(init, own[INIT])
+        init = overrides.merge(init, own[INIT], _merge_limit(settings))
         overrides.check(init, settings, restart=None)
     if PROXY in own:
-        proxy = overrides.merge(proxy, own[PROXY])
+        proxy = overrides.merge(proxy, own[PROXY], _merge_limit(settings))
         overrides.check(proxy, settings, restart="Always" if native else None)
         # As Istio: iptables must let the proxy's own uid out, whatever uid it runs as.
         security = mapping(own[PROXY], "securityContext", f"{PROXY}.securityContext")

@@ -194,6 +194,77 @@ def test_injecting_the_output_again_changes_nothing() -> None:
     assert second.stdout == first.stdout
 
 
+def _customized(kind: str) -> dict[str, Any]:
+    """A workload as Istio's docs customize injection: its own istio-proxy, and the
+    annotations users set for the proxy's image, log levels and concurrency."""
+    document = workload(kind)
+    template = _template(document)
+    template["metadata"]["annotations"] = {
+        "sidecar.istio.io/proxyImage": "registry.example/pilot-proxy:debug",
+        "sidecar.istio.io/logLevel": "debug",
+        "sidecar.istio.io/agentLogLevel": "default:warn,sds:debug",
+        "proxy.istio.io/config": "concurrency: 4",
+    }
+    template["spec"]["containers"].append({
+        "name": "istio-proxy",
+        "image": "auto",
+        "resources": {"limits": {"memory": "1Gi"}},
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", "10"]}}},
+    })  # fmt: skip
+    return document
+
+
+@pytest.mark.parametrize("native", ["--native-sidecars", "--no-native-sidecars"])
+def test_a_customized_istio_proxy_and_the_proxy_annotations(native: str) -> None:
+    documents = [_customized(kind) for kind in ("Deployment", "CronJob")]
+    done = kube_inject("-f", "-", native, stdin=yaml.safe_dump_all(documents))
+    assert done.returncode == 0, done.stderr
+    for printed in yaml.safe_load_all(done.stdout):
+        spec = _template(printed)["spec"]
+        proxies = [c for c in [*spec["initContainers"], *spec["containers"]]
+                   if c["name"] == "istio-proxy"]  # fmt: skip
+        assert len(proxies) == 1
+        proxy = proxies[0]
+        in_init = native == "--native-sidecars"
+        assert (proxy in spec["initContainers"]) is in_init
+        assert _names(spec["containers"]) == (["web"] if in_init else ["istio-proxy", "web"])
+        assert (
+            proxy["image"]
+            == spec["initContainers"][0]["image"]
+            == ("registry.example/pilot-proxy:debug")
+        )
+        assert proxy["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"},
+                                      "limits": {"memory": "1Gi"}}  # fmt: skip
+        assert proxy["lifecycle"]["preStop"] == {"exec": {"command": ["sleep", "10"]}}
+        args = proxy["args"]
+        assert args[args.index("--proxy-log-level") + 1] == "debug"
+        assert args[args.index("--log-level") + 1] == "default:warning,sds:debug"
+        assert args[args.index("--concurrency") + 1] == "4"
+        env = {e["name"]: e.get("value") for e in proxy["env"]}
+        assert env["ISTIO_META_APP_CONTAINERS"] == "web"
+
+
+@pytest.mark.parametrize(
+    ("container", "annotations", "expected"),
+    [
+        ({"restartPolicy": "Never"}, {}, "istio-proxy.restartPolicy"),
+        ({"securityContext": {"runAsUser": "0; id"}}, {}, "not a user or group id"),
+        ({}, {"sidecar.istio.io/logLevel": "debug\n--x"}, "sidecar.istio.io/logLevel"),
+        ({}, {"proxy.istio.io/config": "concurrency: 100000"}, "concurrency"),
+    ],
+)
+def test_a_hostile_customization_is_refused_naming_the_document(
+    container: dict[str, Any], annotations: dict[str, str], expected: str
+) -> None:
+    bad = workload("Deployment", name="api")
+    template = _template(bad)
+    template["metadata"]["annotations"] = annotations
+    template["spec"]["containers"].append({"name": "istio-proxy", **container})
+    line = _refused(yaml.safe_dump_all([workload("Job"), bad]))
+    assert line.startswith("pilot: error: document 2 (Deployment api): "), line
+    assert expected in line
+
+
 def _refused(text: str) -> str:
     done = kube_inject("-f", "-", stdin=text)
     assert done.returncode == 1, done

@@ -230,6 +230,17 @@ def test_injecting_a_customized_pod_twice_changes_nothing() -> None:
         ({"env": [{"name": 5, "value": "1"}]}, NATIVE, "needs a name"),
         ({"env": [{"name": f"E{n}", "value": "x"} for n in range(990)]}, NATIVE, "over the bound"),
         ({"volumeMounts": [{"name": "certs"}]}, NATIVE, "expected an object with mountPath"),
+        (
+            {"volumeMounts": [{"name": "v", "mountPath": f"/m{n}"} for n in range(100_000)]},
+            NATIVE,
+            "100000 entries, over the bound of 1000",
+        ),
+        (
+            {"ports": [{"containerPort": 1 + n % 65535} for n in range(100_000)]},
+            NATIVE,
+            "over the bound",
+        ),
+        ({"env": [{"name": {"a": 1}, "value": "1"}]}, NATIVE, "needs a name"),
         ({"volumeMounts": [{"mountPath": "/x"}]}, NATIVE, "needs a name and a mountPath"),
         ({"ports": [{"containerPort": "15000"}]}, NATIVE, "not a port"),
         ({"ports": [{"containerPort": 70000}]}, NATIVE, "not a port"),
