@@ -6,13 +6,14 @@ istioctl is built from the istio.io/istio module tools/istiod/go.mod pins
 snapshot's own chart (manifests/charts/istio-control/istio-discovery) as its
 `istio-sidecar-injector` ConfigMap renders them for revision `default`; nothing fetched
 is committed. Both tools inject the same Deployments (plain; with HTTP, TCP and gRPC
-probes; with the traffic and resource annotations; in classic mode; inject=false;
-hostNetwork) and the results are compared field by field: container names and order,
-securityContexts, volumes (names and sources) and mounts (names and paths), istio-init's
-capture arguments, istio-proxy's env names and the values both mean alike, ports, probes
-and the rewritten app probes, resources, labels and annotations. What may differ is
-ALLOWED below, each with its reason (the same list is in docs/sidecar.md, "Compared with
-istioctl kube-inject"); anything else fails with the field's path.
+probes; with the traffic and resource annotations; in classic mode; with
+holdApplicationUntilProxyStarts, classic and native; inject=false; hostNetwork) and the
+results are compared field by field: container names and order, securityContexts,
+volumes (names and sources) and mounts (names and paths), istio-init's capture
+arguments, istio-proxy's env names and the values both mean alike, ports, probes and the
+rewritten app probes, resources, lifecycle hooks, labels and annotations. What may
+differ is ALLOWED below, each with its reason (the same list is in docs/sidecar.md,
+"Compared with istioctl kube-inject"); anything else fails with the field's path.
 """
 
 from __future__ import annotations
@@ -44,9 +45,9 @@ Json = dict[str, Any]
 # normalises; docs/sidecar.md lists the same.
 ALLOWED = {
     "image": "the proxy image: pilot-proxy:VERSION against Istio's proxyv2",
-    "command/args shape": "`pilot agent [flags] proxy sidecar` and `pilot agent iptables`"
-    " against `pilot-agent proxy sidecar` and `pilot-agent istio-iptables`: flags differ"
-    " (istio-init's capture flags and values are compared)",
+    "command/args shape": "`pilot agent [flags] proxy sidecar`, `pilot agent iptables` and"
+    " `pilot agent wait` against `pilot-agent proxy sidecar`, `pilot-agent istio-iptables`"
+    " and `pilot-agent wait`: flags differ (istio-init's capture flags are compared)",
     "Go-only env": "GOMAXPROCS, GOMEMLIMIT: Go runtime knobs of pilot-agent",
     "PILOT_CERT_PROVIDER": "pilot's agent has one certificate provider, the CA at CA_ADDR",
     "CA_TOKEN_FILE, CA_ROOT_CERT": "pilot writes the token and root paths pilot-agent"
@@ -62,7 +63,8 @@ ALLOWED = {
     "fsGroup": "pilot sets the pod's fsGroup 1337 when unset, so uid 1337 reads the token",
     "log level args": "--proxyLogLevel/--log_output_level are pilot-agent's flags",
     "classic order": "in classic mode istio-proxy is the first of `containers` (the"
-    " injected-pod contract: it starts before the app); Istio's template puts it last",
+    " injected-pod contract: it starts before the app); Istio's template puts it last"
+    " unless holdApplicationUntilProxyStarts",
 }
 # Differences found by this test that pilot's injector should lose (Istio's template is the
 # model where the contract is silent): until then `known_gaps` rewrites istioctl's output
@@ -252,8 +254,9 @@ def compare_containers(ours: Json, theirs: Json, found: Differences) -> None:
     for field in ("initContainers", "containers"):
         names = [c["name"] for c in _containers(ours, field)]
         istio_names = [c["name"] for c in _containers(theirs, field)]
-        if field == "containers" and names[:1] == ["istio-proxy"]:  # ALLOWED: classic order
-            names = [*names[1:], "istio-proxy"]
+        moved = [*names[1:], "istio-proxy"]
+        if names[:1] == ["istio-proxy"] and moved == istio_names:  # ALLOWED: classic order
+            names = moved
         found.check(f"{field} names", names, istio_names)
     for name in ("istio-init", "istio-proxy"):
         mine, istio = _named(ours, name), _named(theirs, name)
@@ -290,7 +293,18 @@ def compare_proxy(ours: Json, theirs: Json, found: Differences, annotated: bool)
     found.check("istio-proxy resources", resources, istio_resources)
     istio_lifecycle = copy.deepcopy(istio.get("lifecycle") or {})
     istio_lifecycle.pop("preStop", None)  # ALLOWED: preStop drain
-    found.check("istio-proxy lifecycle", mine.get("lifecycle") or {}, istio_lifecycle)
+    found.check("istio-proxy lifecycle", _agent_spelled(mine.get("lifecycle") or {}),
+                istio_lifecycle)  # fmt: skip
+
+
+def _agent_spelled(lifecycle: Json) -> Json:
+    """Hooks with `pilot agent ...` spelled `pilot-agent ...` (ALLOWED: command shape)."""
+    spelled = copy.deepcopy(lifecycle)
+    for hook in spelled.values():
+        command = (hook.get("exec") or {}).get("command") or []
+        if command[:2] == ["pilot", "agent"]:
+            hook["exec"]["command"] = ["pilot-agent", *command[2:]]
+    return spelled
 
 
 def compare_app(ours: Json, theirs: Json, found: Differences) -> None:
@@ -387,6 +401,13 @@ def _annotated(template: Json) -> None:
     template["metadata"]["annotations"] = dict(TRAFFIC)
 
 
+def _held(template: Json) -> None:
+    """holdApplicationUntilProxyStarts, with probes (Istio's template moves the proxy first)."""
+    _probes(template)
+    hold = json.dumps({"holdApplicationUntilProxyStarts": True})
+    template["metadata"]["annotations"] = {"proxy.istio.io/config": hold}
+
+
 def _not_injected(template: Json) -> None:
     template["metadata"]["labels"]["sidecar.istio.io/inject"] = "false"
 
@@ -403,7 +424,8 @@ class Case:
 
 
 CASES = [Case("plain"), Case("probes", _probes), Case("annotated", _annotated),
-         Case("classic", _probes, native=False)]  # fmt: skip
+         Case("classic", _probes, native=False), Case("held", _held, native=False),
+         Case("held-native", _held)]  # fmt: skip
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
