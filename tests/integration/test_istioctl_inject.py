@@ -14,6 +14,8 @@ arguments, istio-proxy's env names and the values both mean alike, ports, probes
 rewritten app probes, resources, lifecycle hooks, labels and annotations. What may
 differ is ALLOWED below, each with its reason (the same list is in docs/sidecar.md,
 "Compared with istioctl kube-inject"); anything else fails with the field's path.
+Hostile annotation values (a CIDR or port list carrying an iptables rule or a newline, a
+port out of range, a quantity that is none) are refused by both.
 """
 
 from __future__ import annotations
@@ -453,6 +455,40 @@ def test_neither_injects_what_istio_would_not(
         assert _named(template, "istio-proxy") is None
         assert "sidecar.istio.io/status" not in (template["metadata"].get("annotations") or {})
     assert _template(ours)["spec"] == _template(original)["spec"]
+
+
+HOSTILE = [
+    ("traffic.sidecar.istio.io/excludeOutboundIPRanges", "10.0.0.0/8 -j ACCEPT"),
+    ("traffic.sidecar.istio.io/includeOutboundIPRanges", "*,10.0.0.0/8"),
+    ("traffic.sidecar.istio.io/includeInboundPorts", "8080\n-j ACCEPT"),
+    ("traffic.sidecar.istio.io/excludeInboundPorts", "70000"),
+    ("traffic.sidecar.istio.io/excludeOutboundPorts", "-1"),
+    ("sidecar.istio.io/proxyCPU", "lots"),
+]
+
+
+@pytest.mark.parametrize(("key", "value"), HOSTILE, ids=[f"{k}={v!r}" for k, v in HOSTILE])
+def test_both_refuse_the_same_hostile_annotations(
+    istioctl: Istioctl, offline: list[str], tmp_path: Path, key: str, value: str
+) -> None:
+    """A value that would reach an iptables rule or a resource unchecked: istioctl refuses
+    it, and so does pilot, in one line naming the annotation, printing no workload."""
+    source = tmp_path / "hostile.yaml"
+    made = deployment("hostile")
+    _template(made)["metadata"]["annotations"] = {key: value}
+    source.write_text(yaml.safe_dump(made))
+    theirs = subprocess.run(
+        [str(istioctl.binary), "kube-inject", *offline, "-f", str(source)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    ours = subprocess.run(
+        [str(PILOT), "kube-inject", "-f", str(source)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert theirs.returncode != 0, theirs.stdout
+    assert ours.returncode != 0 and ours.stdout == "", ours.stdout
+    [line] = ours.stderr.splitlines()
+    assert key in line, line
 
 
 def test_the_comparison_finds_a_difference(
