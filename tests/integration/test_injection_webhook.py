@@ -298,10 +298,19 @@ async def test_garbage_and_half_open_connections_never_stop_the_webhook(
         writer.write(garbage)
         await writer.drain()
         writer.close()
-    _, writer = await raw(port, pilot.root_pem)  # TLS, then HTTP garbage
-    writer.write(b"\x00\xff" * 2048 + b"\r\n\r\n")
-    await writer.drain()
-    writer.close()
+    head = b"POST /inject HTTP/1.1\r\nHost: pilot\r\nContent-Type: application/json\r\n"
+    for after_tls in (
+        b"\x00\xff" * 2048 + b"\r\n\r\n",  # not HTTP
+        head + b"Transfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n",  # a broken chunk size
+        head + b"Content-Length: 100\r\n\r\n{",  # then gone mid-body
+        head + b"Transfer-Encoding: chunked\r\n\r\n5\r\nab",  # the same, chunked
+    ):
+        reader, writer = await raw(port, pilot.root_pem)
+        writer.write(after_tls)
+        await writer.drain()
+        if after_tls.endswith(b"\n\r\n"):
+            await bounded(reader.read(), 30)  # answered (400) and closed
+        writer.close()
     for body in (
         b"[]",
         b"null",
@@ -319,6 +328,9 @@ async def test_garbage_and_half_open_connections_never_stop_the_webhook(
     assert pilot.alive
     for _, silent_writer in silent:
         silent_writer.close()
+    # Each kind in a line of pilot's, never a traceback: a caller decides nothing of the log.
+    assert pilot.logged(lambda e: bool(e["error"]) or e["level"] == "error") == []
+    assert await _metric(pilot, "pilot_injection_refusals_total", 'reason="malformed"') >= 2
 
 
 async def test_plaintext_http_gets_no_answer(pilot: PilotProcess) -> None:
