@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import re
 from pathlib import Path
 
@@ -331,6 +332,48 @@ async def test_garbage_and_half_open_connections_never_stop_the_webhook(
     # Each kind in a line of pilot's, never a traceback: a caller decides nothing of the log.
     assert pilot.logged(lambda e: bool(e["error"]) or e["level"] == "error") == []
     assert await _metric(pilot, "pilot_injection_refusals_total", 'reason="malformed"') >= 2
+
+
+_NASTY: list[object] = [
+    None, True, 0, -1, 2**70, 1.5e308, "", "x" * 70_000, "\n\x00<script>", "../../etc",
+    [], {}, [[[[[]]]]], {"": {"": {}}}, "\ud800", "١٢٣", {"$ref": "#"},
+]  # fmt: skip
+
+
+def _mutated(rng: random.Random, review: object, depth: int = 0) -> object:
+    """`review` with some of its values, at any depth, replaced by hostile ones."""
+    if rng.random() < 0.08:
+        return rng.choice(_NASTY)
+    if isinstance(review, dict):
+        mutated = {k: _mutated(rng, v, depth + 1) for k, v in review.items()}
+        if rng.random() < 0.1:
+            mutated[rng.choice(["", "x" * 300, "\n", "metadata"])] = rng.choice(_NASTY)
+        return mutated
+    if isinstance(review, list):
+        return [_mutated(rng, v, depth + 1) for v in review]
+    return review
+
+
+async def test_hundreds_of_mutated_reviews_get_answers_and_pilot_stays(
+    pilot: PilotProcess,
+) -> None:
+    """Fuzz-style: a valid Pod review with hostile values anywhere; every answer is a
+    review echoing the uid it can read, or a 400, and pilot keeps serving."""
+    rng = random.Random(38)
+    base = pod_review(_pod(**{"proxy.istio.io/config": '{"concurrency": 2}'}), uid="fuzz")
+    base["request"]["object"]["spec"]["initContainers"] = [{"name": "i", "image": "i"}]
+    statuses = []
+    for _ in range(300):
+        body = json.dumps(_mutated(rng, base)).encode()
+        status, answer = await post(pilot.webhook_port, pilot.root_pem, body)
+        statuses.append(status)
+        assert status in (200, 400), (status, body[:200])
+        if status == 200:
+            response = response_of(answer)
+            assert isinstance(response["allowed"], bool) and isinstance(response["uid"], str)
+    assert statuses.count(200) > 10 and statuses.count(400) > 10, "the mutations miss"
+    assert await _ready(pilot) == 200
+    assert pilot.logged(lambda e: bool(e["error"]) or e["level"] == "error") == []
 
 
 async def test_plaintext_http_gets_no_answer(pilot: PilotProcess) -> None:
