@@ -5,7 +5,14 @@ What Istio's pilot-agent puts in `envoy-rev.json`, reduced to what pilot serves:
 - the node: id `sidecar~IP~POD.NAMESPACE~NAMESPACE.svc.DOMAIN`, cluster
   `POD.NAMESPACE`, metadata NAMESPACE, SERVICE_ACCOUNT, POD_NAME, INSTANCE_IPS,
   INTERCEPTION_MODE (REDIRECT, or NONE for a sidecar without capture rules) and
-  ISTIO_VERSION (pilot's version);
+  ISTIO_VERSION (pilot's version); and, as Istio's agent does, every other
+  `ISTIO_META_NAME` variable as metadata NAME, a string (the injector's CLUSTER_ID,
+  POD_PORTS, APP_CONTAINERS, WORKLOAD_NAME, OWNER, MESH_ID, NODE_NAME). Those are
+  bounded (`node_metadata_from_env`): a name of A-Z, 0-9 and `_` only, at most
+  MAX_META_VARIABLES of them, each value at most MAX_META_VALUE bytes; one that is
+  not is left out with a warning naming it (never its value). pilot's own keys above
+  are never replaced by a variable: discovery reads NAMESPACE and SERVICE_ACCOUNT
+  (checked against what the stream proves) and INTERCEPTION_MODE, nothing else;
 - ADS to pilot at the discovery address over TLS verified with the agent's root
   (CA_ROOT_CERT) and the address's host name, CDS and LDS over it (`ads`; as
   Istio's bootstrap, `initial_fetch_timeout: 0s` for both: Envoy waits for pilot's
@@ -27,6 +34,7 @@ newline or a path into Envoy's configuration.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,6 +45,7 @@ from typing import Any
 from pilot.security.identity import Identity
 
 Json = dict[str, Any]
+log = logging.getLogger("pilot.agent")
 
 ADMIN_PORT = 15000
 PROMETHEUS_PORT = 15090
@@ -44,6 +53,10 @@ READINESS_PORT = 15021
 XDS_CLUSTER = "xds-grpc"
 SDS_CLUSTER = "sds-grpc"
 INTERCEPTION_MODES = ("REDIRECT", "NONE")
+META_PREFIX = "ISTIO_META_"
+MAX_META_VARIABLES = 64
+MAX_META_VALUE = 16 * 1024  # bytes: POD_PORTS of a pod with many containers and ports
+_META_NAME = re.compile(r"[A-Z0-9_]{1,64}")
 HCM = "envoy.filters.network.http_connection_manager"
 # A pod name: a DNS-1123 subdomain (what Kubernetes accepts for metadata.name).
 _POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -63,6 +76,7 @@ class ProxyNode:
     identity: Identity
     interception_mode: str = "REDIRECT"
     cluster_domain: str = "cluster.local"
+    extra_metadata: tuple[tuple[str, str], ...] = ()  # ISTIO_META_NAME=value: (NAME, value)
 
     @classmethod
     def from_env(
@@ -90,7 +104,7 @@ class ProxyNode:
                 f"ISTIO_META_INTERCEPTION_MODE={mode[:64]!r}:"
                 f" one of {', '.join(INTERCEPTION_MODES)}"
             )
-        return cls(pod_name, ip, identity, mode, cluster_domain)
+        return cls(pod_name, ip, identity, mode, cluster_domain, node_metadata_from_env(env))
 
     @property
     def namespace(self) -> str:
@@ -102,6 +116,25 @@ class ProxyNode:
         return (
             f"sidecar~{self.ip}~{self.pod_name}.{namespace}~{namespace}.svc.{self.cluster_domain}"
         )
+
+
+def node_metadata_from_env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """(NAME, value) of each usable ISTIO_META_NAME variable, sorted; the rest warned of."""
+    found: list[tuple[str, str]] = []
+    for variable in sorted(key for key in env if key.startswith(META_PREFIX)):
+        name, value = variable[len(META_PREFIX) :], env[variable]
+        if not _META_NAME.fullmatch(name):
+            log.warning("an %s* variable with a name that is not [A-Z0-9_]{1,64} is left out"
+                        " of the node metadata", META_PREFIX)  # fmt: skip
+        elif len(value.encode(errors="replace")) > MAX_META_VALUE:
+            log.warning("%s%s is over %d bytes: left out of the node metadata",
+                        META_PREFIX, name, MAX_META_VALUE)  # fmt: skip
+        elif len(found) >= MAX_META_VARIABLES:
+            log.warning("%s%s: over %d %s* variables: left out of the node metadata",
+                        META_PREFIX, name, MAX_META_VARIABLES, META_PREFIX)  # fmt: skip
+        else:
+            found.append((name, value))
+    return tuple(found)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,17 +169,18 @@ def _pilot_version() -> str:
 
 
 def _node(node: ProxyNode) -> Json:
+    own = {
+        "NAMESPACE": node.namespace,
+        "SERVICE_ACCOUNT": node.identity.service_account,
+        "POD_NAME": node.pod_name,
+        "INSTANCE_IPS": node.ip,
+        "INTERCEPTION_MODE": node.interception_mode,
+        "ISTIO_VERSION": _pilot_version(),
+    }
     return {
         "id": node.node_id,
         "cluster": f"{node.pod_name}.{node.namespace}",
-        "metadata": {
-            "NAMESPACE": node.namespace,
-            "SERVICE_ACCOUNT": node.identity.service_account,
-            "POD_NAME": node.pod_name,
-            "INSTANCE_IPS": node.ip,
-            "INTERCEPTION_MODE": node.interception_mode,
-            "ISTIO_VERSION": _pilot_version(),
-        },
+        "metadata": dict(node.extra_metadata) | own,  # pilot's own keys win
     }
 
 

@@ -1,13 +1,17 @@
-"""The Envoy `pilot agent --binary-path` starts: bootstrap on disk, one child, its end.
+"""The Envoy `pilot agent proxy` (or `--binary-path`) starts: bootstrap on disk, one child.
 
-Like Istio's pilot-agent: the bootstrap (`pilot.agent.bootstrap`) is written to
-`--config-path`/envoy-rev.json (0644 in a 0755 directory: it holds no secret;
-the token stays in its own file), then Envoy runs as a child of the agent, as the
-agent's user, and dies with it (PR_SET_PDEATHSIG). Envoy must not run as root
-when traffic is captured: the capture rules let only uid 1337's traffic out
-uncaptured, so root's own upstream connections would loop back into Envoy; the
-agent refuses to start it then. If Envoy exits on its own, the agent says so and
-stops too (exit status 1): a sidecar without its proxy is not a sidecar.
+Like Istio's pilot-agent: the binary is `--binary-path`, else `envoy` found on
+PATH (`find_envoy`; neither is a one-line error before anything starts). The
+bootstrap (`pilot.agent.bootstrap`) is written to `--config-path`/envoy-rev.json
+(0644: it holds no secret; the token stays in its own file), through a fresh
+temporary file made with O_EXCL and renamed into place, so a link planted in a
+shared directory (an emptyDir is 0777) is never followed. Then Envoy runs as a
+child of the agent, as the agent's user, and dies with it (PR_SET_PDEATHSIG).
+Envoy must not run as root when traffic is captured: the capture rules let only
+uid 1337's traffic out uncaptured, so root's own upstream connections would loop
+back into Envoy; the agent refuses to start it then. If Envoy exits on its own,
+the agent says so and stops too (exit status 1): a sidecar without its proxy is
+not a sidecar.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import ctypes
 import json
 import logging
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +33,8 @@ log = logging.getLogger("pilot.agent")
 
 BOOTSTRAP_FILE = "envoy-rev.json"
 DEFAULT_CONFIG_PATH = Path("./etc/istio/proxy")
+SIDECAR_CONFIG_PATH = Path("/etc/istio/proxy")  # `pilot agent proxy`: Istio's istio-envoy volume
+ENVOY_ON_PATH = "envoy"
 STOP_GRACE = 10.0
 _PR_SET_PDEATHSIG = 1
 
@@ -45,15 +53,32 @@ class EnvoySettings:
     concurrency: int = 2
 
 
+def find_envoy(binary: Path | None, search_path: str | None = None) -> Path:
+    """`binary` when given, else `envoy` on PATH (`search_path`); EnvoyStartError if none."""
+    if binary is not None:
+        return binary
+    found = shutil.which(ENVOY_ON_PATH, path=search_path)
+    if found is None:
+        raise EnvoyStartError(
+            f"no `{ENVOY_ON_PATH}` on PATH: install Envoy there or name it with --binary-path"
+        )
+    return Path(found)
+
+
 def write_bootstrap(config_path: Path, bootstrap: dict[str, Any]) -> Path:
     """envoy-rev.json under `config_path` (made 0755 if missing); its path."""
     path = config_path / BOOTSTRAP_FILE
-    temporary = path.with_suffix(".tmp")
     try:
         config_path.mkdir(parents=True, exist_ok=True, mode=0o755)
-        temporary.write_text(json.dumps(bootstrap, indent=2))
-        temporary.chmod(0o644)
-        temporary.replace(path)  # Envoy never reads half a file
+        descriptor, name = tempfile.mkstemp(prefix=".envoy-rev.", dir=config_path)
+        try:
+            with os.fdopen(descriptor, "w") as file:
+                os.fchmod(file.fileno(), 0o644)  # no secret in it; Envoy reads it
+                file.write(json.dumps(bootstrap, indent=2))
+            os.replace(name, path)  # Envoy never reads half a file
+        except BaseException:
+            os.unlink(name)
+            raise
     except OSError as error:
         raise EnvoyStartError(
             f"--config-path {config_path}: cannot write {BOOTSTRAP_FILE}: {error.strerror or error}"
@@ -82,7 +107,7 @@ class EnvoyChild:
         """Refuse root when traffic is captured (see the module docstring)."""
         if os.geteuid() == 0 and interception_mode != "NONE":
             raise EnvoyStartError(
-                "--binary-path: pilot agent runs as root, and Envoy would too: the capture"
+                "pilot agent runs as root, and Envoy would too: the capture"
                 " rules exempt only the proxy's uid (1337), so Envoy's own connections would"
                 " be captured back into it; run the agent as uid 1337 (or set"
                 " ISTIO_META_INTERCEPTION_MODE=NONE where no traffic is captured)"

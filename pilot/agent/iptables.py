@@ -11,19 +11,28 @@ pod's network namespace. The rules are Istio's REDIRECT mode, in its chains:
   1337) leaves uncaptured, except what it sends to the pod's own address over
   loopback (a call from the app to itself through Envoy, which goes inbound);
   Envoy's inbound passthrough source 127.0.0.6 and the app's own loopback
-  traffic RETURN; everything else goes to ISTIO_REDIRECT, REDIRECT to `-p`
-  (15001, Envoy's `virtualOutbound`), but for excluded outbound ports (`-o`).
+  traffic RETURN, as do excluded outbound ports (`-o`, first) and ranges (`-x`);
+  then the included outbound ports (`-q`) and ranges (`-i`: `*` every address,
+  the default; '' none) go to ISTIO_REDIRECT, REDIRECT to `-p` (15001, Envoy's
+  `virtualOutbound`); anything left leaves uncaptured.
+
+`-m` is the inbound interception mode: REDIRECT only. TPROXY is refused (these
+rules would not be what it asks for: fail closed, never a weaker capture). Ranges
+are CIDRs (`10.0.0.0/8`); pilot sets IPv4 rules only, so an IPv6 range to include
+is refused, and one to exclude needs no rule (IPv6 is not captured at all).
 
 The rules are one `iptables-restore --noflush` transaction on the nat table:
 all of them are set or none. A namespace that already has ISTIO_ chains is left
 alone and refused with a line saying so (running twice would capture twice);
 `--cleanup` removes them. `--dry-run` prints the rules and changes nothing.
-Nothing here reads anything but flags: ports are numbers in range, checked
-before any rule is built.
+Nothing here reads anything but flags: ports are numbers in range, ranges are
+CIDRs, at most MAX_ENTRIES of either per flag, all checked before any rule is
+built (the injector writes them from a pod's annotations).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -33,6 +42,8 @@ CHAINS = ("ISTIO_INBOUND", "ISTIO_REDIRECT", "ISTIO_IN_REDIRECT", "ISTIO_OUTPUT"
 _HOOKS = (("PREROUTING", "ISTIO_INBOUND"), ("OUTPUT", "ISTIO_OUTPUT"))
 INBOUND_PASSTHROUGH_SOURCE = "127.0.0.6/32"  # Envoy's source address toward the app
 COMMAND_TIMEOUT = 30.0
+MAX_ENTRIES = 256  # ports or ranges in one flag: each is a rule
+INTERCEPTION_MODES = ("REDIRECT",)
 
 
 class CaptureError(Exception):
@@ -50,6 +61,9 @@ class CaptureSettings:
     inbound_ports: tuple[int, ...] | None = None  # -b: None is '*', every port
     exclude_inbound_ports: tuple[int, ...] = (15090, 15021, 15020)  # -d
     exclude_outbound_ports: tuple[int, ...] = ()  # -o
+    include_outbound_ports: tuple[int, ...] = ()  # -q
+    include_outbound_ranges: tuple[str, ...] | None = None  # -i: None is '*', every address
+    exclude_outbound_ranges: tuple[str, ...] = ()  # -x
 
 
 def parse_ports(flag: str, text: str, wildcard: bool = False) -> tuple[int, ...] | None:
@@ -58,13 +72,59 @@ def parse_ports(flag: str, text: str, wildcard: bool = False) -> tuple[int, ...]
     if wildcard and text == "*":
         return None
     ports = []
-    for word in (w.strip() for w in text.split(",")):
-        if not word:
-            continue
+    for word in _words(flag, text):
         if not word.isdigit() or not 0 < int(word) < 65536:
             raise CaptureError(f"{flag} {text[:64]!r}: {word[:16]!r} is not a port (1-65535)")
         ports.append(int(word))
     return tuple(dict.fromkeys(ports))
+
+
+def parse_ranges(
+    flag: str, text: str, wildcard: bool = False, ipv6: bool = True
+) -> tuple[str, ...] | None:
+    """`10.0.0.0/8,192.168.0.0/16`: IPv4 CIDRs; '' is none; '*' (where allowed) is None.
+
+    IPv6 CIDRs are dropped where `ipv6` (nothing to exclude: IPv6 is not captured),
+    refused otherwise.
+    """
+    text = text.strip()
+    if wildcard and text == "*":
+        return None
+    ranges = []
+    for word in _words(flag, text):
+        try:
+            network = ipaddress.ip_network(word, strict=False) if "/" in word else None
+        except ValueError:
+            network = None
+        if network is None:
+            raise CaptureError(f"{flag} {text[:64]!r}: {word[:48]!r} is not a CIDR (10.0.0.0/8)")
+        if network.version == 6 and not ipv6:
+            raise CaptureError(
+                f"{flag} {text[:64]!r}: {word[:48]!r}: IPv6 ranges cannot be captured"
+                " (pilot sets IPv4 rules only)"
+            )
+        if network.version == 4:
+            ranges.append(str(network))
+    return tuple(dict.fromkeys(ranges))
+
+
+def check_mode(mode: str) -> str:
+    """`-m`: REDIRECT; TPROXY and anything else refused (never a weaker capture)."""
+    if mode == "TPROXY":
+        raise CaptureError(
+            "-m TPROXY: not supported; pilot sets REDIRECT rules only (use -m REDIRECT)"
+        )
+    if mode not in INTERCEPTION_MODES:
+        raise CaptureError(f"-m {mode[:32]!r}: not an interception mode (REDIRECT)")
+    return mode
+
+
+def _words(flag: str, text: str) -> list[str]:
+    """The comma-separated words of `text`, empty ones skipped, at most MAX_ENTRIES."""
+    words = [word for word in (w.strip() for w in text.split(",")) if word]
+    if len(words) > MAX_ENTRIES:
+        raise CaptureError(f"{flag}: {len(words)} entries, at most {MAX_ENTRIES}")
+    return words
 
 
 def _check_id(flag: str, value: int) -> None:
@@ -108,7 +168,19 @@ def _outbound(settings: CaptureSettings) -> list[str]:
     rules.append(f"-A ISTIO_OUTPUT -o lo -s {INBOUND_PASSTHROUGH_SOURCE} -j RETURN")
     rules += _owner("uid", settings.proxy_uid)
     rules += _owner("gid", settings.proxy_gid)
-    rules += ["-A ISTIO_OUTPUT -d 127.0.0.1/32 -j RETURN", "-A ISTIO_OUTPUT -j ISTIO_REDIRECT"]
+    rules.append("-A ISTIO_OUTPUT -d 127.0.0.1/32 -j RETURN")
+    rules += [f"-A ISTIO_OUTPUT -d {cidr} -j RETURN" for cidr in settings.exclude_outbound_ranges]
+    rules += [
+        f"-A ISTIO_OUTPUT -p tcp --dport {port} -j ISTIO_REDIRECT"
+        for port in settings.include_outbound_ports
+    ]
+    if settings.include_outbound_ranges is None:
+        rules.append("-A ISTIO_OUTPUT -j ISTIO_REDIRECT")
+    else:
+        rules += [
+            f"-A ISTIO_OUTPUT -d {cidr} -j ISTIO_REDIRECT"
+            for cidr in settings.include_outbound_ranges
+        ]
     return rules
 
 

@@ -11,14 +11,16 @@ ConfigMap is mounted); plaintext only with CA_INSECURE=true. That root, never
 one a CA hands back, is what Envoy gets as `ROOTCA` and what every chain must
 lead to. The socket's directory is private (`pilot.agent.sds_socket`).
 
-With `--binary-path` the agent also brings the sidecar up, as Istio's
-pilot-agent does: once SDS serves, it writes Envoy's bootstrap
+With `proxy` (Envoy found on PATH) or `--binary-path` the agent also brings the
+sidecar up, as Istio's pilot-agent does: once SDS serves, it writes Envoy's bootstrap
 (`pilot.agent.bootstrap`: node id from POD_NAME, INSTANCE_IP and the identity,
 ADS to the discovery address over TLS verified with the same root, SDS on this
 socket) and starts Envoy (`pilot.agent.envoy`); on SIGTERM Envoy stops first.
 Before anything else it binds the status port, 15020 (`pilot.agent.status_port`:
-`/healthz/ready`), which the capture rules leave uncaptured: an app must never hold
-it, so a port already taken stops the agent before it starts.
+`/healthz/ready`, `/quitquitquit` from the pod itself, the app's rewritten probes from
+ISTIO_KUBE_APP_PROBERS, `pilot.agent.app_probes`), which the capture rules leave
+uncaptured: an app must never hold it, so a port already taken stops the agent
+before it starts.
 `pilot agent bootstrap` prints that bootstrap instead, and `pilot agent
 iptables` (`pilot.agent.iptables`) sets the capture rules.
 """
@@ -35,9 +37,10 @@ from pathlib import Path
 from grpc import aio
 
 from pilot.agent import sds_socket
+from pilot.agent.app_probes import AppProber, probers_from_env
 from pilot.agent.bootstrap import ADMIN_PORT, Json, ProxyNode, XdsTarget, bootstrap
 from pilot.agent.envoy import EnvoyChild, EnvoySettings, write_bootstrap
-from pilot.agent.status_port import DEFAULT_STATUS_PORT, StatusServer
+from pilot.agent.status_port import DEFAULT_STATUS_PORT, StatusRoutes, StatusServer
 from pilot.generators.sds import SecretGenerator
 from pilot.push.pipeline import Pipeline
 from pilot.runtime.supervisor import Supervisor
@@ -60,6 +63,9 @@ from pilot.xds.cache import ResourceCache
 log = logging.getLogger("pilot.agent")
 
 DEFAULT_SOCKET = Path("./var/run/secrets/workload-spiffe-uds/socket")
+# `pilot agent proxy`: the paths of Istio's injected volumes (workload-socket, istiod-ca-cert).
+SIDECAR_SOCKET = Path("/var/run/secrets/workload-spiffe-uds/socket")
+SIDECAR_ROOT_CERT = Path("/var/run/secrets/istio/root-cert.pem")
 # pilot's TLS port through the Service in deploy/ (Istio's agent: istiod.istio-system.svc:15012).
 DEFAULT_DISCOVERY_ADDRESS = "pilot.pilot-system.svc:15012"
 # Where Istio mounts the istio-ca-root-cert ConfigMap; relative to the working directory.
@@ -78,6 +84,7 @@ class AgentSettings:
     envoy: EnvoySettings | None = None  # --binary-path: start Envoy
     node: ProxyNode | None = None  # with envoy, or for `pilot agent bootstrap`
     status_port: int = DEFAULT_STATUS_PORT  # --status-port, with envoy only; 0: none
+    probers: Mapping[str, AppProber] | None = None  # ISTIO_KUBE_APP_PROBERS, with envoy
 
     def bootstrap(self) -> Json:
         """Envoy's bootstrap for this sidecar (needs `node`)."""
@@ -99,18 +106,19 @@ def agent_settings(
     sidecar: bool = False,
     cluster_domain: str = "cluster.local",
     status_port: int = DEFAULT_STATUS_PORT,
+    default_root: Path = DEFAULT_ROOT_CERT,
 ) -> AgentSettings:
     """Resolve the agent's identity and CA from the environment.
 
     With `envoy` (or `sidecar`: the bootstrap is wanted) the pod's node too
     (POD_NAME, INSTANCE_IP), and the discovery address must be HOST:PORT;
-    BootstrapError otherwise.
+    BootstrapError otherwise. The socket is where `sds_socket.resolve` puts it.
     """
     env = os.environ if env is None else env
     identity = own_identity(env, trust_domain)
     if identity is None:
         raise SecuritySettingsError("pilot agent needs POD_NAMESPACE and SERVICE_ACCOUNT")
-    remote = remote_ca_from_env(env, trust_domain, discovery_address, DEFAULT_ROOT_CERT)
+    remote = remote_ca_from_env(env, trust_domain, discovery_address, default_root)
     if remote is None:
         raise SecuritySettingsError("pilot agent needs --discovery-address or CA_ADDR")
     node = None
@@ -119,8 +127,17 @@ def agent_settings(
         XdsTarget(discovery_address, remote.root_cert)  # checked before anything starts
     if envoy is not None:
         EnvoyChild.check_user(node.interception_mode if node else "")
+    probers = probers_from_env(env, node.ip) if envoy is not None and node else None
     return AgentSettings(
-        socket, identity, remote, key_type, discovery_address, envoy, node, status_port
+        sds_socket.resolve(socket),
+        identity,
+        remote,
+        key_type,
+        discovery_address,
+        envoy,
+        node,
+        status_port,
+        probers,
     )
 
 
@@ -145,12 +162,21 @@ class Agent:
         self.envoy = (
             EnvoyChild(settings.envoy, self._envoy_exited) if settings.envoy is not None else None
         )
+        routes = StatusRoutes(
+            on_quit=self._quit,
+            probers=settings.probers,
+            pod_ip=settings.node.ip if settings.node else "",
+        )
         self.status = (
-            StatusServer(settings.status_port, ADMIN_PORT)
+            StatusServer(settings.status_port, ADMIN_PORT, routes=routes)
             if settings.envoy is not None and settings.status_port
             else None
         )
         self.exit_status = 0
+
+    def _quit(self) -> None:
+        """POST /quitquitquit from the pod: stop as on SIGTERM, exit 0 (a Job's app is done)."""
+        signal.raise_signal(signal.SIGTERM)
 
     def _envoy_exited(self, status: int) -> None:
         """Envoy went on its own: stop as on SIGTERM, and exit 1."""

@@ -5,8 +5,19 @@ with their own, gets or forges them. Before the agent binds, `prepare` makes
 the socket's directory 0700 whatever the umask (missing parents 0755), or
 accepts an existing one only if it is a directory of this user that nobody
 else can write; anything else is refused with an error naming the directory
-and why. A socket left by an earlier run is removed; any other file in its
-place is refused, never deleted. Once bound, the socket is made 0600
+and why.
+
+A directory that group or others can write is what a kubelet makes of an
+emptyDir (root's, 0777, or 2777 with an fsGroup): the socket cannot live there,
+since anyone who can write it could replace the socket. `resolve` then moves the
+socket one level down, into a directory of the agent's own, `DIR/agent/NAME`,
+made 0700 and checked like any other (one that exists but is not this user's
+alone is refused); the bootstrap points Envoy there. In a directory without the
+sticky bit a writer could still rename that subdirectory away: what guards it is
+that only the sidecar's container mounts the volume (Istio's `workload-socket`).
+
+A socket left by an earlier run is removed; any other file in its place is
+refused, never deleted. Once bound, the socket is made 0600
 (`SOCKET_MODE`): only Envoy running as the agent's user may connect.
 """
 
@@ -16,6 +27,7 @@ import os
 import stat
 from pathlib import Path
 
+AGENT_DIRECTORY = "agent"  # the agent's own directory inside a shared one
 PRIVATE_DIRECTORY = 0o700
 PARENT_DIRECTORY = 0o755
 SOCKET_MODE = 0o600
@@ -23,6 +35,18 @@ SOCKET_MODE = 0o600
 
 class SocketPathError(OSError):
     """The socket's directory or path is not safe to serve secrets from."""
+
+
+def resolve(socket: Path) -> Path:
+    """Where the socket asked for at `socket` is bound: there, or in DIR/agent when its
+    directory DIR exists and group or others can write it (an emptyDir)."""
+    try:
+        info = socket.parent.stat()
+    except OSError:
+        return socket  # made private by `prepare`, or refused there with the reason
+    if stat.S_ISDIR(info.st_mode) and info.st_mode & 0o022:
+        return socket.parent / AGENT_DIRECTORY / socket.name
+    return socket
 
 
 def prepare(socket: Path) -> None:
@@ -45,6 +69,10 @@ def _make_directories(directory: Path) -> None:
             path.mkdir(mode=mode)
         except FileExistsError:
             continue  # made meanwhile by someone else: checked like any existing directory
+        except OSError as error:
+            raise SocketPathError(
+                f"SDS socket directory {path}: cannot create it: {error.strerror or error}"
+            ) from error
         path.chmod(mode)  # mkdir's mode is narrowed by the umask: set it exactly
 
 

@@ -8,8 +8,13 @@ in plaintext past Envoy, whatever a STRICT PeerAuthentication says. So `pilot ag
 when the port is taken: a sidecar without its status port would leave the bypass open.
 
 It serves `GET /healthz/ready`: 200 once Envoy's admin `/ready` (127.0.0.1:15000)
-answers 200 (Envoy is LIVE), 503 otherwise; every other path is 404, every other
-method 405. The answers are fixed text: nothing of the pod, its keys or its token.
+answers 200 (Envoy is LIVE), 503 otherwise; `POST /quitquitquit` (Istio's, for a
+Job whose app is done): 200, then the agent stops Envoy and exits 0, but only for a
+caller on loopback (127.0.0.1 or ::1: the pod's own containers), never 127.0.0.6,
+the source of what Envoy passes through from outside, nor any other address (403);
+and `GET /app-health/CONTAINER/livez|readyz|startupz`, the app's rewritten probes
+(`pilot.agent.app_probes`). Every other path is 404, every other method 405. The
+answers are fixed text: nothing of the pod, its keys or its token.
 
 Anyone in the cluster reaches this port, so it is bounded: one request per
 connection, its head (request line and headers) at most MAX_HEAD_BYTES and sent
@@ -24,19 +29,24 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+from pilot.agent.app_probes import AppProber, probe
 
 log = logging.getLogger("pilot.agent")
 
 DEFAULT_STATUS_PORT = 15020
 READY_PATH = "/healthz/ready"
+QUIT_PATH = "/quitquitquit"
+LOOPBACK = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})  # not 127.0.0.6: Envoy's source
 MAX_HEAD_BYTES = 8192
 HEAD_TIMEOUT = 5.0  # seconds to send the request's head (kubelet sends it at once)
 ENVOY_TIMEOUT = 1.0  # seconds for Envoy's admin to answer /ready
 MAX_CONNECTIONS = 256
 MAX_PER_PEER = 16
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            503: "Service Unavailable"}  # fmt: skip
+_REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
+            405: "Method Not Allowed", 503: "Service Unavailable"}  # fmt: skip
 
 
 class StatusPortError(OSError):
@@ -66,6 +76,10 @@ NOT_FOUND = Answer(404, "not found\n")
 NOT_ALLOWED = Answer(405, "method not allowed\n")
 READY = Answer(200, "ready\n")
 NOT_READY = Answer(503, "not ready: Envoy is not LIVE\n")
+QUITTING = Answer(200, "stopping\n")
+LOOPBACK_ONLY = Answer(403, "forbidden: loopback callers only\n")
+APP_HEALTHY = Answer(200, "app probe passed\n")
+APP_UNHEALTHY = Answer(503, "app probe failed\n")
 
 
 def request_target(head: bytes) -> tuple[str, str] | None:
@@ -98,12 +112,28 @@ async def envoy_ready(admin_port: int) -> bool:
     return status_line.split(b" ")[1:2] == [b"200"]
 
 
+@dataclass(frozen=True, slots=True)
+class StatusRoutes:
+    """What the status port answers besides readiness: quitting, and the app's probes."""
+
+    on_quit: Callable[[], None] | None = None  # POST /quitquitquit; None: 404
+    probers: Mapping[str, AppProber] | None = None  # by path: /app-health/C/livez ...
+    pod_ip: str = ""  # where the app's probes go
+
+
 class StatusServer:
     """`/healthz/ready` on 0.0.0.0:`port`, bound by `start` (StatusPortError if it cannot)."""
 
-    def __init__(self, port: int, admin_port: int, host: str = "0.0.0.0") -> None:
+    def __init__(
+        self,
+        port: int,
+        admin_port: int,
+        host: str = "0.0.0.0",
+        routes: StatusRoutes | None = None,
+    ) -> None:
         self.port = port
         self.host = host
+        self._routes = routes or StatusRoutes()
         self._admin_port = admin_port
         self._server: asyncio.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()
@@ -141,7 +171,7 @@ class StatusServer:
         self._open.add(writer)
         self._per_peer[address] += 1
         try:
-            await self._serve(reader, writer)
+            await self._serve(reader, writer, address)
         finally:
             self._open.discard(writer)
             self._per_peer[address] -= 1
@@ -150,7 +180,9 @@ class StatusServer:
             if not writer.is_closing():  # slow, cut short or too long: dropped
                 writer.transport.abort()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+    ) -> None:
         """Read one request's head within HEAD_TIMEOUT, answer it, close."""
         try:
             async with asyncio.timeout(HEAD_TIMEOUT):
@@ -158,7 +190,7 @@ class StatusServer:
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             return  # slow, cut short or too long: nothing is owed
         target = request_target(head)
-        answer = await self._answer(target)
+        answer = await self._answer(target, peer)
         writer.write(answer.encoded(head_only=target is not None and target[0] == "HEAD"))
         try:
             async with asyncio.timeout(HEAD_TIMEOUT):
@@ -166,13 +198,30 @@ class StatusServer:
         except (TimeoutError, OSError):
             return
         writer.close()  # one request per connection (the answer says Connection: close)
+        if answer is QUITTING and self._routes.on_quit is not None:
+            self._routes.on_quit()  # once answered: the caller learns it was heard
 
-    async def _answer(self, target: tuple[str, str] | None) -> Answer:
+    async def _answer(self, target: tuple[str, str] | None, peer: str) -> Answer:
         if target is None:
             return BAD_REQUEST
         method, path = target
-        if path != READY_PATH:
+        if path == QUIT_PATH and self._routes.on_quit is not None:
+            return self._quit(method, peer)
+        prober = (self._routes.probers or {}).get(path)
+        if path != READY_PATH and prober is None:
             return NOT_FOUND
         if method not in ("GET", "HEAD"):
             return NOT_ALLOWED
+        if prober is not None:
+            healthy = await probe(prober, self._routes.pod_ip)
+            return APP_HEALTHY if healthy else APP_UNHEALTHY
         return READY if await envoy_ready(self._admin_port) else NOT_READY
+
+    def _quit(self, method: str, peer: str) -> Answer:
+        if method != "POST":
+            return NOT_ALLOWED
+        if peer not in LOOPBACK:
+            log.debug("POST %s from %s refused: loopback callers only", QUIT_PATH, peer)
+            return LOOPBACK_ONLY
+        log.info("POST %s from %s: stopping Envoy and the agent", QUIT_PATH, peer)
+        return QUITTING

@@ -17,7 +17,6 @@ from pilot.kube.config import EndpointsApi
 from pilot.registry.model import DEFAULT_CLUSTER_ID
 from pilot.runtime import event_loop
 from pilot.runtime.memory import map_large_buffers
-from pilot.security.ca import default_state_dir
 from pilot.security.xds_auth import XdsAuth
 from pilot.settings import Settings
 from pilot.webhook.settings import CONFIGURATION
@@ -219,7 +218,8 @@ def _security_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--ca-state-dir",
         type=Path,
-        help=f"where a self-signed root is kept (default {default_state_dir()})",
+        help="where a self-signed root is kept (default $XDG_STATE_HOME/pilot/ca, else"
+        " ~/.local/state/pilot/ca)",
     )
     group.add_argument(
         "--trust-domain",

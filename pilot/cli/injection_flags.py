@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from pilot.inject.settings import ENVOY_LOG_LEVELS, InjectSettings
+from pilot.inject.settings import ENVOY_LOG_LEVELS, MAX_CONCURRENCY, InjectSettings
 
 _DEFAULTS = InjectSettings()
 
@@ -51,8 +51,8 @@ def injection_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _concurrency(text: str) -> int:
-    if not (text.isascii() and text.isdigit() and int(text) <= 1024):
-        raise argparse.ArgumentTypeError(f"{text[:20]!r}: expected a number 0-1024")
+    if not (text.isascii() and text.isdigit() and int(text) <= MAX_CONCURRENCY):
+        raise argparse.ArgumentTypeError(f"{text[:20]!r}: expected a number 0-{MAX_CONCURRENCY}")
     return int(text)
 
 

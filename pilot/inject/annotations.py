@@ -5,7 +5,7 @@ PROXY_CONFIG env, so each is checked against its grammar (port lists, CIDRs,
 Kubernetes quantities, booleans, a bounded ProxyConfig object) and a bad one is an
 `InjectError` naming the annotation: the webhook answers `allowed: false`, never a
 pod with a value it did not understand. Annotations the template does not honour are
-left alone (Istio's `interceptionMode`, `proxyImage` and others: see docs).
+left alone (Istio's `interceptionMode`, `componentLogLevel` and others: see docs).
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ import ipaddress
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
 from pilot.inject.errors import InjectError
+from pilot.inject.settings import ENVOY_LOG_LEVELS, MAX_CONCURRENCY, is_image
 from pilot.inject.shape import shown
 
 INJECT = "sidecar.istio.io/inject"
@@ -27,6 +29,9 @@ STATUS = "sidecar.istio.io/status"
 NATIVE_SIDECAR = "sidecar.istio.io/nativeSidecar"
 REWRITE_PROBES = "sidecar.istio.io/rewriteAppHTTPProbers"
 PROXY_CONFIG = "proxy.istio.io/config"
+PROXY_IMAGE = "sidecar.istio.io/proxyImage"
+LOG_LEVEL = "sidecar.istio.io/logLevel"
+AGENT_LOG_LEVEL = "sidecar.istio.io/agentLogLevel"
 INCLUDE_INBOUND_PORTS = "traffic.sidecar.istio.io/includeInboundPorts"
 EXCLUDE_INBOUND_PORTS = "traffic.sidecar.istio.io/excludeInboundPorts"
 INCLUDE_OUTBOUND_PORTS = "traffic.sidecar.istio.io/includeOutboundPorts"
@@ -50,6 +55,10 @@ _MAX_LIST = 4096  # characters of one port or CIDR list
 _MAX_QUANTITY = 32
 _PROXY_CONFIG_KEY = re.compile(r"[a-zA-Z][a-zA-Z0-9]{0,99}")
 _MAX_DEPTH = 16  # of the ProxyConfig object
+# Istio's agent levels (--log_output_level) as pilot's --log-level spells them.
+_AGENT_LEVELS = {"debug": "debug", "info": "info", "warn": "warning", "warning": "warning",
+                 "error": "error"}  # fmt: skip
+_MAX_AGENT_LEVELS = 512  # characters of agentLogLevel
 
 
 @dataclass(frozen=True)
@@ -73,11 +82,20 @@ class PodOptions:
     proxy_config: dict[str, Any] = field(default_factory=dict)
     native_sidecar: bool | None = None  # None: the operator's setting
     rewrite_probes: bool = True
+    proxy_image: str | None = None  # None: the operator's --proxy-image
+    proxy_log_level: str | None = None  # None: the operator's --proxy-log-level
+    agent_log_level: str | None = None  # pilot's --log-level spelling; None: not asked
 
     @property
     def hold_application(self) -> bool:
         """ProxyConfig's holdApplicationUntilProxyStarts."""
         return self.proxy_config.get("holdApplicationUntilProxyStarts") is True
+
+    @property
+    def concurrency(self) -> int | None:
+        """ProxyConfig's concurrency (checked when parsed); None: the operator's."""
+        value = self.proxy_config.get("concurrency")
+        return None if value is None else int(value)
 
 
 def parse_bool(value: str, name: str) -> bool:
@@ -104,7 +122,62 @@ def pod_options(annotations: dict[str, str], max_proxy_config_bytes: int) -> Pod
         proxy_config=_proxy_config(annotations.get(PROXY_CONFIG), max_proxy_config_bytes),
         native_sidecar=None if native is None else parse_bool(native, NATIVE_SIDECAR),
         rewrite_probes=True if rewrite is None else parse_bool(rewrite, REWRITE_PROBES),
+        proxy_image=_optional(annotations, PROXY_IMAGE, image),
+        proxy_log_level=_optional(annotations, LOG_LEVEL, envoy_log_level),
+        agent_log_level=_optional(annotations, AGENT_LOG_LEVEL, agent_log_level),
     )
+
+
+def _optional(
+    annotations: dict[str, str], name: str, parse: Callable[[str, str], str]
+) -> str | None:
+    value = annotations.get(name)
+    return None if value is None else parse(value, name)
+
+
+def image(value: str, name: str) -> str:
+    """An image reference, as given (Istio takes any; pilot also one without a `/`)."""
+    if not is_image(value):
+        raise InjectError(f"annotation {name}: {shown(value)} is not an image reference")
+    return value
+
+
+def envoy_log_level(value: str, name: str) -> str:
+    """One of Envoy's log levels, exactly (it reaches --proxy-log-level)."""
+    if value not in ENVOY_LOG_LEVELS:
+        raise InjectError(
+            f"annotation {name}: {shown(value)} is not one of Envoy's log levels"
+            f" ({', '.join(ENVOY_LOG_LEVELS)})"
+        )
+    return value
+
+
+def agent_log_level(value: str, name: str) -> str:
+    """Istio's `[scope:]level,...` as pilot's --log-level: `warn` is `warning`, the scope
+    `default` or one of pilot's; Istio's own scopes (ads, cache, ...) are refused."""
+    # Here, not at the top: pilot.logs brings asyncio, which the template never needs.
+    from pilot.logs import SCOPES, LogSpecError, parse_levels  # noqa: PLC0415
+
+    if len(value) > _MAX_AGENT_LEVELS:
+        raise InjectError(f"annotation {name}: over {_MAX_AGENT_LEVELS} characters")
+    parts = []
+    for item in _items(value, name):
+        scope, colon, level = item.rpartition(":")
+        known = scope == "default" or scope in SCOPES or not (scope or colon)
+        if level not in _AGENT_LEVELS or not known:
+            raise InjectError(
+                f"annotation {name}: {shown(item)} is not [SCOPE:]LEVEL (levels:"
+                f" {', '.join(_AGENT_LEVELS)}; scopes: default, {', '.join(SCOPES)})"
+            )
+        parts.append(f"{scope}:{_AGENT_LEVELS[level]}" if scope else _AGENT_LEVELS[level])
+    if not parts:
+        raise InjectError(f"annotation {name}: empty (expected [SCOPE:]LEVEL,...)")
+    spec = ",".join(parts)
+    try:
+        parse_levels(spec)  # what the agent will read: checked by the agent's own parser
+    except LogSpecError as error:
+        raise InjectError(f"annotation {name}: {error}") from None
+    return spec
 
 
 def _capture(annotations: dict[str, str]) -> Capture:
@@ -225,7 +298,22 @@ def _proxy_config(value: str | None, max_bytes: int) -> dict[str, Any]:
         raise InjectError(
             f"annotation {PROXY_CONFIG}: holdApplicationUntilProxyStarts must be true or false"
         )
+    _check_concurrency(loaded.get("concurrency"))
     return loaded
+
+
+def _check_concurrency(value: Any) -> None:
+    """concurrency reaches --concurrency: an integer 0-MAX_CONCURRENCY (protobuf's JSON
+    also writes an int32 as a string of digits)."""
+    if value is None:
+        return
+    digits = isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 5
+    number = isinstance(value, int) and not isinstance(value, bool)
+    if not ((number or digits) and 0 <= int(value) <= MAX_CONCURRENCY):
+        raise InjectError(
+            f"annotation {PROXY_CONFIG}: concurrency {shown(value)} is not a number"
+            f" 0-{MAX_CONCURRENCY}"
+        )
 
 
 def _check_json(value: Any, depth: int) -> None:

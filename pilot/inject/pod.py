@@ -3,7 +3,8 @@
 Istio's `injection-template.yaml` (native-sidecar variant) written as Python, shaped
 by docs/contract of issue 38: `istio-init` (the capture rules, `pilot agent
 iptables`), `istio-proxy` (`pilot agent ... proxy sidecar`: SDS, bootstrap, Envoy),
-their volumes, labels and annotations, and the app's probes moved to the agent.
+their volumes, labels and annotations, and the app's probes moved to the agent; a
+pod's own `istio-proxy` or `istio-init` is merged over ours (overrides.py).
 Pure: the caller's pod is never changed, a new one is returned. Nothing in the
 injected spec names an identity: the certificate comes from the pod's own projected
 token, and SERVICE_ACCOUNT is read by the downward API, never copied from the pod.
@@ -16,7 +17,7 @@ import json
 import re
 from typing import Any
 
-from pilot.inject import probes
+from pilot.inject import overrides, probes
 from pilot.inject.annotations import STATUS, PodOptions, pod_options, proxy_config_json
 from pilot.inject.errors import InjectError
 from pilot.inject.settings import InjectSettings
@@ -82,7 +83,9 @@ def inject(
         return new
     labels = strings(metadata, "labels", "metadata.labels")
     spec = mapping(new, "spec", "spec")
-    containers, init_containers = _checked_containers(spec, settings)
+    _checked_containers(spec, settings)
+    own = overrides.take(spec, (PROXY, INIT))  # the pod's customizations, merged below
+    containers, init_containers = _app_containers(spec, own)
     _check_volumes(spec, settings)
     options = pod_options(annotations, settings.max_proxy_config_bytes)
     given = namespace or text(metadata, "namespace", "metadata.namespace") or "default"
@@ -93,7 +96,8 @@ def inject(
     proxy = _proxy_container(
         settings, options, containers=containers, workload=workload, probers=probers, native=native
     )
-    _add_to_spec(spec, _init_container(settings, options), proxy, native=native)
+    init, proxy = _customized(_init_container(settings, options), proxy, own, settings, native)
+    _add_to_spec(spec, init, proxy, native=native)
     metadata["labels"] = _labels(labels, workload)
     metadata["annotations"] = _annotations(annotations, containers, native)
     new["metadata"], new["spec"] = metadata, spec
@@ -118,10 +122,8 @@ def _add_to_spec(
     spec["securityContext"] = {**security, "fsGroup": PROXY_UID if group is None else group}
 
 
-def _checked_containers(
-    spec: dict[str, Any], settings: InjectSettings
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The pod's containers and init containers, their names and sizes checked."""
+def _checked_containers(spec: dict[str, Any], settings: InjectSettings) -> None:
+    """The pod's containers and init containers: their names and sizes checked."""
     containers = objects(spec, "containers", "spec.containers")
     init_containers = objects(spec, "initContainers", "spec.initContainers")
     if not containers:
@@ -134,15 +136,52 @@ def _checked_containers(
     for field, items in (("containers", containers), ("initContainers", init_containers)):
         for index, container in enumerate(items):
             where = f"spec.{field}[{index}]"
-            name = dns_label(text(container, "name", f"{where}.name"), f"{where}.name")
-            if name in (PROXY, INIT):
-                raise InjectError(f"{where}.name: {name} is the injector's own container")
+            dns_label(text(container, "name", f"{where}.name"), f"{where}.name")
             env = sequence(container, "env", f"{where}.env")
             if len(env) > settings.max_env:
                 raise InjectError(
                     f"{where}.env: {len(env)} entries, over the bound of {settings.max_env}"
                 )
-    return containers, init_containers
+
+
+def _app_containers(
+    spec: dict[str, Any], own: dict[str, dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's containers and init containers once its own istio-* are taken out."""
+    containers = objects(spec, "containers", "spec.containers")
+    if not containers:
+        besides = f" besides {', '.join(own)}" if own else ""
+        raise InjectError(f"spec.containers: a pod needs at least one container{besides}")
+    return containers, objects(spec, "initContainers", "spec.initContainers")
+
+
+def _merge_limit(settings: InjectSettings) -> int:
+    """The longest env, ports, mounts or devices list a customization may bring."""
+    return max(settings.max_env, settings.max_volumes)
+
+
+def _customized(
+    init: dict[str, Any],
+    proxy: dict[str, Any],
+    own: dict[str, dict[str, Any]],
+    settings: InjectSettings,
+    native: bool,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pod's own istio-init and istio-proxy merged over the template's (Istio's
+    customizing injection), each checked again as the template's own."""
+    if INIT in own:
+        init = overrides.merge(init, own[INIT], _merge_limit(settings))
+        overrides.check(init, settings, restart=None)
+    if PROXY in own:
+        proxy = overrides.merge(proxy, own[PROXY], _merge_limit(settings))
+        overrides.check(proxy, settings, restart="Always" if native else None)
+        # As Istio: iptables must let the proxy's own uid out, whatever uid it runs as.
+        security = mapping(own[PROXY], "securityContext", f"{PROXY}.securityContext")
+        uid = overrides.user_id(security, "runAsUser", f"{PROXY}.securityContext.runAsUser")
+        args = init["args"]
+        if uid and "-u" in args[:-1]:
+            args[args.index("-u") + 1] = str(uid)
+    return init, proxy
 
 
 def _check_volumes(spec: dict[str, Any], settings: InjectSettings) -> None:
@@ -212,7 +251,7 @@ def _init_container(settings: InjectSettings, options: PodOptions) -> dict[str, 
         args += ["-o", capture.exclude_outbound_ports]
     return {
         "name": INIT,
-        "image": settings.proxy_image,
+        "image": options.proxy_image or settings.proxy_image,
         "command": ["pilot", "agent", "iptables"],
         "args": args,
         "resources": _resources(options),
@@ -244,9 +283,9 @@ def _proxy_container(
     """istio-proxy: `pilot agent ... proxy sidecar` as 1337, read-only, no capability."""
     proxy: dict[str, Any] = {
         "name": PROXY,
-        "image": settings.proxy_image,
+        "image": options.proxy_image or settings.proxy_image,
         "command": ["pilot", "agent"],
-        "args": _proxy_args(settings),
+        "args": _proxy_args(settings, options),
         "ports": [{"containerPort": 15090, "name": "http-envoy-prom", "protocol": "TCP"}],
         "env": _proxy_env(settings, options, containers, workload, probers),
         "readinessProbe": _ready_probe(period=15, failures=4),
@@ -271,17 +310,21 @@ def _proxy_container(
     return proxy
 
 
-def _proxy_args(settings: InjectSettings) -> list[str]:
-    """What runs, said fully: the agent's files at the volumes' absolute paths."""
-    return [
+def _proxy_args(settings: InjectSettings, options: PodOptions) -> list[str]:
+    """What runs, said fully: the agent's files at the volumes' absolute paths; the pod's
+    annotations (checked) over the operator's levels and concurrency."""
+    concurrency = settings.proxy_concurrency if options.concurrency is None else options.concurrency
+    args = [
         "--discovery-address", settings.discovery_address,
-        "--proxy-log-level", settings.proxy_log_level,
-        "--concurrency", str(settings.proxy_concurrency),
+        "--proxy-log-level", options.proxy_log_level or settings.proxy_log_level,
+        "--concurrency", str(concurrency),
         "--trust-domain", settings.trust_domain,
         "--sds-socket", SDS_SOCKET,
         "--config-path", CONFIG_PATH,
-        "proxy", "sidecar",
     ]  # fmt: skip
+    if options.agent_log_level is not None:
+        args += ["--log-level", options.agent_log_level]
+    return [*args, "proxy", "sidecar"]
 
 
 def _ready_probe(*, period: int, failures: int) -> dict[str, Any]:
@@ -318,7 +361,7 @@ def _proxy_env(
         {"name": "SERVICE_ACCOUNT", "valueFrom": _field("spec.serviceAccountName")},
         {"name": "HOST_IP", "valueFrom": _field("status.hostIP")},
         {"name": "ISTIO_CPU_LIMIT",
-         "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "0"}}},
+         "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "1"}}},
         {"name": "PROXY_CONFIG", "value": proxy_config_json(options.proxy_config)},
         {"name": "ISTIO_META_POD_PORTS", "value": json.dumps(ports, separators=(",", ":"))},
         {"name": "ISTIO_META_APP_CONTAINERS", "value": ",".join(c["name"] for c in containers)},

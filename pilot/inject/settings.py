@@ -30,6 +30,13 @@ ENVOY_LOG_LEVELS = ("trace", "debug", "info", "warning", "warn", "error", "criti
 _IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}")
 _HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]{0,252}):([0-9]{1,5})")
 _TRUST_DOMAIN = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+MAX_CONCURRENCY = 1024  # Envoy's worker threads: more is a typo, not a machine
+
+
+def is_image(text: str) -> bool:
+    """`text` is an image reference pilot puts into a pod (no space, quote, newline,
+    leading `-`; at most 255 characters)."""
+    return bool(_IMAGE.fullmatch(text))
 
 
 class InjectSettingsError(ValueError):
@@ -56,7 +63,7 @@ class InjectSettings:
     max_proxy_config_bytes: int = 64 * 1024  # the proxy.istio.io/config annotation
 
     def __post_init__(self) -> None:
-        _check(bool(_IMAGE.fullmatch(self.proxy_image)), "--proxy-image", self.proxy_image)
+        _check(is_image(self.proxy_image), "--proxy-image", self.proxy_image)
         _check(
             _is_address(self.discovery_address),
             "--injection-discovery-address",
@@ -68,7 +75,11 @@ class InjectSettings:
             self.ca_address,
         )
         _check(self.proxy_log_level in ENVOY_LOG_LEVELS, "--proxy-log-level", self.proxy_log_level)
-        _check(0 <= self.proxy_concurrency <= 1024, "--proxy-concurrency", self.proxy_concurrency)
+        _check(
+            0 <= self.proxy_concurrency <= MAX_CONCURRENCY,
+            "--proxy-concurrency",
+            self.proxy_concurrency,
+        )
         _check(
             bool(_TRUST_DOMAIN.fullmatch(self.trust_domain)), "--trust-domain", self.trust_domain
         )

@@ -106,8 +106,20 @@ class CaSettings:
 
 
 def default_state_dir() -> Path:
-    """Where a self-signed root is kept by default (XDG state directory)."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    """Where a self-signed root is kept by default (XDG state directory).
+
+    Raises CaSetupError where there is neither XDG_STATE_HOME nor a home directory
+    (a container as a kubelet starts it: no HOME, a uid without a passwd entry).
+    """
+    base = os.environ.get("XDG_STATE_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".local" / "state")
+        except RuntimeError:
+            raise CaSetupError(
+                "no home directory (HOME unset, no passwd entry) for the self-signed root:"
+                " set --ca-state-dir or XDG_STATE_HOME"
+            ) from None
     return Path(base) / "pilot" / "ca"
 
 

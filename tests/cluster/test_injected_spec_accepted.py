@@ -1,7 +1,7 @@
 """The real API server takes what the injector makes: `pilot kube-inject`'s output of
-every workload kind (server-side dry run, so every field is validated as on create:
-native sidecars, probes, volumes, env), and the webhook's JSON patch applied by the
-API server's own RFC 6902 code.
+every workload kind and of a pod that customizes its istio-proxy (server-side dry run,
+so every field is validated as on create: native sidecars, probes, volumes, env), and
+the webhook's JSON patch applied by the API server's own RFC 6902 code.
 
 The patch is applied to a PodTemplate (a pod spec the API server validates as a pod's,
 and which, unlike a Pod, may change), with each path under `/template`: the template the
@@ -23,7 +23,7 @@ from pilot.inject.review import answer
 from pilot.inject.settings import InjectSettings
 from tests.cluster.control_plane import ControlPlane
 from tests.support.admission import review_body
-from tests.support.inject_pods import app_pod, probed_pod, workload
+from tests.support.inject_pods import app_pod, customized_pod, probed_pod, workload
 
 KINDS = ["Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob"]
 
@@ -71,9 +71,9 @@ def test_the_api_server_takes_every_injected_workload_kind(
     control_plane: ControlPlane, namespace: str
 ) -> None:
     documents = [workload(kind, namespace=namespace) for kind in KINDS]
-    probed = probed_pod()
-    probed["metadata"]["namespace"] = namespace
-    documents.append(probed)
+    for pod in (probed_pod(), customized_pod()):
+        pod["metadata"]["namespace"] = namespace
+        documents.append(pod)
     for native in ("--native-sidecars", "--no-native-sidecars"):
         injected = _kube_inject(yaml.safe_dump_all(documents), native)
         printed = control_plane.kubectl(
@@ -91,7 +91,7 @@ def test_the_api_server_applies_the_webhooks_patch_to_the_injected_pod(
     control_plane: ControlPlane, namespace: str
 ) -> None:
     settings = InjectSettings()
-    for pod in (app_pod(), probed_pod()):
+    for pod in (app_pod(), probed_pod(), customized_pod()):
         name = f"{pod['metadata']['name']}-{len(pod['spec']['containers'][0])}"
         template = {"apiVersion": "v1", "kind": "PodTemplate",
                     "metadata": {"name": name, "namespace": namespace},

@@ -9,7 +9,8 @@ the agent's socket and presents a certificate naming the pod's identity, chained
 pilot's root. The root is the configured one, never one a CA hands back: a pilot the
 root does not verify never sees the token, and a chain that does not lead to the root
 is refused even over plaintext (`CA_INSECURE=true`). Start-up refuses, in one line, a
-missing root file and a socket directory that others could write.
+missing root file and a socket directory that others could write (in a shared one, an
+emptyDir, the agent's socket goes into a private directory of its own inside).
 
 pilot runs in process (tests.support.pilot): the tests read its root and ports.
 """
@@ -334,17 +335,35 @@ async def test_a_missing_root_is_a_one_line_error_naming_it() -> None:
 
 @pytest.mark.parametrize("mode", [0o777, 0o770, 0o702], ids=oct)
 async def test_a_socket_directory_others_can_write_is_refused(mode: int) -> None:
+    """In a shared directory (an emptyDir) the agent serves from `agent`, its own: one
+    that others can write (someone made it first) is refused."""
     async with agent_folder() as folder:
         folder.write_token(COMMAND, "token")
         folder.write_root(_other_root())
-        directory = folder.path / DEFAULT_SOCKET.parent
-        directory.mkdir(parents=True)
-        directory.chmod(mode)
+        shared = folder.path / DEFAULT_SOCKET.parent
+        shared.mkdir(parents=True)
+        shared.chmod(0o777)
+        (shared / "agent").mkdir()
+        (shared / "agent").chmod(mode)
         status, stderr = await run_to_exit(folder, "localhost:1")
         assert not folder.socket.exists()
+        assert not (shared / "agent" / "socket").exists()
     assert status == 2
     [line] = stderr.splitlines()
     assert line.startswith(
-        f"pilot: error: SDS socket directory {DEFAULT_SOCKET.parent} is writable"
+        f"pilot: error: SDS socket directory {DEFAULT_SOCKET.parent / 'agent'} is writable"
     )
     assert f"(mode {mode:04o})" in line
+
+
+async def test_the_trust_domain_is_trust_domain_as_the_injector_sets_it() -> None:
+    """Istio's agent reads TRUST_DOMAIN; a value that is not a DNS name is one line."""
+    async with agent_folder() as folder:
+        folder.write_token(COMMAND, "token")
+        folder.write_root(_other_root())
+        async with running_agent(folder, "localhost:1", {"TRUST_DOMAIN": "example.org"}) as agent:
+            assert any(" for spiffe://example.org/ns/" in line for line in agent.lines)
+        status, stderr = await run_to_exit(folder, "localhost:1", {"TRUST_DOMAIN": "Evil\nx"})
+    assert status == 2
+    [line] = stderr.splitlines()
+    assert line.startswith("pilot: error: TRUST_DOMAIN: trust domain 'Evil\\nx' is not a valid")

@@ -93,6 +93,42 @@ def test_envoy_accepts_the_bootstrap_the_agent_prints(tmp_path: Path) -> None:
     assert bootstrap["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
 
 
+def test_istio_meta_variables_become_node_metadata_bounded(tmp_path: Path) -> None:
+    """Istio's ISTIO_META_NAME=value, as the injector sets them, in the node's metadata;
+    pilot's own keys are never replaced, and what is out of bounds is left out with a
+    warning that names it (never its value); Envoy accepts the result."""
+    pod_ports = '[{"name":"http","containerPort":9080,"protocol":"TCP"}]'
+    env = pod_env(
+        "198.18.0.2",
+        ISTIO_META_CLUSTER_ID="Kubernetes",
+        ISTIO_META_POD_PORTS=pod_ports,
+        ISTIO_META_OWNER="kubernetes://apis/apps/v1/namespaces/shop/deployments/cart",
+        ISTIO_META_NAMESPACE="kube-system",
+        ISTIO_META_SERVICE_ACCOUNT="admin",
+        ISTIO_META_HUGE="x" * (64 * 1024),
+        ISTIO_META_QUOTE='"}, "admin": {"address": "0.0.0.0',
+        **{"ISTIO_META_lower-case": "value-never-logged"},
+    )
+    with cart_agent_folder(_other_root()) as folder:
+        result = _bootstrap_command(folder, env)
+        assert result.returncode == 0, result.stderr
+        path = tmp_path / "envoy-rev.json"
+        path.write_text(result.stdout)
+        validate_bootstrap(path)
+    bootstrap = json.loads(result.stdout)
+    metadata = bootstrap["node"]["metadata"]
+    assert metadata["CLUSTER_ID"] == "Kubernetes"
+    assert json.loads(metadata["POD_PORTS"])[0]["containerPort"] == 9080
+    assert metadata["OWNER"].endswith("/deployments/cart")
+    assert (metadata["NAMESPACE"], metadata["SERVICE_ACCOUNT"]) == ("shop", "cart")
+    assert metadata["QUOTE"] == '"}, "admin": {"address": "0.0.0.0'
+    assert bootstrap["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
+    assert "HUGE" not in metadata and "lower-case" not in metadata
+    assert "ISTIO_META_HUGE is over 16384 bytes" in result.stderr
+    assert "a name that is not [A-Z0-9_]{1,64}" in result.stderr
+    assert "value-never-logged" not in result.stderr and "xxxx" not in result.stderr
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -128,7 +164,7 @@ def test_a_root_agent_does_not_start_envoy_with_capture_on() -> None:
         assert not (folder / "etc").exists(), "a bootstrap was written"
     assert result.returncode == 2
     [line] = result.stderr.splitlines()
-    assert line.startswith("pilot: error: --binary-path: pilot agent runs as root")
+    assert line.startswith("pilot: error: pilot agent runs as root")
 
 
 def _pilot_in(pod: Pod, folder: Path) -> AbstractAsyncContextManager[PilotProcess]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,8 @@ import yaml
 
 from pilot.inject.pod import inject
 from pilot.inject.settings import InjectSettings
-from tests.support.inject_pods import app_pod, workload
+from tests.support.ca import new_ca
+from tests.support.inject_pods import app_pod, customized_pod, workload
 
 KINDS = ["Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob"]
 SERVICE = {
@@ -192,6 +194,109 @@ def test_injecting_the_output_again_changes_nothing() -> None:
     second = kube_inject("-f", "-", stdin=first.stdout)
     assert first.returncode == second.returncode == 0
     assert second.stdout == first.stdout
+
+
+def _customized(kind: str) -> dict[str, Any]:
+    """A workload as Istio's docs customize injection: its own istio-proxy, and the
+    annotations users set for the proxy's image, log levels and concurrency."""
+    document = workload(kind)
+    template = _template(document)
+    template["metadata"]["annotations"] = {
+        "sidecar.istio.io/proxyImage": "registry.example/pilot-proxy:debug",
+        "sidecar.istio.io/logLevel": "debug",
+        "sidecar.istio.io/agentLogLevel": "default:warn,sds:debug",
+        "proxy.istio.io/config": "concurrency: 4",
+    }
+    template["spec"]["containers"].append({
+        "name": "istio-proxy",
+        "image": "auto",
+        "resources": {"limits": {"memory": "1Gi"}},
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", "10"]}}},
+    })  # fmt: skip
+    return document
+
+
+@pytest.mark.parametrize("native", ["--native-sidecars", "--no-native-sidecars"])
+def test_a_customized_istio_proxy_and_the_proxy_annotations(native: str) -> None:
+    documents = [_customized(kind) for kind in ("Deployment", "CronJob")]
+    done = kube_inject("-f", "-", native, stdin=yaml.safe_dump_all(documents))
+    assert done.returncode == 0, done.stderr
+    for printed in yaml.safe_load_all(done.stdout):
+        spec = _template(printed)["spec"]
+        proxies = [c for c in [*spec["initContainers"], *spec["containers"]]
+                   if c["name"] == "istio-proxy"]  # fmt: skip
+        assert len(proxies) == 1
+        proxy = proxies[0]
+        in_init = native == "--native-sidecars"
+        assert (proxy in spec["initContainers"]) is in_init
+        assert _names(spec["containers"]) == (["web"] if in_init else ["istio-proxy", "web"])
+        assert (
+            proxy["image"]
+            == spec["initContainers"][0]["image"]
+            == ("registry.example/pilot-proxy:debug")
+        )
+        assert proxy["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"},
+                                      "limits": {"memory": "1Gi"}}  # fmt: skip
+        assert proxy["lifecycle"]["preStop"] == {"exec": {"command": ["sleep", "10"]}}
+        args = proxy["args"]
+        assert args[args.index("--proxy-log-level") + 1] == "debug"
+        assert args[args.index("--log-level") + 1] == "default:warning,sds:debug"
+        assert args[args.index("--concurrency") + 1] == "4"
+        env = {e["name"]: e.get("value") for e in proxy["env"]}
+        assert env["ISTIO_META_APP_CONTAINERS"] == "web"
+
+
+def test_the_real_agent_takes_the_customized_proxys_command_line(tmp_path: Path) -> None:
+    """The injected command and args, annotations and customization included, run as
+    the real agent (its `bootstrap` step in place of `proxy sidecar`: it parses every
+    flag and prints the bootstrap the proxy would start Envoy with)."""
+    pod = customized_pod()
+    pod["metadata"]["namespace"] = "shop"
+    done = kube_inject("-f", "-", stdin=yaml.safe_dump(pod))
+    assert done.returncode == 0, done.stderr
+    spec = yaml.safe_load(done.stdout)["spec"]
+    proxy = next(c for c in spec["initContainers"] if c["name"] == "istio-proxy")
+    argv = [*proxy["command"], *proxy["args"]]
+    assert argv[:2] == ["pilot", "agent"]
+    assert argv[-2:] == ["proxy", "sidecar"]
+    root = tmp_path / "root-cert.pem"
+    root.write_text(new_ca("root").cert_pem)
+    literal = {entry["name"]: entry["value"] for entry in proxy["env"] if "value" in entry}
+    downward = {"POD_NAMESPACE": "shop", "SERVICE_ACCOUNT": "default", "INSTANCE_IP": "10.1.2.3"}
+    env = {"PATH": os.environ["PATH"], **downward, **literal, "CA_ROOT_CERT": str(root)}
+    ran = subprocess.run(
+        [sys.executable, "-m", "pilot", *argv[1:-2], "bootstrap"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr
+    node = json.loads(ran.stdout)["node"]
+    assert node["id"] == "sidecar~10.1.2.3~fixed.shop~shop.svc.cluster.local"  # env merged
+
+
+@pytest.mark.parametrize(
+    ("container", "annotations", "expected"),
+    [
+        ({"restartPolicy": "Never"}, {}, "istio-proxy.restartPolicy"),
+        ({"securityContext": {"runAsUser": "0; id"}}, {}, "not a user or group id"),
+        ({}, {"sidecar.istio.io/logLevel": "debug\n--x"}, "sidecar.istio.io/logLevel"),
+        ({}, {"proxy.istio.io/config": "concurrency: 100000"}, "concurrency"),
+    ],
+)
+def test_a_hostile_customization_is_refused_naming_the_document(
+    container: dict[str, Any], annotations: dict[str, str], expected: str
+) -> None:
+    bad = workload("Deployment", name="api")
+    template = _template(bad)
+    template["metadata"]["annotations"] = annotations
+    template["spec"]["containers"].append({"name": "istio-proxy", **container})
+    line = _refused(yaml.safe_dump_all([workload("Job"), bad]))
+    assert line.startswith("pilot: error: document 2 (Deployment api): "), line
+    assert expected in line
 
 
 def _refused(text: str) -> str:

@@ -11,7 +11,10 @@ stand where Envoy would: 15001, 15006, 15021, 15090 and the app port 9080. Then:
 - B dialling A's app port lands on 15006, headed for A:9080;
 - B dialling A's 15021 and 15090 reaches them: never captured;
 - the app dialling 127.0.0.1 stays on loopback;
-- a second run refuses (the rules are already there), and B has no rules at all.
+- a second run refuses (the rules are already there), and B has no rules at all;
+- with `-i`/`-x`/`-q` only what is included lands on 15001 (a third pod, C, is the
+  excluded range), the rest reaches its peer; values that are not port or CIDR lists,
+  and `-m TPROXY`, are refused in one line with no rule set.
 
 The full request path through two Envoys is test_mesh_traffic.py; this is the
 capture under it. Nothing the harness made outlives the test, failing or not, and
@@ -95,6 +98,63 @@ async def test_capture_rules_send_the_pods_traffic_to_envoys_ports() -> None:
         assert "already set in this network namespace" in err
         assert "ISTIO_" not in await _nat_rules(b)
         assert (await _nat_rules(a)).count("-A ISTIO_OUTPUT -j ISTIO_REDIRECT") == 1
+    assert leftovers(network) == []
+
+
+async def _set_rules(pod: Pod, *flags: str) -> None:
+    status, _, err = await pod.run(str(PILOT), "agent", "iptables", *flags)
+    assert status == 0, err
+
+
+async def test_outbound_ranges_and_ports_choose_what_is_captured() -> None:
+    """istio-iptables' -i/-x (traffic.sidecar.istio.io/{in,ex}cludeOutboundIPRanges) and -q
+    (includeOutboundPorts): what is included lands on 15001, the rest reaches the peer."""
+    async with pod_network(["a", "b", "c"]) as network:
+        a, b, c = network["a"], network["b"], network["c"]
+        listen = [sys.executable, "-m", "tests.support.original_dst", "listen"]
+        backend = [sys.executable, "-m", "tests.integration.http_backend", "--host", "0.0.0.0"]
+        async with (
+            running_in(a, [*listen, "15001", "15006"], "listening"),
+            running_in(b, [*backend, "--port", "9081"], "serving on"),
+            running_in(c, [*backend, "--port", str(APP_PORT)], "serving on"),
+        ):
+            await _set_rules(a, "-m", "REDIRECT", "-i", "198.18.0.0/24", "-x", f"{c.address}/32")
+            assert (await _landed(a, b.address, APP_PORT, uid=APP_UID))["listener"] == 15001
+            passed = await _dial(a, c.address, APP_PORT, uid=APP_UID)
+            assert passed.startswith("HTTP/1."), f"the excluded range was captured: {passed!r}"
+
+            assert (await a.run(str(PILOT), "agent", "iptables", "--cleanup"))[0] == 0
+            await _set_rules(a, "-i", "", "-x", "", "-q", str(APP_PORT))
+            included = await _landed(a, b.address, APP_PORT, uid=APP_UID)
+            assert included["listener"] == 15001
+            assert included["original_dst"] == f"{b.address}:{APP_PORT}"
+            passed = await _dial(a, b.address, 9081, uid=APP_UID)
+            assert passed.startswith("HTTP/1."), f"a port not included was captured: {passed!r}"
+    assert leftovers(network) == []
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["-m", "TPROXY"], "-m TPROXY: not supported; pilot sets REDIRECT rules only"),
+        (["-i", "10.0.0.0/8,*"], "-i '10.0.0.0/8,*': '*' is not a CIDR (10.0.0.0/8)"),
+        (["-x", "10.0.0.0/8 -j ACCEPT"], "-x '10.0.0.0/8 -j ACCEPT': '10.0.0.0/8 -j ACCEPT' is"),
+        (["-i", "fd00::/8"], "-i 'fd00::/8': 'fd00::/8': IPv6 ranges cannot be captured"),
+        (["-q", "443\n-A OUTPUT"], "-q '443\\n-A OUTPUT': '443\\n-A OUTPUT' is not a port"),
+        (["-o", ",".join(["80"] * 300)], "-o: 300 entries, at most 256"),
+    ],
+    ids=["tproxy", "wildcard-in-list", "rule", "ipv6", "newline", "too-many"],
+)
+async def test_values_that_are_not_lists_are_refused_before_any_rule(
+    flags: list[str], message: str
+) -> None:
+    async with pod_network(["a"]) as network:
+        a = network["a"]
+        status, _, err = await a.run(str(PILOT), "agent", "iptables", *flags)
+        assert status == 2
+        [line] = err.splitlines()
+        assert line.startswith(f"pilot: error: {message}")
+        assert "ISTIO_" not in await _nat_rules(a)
     assert leftovers(network) == []
 
 

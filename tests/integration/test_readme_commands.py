@@ -220,6 +220,11 @@ NOT_HERE = {
         "pilot.pilot-system.svc resolves only inside a cluster; tests/integration/test_agent.py"
         " runs this command with only the address changed"
     ),
+    "pilot agent --discovery-address pilot.pilot-system.svc:15012 --proxy-log-level warning"
+    " --concurrency 2 proxy sidecar": (
+        "pilot.pilot-system.svc resolves only inside a cluster; tests/integration/"
+        "test_agent_proxy.py runs `proxy sidecar` as a kubelet would, as uid 1337 in a pod"
+    ),
     "POD_NAME=cart-7d4f9-x2x1z INSTANCE_IP=10.244.1.7 POD_NAMESPACE=shop SERVICE_ACCOUNT=cart"
     " \\\n  CA_TOKEN_FILE=./var/run/secrets/tokens/istio-token \\\n  pilot agent"
     " --discovery-address pilot.pilot-system.svc:15012 --binary-path /usr/local/bin/envoy": (

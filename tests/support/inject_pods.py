@@ -46,6 +46,33 @@ def probed_pod() -> dict[str, Any]:
     return pod
 
 
+def customized_pod(name: str = "custom-1") -> dict[str, Any]:
+    """Istio's "customizing injection" example: the pod's own istio-proxy (image auto,
+    more CPU, a mount of its own volume, a preStop), and the annotations users set for
+    the proxy's image, log levels and concurrency."""
+    pod = app_pod(
+        name,
+        annotations={
+            "sidecar.istio.io/proxyImage": "registry.example/pilot-proxy:debug",
+            "sidecar.istio.io/logLevel": "debug",
+            "sidecar.istio.io/agentLogLevel": "default:warn,sds:debug",
+            "proxy.istio.io/config": "concurrency: 4",
+        },
+        volumes=[{"name": "certs", "secret": {"secretName": "istio-certs"}}],
+    )
+    pod["spec"]["containers"].append({
+        "name": "istio-proxy",
+        "image": "auto",
+        "resources": {"requests": {"cpu": "500m"}},
+        "env": [{"name": "POD_NAME", "value": "fixed"}],
+        "volumeMounts": [{"mountPath": "/etc/certs", "name": "certs"}],
+        "readinessProbe": {"exec": {"command": ["true"]}},
+        "securityContext": {"runAsUser": 1500},
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", "10"]}}},
+    })  # fmt: skip
+    return pod
+
+
 def workload(kind: str, name: str = "web", namespace: str | None = "shop") -> dict[str, Any]:
     """A workload of `kind` whose pod template is `app_pod`'s (CronJob: in its job template)."""
     template = copy.deepcopy(app_pod())

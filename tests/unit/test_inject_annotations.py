@@ -158,6 +158,7 @@ def test_booleans_other_than_go_spellings_are_refused(annotation: str, value: st
 
 def test_annotations_the_template_does_not_honour_change_nothing() -> None:
     plain = _injected({})
-    other = _injected({"sidecar.istio.io/proxyImage": "evil.example/proxy",
+    other = _injected({"sidecar.istio.io/componentLogLevel": "misc:error",
+                       "sidecar.istio.io/statsInclusionPrefixes": "cluster.outbound",
                        "sidecar.istio.io/interceptionMode": "NONE"})  # fmt: skip
     assert other["spec"] == plain["spec"]

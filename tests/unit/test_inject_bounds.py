@@ -45,7 +45,7 @@ def test_the_bounds_hold_exactly() -> None:
         ({"metadata": {"annotations": {"a": 1}}, "spec": {}}, "metadata.annotations"),
         ({"metadata": {"name": "Web_1"}, "spec": {"containers": [{"name": "web"}]}},
          "workload name: 'Web_1' is not a DNS-1123 subdomain"),
-        ({"spec": {"containers": [{"name": "istio-proxy"}]}}, "the injector's own container"),
+        ({"spec": {"containers": [{"name": "istio-proxy"}]}}, "at least one container besides"),
         ({"spec": {"containers": [{"name": "web"}], "volumes": [{"name": "istio-token"}]}},
          "the injector's own volume"),
     ],

@@ -138,7 +138,7 @@ def test_the_proxys_env_is_istios() -> None:
     assert env["HOST_IP"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
     assert env["ISTIO_META_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["ISTIO_CPU_LIMIT"] == {
-        "resourceFieldRef": {"resource": "limits.cpu", "divisor": "0"}
+        "resourceFieldRef": {"resource": "limits.cpu", "divisor": "1"}
     }
     assert env["PROXY_CONFIG"] == "{}"
     assert json.loads(env["ISTIO_META_POD_PORTS"]) == [
