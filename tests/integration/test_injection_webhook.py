@@ -223,6 +223,20 @@ async def test_a_body_that_never_ends_gets_408_and_pilot_stays_ready(tmp_path: P
         await pilot.stop()
 
 
+async def test_headers_that_never_end_are_cut_off(tmp_path: Path) -> None:
+    """Slowloris: a connection that never completes its request's headers is closed."""
+    pilot = await _pilot(tmp_path, PILOT_INJECTION_BODY_TIMEOUT="1s")
+    try:
+        reader, writer = await raw(pilot.webhook_port, pilot.root_pem)
+        writer.write(b"POST /inject HTTP/1.1\r\nHo")
+        await writer.drain()
+        assert await bounded(reader.read(), 30) == b"", "answered a request never sent"
+        writer.close()
+        assert await _ready(pilot) == 200
+    finally:
+        await pilot.stop()
+
+
 async def test_reviews_past_the_bound_get_429(tmp_path: Path) -> None:
     pilot = await _pilot(tmp_path, PILOT_MAX_INJECTION_REVIEWS="2")
     try:
