@@ -99,8 +99,8 @@ COPY examples/mesh.yaml /etc/pilot/mesh.yaml
 USER 1337:1337
 WORKDIR /var/lib/pilot
 # 15010 xDS, CA, gRPC health and reflection (plaintext); 15012 the same over TLS;
-# 15014 HTTP: /ready, /metrics.
-EXPOSE 15010 15012 15014
+# 15014 HTTP: /ready, /metrics; 15017 the sidecar-injection webhook (HTTPS).
+EXPOSE 15010 15012 15014 15017
 # /ready on the address pilot's own --http-addr names (read from its command line):
 # 503 before the first full state, or a refused connection, is unhealthy.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \

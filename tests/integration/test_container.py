@@ -223,6 +223,8 @@ async def test_the_image_runs_as_a_cluster_runs_it(
         f"127.0.0.1:{ports.tls}",
         "--http-addr",
         f"127.0.0.1:{ports.http}",
+        "--webhook-addr",
+        "",
     )
     try:
         _wait(

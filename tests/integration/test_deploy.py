@@ -43,13 +43,24 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 EXAMPLE = DEPLOY / "example-app"
 CA_COMPONENT = DEPLOY / "ca"
+BY_DEFAULT = DEPLOY / "inject-by-default"
+WEBHOOK_CONFIGURATION = "pilot-sidecar-injector"
+SYSTEM_NAMESPACES = ["kube-system", "kube-public", "kube-node-lease", "local-path-storage"]
 BIN = Path(sys.executable).parent
 
 # The oldest Kubernetes the manifests are meant for (deploy/README.md), and the newest
 # this kubernetes-validate knows.
 KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 PILOT_UID = 1337
-PILOT_PORTS = {"grpc-xds": 15010, "https-xds": 15012, "http-monitoring": 15014}
+PILOT_PORTS = {
+    "grpc-xds": 15010,
+    "https-xds": 15012,
+    "http-monitoring": 15014,
+    "https-webhook": 15017,
+}
+# The Service's port for each, where it is not the container's: the API server calls
+# webhooks on 443.
+SERVICE_PORTS = PILOT_PORTS | {"https-webhook": 443}
 DEFAULT_TOKEN_AUDIENCE = "istio-ca"  # pilot's --token-audience default
 
 # What pilot does with the API server: (apiGroup, resource, verb).
@@ -78,6 +89,11 @@ CLUSTER_GRANTS = {
     ("", "configmaps", "watch"),
     ("", "configmaps", "create"),
     ("", "configmaps", "update"),
+    # The caBundle of pilot's own webhook configuration (pilot/webhook/ca_bundle.py).
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "get"),
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "list"),
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "watch"),
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "patch"),
 }
 # Verbs RBAC can limit to one name, and the names: pilot reads and changes nothing else.
 NAMED_GRANTS = {
@@ -86,6 +102,10 @@ NAMED_GRANTS = {
     ("configmaps", "update"): [ROOT_CONFIGMAP],
     ("secrets", "get"): ["pilot-ca-secret"],
     ("secrets", "update"): ["pilot-ca-secret"],
+    **{
+        ("mutatingwebhookconfigurations", verb): [WEBHOOK_CONFIGURATION]
+        for verb in ("get", "list", "watch", "patch")
+    },
 }
 NAMESPACE_GRANTS = {
     ("", "secrets", "get"),
@@ -192,6 +212,20 @@ def _with_ca_component() -> Json:
     return deployment
 
 
+def _with_by_default_component() -> Json:
+    """pilot's webhook configuration as `kustomize build` renders it with the
+    `inject-by-default` component."""
+    component = _kustomization(BY_DEFAULT)
+    assert component["kind"] == "Component"
+    configuration = copy.deepcopy(_one(_pilot(), "MutatingWebhookConfiguration"))
+    for patch in component["patches"]:
+        assert patch["target"]["kind"] == "MutatingWebhookConfiguration"
+        assert patch["target"]["name"] == WEBHOOK_CONFIGURATION
+        for operation in _yaml_docs(BY_DEFAULT / patch["path"])[0]:
+            _json_patch_add(configuration, operation)
+    return configuration
+
+
 def _json_patch_add(document: Json, operation: Json) -> None:
     """RFC 6902 `add`, the only operation the components use."""
     assert operation["op"] == "add", operation
@@ -213,6 +247,7 @@ def _every_object() -> Iterator[tuple[str, Json]]:
     for manifest in [*_pilot(), *_example()]:
         yield str(manifest), manifest.doc
     yield f"{CA_COMPONENT.relative_to(REPO)}: Deployment/pilot with cacerts", _with_ca_component()
+    yield f"{BY_DEFAULT.relative_to(REPO)}: the webhooks with auto", _with_by_default_component()
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -243,7 +278,7 @@ def _kustomize_folders() -> list[Path]:
 
 def test_each_kustomization_lists_every_file_of_its_folder() -> None:
     folders = _kustomize_folders()
-    assert folders == [DEPLOY, CA_COMPONENT, EXAMPLE]
+    assert folders == [DEPLOY, CA_COMPONENT, EXAMPLE, BY_DEFAULT]
     stray = [
         path.relative_to(REPO) for path in DEPLOY.rglob("*.y*ml") if path.parent not in folders
     ]
@@ -268,7 +303,12 @@ def test_every_object_is_in_the_kustomization_namespace(folder: Path) -> None:
     namespace = _kustomization(folder)["namespace"]
     manifests = _resources(folder)
     assert _one(manifests, "Namespace")["metadata"]["name"] == namespace
-    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+    cluster_scoped = {
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "MutatingWebhookConfiguration",
+    }
     for manifest in manifests:
         if manifest.kind not in cluster_scoped:
             assert manifest.doc["metadata"].get("namespace") == namespace, str(manifest)
@@ -455,10 +495,113 @@ def test_the_service_and_the_disruption_budget_select_pilot() -> None:
     service = _one(_pilot(), "Service", "pilot")
     assert service["spec"]["selector"].items() <= labels.items()
     ports = {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]}
-    assert ports == {name: (number, name) for name, number in PILOT_PORTS.items()}
+    assert ports == {name: (number, name) for name, number in SERVICE_PORTS.items()}
     budget = _one(_pilot(), "PodDisruptionBudget", "pilot")
     assert budget["spec"]["minAvailable"] == 1
     assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+# --------------------------------------------------------------------------- injection
+
+
+def _expressions(*triples: tuple[str, str, list[str] | None]) -> list[Json]:
+    return [
+        {"key": key, "operator": operator, **({"values": values} if values else {})}
+        for key, operator, values in triples
+    ]
+
+
+NOT_SYSTEM = ("kubernetes.io/metadata.name", "NotIn", SYSTEM_NAMESPACES)
+# Istio's chart (istio-discovery/templates/mutatingwebhook.yaml) for revision "default":
+# webhook -> (namespaceSelector, objectSelector), each namespaceSelector also excluding
+# the system namespaces.
+ISTIO_WEBHOOKS = {
+    "rev.namespace.sidecar-injector.istio.io": (
+        _expressions(
+            ("istio.io/rev", "In", ["default"]), ("istio-injection", "DoesNotExist", None),
+            NOT_SYSTEM,
+        ),
+        _expressions(("sidecar.istio.io/inject", "NotIn", ["false"])),
+    ),
+    "rev.object.sidecar-injector.istio.io": (
+        _expressions(
+            ("istio.io/rev", "DoesNotExist", None), ("istio-injection", "DoesNotExist", None),
+            NOT_SYSTEM,
+        ),
+        _expressions(
+            ("sidecar.istio.io/inject", "NotIn", ["false"]), ("istio.io/rev", "In", ["default"])
+        ),
+    ),
+    "namespace.sidecar-injector.istio.io": (
+        _expressions(("istio-injection", "In", ["enabled"]), NOT_SYSTEM),
+        _expressions(("sidecar.istio.io/inject", "NotIn", ["false"])),
+    ),
+    "object.sidecar-injector.istio.io": (
+        _expressions(
+            ("istio-injection", "DoesNotExist", None), ("istio.io/rev", "DoesNotExist", None),
+            NOT_SYSTEM,
+        ),
+        _expressions(
+            ("sidecar.istio.io/inject", "In", ["true"]), ("istio.io/rev", "DoesNotExist", None)
+        ),
+    ),
+}  # fmt: skip
+# The issue's by-default webhook (Istio's `enableNamespacesByDefault`), behind a component.
+AUTO_WEBHOOK = (
+    _expressions(
+        ("istio-injection", "DoesNotExist", None), ("istio.io/rev", "DoesNotExist", None),
+        NOT_SYSTEM,
+    ),
+    _expressions(
+        ("sidecar.istio.io/inject", "DoesNotExist", None), ("istio.io/rev", "DoesNotExist", None)
+    ),
+)  # fmt: skip
+
+
+def _selectors(configuration: Json) -> dict[str, tuple[list[Json], list[Json]]]:
+    return {
+        w["name"]: (w["namespaceSelector"]["matchExpressions"],
+                    w["objectSelector"]["matchExpressions"])
+        for w in configuration["webhooks"]
+    }  # fmt: skip
+
+
+def test_the_webhooks_select_pods_as_istios_chart_does() -> None:
+    configuration = _one(_pilot(), "MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION)
+    assert _selectors(configuration) == ISTIO_WEBHOOKS
+    assert list(_selectors(configuration)) == list(ISTIO_WEBHOOKS), "Istio's order"
+
+
+def test_injecting_by_default_is_a_component_that_is_off() -> None:
+    assert "inject-by-default" not in _kustomization(DEPLOY).get("components", [])
+    selectors = _selectors(_with_by_default_component())
+    assert selectors == ISTIO_WEBHOOKS | {"auto.sidecar-injector.istio.io": AUTO_WEBHOOK}
+
+
+def test_every_webhook_calls_pilot_on_443_and_fails_closed() -> None:
+    configuration = _with_by_default_component()
+    service = _one(_pilot(), "Service", "pilot")
+    for webhook in configuration["webhooks"]:
+        name = webhook["name"]
+        assert webhook["clientConfig"] == {
+            "service": {"name": "pilot", "namespace": service["metadata"]["namespace"],
+                        "path": "/inject", "port": 443},
+        }, f"{name}: no caBundle (pilot writes it), pilot's Service on 443"  # fmt: skip
+        assert webhook["failurePolicy"] == "Fail", name
+        assert webhook["sideEffects"] == "None", name
+        assert webhook["reinvocationPolicy"] == "Never", name
+        assert webhook["admissionReviewVersions"] == ["v1"], name
+        assert webhook["rules"] == [
+            {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+             "resources": ["pods"]}
+        ], name  # fmt: skip
+    webhook_port = {p["name"]: p for p in service["spec"]["ports"]}["https-webhook"]
+    assert (webhook_port["port"], webhook_port["targetPort"]) == (443, "https-webhook")
+
+
+def test_pilot_serves_the_webhook_on_the_port_the_service_targets() -> None:
+    container = _container(_pilot_deployment(), "discovery")
+    assert _args(container)["--webhook-addr"] == f"0.0.0.0:{PILOT_PORTS['https-webhook']}"
 
 
 def test_the_ca_component_mounts_cacerts_for_ca_cert_dir() -> None:
