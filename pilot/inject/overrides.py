@@ -76,6 +76,8 @@ def merge(ours: dict[str, Any], theirs: dict[str, Any], limit: int) -> dict[str,
             merged[key] = _merge_lifecycle(current, value)
         elif isinstance(value, dict) and isinstance(current, dict):
             merged[key] = _merge_map(current, value, _HANDLERS if key in _PROBES else _NONE)
+        elif isinstance(current, dict):
+            raise InjectError(f"{where}: expected an object, got {type(value).__name__}")
         else:
             merged[key] = copy.deepcopy(value)
     return merged
@@ -151,6 +153,8 @@ def check(container: dict[str, Any], settings: InjectSettings, *, restart: str |
     image = container.get("image")
     if not (isinstance(image, str) and is_image(image)):
         raise InjectError(f"{name}.image: {shown(image)} is not an image reference")
+    for field in ("resources", "securityContext", "lifecycle", *_PROBES):
+        mapping(container, field, f"{name}.{field}")
     for field in ("command", "args"):
         items = sequence(container, field, f"{name}.{field}")
         if not all(isinstance(item, str) for item in items):

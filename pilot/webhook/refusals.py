@@ -23,6 +23,8 @@ METHOD = "method"  # a method other than POST
 TOO_LARGE = "too_large"  # a body over 6 MiB (400, as Istio)
 EMPTY = "empty"  # no body (400)
 SLOW = "slow_body"  # the body did not arrive within PILOT_INJECTION_BODY_TIMEOUT
+ABORTED = "aborted"  # the caller closed the connection (or broke its framing) mid-body
+MALFORMED = "malformed"  # not HTTP/1.1 aiohttp could parse (after the TLS handshake)
 BUSY = "busy"  # past PILOT_MAX_INJECTION_REVIEWS or PILOT_MAX_INJECTION_BYTES (429)
 CONTENT_TYPE = "content_type"  # not JSON (415)
 UNDECODABLE = "undecodable"  # not an AdmissionReview (400)
@@ -34,6 +36,8 @@ KINDS = (
     TOO_LARGE,
     EMPTY,
     SLOW,
+    ABORTED,
+    MALFORMED,
     BUSY,
     CONTENT_TYPE,
     UNDECODABLE,
@@ -77,3 +81,27 @@ class Refusals:
             "injection webhook refused a request from %s: %s%s", who, clipped(reason, 300), more
         )
         self._logged_at[kind] = now
+
+
+class ParserLines(logging.Filter):
+    """For the logger aiohttp's HTTP protocol is given: its "Error handling request" (a
+    traceback for every malformed request a caller sends) becomes one refusal of kind
+    MALFORMED, counted and logged as the others; nothing of aiohttp's own is emitted."""
+
+    def __init__(self, refusals: Refusals) -> None:
+        super().__init__()
+        self._refusals = refusals
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        what = f"{type(error).__name__}: {str(error).strip()}" if error else record.getMessage()
+        self._refusals.refused(MALFORMED, "a caller", f"{record.getMessage()}: {what}")
+        return False
+
+
+def parser_logger(refusals: Refusals) -> logging.Logger:
+    """A logger of the webhook's own (no parent, no handler) that passes aiohttp's lines
+    to `refusals` only."""
+    logger = logging.Logger("pilot.webhook.http")
+    logger.addFilter(ParserLines(refusals))
+    return logger

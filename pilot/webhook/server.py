@@ -4,7 +4,9 @@ event loop, with Istio's answers to bad input and pilot's bounds.
 - `/inject` (or `/inject/`) only: any other path is 404, any other method 405.
 - The body: at most 6 MiB, as Istio's webhook reads (a Content-Length over it is 400 at
   once, read no further; a chunked body is read until it passes it, then 400); none at all
-  is 400; a body not complete within PILOT_INJECTION_BODY_TIMEOUT of its headers is 408.
+  is 400; a body not complete within PILOT_INJECTION_BODY_TIMEOUT of its headers is 408;
+  a caller that goes away before its body is complete is counted and logged (`aborted`),
+  never a traceback.
   A refused body is never read further: the connection is closed after the answer.
 - Bounds: PILOT_MAX_INJECTION_REVIEWS reviews at once and PILOT_MAX_INJECTION_BYTES of
   bodies held at once (being read, waiting, being answered); past either, 429. A
@@ -14,7 +16,8 @@ event loop, with Istio's answers to bad input and pilot's bounds.
   Content-Type and decoding are the review's (415, 400); a Pod that cannot be injected is
   200 with allowed false and the message. A fault of pilot's own is 500, logged.
 
-Every refusal is counted and logged by `refusals` (a line per kind at most every 10 s).
+Every refusal is counted and logged by `refusals` (a line per kind at most every 10 s),
+requests aiohttp cannot parse too (`refusals.parser_logger`): never a traceback.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import hdrs, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from pilot.settings import split_host_port
 from pilot.webhook import refusals
 from pilot.webhook.outcome import INJECTED, SKIPPED, Outcome, Reviewer
-from pilot.webhook.refusals import InjectionStats, Refusals
+from pilot.webhook.refusals import InjectionStats, Refusals, parser_logger
 from pilot.webhook.serving import WebhookCertificate
 from pilot.webhook.settings import MAX_REVIEW_BYTES, WebhookSettings
 
@@ -147,6 +151,7 @@ class WebhookServer:
             # On stop, reviews under way get SHUTDOWN_GRACE to finish (an answer takes
             # milliseconds; what waits longer is a body still coming), not aiohttp's 60 s.
             shutdown_timeout=SHUTDOWN_GRACE,
+            logger=parser_logger(self._refusals),
         )
         self._pool: ThreadPoolExecutor | None = None
         self._listener: asyncio.Server | None = None
@@ -238,6 +243,11 @@ class WebhookServer:
                         self._budget.take_bytes(size - held)
                         held = size
                     parts.append(chunk)
+        except (ConnectionError, HttpProcessingError) as error:
+            self._budget.bytes -= held  # the caller went away, or broke its own framing
+            raise _Refused(
+                400, refusals.ABORTED, f"the body ended before it was complete ({error!s})"
+            ) from None
         except TimeoutError:
             self._budget.bytes -= held
             raise _Refused(

@@ -14,10 +14,11 @@ import base64
 from pathlib import Path
 from typing import Any
 
-from tests.cluster.client import Kube, admin, path_of
+from tests.cluster.client import admin, path_of
 from tests.cluster.control_plane import REPO, ControlPlane
 from tests.cluster.discovery import shared_root
 from tests.cluster.in_cluster import deployment_pod, start_in_cluster
+from tests.cluster.injector import bundles
 from tests.support.envoy_process import wait_until
 from tests.support.pilot_process import PilotProcess, wait_serving
 
@@ -53,16 +54,11 @@ async def test_pilot_as_shipped_becomes_ready(deployed: ControlPlane, tmp_path: 
         async with admin(deployed) as kube:
             root = base64.b64encode(await shared_root(kube)).decode()
             await wait_until(
-                lambda: _bundles(kube), READY_TIMEOUT, "the webhooks' caBundle",
+                lambda: bundles(kube), READY_TIMEOUT, "the webhooks' caBundle",
                 until=lambda bundles: set(bundles) == {root}, context=pilot.tail,
             )  # fmt: skip
     finally:
         await pilot.stop()
-
-
-async def _bundles(kube: Kube) -> list[str]:
-    path = path_of("MutatingWebhookConfiguration", name="pilot-sidecar-injector")
-    return [w["clientConfig"].get("caBundle", "") for w in (await kube.get(path))["webhooks"]]
 
 
 def _without_rule(role: dict[str, Any], resource: str) -> dict[str, Any]:

@@ -12,7 +12,6 @@ come back with the sidecar or without it.
 
 from __future__ import annotations
 
-import base64
 import os
 import shlex
 import uuid
@@ -23,54 +22,28 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.client import Kube, KubeError, admin, path_of
+from tests.cluster.client import KubeError, admin, path_of
 from tests.cluster.control_plane import REPO, ControlPlane
-from tests.cluster.discovery import start_discovery
-from tests.cluster.in_cluster import PILOT_NAMESPACE
+from tests.cluster.injector import (
+    CONFIGURATION,
+    container_names,
+    injected,
+    running_injector,
+    wait_bundles,
+)
 from tests.support.envoy_process import wait_until
 from tests.support.pilot_process import PilotProcess
 
 Obj = dict[str, Any]
-CONFIGURATION = "pilot-sidecar-injector"
 BY_DEFAULT = REPO / "deploy" / "inject-by-default"
-TIMEOUT = 30.0
-
-
-def _webhooks_path() -> str:
-    return path_of("MutatingWebhookConfiguration", name=CONFIGURATION)
-
-
-async def _bundles(kube: Kube) -> list[str]:
-    configuration = await kube.get(_webhooks_path())
-    return [w["clientConfig"].get("caBundle", "") for w in configuration["webhooks"]]
-
-
-async def _wait_bundles(kube: Kube, pilot: PilotProcess) -> None:
-    root = base64.b64encode(pilot.root_pem).decode()
-    await wait_until(
-        lambda: _bundles(kube), TIMEOUT, "every caBundle to be pilot's root",
-        until=lambda bundles: bundles and all(b == root for b in bundles), context=pilot.tail,
-    )  # fmt: skip
-
-
-@contextmanager
-def _routed(plane: ControlPlane, cluster_ip: str, pilot: PilotProcess) -> Iterator[None]:
-    with plane.network.route(cluster_ip, 443, pilot.webhook_port):
-        yield
+TIMEOUT = 30.0  # seconds for the controllers' Pods
 
 
 @pytest.fixture
 async def injector(deployed: ControlPlane, tmp_path: Path) -> AsyncIterator[PilotProcess]:
     """pilot, its webhook reachable at its Service, the caBundle written."""
-    async with admin(deployed) as kube:
-        service = await kube.get(path_of("Service", PILOT_NAMESPACE, "pilot"))
-        pilot = await start_discovery(kube, deployed, tmp_path / "pilot")
-        try:
-            with _routed(deployed, service["spec"]["clusterIP"], pilot):
-                await _wait_bundles(kube, pilot)
-                yield pilot
-        finally:
-            await pilot.stop()
+    async with running_injector(deployed, tmp_path / "pilot") as pilot:
+        yield pilot
 
 
 @contextmanager
@@ -104,16 +77,6 @@ def _pod(
     }  # fmt: skip
 
 
-def _containers(pod: Obj) -> list[str]:
-    spec = pod["spec"]
-    return [c["name"] for c in [*spec.get("initContainers", []), *spec["containers"]]]
-
-
-def _injected(pod: Obj) -> bool:
-    names = _containers(pod)
-    return "istio-proxy" in names and "istio-init" in names
-
-
 INJECT_TRUE = {"sidecar.istio.io/inject": "true"}
 INJECT_FALSE = {"sidecar.istio.io/inject": "false"}
 REV_DEFAULT = {"istio.io/rev": "default"}
@@ -143,7 +106,7 @@ async def test_the_selector_matrix(deployed: ControlPlane, injector: PilotProces
             ns_labels, labels, annotations, host_network, expected = case.values
             with _namespace(deployed, **ns_labels) as namespace:
                 created = await kube.create(_pod(namespace, labels, annotations, host_network))
-                assert _injected(created) == expected, (case.id, _containers(created))
+                assert injected(created) == expected, (case.id, container_names(created))
                 if expected:
                     assert "sidecar.istio.io/status" in created["metadata"]["annotations"]
 
@@ -156,7 +119,7 @@ async def test_no_pod_of_a_system_namespace_is_sent(
         pod = _pod(namespace, INJECT_TRUE)
         created = await kube.create(pod)
         try:
-            assert not _injected(created)
+            assert not injected(created)
         finally:
             await kube.request("DELETE", path_of("Pod", namespace, pod["metadata"]["name"]))
 
@@ -175,7 +138,7 @@ async def test_a_deployments_pods_come_out_injected(
 
             created = await wait_until(pods, TIMEOUT, "the ReplicaSet's Pods",
                                        until=lambda items: len(items) == 2)  # fmt: skip
-        assert all(_injected(pod) for pod in created), [_containers(p) for p in created]
+        assert all(injected(pod) for pod in created), [container_names(p) for p in created]
         labels = created[0]["metadata"]["labels"]
         assert labels["service.istio.io/canonical-name"] == "web"
 
@@ -200,9 +163,9 @@ async def test_the_ca_bundle_comes_back_after_an_edit(
     deployed.kubectl("patch", "mutatingwebhookconfiguration", CONFIGURATION,
                      "--type=json", "-p", blank)  # fmt: skip
     async with admin(deployed) as kube:
-        await _wait_bundles(kube, injector)
+        await wait_bundles(kube, injector)
         with _namespace(deployed, **{"istio-injection": "enabled"}) as namespace:
-            assert _injected(await kube.create(_pod(namespace)))
+            assert injected(await kube.create(_pod(namespace)))
 
 
 async def test_without_pilot_an_injected_namespace_refuses_pods(
@@ -215,7 +178,7 @@ async def test_without_pilot_an_injected_namespace_refuses_pods(
                 await kube.create(_pod(namespace))
             # and a namespace that did not ask is not held up
             with _namespace(deployed) as other:
-                assert not _injected(await kube.create(_pod(other)))
+                assert not injected(await kube.create(_pod(other)))
 
 
 def _kustomization_with_by_default(folder: Path) -> Path:
@@ -236,12 +199,12 @@ async def test_the_by_default_component_injects_unlabelled_namespaces(
     deployed.kubectl("apply", "-k", str(_kustomization_with_by_default(tmp_path / "k")))
     try:
         async with admin(deployed) as kube:
-            await _wait_bundles(kube, injector)
+            await wait_bundles(kube, injector)
             with _namespace(deployed) as namespace:
-                assert _injected(await kube.create(_pod(namespace)))
-                assert not _injected(await kube.create(_pod(namespace, INJECT_FALSE)))
+                assert injected(await kube.create(_pod(namespace)))
+                assert not injected(await kube.create(_pod(namespace, INJECT_FALSE)))
             with _namespace(deployed, **{"istio-injection": "disabled"}) as namespace:
-                assert not _injected(await kube.create(_pod(namespace)))
+                assert not injected(await kube.create(_pod(namespace)))
     finally:
         deployed.kubectl("apply", "-k", str(REPO / "deploy"))
     webhooks = deployed.kubectl("get", "mutatingwebhookconfiguration", CONFIGURATION,
@@ -261,7 +224,7 @@ async def test_the_readmes_command_turns_injection_on(
             pod = _pod("default")
             created = await kube.create(pod)
             await kube.request("DELETE", path_of("Pod", "default", pod["metadata"]["name"]))
-        assert _injected(created), _containers(created)
+        assert injected(created), container_names(created)
     finally:
         deployed.kubectl("label", "namespace", "default", "istio-injection-")
 
@@ -279,6 +242,6 @@ async def test_a_missing_configuration_is_a_warning_and_filled_once_applied(
     finally:
         deployed.kubectl("apply", "-k", str(REPO / "deploy"))
     async with admin(deployed) as kube:
-        await _wait_bundles(kube, injector)
+        await wait_bundles(kube, injector)
         with _namespace(deployed, **{"istio-injection": "enabled"}) as namespace:
-            assert _injected(await kube.create(_pod(namespace)))
+            assert injected(await kube.create(_pod(namespace)))

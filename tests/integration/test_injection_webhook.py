@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import re
 from pathlib import Path
 
@@ -222,6 +223,20 @@ async def test_a_body_that_never_ends_gets_408_and_pilot_stays_ready(tmp_path: P
         await pilot.stop()
 
 
+async def test_headers_that_never_end_are_cut_off(tmp_path: Path) -> None:
+    """Slowloris: a connection that never completes its request's headers is closed."""
+    pilot = await _pilot(tmp_path, PILOT_INJECTION_BODY_TIMEOUT="1s")
+    try:
+        reader, writer = await raw(pilot.webhook_port, pilot.root_pem)
+        writer.write(b"POST /inject HTTP/1.1\r\nHo")
+        await writer.drain()
+        assert await bounded(reader.read(), 30) == b"", "answered a request never sent"
+        writer.close()
+        assert await _ready(pilot) == 200
+    finally:
+        await pilot.stop()
+
+
 async def test_reviews_past_the_bound_get_429(tmp_path: Path) -> None:
     pilot = await _pilot(tmp_path, PILOT_MAX_INJECTION_REVIEWS="2")
     try:
@@ -298,10 +313,19 @@ async def test_garbage_and_half_open_connections_never_stop_the_webhook(
         writer.write(garbage)
         await writer.drain()
         writer.close()
-    _, writer = await raw(port, pilot.root_pem)  # TLS, then HTTP garbage
-    writer.write(b"\x00\xff" * 2048 + b"\r\n\r\n")
-    await writer.drain()
-    writer.close()
+    head = b"POST /inject HTTP/1.1\r\nHost: pilot\r\nContent-Type: application/json\r\n"
+    for after_tls in (
+        b"\x00\xff" * 2048 + b"\r\n\r\n",  # not HTTP
+        head + b"Transfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n",  # a broken chunk size
+        head + b"Content-Length: 100\r\n\r\n{",  # then gone mid-body
+        head + b"Transfer-Encoding: chunked\r\n\r\n5\r\nab",  # the same, chunked
+    ):
+        reader, writer = await raw(port, pilot.root_pem)
+        writer.write(after_tls)
+        await writer.drain()
+        if after_tls.endswith(b"\n\r\n"):
+            await bounded(reader.read(), 30)  # answered (400) and closed
+        writer.close()
     for body in (
         b"[]",
         b"null",
@@ -319,6 +343,51 @@ async def test_garbage_and_half_open_connections_never_stop_the_webhook(
     assert pilot.alive
     for _, silent_writer in silent:
         silent_writer.close()
+    # Each kind in a line of pilot's, never a traceback: a caller decides nothing of the log.
+    assert pilot.logged(lambda e: bool(e["error"]) or e["level"] == "error") == []
+    assert await _metric(pilot, "pilot_injection_refusals_total", 'reason="malformed"') >= 2
+
+
+_NASTY: list[object] = [
+    None, True, 0, -1, 2**70, 1.5e308, "", "x" * 70_000, "\n\x00<script>", "../../etc",
+    [], {}, [[[[[]]]]], {"": {"": {}}}, "\ud800", "١٢٣", {"$ref": "#"},
+]  # fmt: skip
+
+
+def _mutated(rng: random.Random, review: object, depth: int = 0) -> object:
+    """`review` with some of its values, at any depth, replaced by hostile ones."""
+    if rng.random() < 0.08:
+        return rng.choice(_NASTY)
+    if isinstance(review, dict):
+        mutated = {k: _mutated(rng, v, depth + 1) for k, v in review.items()}
+        if rng.random() < 0.1:
+            mutated[rng.choice(["", "x" * 300, "\n", "metadata"])] = rng.choice(_NASTY)
+        return mutated
+    if isinstance(review, list):
+        return [_mutated(rng, v, depth + 1) for v in review]
+    return review
+
+
+async def test_hundreds_of_mutated_reviews_get_answers_and_pilot_stays(
+    pilot: PilotProcess,
+) -> None:
+    """Fuzz-style: a valid Pod review with hostile values anywhere; every answer is a
+    review echoing the uid it can read, or a 400, and pilot keeps serving."""
+    rng = random.Random(38)
+    base = pod_review(_pod(**{"proxy.istio.io/config": '{"concurrency": 2}'}), uid="fuzz")
+    base["request"]["object"]["spec"]["initContainers"] = [{"name": "i", "image": "i"}]
+    statuses = []
+    for _ in range(300):
+        body = json.dumps(_mutated(rng, base)).encode()
+        status, answer = await post(pilot.webhook_port, pilot.root_pem, body)
+        statuses.append(status)
+        assert status in (200, 400), (status, body[:200])
+        if status == 200:
+            response = response_of(answer)
+            assert isinstance(response["allowed"], bool) and isinstance(response["uid"], str)
+    assert statuses.count(200) > 10 and statuses.count(400) > 10, "the mutations miss"
+    assert await _ready(pilot) == 200
+    assert pilot.logged(lambda e: bool(e["error"]) or e["level"] == "error") == []
 
 
 async def test_plaintext_http_gets_no_answer(pilot: PilotProcess) -> None:

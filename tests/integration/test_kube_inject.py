@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,8 @@ import yaml
 
 from pilot.inject.pod import inject
 from pilot.inject.settings import InjectSettings
-from tests.support.inject_pods import app_pod, workload
+from tests.support.ca import new_ca
+from tests.support.inject_pods import app_pod, customized_pod, workload
 
 KINDS = ["Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob"]
 SERVICE = {
@@ -242,6 +244,38 @@ def test_a_customized_istio_proxy_and_the_proxy_annotations(native: str) -> None
         assert args[args.index("--concurrency") + 1] == "4"
         env = {e["name"]: e.get("value") for e in proxy["env"]}
         assert env["ISTIO_META_APP_CONTAINERS"] == "web"
+
+
+def test_the_real_agent_takes_the_customized_proxys_command_line(tmp_path: Path) -> None:
+    """The injected command and args, annotations and customization included, run as
+    the real agent (its `bootstrap` step in place of `proxy sidecar`: it parses every
+    flag and prints the bootstrap the proxy would start Envoy with)."""
+    pod = customized_pod()
+    pod["metadata"]["namespace"] = "shop"
+    done = kube_inject("-f", "-", stdin=yaml.safe_dump(pod))
+    assert done.returncode == 0, done.stderr
+    spec = yaml.safe_load(done.stdout)["spec"]
+    proxy = next(c for c in spec["initContainers"] if c["name"] == "istio-proxy")
+    argv = [*proxy["command"], *proxy["args"]]
+    assert argv[:2] == ["pilot", "agent"]
+    assert argv[-2:] == ["proxy", "sidecar"]
+    root = tmp_path / "root-cert.pem"
+    root.write_text(new_ca("root").cert_pem)
+    literal = {entry["name"]: entry["value"] for entry in proxy["env"] if "value" in entry}
+    downward = {"POD_NAMESPACE": "shop", "SERVICE_ACCOUNT": "default", "INSTANCE_IP": "10.1.2.3"}
+    env = {"PATH": os.environ["PATH"], **downward, **literal, "CA_ROOT_CERT": str(root)}
+    ran = subprocess.run(
+        [sys.executable, "-m", "pilot", *argv[1:-2], "bootstrap"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr
+    node = json.loads(ran.stdout)["node"]
+    assert node["id"] == "sidecar~10.1.2.3~fixed.shop~shop.svc.cluster.local"  # env merged
 
 
 @pytest.mark.parametrize(

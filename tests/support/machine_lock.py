@@ -3,7 +3,8 @@
 `held(name)` holds an exclusive lock (flock on a file in the temporary directory)
 while its block runs: a test module that binds the Quick start's fixed ports
 (15000, 15010, 15012, 15014) holds "quick-start-ports", so two workers never
-start the README's pilot at once. The lock goes with the process, however it ends.
+start the README's pilot at once; a test module's Docker engine holds "docker-engine"
+(every engine uses one data root). The lock goes with the process, however it ends.
 `held_async` is the same for a coroutine: it waits without stopping the event loop.
 """
 
@@ -17,6 +18,7 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 QUICK_START_PORTS = "quick-start-ports"
+DOCKER_ENGINE = "docker-engine"
 
 
 @contextmanager

@@ -251,6 +251,9 @@ def test_injecting_a_customized_pod_twice_changes_nothing() -> None:
         ({"securityContext": {"runAsUser": 2**31}}, NATIVE, "not a user or group id"),
         ({"securityContext": {"runAsGroup": 1.5}}, NATIVE, "not a user or group id"),
         ({"securityContext": "root"}, NATIVE, "expected an object"),
+        ({"resources": "lots"}, NATIVE, "istio-proxy.resources: expected an object"),
+        ({"readinessProbe": ["exec"]}, NATIVE, "istio-proxy.readinessProbe: expected an object"),
+        ({"lifecycle": "sleep"}, CLASSIC, "expected an object"),
     ],
 )
 def test_a_customization_that_would_break_the_pod_is_refused(
