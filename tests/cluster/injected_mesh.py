@@ -2,11 +2,10 @@
 
 `injected_mesh(plane, folder, namespaces)` labels each namespace
 `istio-injection=enabled` (deploy/ must be applied: its MutatingWebhookConfiguration
-sends the Pods there to pilot's webhook), starts `pilot discovery` as pilot's own
-ServiceAccount (tests.cluster.discovery) with the root the replicas share, routes its
-Service's ClusterIP:443 to pilot's webhook port (tests.cluster.cluster_network: the
-API server calls the webhook as in a cluster), waits for the caBundles pilot writes
-and for its ConfigMap istio-ca-root-cert in each namespace, and runs the test kubelet on those
+sends the Pods there to pilot's webhook), starts pilot as the cluster's injector
+(tests.cluster.injector: its own ServiceAccount, the root the replicas share, its
+Service's ClusterIP:443 routed to its webhook port, the caBundles written), waits for
+its ConfigMap istio-ca-root-cert in each namespace, and runs the test kubelet on those
 namespaces, with `pilot.pilot-system.svc:15012` on the node relayed to pilot's TLS
 port: the injected sidecars' discovery and CA address, as the injector writes it.
 
@@ -20,7 +19,6 @@ that prints an HTTP answer's status, body and the headers the test backend echoe
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -28,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.cluster.client import Kube, admin, path_of
+from tests.cluster.client import Kube, admin
 from tests.cluster.control_plane import REPO, ControlPlane
-from tests.cluster.discovery import forget_shared_root, start_discovery
-from tests.cluster.in_cluster import PILOT_NAMESPACE
+from tests.cluster.discovery import forget_shared_root
+from tests.cluster.injector import running_injector
 from tests.cluster.local_kubelet import TestKubelet, running_kubelet
 from tests.cluster.node import PILOT_HOST
 from tests.cluster.pod_lifecycle import PodRun
@@ -43,7 +41,6 @@ Obj = dict[str, Any]
 PILOT_TLS_PORT = 15012
 PILOT_NAMES = (PILOT_HOST, "pilot.pilot-system", f"{PILOT_HOST}.cluster.local")
 INJECTION_LABEL = "istio-injection=enabled"
-INJECTOR = "pilot-sidecar-injector"  # deploy/'s MutatingWebhookConfiguration
 BACKEND = ["python", "-m", "tests.integration.http_backend", "--host", "0.0.0.0"]
 
 
@@ -142,30 +139,11 @@ async def injected_mesh(
         plane.kubectl("label", "namespace", namespace, INJECTION_LABEL, "--overwrite")
     async with admin(plane) as kube:
         await forget_shared_root(kube)
-        service = await kube.get(path_of("Service", PILOT_NAMESPACE, "pilot"))
-        pilot = await start_discovery(kube, plane, folder / "pilot", *flags)
         try:
-            with plane.network.route(service["spec"]["clusterIP"], 443, pilot.webhook_port):
-                await _wait_bundles(kube, pilot)
+            async with running_injector(plane, folder / "pilot", *flags) as pilot:
                 await wait_published(kube, list(namespaces), pilot.root_pem)
                 async with running_kubelet(kube, folder / "kubelet", namespaces) as kubelet:
                     await kubelet.node.relay(PILOT_NAMES, PILOT_TLS_PORT, pilot.tls_port)
                     yield Mesh(plane, kube, pilot, kubelet)
         finally:
-            await pilot.stop()
             await forget_shared_root(kube)
-
-
-async def _wait_bundles(kube: Kube, pilot: PilotProcess) -> None:
-    """Until every webhook of pilot's MutatingWebhookConfiguration trusts pilot's root."""
-    root = base64.b64encode(pilot.root_pem).decode()
-    path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/" + INJECTOR
-
-    async def bundles() -> list[str]:
-        configuration = await kube.get(path)
-        return [w["clientConfig"].get("caBundle", "") for w in configuration["webhooks"]]
-
-    await wait_until(
-        bundles, 30, "every caBundle to be pilot's root",
-        until=lambda found: found and all(b == root for b in found), context=pilot.tail,
-    )  # fmt: skip
