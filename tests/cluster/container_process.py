@@ -5,10 +5,12 @@ namespace, the volumes' host directories and mount paths, the /etc/hosts it reso
 with, its user (runAsUser, runAsGroup, the pod's fsGroup and supplementalGroups as
 supplementary groups), its capabilities (the container runtime's default set, minus
 `drop`, plus `add`), no_new_privs when allowPrivilegeEscalation is false, its
-environment and working directory (workingDir, else `/`: nothing there is writable
-by a non-root user, as a read-only root would be). `start` runs a command so:
+environment and working directory (workingDir, else `/`), and with
+readOnlyRootFilesystem a read-only root (the machine's own, bound over itself and
+remounted read-only: only its volumes are writable). `start` runs a command so:
 
-    ip netns exec POD sh -c 'mount --bind VOLUME PATH ...; mount --bind HOSTS /etc/hosts;
+    ip netns exec POD sh -c '[mount --rbind / /;] mount --bind VOLUME PATH ...;
+                            mount --bind HOSTS /etc/hosts; [mount -o remount,bind,ro /;]
                             cd DIR; exec setpriv --reuid U --regid G ... -- "$@"' ARGV
 
 `ip netns exec` has already given the shell a mount namespace of its own whose mounts
@@ -131,10 +133,15 @@ class Launch:
         first = self.pilot if Path(command[0]).name == "pilot" else command[0]
         mount = _tool("mount")
         lines = ["set -e"]
+        read_only_root = self.container.get("securityContext", {}).get("readOnlyRootFilesystem")
+        if read_only_root:  # the root bound over itself, made read-only once volumes are in
+            lines.append(f"{mount} --rbind / /")
         for item in [*self.mounts, Mount(self.hosts, "/etc/hosts", True)]:
             lines.append(f"{mount} --bind {shlex.quote(str(item.source))} {shlex.quote(item.path)}")
             if item.read_only:
                 lines.append(f"{mount} -o remount,bind,ro {shlex.quote(item.path)}")
+        if read_only_root:  # only the mount at /: each volume is a mount of its own
+            lines.append(f"{mount} -o remount,bind,ro /")
         lines.append(f"cd {shlex.quote(self.workdir)}")
         setpriv = " ".join(shlex.quote(part) for part in _setpriv(self.container, self.user))
         lines.append(f'exec {setpriv} -- "$@"')

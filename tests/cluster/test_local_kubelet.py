@@ -57,7 +57,8 @@ print(json.dumps({
     "token_gid": info.st_gid, "labels": open("/etc/podinfo/labels").read(),
     "service": socket.gethostbyname("plain"),
     "service_long": socket.gethostbyname("plain.%s.svc.cluster.local" % os.environ["NS"]),
-    "root_writable": os.access("/", os.W_OK),
+    "tmp_writable": os.access("/tmp", os.W_OK),
+    "data_writable": os.access("/data", os.W_OK),
 }))
 """
 
@@ -86,7 +87,7 @@ def _plain_pod(namespace: str) -> Obj:
                                                                "key": "colour"}}},
     ]  # fmt: skip
     context = {"runAsUser": APP_UID, "runAsGroup": APP_UID, "allowPrivilegeEscalation": False,
-               "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+               "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}  # fmt: skip
     write = "import os, pathlib; pathlib.Path('/data/index.html').write_text(os.environ['WHO'])"
     return {
         "apiVersion": "v1", "kind": "Pod",
@@ -179,7 +180,7 @@ async def test_a_plain_pod_runs_as_its_spec_says_and_stops_on_deletion(
     assert (seen["token_mode"], seen["token_gid"]) == (0o640, FS_GROUP)
     assert seen["labels"] == 'app="plain"\n'
     assert seen["service"] == seen["service_long"] == service["spec"]["clusterIP"]
-    assert not seen["root_writable"]
+    assert (seen["tmp_writable"], seen["data_writable"]) == (False, True), "a read-only root"
     probes = {p.kind: p for p in run.probers["web"]}
     assert probes["readiness"].passed >= 1, probes["readiness"].reason
 
