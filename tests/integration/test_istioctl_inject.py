@@ -60,23 +60,11 @@ ALLOWED = {
     "istio-ca-crl": "Istio's optional ConfigMap of revoked certificates; pilot has no CRL",
     "preStop drain": "pilot-agent's `request POST drain` lifecycle hook; pilot's agent"
     " drains on SIGTERM",
-    "default limits": "Istio's chart gives the proxy limits cpu 2 / memory 1Gi; pilot only"
-    " requests (100m / 128Mi), unless the annotations ask",
     "fsGroup": "pilot sets the pod's fsGroup 1337 when unset, so uid 1337 reads the token",
     "log level args": "--proxyLogLevel/--log_output_level are pilot-agent's flags",
     "classic order": "in classic mode istio-proxy is the first of `containers` (the"
     " injected-pod contract: it starts before the app); Istio's template puts it last"
     " unless holdApplicationUntilProxyStarts",
-}
-# Differences found by this test that pilot's injector should lose (Istio's template is the
-# model where the contract is silent): until then `known_gaps` rewrites istioctl's output
-# into pilot's spelling of exactly these, and nothing else. Each is named in the report
-# of the change that added this test; a fix in pilot makes its rewrite a no-op.
-KNOWN_GAPS = {
-    "probe headers": "Istio keeps an HTTP probe's httpHeaders on the rewritten probe",
-    "-d order": "with excludeInboundPorts Istio writes -d 15090,15021,<annotation>,15020;"
-    " pilot 15090,15021,15020,<annotation> (the same set)",
-    "classic startupProbe": "Istio gives istio-proxy its startupProbe in classic mode too",
 }
 GO_ONLY_ENV = {"GOMAXPROCS", "GOMEMLIMIT", "PILOT_CERT_PROVIDER"}
 PILOT_ONLY_ENV = {"CA_TOKEN_FILE", "CA_ROOT_CERT"}
@@ -274,7 +262,7 @@ def compare_containers(ours: Json, theirs: Json, found: Differences) -> None:
         found.check("istio-init capture flags", _capture_flags(init), _capture_flags(istio_init))
 
 
-def compare_proxy(ours: Json, theirs: Json, found: Differences, annotated: bool) -> None:
+def compare_proxy(ours: Json, theirs: Json, found: Differences) -> None:
     mine, istio = _named(ours, "istio-proxy"), _named(theirs, "istio-proxy")
     if mine is None or istio is None:
         return
@@ -289,10 +277,7 @@ def compare_proxy(ours: Json, theirs: Json, found: Differences, annotated: bool)
     for volume in ISTIO_ONLY_VOLUMES:
         istio_mounts.pop(volume, None)
     found.check("istio-proxy volumeMounts", mounts, istio_mounts)
-    resources, istio_resources = mine.get("resources") or {}, istio.get("resources") or {}
-    if not annotated:  # Istio's chart default adds limits (ALLOWED: default limits)
-        istio_resources = {k: v for k, v in istio_resources.items() if k != "limits"}
-    found.check("istio-proxy resources", resources, istio_resources)
+    found.check("istio-proxy resources", mine.get("resources"), istio.get("resources"))
     istio_lifecycle = copy.deepcopy(istio.get("lifecycle") or {})
     istio_lifecycle.pop("preStop", None)  # ALLOWED: preStop drain
     found.check("istio-proxy lifecycle", _agent_spelled(mine.get("lifecycle") or {}),
@@ -353,33 +338,12 @@ def _status(text: str) -> Json:
     return status
 
 
-def known_gaps(template: Json) -> Json:
-    """istioctl's injected pod template with KNOWN_GAPS spelled as pilot spells them."""
-    fixed = copy.deepcopy(template)
-    for container in _containers(fixed, "containers"):
-        for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
-            rewritten = (container.get(probe) or {}).get("httpGet") or {}
-            if rewritten.get("port") == 15020:  # "probe headers"
-                rewritten.pop("httpHeaders", None)
-    init = _named(fixed, "istio-init")
-    args = init.get("args", []) if init is not None else []
-    if "-d" in args:  # "-d order"
-        at = args.index("-d") + 1
-        ports = args[at].split(",")
-        if ports[-1:] == ["15020"] and ports[:2] == ["15090", "15021"]:
-            args[at] = ",".join(["15090", "15021", "15020", *ports[2:-1]])
-    proxy = _named(fixed, "istio-proxy")
-    if proxy is not None and proxy.get("restartPolicy") != "Always":  # "classic startupProbe"
-        proxy.pop("startupProbe", None)
-    return fixed
-
-
-def differences(ours: Json, theirs: Json, annotated: bool = False) -> list[str]:
+def differences(ours: Json, theirs: Json) -> list[str]:
     """What differs between the two injected Deployments, past what ALLOWED allows."""
     found = Differences()
-    mine, istio = _template(ours), known_gaps(_template(theirs))
+    mine, istio = _template(ours), _template(theirs)
     compare_containers(mine, istio, found)
-    compare_proxy(mine, istio, found, annotated)
+    compare_proxy(mine, istio, found)
     compare_app(mine, istio, found)
     compare_pod(mine, istio, found)
     return found
@@ -437,7 +401,7 @@ def test_pilot_injects_what_istioctl_injects(
     made = deployment(case.name, case.change)
     ours, theirs = inject_both(istioctl, offline, made, tmp_path, case.native)
     assert _named(_template(theirs), "istio-proxy") is not None, "istioctl injected nothing"
-    assert differences(ours, theirs, annotated=case.change is _annotated) == []
+    assert differences(ours, theirs) == []
 
 
 @pytest.mark.parametrize(("name", "change"), [("off", _not_injected), ("host", _host_network)])
