@@ -58,6 +58,7 @@ from pilot.push.pipeline import Pipeline
 from pilot.push.request import RequestSink
 from pilot.registry.index import EndpointIndex
 from pilot.registry.peer_authentication import PeerAuthentications
+from pilot.registry.traffic_config import TrafficConfig
 from pilot.registry.updater import IndexUpdater
 from pilot.runtime import collector, event_loop
 from pilot.runtime.supervisor import Supervisor
@@ -117,6 +118,8 @@ class Core:
         self.index = EndpointIndex(primary=settings.cluster_id)
         self.cache = ResourceCache()
         self.policies = PeerAuthentications()  # mTLS modes per workload, read by inbound
+        # DestinationRules and VirtualServices, read by the cluster and endpoint generators
+        self.traffic = TrafficConfig(settings.build.cluster_domain)
         self.connections: LiveStreams[Connection] = LiveStreams()
         self.admission = Admission.of(settings.limits)
         self.proxies = LiveProxies(self.connections, self.cache)
@@ -128,7 +131,7 @@ class Core:
             settings.http_addr,
             self.is_ready,
             self.metrics,
-            DebugState(self.proxies, self.index, self.pushes),
+            DebugState(self.proxies, self.index, self.pushes, self.traffic),
             settings.debug_addr,
             ready_detail=self.cluster_lines,
             xds_ports=self.xds_ports,
@@ -167,6 +170,7 @@ class Core:
             remote_insecure=lambda: r.insecure() if (r := remotes()) is not None else 0,
             task_failures=lambda: self.supervisor.failures,
             watch_faults=lambda: self.watching.faults.counts,
+            unsupported_config=self.traffic.unsupported_counts,
         )
 
     def is_ready(self) -> bool:
@@ -229,6 +233,7 @@ class Discovery:
         self.index = core.index
         self.cache = core.cache
         self.policies = core.policies
+        self.traffic = core.traffic
         self.connections = core.connections
         self.admission = core.admission
         self.proxies = core.proxies
@@ -324,7 +329,9 @@ async def _build(core: Core, undo: contextlib.AsyncExitStack) -> Parts:
     )
     await grpc.start()
     undo.push_async_callback(grpc.stop, settings.drain_duration)
-    updater = IndexUpdater(core.index, RequestSink(pipeline.submit), core.stats, core.policies)
+    updater = IndexUpdater(
+        core.index, RequestSink(pipeline.submit), core.stats, core.policies, core.traffic
+    )
     source, cluster_source = _source(core, updater, api_client, api_server)
     await source.start()
     undo.push_async_callback(source.stop)
@@ -413,6 +420,7 @@ def _source(
             updater,
             settings.file_poll_interval,
             settings.cluster_id,
+            cluster_domain=settings.build.cluster_domain,
             supervisor=core.supervisor,
             rejected=core.metrics.registry_file_rejected_for,
         ), None
