@@ -391,8 +391,8 @@ async def _start_security(core: Core, api_client: client.ApiClient | None) -> Se
 def _pipeline(core: Core, security: Security, inbound: InboundGenerator) -> Pipeline:
     settings = core.settings
     generators = (
-        ClusterGenerator(core.index, core.cache, settings.build, core.stats),
-        EndpointGenerator(core.index, core.cache, settings.build, core.stats),
+        ClusterGenerator(core.index, core.cache, settings.build, core.stats, core.traffic),
+        EndpointGenerator(core.index, core.cache, settings.build, core.stats, core.traffic),
         ListenerGenerator(core.index, core.cache, settings.outbound, settings.build, core.stats),
         RouteGenerator(core.index, core.cache, settings.outbound, settings.build, core.stats),
         inbound,
