@@ -432,6 +432,7 @@ def _source(
         api_server,
         settings.cluster_id,
         watching=core.watching,
+        cluster_domain=settings.build.cluster_domain,
     )
     return cluster_source, cluster_source
 

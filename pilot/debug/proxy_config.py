@@ -37,6 +37,7 @@ from envoy.service.status.v3 import csds_pb2
 from google.protobuf import message
 
 from pilot.debug import routing_rows
+from pilot.debug.cluster_policy import cluster_policy
 from pilot.debug.tables import Cell, Table
 from pilot.logs import clipped
 from pilot.security.certs import uri_sans
@@ -138,18 +139,30 @@ def _discovery_type(cluster: cluster_pb2.Cluster | None) -> str | None:
     return str(cluster_pb2.Cluster.DiscoveryType.Name(cluster.type))
 
 
+def _subset(name: str) -> str | None:
+    """The SUBSET part of Istio's `outbound|PORT|SUBSET|HOST` (None: none)."""
+    parts = name.split("|")
+    return parts[2] or None if len(parts) == 4 else None
+
+
 def clusters(config: csds_pb2.ClientConfig) -> Table:
-    """A row per cluster: its name, how its endpoints are found, its state and version."""
-    records = [
-        {
-            "name": generic.name,
-            "type": _discovery_type(_contents(generic, cluster_pb2.Cluster)),
-            "version": generic.version_info,
-        }
-        | _state(generic)
-        for generic in _held(config, types.CLUSTER)
-    ]
-    return Table.of(("NAME", "TYPE", "STATUS", "VERSION", "ERROR"), records, ERROR_CHARS)
+    """A row per cluster: its name, subset, how its endpoints are found, its traffic
+    policy (`cluster_policy`), its state and version."""
+    records = []
+    for generic in _held(config, types.CLUSTER):
+        cluster = _contents(generic, cluster_pb2.Cluster)
+        records.append(
+            {
+                "name": generic.name,
+                "subset": _subset(generic.name),
+                "type": _discovery_type(cluster),
+                "policy": cluster_policy(cluster) if cluster is not None else None,
+                "version": generic.version_info,
+            }
+            | _state(generic)
+        )
+    headers = ("NAME", "SUBSET", "TYPE", "POLICY", "STATUS", "VERSION", "ERROR")
+    return Table.of(headers, records, ERROR_CHARS | {"POLICY": 240})
 
 
 # --- endpoints -------------------------------------------------------------------------
