@@ -1,7 +1,7 @@
 """A cluster's traffic policy in one line, as `pilot proxy-config clusters` shows it.
 
-What a DestinationRule changes in a cluster, read back from the cluster itself:
-its load balancer (`lb=`, `ring>=N` for a ring hash), circuit breakers (only the
+What a DestinationRule changes in a cluster beside its LB policy (a column of its own),
+read back from the cluster itself: a ring hash's size (`ring>=N`), circuit breakers (only the
 limits that are not Istio's unlimited default), connect timeout, per-connection
 request limit and idle timeout, outlier detection and the healthy panic threshold,
 and its TLS (`tls=auto` for auto mTLS's socket matches, `tls=TLS` for one socket).
@@ -81,8 +81,7 @@ def _tls(cluster: cluster_pb2.Cluster) -> list[str]:
 
 def cluster_policy(cluster: cluster_pb2.Cluster) -> str:
     """The policy parts of `cluster`, `; `-separated."""
-    lb = cluster_pb2.Cluster.LbPolicy.Name(cluster.lb_policy)
-    parts = [f"lb={lb}"]
+    parts = []
     if cluster.HasField("ring_hash_lb_config"):
         parts.append(f"ring>={cluster.ring_hash_lb_config.minimum_ring_size.value}")
     if cluster.HasField("connect_timeout"):
