@@ -79,3 +79,15 @@ def test_unsupported_kinds_are_counted_and_warned_about_once() -> None:
     assert store.unsupported_counts() == {"Gateway": 2}
     store.delete(ConfigKey("Gateway", "default", "a"))
     assert store.unsupported_counts() == {"Gateway": 1}
+
+
+def test_the_services_a_change_touches() -> None:
+    store = TrafficConfig()
+    services = {REVIEWS, ServiceKey("default", "ratings"), ServiceKey("shop", "cart")}
+    hosts = {"reviews.default.svc.cluster.local", "nothing.default.svc.cluster.local"}
+    assert store.services_of(hosts, services) == {REVIEWS}
+    assert store.services_of({"*.default.svc.cluster.local"}, services) == {
+        REVIEWS,
+        ServiceKey("default", "ratings"),
+    }
+    assert store.services_of({"reviews.default"}, services) == set()  # taken as written
