@@ -39,7 +39,6 @@ def test_circuit_breakers_keep_istios_unlimited_defaults_where_the_rule_says_not
     [threshold] = cluster.circuit_breakers.thresholds
     assert (threshold.max_connections.value, threshold.max_pending_requests.value) == (1, 1)
     assert threshold.max_requests.value == threshold.max_retries.value == UNLIMITED
-    assert threshold.track_remaining
     assert "maxConnections=1; maxPending=1" in cluster_policy(cluster)
 
 
