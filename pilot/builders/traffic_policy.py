@@ -152,13 +152,14 @@ def fail_closed(cluster: cluster_pb2.Cluster) -> None:
 
 
 def simple_tls(tls: ClientTls) -> tls_pb2.UpstreamTlsContext:
-    """SIMPLE: TLS to the server, verified against the system's CAs (or the file the rule
-    names) and its subjectAltNames, unless insecureSkipVerify."""
+    """SIMPLE: TLS to the server, verified against the system's CAs and the rule's
+    subjectAltNames, unless insecureSkipVerify (a rule naming a CA file fails closed
+    before this)."""
     context = tls_pb2.UpstreamTlsContext(sni=tls.sni)
     if tls.insecure_skip_verify:
         return context
     validation = context.common_tls_context.validation_context
-    validation.trusted_ca.filename = tls.ca_certificates or SYSTEM_CA
+    validation.trusted_ca.filename = SYSTEM_CA
     for name in tls.subject_alt_names:
         kind = (
             common_pb2.SubjectAltNameMatcher.URI
