@@ -4,9 +4,10 @@
 example delta ADS bootstrap. The file has bookinfo's reviews with a pod per version
 (v1, v2, v3) and istio.io's DestinationRule for it, with a circuit breaker on v2.
 Envoy's /clusters shows `outbound|9080|v1|...` with the v1 pod alone (and so on),
-the service's own cluster with all three, and the circuit breaker as Envoy's
-thresholds; `pilot proxy-config clusters` shows each subset and its policy. When the
-v3 pod is relabelled v2 in the file, Envoy's v2 cluster holds both and v3 none.
+the service's own cluster with all three, the circuit breaker as Envoy's thresholds,
+and no CDS update rejected; `pilot proxy-config clusters` shows each subset and its
+policy. When the v3 pod is relabelled v2 in the file, Envoy's v2 cluster holds both
+and v3 none.
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ async def test_each_subset_cluster_holds_its_pods_only(tmp_path: Path) -> None:
                 **{cluster(v): {ip} for ip, v in VERSIONS.items()},
             }
             await wait_until(lambda: hosts(envoy), TIMEOUT, "subsets", until=expected.__eq__)
+            assert await envoy.stat("cluster_manager.cds.update_rejected") == 0
+            assert await envoy.stat("cluster_manager.cds.update_success") not in (None, 0)
             limits = thresholds(await envoy.clusters(), cluster("v2"))
             assert (limits["max_connections"], limits["max_pending_requests"]) == (1, 1)
 
@@ -127,5 +130,6 @@ async def test_each_subset_cluster_holds_its_pods_only(tmp_path: Path) -> None:
             write_mesh(config, mesh({**VERSIONS, "127.0.5.3": "v2"}))
             moved = {**expected, cluster("v2"): {"127.0.5.2", "127.0.5.3"}, cluster("v3"): set()}
             await wait_until(lambda: hosts(envoy), TIMEOUT, "v3 in v2", until=moved.__eq__)
+            assert await envoy.stat("cluster_manager.cds.update_rejected") == 0
     finally:
         await pilot.stop()
