@@ -35,6 +35,7 @@ from pilot.durations import parse_duration
 from pilot.security.certs import cert_pem, self_signed_root
 from pilot.security.root_publisher import CONFIGMAP as ROOT_CONFIGMAP
 from pilot.security.root_publisher import ROOT_KEY
+from pilot.sources.kubernetes.istio_config import KINDS as ISTIO_KINDS
 from tests.support.envoy_process import find_envoy_binary
 
 Json = dict[str, Any]
@@ -68,6 +69,9 @@ CLUSTER_GRANTS = {
     # readiness waits for their list (tests/cluster/test_deploy_as_shipped.py).
     ("security.istio.io", "peerauthentications", "list"),
     ("security.istio.io", "peerauthentications", "watch"),
+    # DestinationRule, VirtualService and the Istio kinds only counted
+    # (pilot/sources/kubernetes/istio_config.py): each kind pilot watches, and no other.
+    *((kind.group, kind.plural, verb) for kind in ISTIO_KINDS for verb in ("list", "watch")),
     # Endpoint locality: the Nodes' topology labels (pilot/sources/kubernetes/cluster_source.py).
     ("", "nodes", "list"),
     ("", "nodes", "watch"),
