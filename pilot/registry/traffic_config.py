@@ -4,8 +4,9 @@ it does not implement, with the last good version of each object.
 Sources hand over parsed objects (`upsert`, `delete`, or a file's whole set with
 `replace_all`, which names the objects of the file that did not parse: those keep
 their last good version, as an informer keeps an object whose update it refused).
-Each change answers which hosts it touched, so the caller rebuilds only the
-clusters of those services.
+Each change answers which hosts' clusters it touched (a DestinationRule's; a
+VirtualService touches routes only), so the caller rebuilds only the clusters of
+those services.
 
 Which DestinationRule a service's clusters follow (`rule_for`): pilot builds one
 set of clusters for every sidecar, so only a rule that applies to every sidecar
@@ -36,11 +37,11 @@ Config = DestinationRule | VirtualService
 
 
 def _hosts_of(config: Config | None) -> set[str]:
-    if config is None:
-        return set()
+    """The hosts whose clusters `config` shapes: a DestinationRule's; a VirtualService
+    shapes routes only (built elsewhere), so it moves no cluster."""
     if isinstance(config, DestinationRule):
         return {config.host}
-    return set(config.hosts)
+    return set()
 
 
 class TrafficConfig:

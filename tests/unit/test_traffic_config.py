@@ -14,6 +14,7 @@ from pilot.registry.destination_rule import DestinationRule, parse_destination_r
 from pilot.registry.istio_config import ConfigKey
 from pilot.registry.model import ServiceKey
 from pilot.registry.traffic_config import TrafficConfig
+from pilot.registry.virtual_service import parse_virtual_service
 
 REVIEWS = ServiceKey("default", "reviews")
 
@@ -91,3 +92,18 @@ def test_the_services_a_change_touches() -> None:
         ServiceKey("default", "ratings"),
     }
     assert store.services_of({"reviews.default"}, services) == set()  # taken as written
+
+
+def test_a_virtual_service_moves_no_cluster() -> None:
+    store = TrafficConfig()
+    service = parse_virtual_service(
+        {
+            "apiVersion": "networking.istio.io/v1",
+            "kind": "VirtualService",
+            "metadata": {"name": "reviews", "namespace": "default"},
+            "spec": {"hosts": ["reviews"], "http": [{"route": [{"destination": {"host": "r"}}]}]},
+        },
+        "cluster.local",
+    )
+    assert store.upsert(service) == set()
+    assert store.virtual_services() == [service]
