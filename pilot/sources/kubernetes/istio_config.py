@@ -96,27 +96,43 @@ async def _discovery(api_client: client.ApiClient, group_version: str) -> tuple[
         return response.status, await response.content.read(_DISCOVERY_BYTES)
 
 
+class _Discovery:
+    """The API server's discovery documents, each asked once; after one failure to ask,
+    no more (a hung API server delays the start by one request timeout, not one per
+    group version)."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self._api_client = api_client
+        self._answers: dict[str, tuple[int, bytes] | None] = {}
+        self._unreachable = False
+
+    async def answer(self, group_version: str) -> tuple[int, bytes] | None:
+        """Its status and body; None when it could not be asked."""
+        if group_version not in self._answers:
+            self._answers[group_version] = (
+                None if self._unreachable else await self._ask(group_version)
+            )
+        return self._answers[group_version]
+
+    async def _ask(self, group_version: str) -> tuple[int, bytes] | None:
+        try:
+            return await _discovery(self._api_client, group_version)
+        except Exception as error:  # unreachable: the informers will retry
+            log.warning("could not ask which %s is served: %s", group_version, describe(error))
+            self._unreachable = True
+            return None
+
+
 async def served_versions(api_client: client.ApiClient) -> dict[IstioKind, str]:
     """Each kind the API server serves, with the version to watch it at. Where the
     server could not be asked, a kind read whole is watched at its first version anyway
     (the informer retries, holding readiness back: a rule is never dropped because the
     API server was slow at start); a metadata-only one is left out."""
-    bodies: dict[str, tuple[int, bytes] | None] = {}
+    discovery = _Discovery(api_client)
     found: dict[IstioKind, str] = {}
     for kind in KINDS:
         for version in kind.versions:
-            group_version = f"{kind.group}/{version}"
-            if group_version not in bodies:
-                try:
-                    bodies[group_version] = await _discovery(api_client, group_version)
-                except Exception as error:  # unreachable: the informers will retry
-                    log.warning(
-                        "could not ask which %s versions are served: %s",
-                        kind.group,
-                        describe(error),
-                    )
-                    bodies[group_version] = None
-            answer = bodies[group_version]
+            answer = await discovery.answer(f"{kind.group}/{version}")
             if answer is None or (not 200 <= answer[0] < 300 and answer[0] != 404):
                 if kind.whole:
                     found[kind] = kind.versions[0]
