@@ -6,8 +6,9 @@ and e serving `details`, no VirtualService or DestinationRule anywhere). When e'
 app is gone but e is still in the EndpointSlice (a crashed container before its
 readiness probe notices), Istio's default retry policy on a's route sends each
 request that met e's refused connection on to d (previous_hosts): the app gets a
-200 every time, and every retry Envoy makes succeeds. What a's Envoy holds says
-the same: the route's retry policy and the cluster's LEAST_REQUEST.
+200 every time, and every retry Envoy makes succeeds. An app's own 503 is not
+retried (Istio lists no retriable status codes). What a's Envoy holds says the
+same: the route's retry policy and the cluster's LEAST_REQUEST.
 """
 
 from __future__ import annotations
@@ -70,6 +71,20 @@ async def test_with_no_config_a_sidecar_holds_istios_retries_and_least_request(
     predicates = [predicate.get("name") for predicate in policy.get("retry_host_predicate", [])]
     assert predicates == [PREVIOUS_HOSTS], policy
     assert policy.get("host_selection_retry_max_attempts") == "5", policy
+
+
+async def test_an_apps_own_503_reaches_the_caller_unretried(mesh: Mesh) -> None:
+    """Istio lists no retriable status codes: `retriable-status-codes` retries nothing, so a
+    request the app answered (even 503) is never sent to it twice."""
+    ratings = cluster_of("ratings")
+    retried = await mesh.frontend.cluster_stat(ratings, "upstream_rq_retry")
+    path = f"/status/503/{secrets.token_hex(4)}"
+    url = f"http://ratings.{APP_NAMESPACE}:{PORT}{path}"
+    assert await requests_from(mesh.pod("a"), [url]) == [503]
+    await mesh.backends["c"].wait_seen(path)
+    seen = [seen for seen in mesh.backends["c"].seen() if seen.path == path]
+    assert len(seen) == 1, f"ratings' app got the request {len(seen)} times"
+    assert await mesh.frontend.cluster_stat(ratings, "upstream_rq_retry") == retried
 
 
 async def test_a_refused_connection_is_retried_on_the_other_host(mesh: Mesh) -> None:
