@@ -2,6 +2,7 @@
 Istio's domains, the ones two services would share left out, and the fallback host.
 A service's route carries Istio's default retry policy
 (`pilot.builders.istio_defaults`); the fallback hosts have none, as Istio's.
+Every virtual host sends the app `x-envoy-attempt-count`, as Istio's.
 
 The RDS generator (`pilot.generators.rds`) keeps which services are on which port and
 calls these.
@@ -48,6 +49,7 @@ def virtual_host(route: HostRoute, port: int, domains: list[str]) -> rc_pb2.Virt
         name=f"{route.hostname}:{port}",
         domains=domains,
         routes=[rc_pb2.Route(name="default", match=rc_pb2.RouteMatch(prefix="/"), route=action)],
+        include_request_attempt_count=True,
     )
 
 
@@ -61,13 +63,17 @@ def fallback_host(settings: OutboundSettings) -> rc_pb2.VirtualHost:
                 cluster=settings.fallback_cluster, timeout=duration_pb2.Duration(seconds=0)
             ),
         )
-        return rc_pb2.VirtualHost(name="allow_any", domains=["*"], routes=[action])
+        return rc_pb2.VirtualHost(
+            name="allow_any", domains=["*"], routes=[action], include_request_attempt_count=True
+        )
     block = rc_pb2.Route(
         name="block_all",
         match=rc_pb2.RouteMatch(prefix="/"),
         direct_response=rc_pb2.DirectResponseAction(status=502),
     )
-    return rc_pb2.VirtualHost(name="block_all", domains=["*"], routes=[block])
+    return rc_pb2.VirtualHost(
+        name="block_all", domains=["*"], routes=[block], include_request_attempt_count=True
+    )
 
 
 def shared_domains(routes: list[HostRoute], port: int) -> set[str]:

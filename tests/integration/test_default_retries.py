@@ -7,18 +7,22 @@ app is gone but e is still in the EndpointSlice (a crashed container before its
 readiness probe notices), Istio's default retry policy on a's route sends each
 request that met e's refused connection on to d (previous_hosts): the app gets a
 200 every time, and every retry Envoy makes succeeds. An app's own 503 is not
-retried (Istio lists no retriable status codes). What a's Envoy holds says the
-same: the route's retry policy and the cluster's LEAST_REQUEST.
+retried (Istio lists no retriable status codes), and a hundred requests at once
+all get through: the cluster's circuit breakers allow as many retries at once as
+Istio's (Envoy's own allow 3). What a's Envoy holds says the same: the route's
+retry policy, the cluster's LEAST_REQUEST and thresholds.
 """
 
 from __future__ import annotations
 
 import secrets
+from typing import Any
 
 import pytest
 
 from tests.integration.mesh_pods import (
     APP_NAMESPACE,
+    APP_UID,
     PORT,
     Mesh,
     cluster_of,
@@ -27,6 +31,7 @@ from tests.integration.mesh_pods import (
     pod_address,
     requests_from,
 )
+from tests.support.pods import Pod
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.envoy]
 
@@ -35,6 +40,7 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.envoy]
 REQUESTS = 60
 ISTIO_RETRY_ON = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
 PREVIOUS_HOSTS = "envoy.retry_host_predicates.previous_hosts"
+CONCURRENT = 100  # requests at once: far more retries in their backoff than Envoy's 3
 
 mesh = module_mesh("default-retries")
 
@@ -43,15 +49,25 @@ def _url(path: str) -> str:
     return f"http://details.{APP_NAMESPACE}:{PORT}{path}"
 
 
-async def _details_route(mesh: Mesh) -> dict[str, object]:
-    """The route a's Envoy holds for details in route configuration PORT."""
+async def _details_host(mesh: Mesh) -> dict[str, Any]:
+    """The virtual host a's Envoy holds for details in route configuration PORT."""
     dump = await mesh.frontend.admin_json("/config_dump", resource="dynamic_route_configs")
     for entry in dump.get("configs", []):
         for host in entry.get("route_config", {}).get("virtual_hosts", []):
             if f"details.{APP_NAMESPACE}" in host.get("domains", []):
-                [route] = host["routes"]
-                return dict(route["route"])
+                return dict(host)
     pytest.fail(f"a's Envoy holds no virtual host for details: {dump}")
+
+
+async def _parallel_requests_from(pod: Pod, urls: list[str]) -> list[int]:
+    """GET every URL from `pod`'s app at once (curl --parallel): each status, in the
+    order they ended."""
+    argv = ["curl", "-sS", "--max-time", "10", "--parallel", "--parallel-immediate"]
+    argv += ["--parallel-max", str(len(urls)), "-w", "%{http_code}\\n"]
+    for url in urls:
+        argv += ["-o", "/dev/null", url]
+    _, out, _ = await pod.run(*argv, uid=APP_UID)
+    return [int(code) for code in out.split()]
 
 
 async def test_with_no_config_a_sidecar_holds_istios_retries_and_least_request(
@@ -64,7 +80,12 @@ async def test_with_no_config_a_sidecar_holds_istios_retries_and_least_request(
     await mesh.frontend.wait_route("details")
     cluster = (await mesh.frontend.clusters())[cluster_of("details")]
     assert cluster.get("lb_policy") == "LEAST_REQUEST", f"details' cluster: {cluster}"
-    policy = (await _details_route(mesh)).get("retry_policy", {})
+    [thresholds] = cluster.get("circuit_breakers", {}).get("thresholds", [{}])
+    assert thresholds.get("max_retries") == 2**32 - 1, f"Envoy's 3 concurrent retries: {cluster}"
+    host = await _details_host(mesh)
+    assert host.get("include_request_attempt_count") is True, host
+    [route] = host["routes"]
+    policy = route["route"].get("retry_policy", {})
     assert isinstance(policy, dict), policy
     assert policy.get("retry_on") == ISTIO_RETRY_ON, f"details' route retries {policy}"
     assert policy.get("num_retries") == 2, policy
@@ -112,4 +133,22 @@ async def test_a_refused_connection_is_retried_on_the_other_host(mesh: Mesh) -> 
     assert delta["upstream_rq_retry_success"] == delta["upstream_rq_retry"], (
         f"a retry went back to the host that refused it (no previous_hosts): {delta}"
     )
+    mesh.assert_nothing_restarted()
+
+
+async def test_many_retries_at_once_are_not_cut_short(mesh: Mesh) -> None:
+    """Requests at once, e still refusing: Envoy's own limit of 3 concurrent retries
+    would answer the rest 503 (`upstream_rq_retry_overflow`); Istio's has none."""
+    for obj in details_objects(["d", "e"]):
+        mesh.api.apply(obj)
+    expected = {(pod_address("d"), PORT), (pod_address("e"), PORT)}
+    await mesh.frontend.wait_hosts(cluster_of("details"), expected, "both endpoints")
+    await mesh.backends["e"].process.stop()  # (already, if the test above ran)
+    details = cluster_of("details")
+    overflowed = await mesh.frontend.cluster_stat(details, "upstream_rq_retry_overflow")
+    urls = [_url(f"/at-once-{secrets.token_hex(4)}") for _ in range(CONCURRENT)]
+    statuses = await _parallel_requests_from(mesh.pod("a"), urls)
+    assert statuses == [200] * CONCURRENT, f"{statuses.count(200)} of {CONCURRENT} answered 200"
+    overflow = await mesh.frontend.cluster_stat(details, "upstream_rq_retry_overflow")
+    assert overflow == overflowed, f"{overflow - overflowed} retries overflowed"
     mesh.assert_nothing_restarted()
