@@ -3,7 +3,8 @@
 The bench does not import pilot (that takes seconds, and the pilot it runs may
 be another copy, through PYTHONPATH). Newer pilots want `--xds-auth none`
 (the clients carry no service-account token), `--ca-state-dir` and
-`--grpc-tls-addr ''` (the default 0.0.0.0:15012 may be taken); an
+`--grpc-tls-addr ''` and `--webhook-addr ''` (the defaults 0.0.0.0:15012 and
+127.0.0.1:15017 may be taken); an
 older pilot refuses them as unrecognized, and is started again without.
 `pilot discovery --help` names each PILOT_* knob with its default.
 
@@ -40,8 +41,12 @@ _COMPONENT_SCOPES = (
 
 
 def newer_flags(workdir: Path) -> list[str]:
-    """Unauthenticated xDS, a CA state directory of the run's own, no fixed TLS port."""
-    return ["--xds-auth", "none", "--ca-state-dir", str(workdir / "ca"), "--grpc-tls-addr", ""]
+    """Unauthenticated xDS, a CA state directory of the run's own, no fixed TLS port, no
+    injection webhook."""
+    return [
+        *("--xds-auth", "none", "--ca-state-dir", str(workdir / "ca")),
+        *("--grpc-tls-addr", "", "--webhook-addr", ""),
+    ]
 
 
 def serving_ports(serving: re.Match[str]) -> tuple[int, int]:

@@ -71,6 +71,9 @@ from pilot.server.live_streams import LiveStreams
 from pilot.settings import Settings
 from pilot.sources.file import FileSource
 from pilot.stats import XdsStats
+from pilot.webhook.reviews import reviewer
+from pilot.webhook.server import WebhookServer
+from pilot.webhook.serving import WebhookCertificate
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 
@@ -151,6 +154,9 @@ class Core:
         def security() -> Security | None:
             return self.discovery.security if self.discovery is not None else None
 
+        def webhook() -> WebhookServer | None:
+            return self.discovery.webhook if self.discovery is not None else None
+
         return Sources(
             stats=self.stats,
             connections=lambda: len(self.connections),
@@ -167,6 +173,7 @@ class Core:
             remote_insecure=lambda: r.insecure() if (r := remotes()) is not None else 0,
             task_failures=lambda: self.supervisor.failures,
             watch_faults=lambda: self.watching.faults.counts,
+            injection=lambda: w.stats if (w := webhook()) else None,
         )
 
     def is_ready(self) -> bool:
@@ -201,6 +208,7 @@ class Parts:
     """What `start_discovery` builds on the core, in order, for `Discovery`.
 
     Optional only where a mode has none: the TLS port's serving (no --grpc-tls-addr), the
+    injection webhook (--webhook-addr ''), the
     API client (a file and no --kubeconfig), the cluster source (a file), remote clusters
     (a file and no --remote-kubeconfig; they need Kubernetes' client, so no empty stand-in).
     """
@@ -214,6 +222,7 @@ class Parts:
     api_client: client.ApiClient | None
     cluster_source: ClusterSource | None  # the source, in Kubernetes mode
     remotes: RemoteClusters | None
+    webhook: WebhookServer | None
 
 
 class Discovery:
@@ -246,6 +255,7 @@ class Discovery:
         self.api_client = parts.api_client
         self.cluster_source = parts.cluster_source
         self.remotes = parts.remotes
+        self.webhook = parts.webhook
         self._serving = False
         self._thresholds: tuple[int, int, int] | None = None  # the collector's, if frozen
 
@@ -273,6 +283,8 @@ class Discovery:
         if self.remotes is not None:
             await self.remotes.stop()
         await self.security.close()
+        if self.webhook is not None:
+            await self.webhook.stop()
         if self.api_client is not None:
             await self.api_client.close()
         await self.http.stop()
@@ -313,6 +325,9 @@ async def _build(core: Core, undo: contextlib.AsyncExitStack) -> Parts:
         undo.push_async_callback(api_client.close)
     security = await _start_security(core, api_client)
     undo.push_async_callback(security.close)
+    webhook = await _start_webhook(core, security, api_client)
+    if webhook is not None:
+        undo.push_async_callback(webhook.stop)
     inbound = InboundGenerator(core.index, core.cache, core.policies, core.stats)
     pipeline = _pipeline(core, security, inbound)
     tls = _tls(settings, security)
@@ -332,7 +347,16 @@ async def _build(core: Core, undo: contextlib.AsyncExitStack) -> Parts:
     if remotes is not None:
         undo.push_async_callback(remotes.stop)
     return Parts(
-        security, pipeline, inbound, grpc, source, tls, api_client, cluster_source, remotes
+        security,
+        pipeline,
+        inbound,
+        grpc,
+        source,
+        tls,
+        api_client,
+        cluster_source,
+        remotes,
+        webhook,
     )
 
 
@@ -428,11 +452,40 @@ def _source(
     return cluster_source, cluster_source
 
 
+def _dns_names(settings: Settings) -> list[str]:
+    """The names pilot's serving certificates carry (the TLS port's, the webhook's)."""
+    return list(settings.tls_dns_names) or default_dns_names(settings.build.cluster_domain)
+
+
 def _tls(settings: Settings, security: Security) -> TlsServing | None:
     if not settings.grpc_tls_addr:
         return None
-    names = list(settings.tls_dns_names) or default_dns_names(settings.build.cluster_domain)
-    return TlsServing(security.ca, names, settings.tls_require_client_cert)
+    return TlsServing(security.ca, _dns_names(settings), settings.tls_require_client_cert)
+
+
+async def _start_webhook(
+    core: Core, security: Security, api_client: client.ApiClient | None
+) -> WebhookServer | None:
+    """The injection webhook (none with --webhook-addr ''), serving at once: Pods are
+    admitted while the registry syncs. Its certificate's renewal and, in Kubernetes mode,
+    the caBundle of pilot's webhook configuration are supervised tasks from now on."""
+    settings = core.settings
+    if not settings.webhook.address:
+        return None
+    certificate = WebhookCertificate(security.ca, _dns_names(settings))
+    webhook = WebhookServer(settings.webhook, certificate, reviewer(settings.inject))
+    await webhook.start()
+    core.supervisor.start("webhook-renewal", certificate.run)
+    if api_client is not None and settings.config is None:
+        keeper = _kubernetes().ca_bundle_keeper(
+            api_client,
+            settings.kubernetes,
+            settings.webhook.configuration,
+            lambda: security.ca.root_pem,
+            core.supervisor,
+        )
+        core.supervisor.start("webhook-ca-bundle", keeper.run)
+    return webhook
 
 
 def _plaintext_secrets(settings: Settings) -> bool:

@@ -5,8 +5,9 @@ from a file, which never calls it; `pilot agent` and `pilot proxy-status` never 
 it either. So everything that needs it is reached through this module, which the
 composition root (`pilot.app`) imports at one place, the first time it has a
 Kubernetes API to call: the connection, the cluster source, remote clusters and
-their Secrets, the root's ConfigMaps, and security's Lease, shared root and
-TokenReview (`ClusterSecurity`, handed to `pilot.security.component.Security`).
+their Secrets, the root's ConfigMaps, the injection webhook's caBundle, and security's
+Lease, shared root and TokenReview (`ClusterSecurity`, handed to
+`pilot.security.component.Security`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pilot.security.settings import SecuritySettings
 from pilot.security.token_review import KubernetesTokenReviewer
 from pilot.sources.kubernetes.cluster_source import ClusterSource
 from pilot.sources.kubernetes.clusters import RemoteClusters, RemoteSecrets, secret_informer
+from pilot.webhook.ca_bundle import CaBundleKeeper
 
 
 class KubernetesMode:
@@ -99,6 +101,17 @@ class KubernetesMode:
     ) -> RootPublisher:
         """ConfigMap istio-ca-root-cert in every watched namespace, written by the holder."""
         return RootPublisher(api_client, settings, root_pem, elector, supervisor=supervisor)
+
+    def ca_bundle_keeper(
+        self,
+        api_client: client.ApiClient,
+        settings: KubernetesSettings,
+        name: str,
+        root_pem: Callable[[], str],
+        supervisor: Supervisor,
+    ) -> CaBundleKeeper:
+        """The caBundle of the MutatingWebhookConfiguration `name`, kept at pilot's root."""
+        return CaBundleKeeper(api_client, settings, name, root_pem, supervisor)
 
 
 class ClusterSecurity:

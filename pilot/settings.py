@@ -12,12 +12,14 @@ from pilot.builders.outbound import OutboundSettings, TrafficPolicy
 from pilot.builders.settings import BuildSettings
 from pilot.cluster_ids import RULE, is_cluster_id, quoted
 from pilot.durations import parse_duration
+from pilot.inject.settings import InjectSettings
 from pilot.kube.config import InformerSettings, KubernetesSettings
 from pilot.kube.remote_settings import INSECURE_OPTIONS, RemoteSettings
 from pilot.limits import Limits
 from pilot.push.settings import DebounceSettings, PushSettings
 from pilot.registry.model import DEFAULT_CLUSTER_ID
 from pilot.security.settings import SecuritySettings
+from pilot.webhook.settings import WebhookSettings
 
 
 class SettingsError(ValueError):
@@ -54,6 +56,8 @@ class Settings:
     drain_duration: float = 5.0
     freeze_heap: bool = True  # collector.settle() after the initial state
     max_connection_age: float = 1800.0
+    webhook: WebhookSettings = field(default_factory=WebhookSettings)  # address '': off
+    inject: InjectSettings = field(default_factory=InjectSettings)  # what the webhook injects
 
 
 def _env_duration(env: Mapping[str, str], name: str, default: float) -> float:

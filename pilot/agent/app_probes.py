@@ -40,13 +40,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from pilot.agent import grpc_health
+from pilot.inject.probes import HEADER_NAME, HEADER_VALUE, MAX_HEADERS
 
 log = logging.getLogger("pilot.agent")
 
 VARIABLE = "ISTIO_KUBE_APP_PROBERS"
 MAX_PROBERS_BYTES = 64 * 1024
 MAX_PROBERS = 64
-MAX_HEADERS = 16
 MAX_TIMEOUT = 60
 DEFAULT_TIMEOUT = 1
 OWN_PORTS = frozenset({15000, 15001, 15006, 15020, 15021, 15090})
@@ -54,8 +54,6 @@ PASSTHROUGH_SOURCE = "127.0.0.6"  # left uncaptured by the capture rules (pilot.
 MAX_STATUS_LINE = 8192
 _PATH = re.compile(r"/app-health/[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/(livez|readyz|startupz)")
 _URL_PATH = re.compile(r"/[\x21-\x7e]{0,2047}")  # printable ASCII, no space: one request line
-_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
-_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]{0,4096}")
 
 
 class ProberError(ValueError):
@@ -134,7 +132,7 @@ def _prober(path: str, spec: Any, pod_ip: str) -> AppProber:
         action = TcpSocket(port)
     else:
         service = body.get("service") or ""
-        if not isinstance(service, str) or not _HEADER_VALUE.fullmatch(service):
+        if not isinstance(service, str) or not HEADER_VALUE.fullmatch(service):
             raise ProberError(f"{path}: grpc.service is not a service name")
         action = Grpc(port, service)
     return AppProber(action, _timeout(path, spec.get("timeoutSeconds")))
@@ -180,9 +178,9 @@ def _http_get(path: str, body: dict[str, Any], port: int, pod_ip: str) -> HttpGe
     for header in headers:
         name = header.get("name") if isinstance(header, dict) else None
         value = header.get("value", "") if isinstance(header, dict) else None
-        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+        if not isinstance(name, str) or not HEADER_NAME.fullmatch(name):
             raise ProberError(f"{path}: a header name that is not a token")
-        if not isinstance(value, str) or not _HEADER_VALUE.fullmatch(value):
+        if not isinstance(value, str) or not HEADER_VALUE.fullmatch(value):
             raise ProberError(f"{path}: header {name}: a value with a line break or control")
         pairs.append((name, value))
     return HttpGet(url_path, port, scheme == "HTTPS", tuple(pairs))

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from pilot import cluster_ids
 from pilot.cli.discovery_settings import settings_from_flags
 from pilot.cli.flags import Parser, duration, key_type_flag, log_flags, version_flag
+from pilot.cli.injection_flags import injection_flags
 from pilot.cli.running import run_until_signalled
 from pilot.cluster_ids import is_cluster_id, quoted
 from pilot.kube.config import EndpointsApi
@@ -18,6 +19,7 @@ from pilot.runtime import event_loop
 from pilot.runtime.memory import map_large_buffers
 from pilot.security.xds_auth import XdsAuth
 from pilot.settings import Settings
+from pilot.webhook.settings import CONFIGURATION
 
 if TYPE_CHECKING:
     from pilot.app import Discovery
@@ -61,6 +63,10 @@ limits (refusals are RESOURCE_EXHAUSTED, counted in pilot_limit_hits_total{limit
   PILOT_MAX_REMOTE_KUBECONFIG_BYTES  one remote kubeconfig (default 65536)
   PILOT_MAX_REMOTE_SECRET_BYTES  one multi-cluster Secret's data (default 1048576)
   PILOT_REMOTE_CLUSTER_START_TIMEOUT  building one remote cluster's client (default 10s)
+  PILOT_MAX_INJECTION_REVIEWS  sidecar-injection reviews answered at once (default 1000;
+                             429 past it)
+  PILOT_MAX_INJECTION_BYTES  review bodies held at once (default 67108864; 429 past it)
+  PILOT_INJECTION_BODY_TIMEOUT  a review's body must arrive within this (default 10s)
   PILOT_INSECURE_MULTICLUSTER_KUBECONFIG_OPTIONS  remote kubeconfig options allowed
                              (exec,authProvider,tokenFile,clientCertificate,clientKey,
                              certificateAuthority; default none)
@@ -91,6 +97,17 @@ def discovery_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         "--grpc-tls-addr",
         help="xDS over TLS, certificate from pilot's CA ('' to disable; default 0.0.0.0:15012;"
         " with --xds-auth none, 127.0.0.1:15012)",
+    )
+    discovery.add_argument(
+        "--webhook-addr",
+        help="the sidecar-injection webhook, HTTPS, POST /inject ('' to disable; default"
+        " 0.0.0.0:15017; with --xds-auth none, 127.0.0.1:15017)",
+    )
+    discovery.add_argument(
+        "--injector-webhook-config",
+        default=CONFIGURATION,
+        help="in Kubernetes mode, the MutatingWebhookConfiguration whose caBundle pilot keeps"
+        " at its root (default %(default)s)",
     )
     discovery.add_argument(
         "--insecure-bind-any",
@@ -155,6 +172,7 @@ def discovery_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         help="watch EndpointSlices (default) or legacy v1 Endpoints",
     )
     _security_flags(discovery)
+    injection_flags(discovery)
     discovery.add_argument(
         "--cluster-domain",
         default="cluster.local",

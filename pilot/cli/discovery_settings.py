@@ -10,7 +10,9 @@ import logging
 from pathlib import Path
 
 from pilot.builders.settings import BuildSettings
+from pilot.cli.injection_flags import inject_settings
 from pilot.cli.listen_check import check_address_forms, check_listen_addresses
+from pilot.inject.settings import InjectSettings, InjectSettingsError
 from pilot.kube.config import (
     EndpointsApi,
     KubernetesSettings,
@@ -33,6 +35,7 @@ from pilot.settings import (
     remote_kubeconfigs,
     split_host_port,
 )
+from pilot.webhook.settings import WebhookSettingError, WebhookSettings, webhook_from_env
 
 log = logging.getLogger("pilot")
 
@@ -68,7 +71,12 @@ def settings_from_flags(args: argparse.Namespace) -> Settings:
     """Every flag and variable checked; the ports last, so that a wrong flag is named
     before a port another program holds."""
     settings = _flag_settings(args)
-    addresses = (settings.grpc_addr, settings.grpc_tls_addr, settings.http_addr)
+    addresses = (
+        settings.grpc_addr,
+        settings.grpc_tls_addr,
+        settings.http_addr,
+        settings.webhook.address,
+    )
     listened = zip(_ADDRESS_FLAGS, addresses, strict=True)
     # Every address, --debug-addr's too, must resolve and be free (`pilot.listen_check`).
     check_listen_addresses([*listened, ("--debug-addr", settings.debug_addr or "")])
@@ -76,7 +84,7 @@ def settings_from_flags(args: argparse.Namespace) -> Settings:
 
 
 def _flag_settings(args: argparse.Namespace) -> Settings:
-    grpc_addr, grpc_tls_addr, http_addr = _addresses(args)
+    grpc_addr, grpc_tls_addr, http_addr, webhook_addr = _addresses(args)
     settings = Settings(
         grpc_addr=grpc_addr,
         http_addr=http_addr,
@@ -89,6 +97,8 @@ def _flag_settings(args: argparse.Namespace) -> Settings:
         tls_require_client_cert=args.grpc_tls_require_client_cert,
         drain_duration=args.drain_duration,
         max_connection_age=args.max_connection_age,
+        webhook=_webhook(webhook_addr, args.injector_webhook_config),
+        inject=_inject(args),
         config=args.config,
         cluster_id=args.cluster_id,
         remote_kubeconfigs=remote_kubeconfigs(args.remote_kubeconfig, args.cluster_id),
@@ -112,9 +122,25 @@ def _flag_settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
-ANY_ADDRESSES = ("0.0.0.0:15010", "0.0.0.0:15012", "0.0.0.0:15014")
-LOOPBACK_ADDRESSES = ("127.0.0.1:15010", "127.0.0.1:15012", "127.0.0.1:15014")
-_ADDRESS_FLAGS = ("--grpc-addr", "--grpc-tls-addr", "--http-addr")
+ANY_ADDRESSES = ("0.0.0.0:15010", "0.0.0.0:15012", "0.0.0.0:15014", "0.0.0.0:15017")
+LOOPBACK_ADDRESSES = ("127.0.0.1:15010", "127.0.0.1:15012", "127.0.0.1:15014", "127.0.0.1:15017")
+_ADDRESS_FLAGS = ("--grpc-addr", "--grpc-tls-addr", "--http-addr", "--webhook-addr")
+# The listeners that hand out identities with --xds-auth none (the webhook hands out none).
+_TRUSTING_FLAGS = frozenset(_ADDRESS_FLAGS[:3])
+
+
+def _inject(args: argparse.Namespace) -> InjectSettings:
+    try:
+        return inject_settings(args)
+    except InjectSettingsError as error:
+        raise SettingsError(str(error)) from None
+
+
+def _webhook(address: str, configuration: str) -> WebhookSettings:
+    try:
+        return webhook_from_env(address, configuration)
+    except WebhookSettingError as error:
+        raise SettingsError(str(error)) from None
 
 
 def _trusts_metadata(args: argparse.Namespace) -> bool:
@@ -125,8 +151,9 @@ def _trusts_metadata(args: argparse.Namespace) -> bool:
     return args.config is not None
 
 
-def _addresses(args: argparse.Namespace) -> tuple[str, str, str]:
-    """--grpc-addr, --grpc-tls-addr and --http-addr, defaults filled in and checked.
+def _addresses(args: argparse.Namespace) -> tuple[str, str, str, str]:
+    """--grpc-addr, --grpc-tls-addr, --http-addr and --webhook-addr, defaults filled in
+    and checked.
 
     With --xds-auth none pilot binds loopback by default and refuses an address off
     loopback (SettingsError, naming the flag), unless --insecure-bind-any says the
@@ -134,14 +161,14 @@ def _addresses(args: argparse.Namespace) -> tuple[str, str, str]:
     """
     trusting = _trusts_metadata(args)
     defaults = LOOPBACK_ADDRESSES if trusting and not args.insecure_bind_any else ANY_ADDRESSES
-    given = (args.grpc_addr, args.grpc_tls_addr, args.http_addr)
+    given = (args.grpc_addr, args.grpc_tls_addr, args.http_addr, args.webhook_addr)
     chosen = tuple(d if g is None else g for g, d in zip(given, defaults, strict=True))
     flagged = [*zip(_ADDRESS_FLAGS, chosen, strict=True), ("--debug-addr", args.debug_addr or "")]
     check_address_forms(flagged)
     exposed = [
         f"{flag} {address}"
         for flag, address in zip(_ADDRESS_FLAGS, chosen, strict=True)
-        if address and not is_loopback_host(split_host_port(address)[0])
+        if address and flag in _TRUSTING_FLAGS and not is_loopback_host(split_host_port(address)[0])
     ]
     if trusting and exposed and not args.insecure_bind_any:
         raise SettingsError(
@@ -154,8 +181,8 @@ def _addresses(args: argparse.Namespace) -> tuple[str, str, str]:
             " them gets any identity's certificate from pilot's CA",
             ", ".join(exposed),
         )
-    grpc_addr, grpc_tls_addr, http_addr = chosen
-    return grpc_addr, grpc_tls_addr, http_addr
+    grpc_addr, grpc_tls_addr, http_addr, webhook_addr = chosen
+    return grpc_addr, grpc_tls_addr, http_addr, webhook_addr
 
 
 def _check_config_file(path: Path | None) -> None:

@@ -27,6 +27,8 @@ from pilot.debug.loop_histogram import LoopHistogram, Series
 from pilot.security.ca_service import CaStats
 from pilot.security.secrets import SecretStats
 from pilot.stats import XdsStats
+from pilot.webhook.refusals import KINDS as INJECTION_REFUSALS
+from pilot.webhook.refusals import InjectionStats
 from pilot.xds import types
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -91,6 +93,8 @@ class Sources:
     task_failures: Callable[[], Mapping[str, int]] = lambda: {}
     # (cluster id, kind, reason) -> what API servers sent that was skipped or refused.
     watch_faults: Callable[[], Mapping[tuple[str, str, str], int]] = lambda: {}
+    # The sidecar-injection webhook's counts (None while it does not run).
+    injection: Callable[[], InjectionStats | None] = lambda: None
 
 
 def _istio_counter(
@@ -119,6 +123,26 @@ class PilotCollector(Collector):
         yield from self._kubernetes()
         yield self._limits()
         yield self._task_failures()
+        yield from self._injection()
+
+    def _injection(self) -> Iterator[Metric]:
+        """Istio's injector counters, and pilot's refusals by kind (every kind, from 0)."""
+        stats = self._sources.injection() or InjectionStats()
+        for name, value, documentation in (
+            ("requests", stats.requests, "Requests to the injection webhook (POST /inject)."),
+            ("success", stats.success, "Reviews answered with the Pod allowed."),
+            ("skip", stats.skip, "Reviews answered without injecting (not selected)."),
+            ("failure", stats.failure, "Reviews refused, or answered with the Pod refused."),
+        ):
+            yield CounterMetricFamily(f"sidecar_injection_{name}", documentation, value=value)
+        refusals = CounterMetricFamily(
+            "pilot_injection_refusals",
+            "Requests the injection webhook refused or answered with the Pod refused, by kind.",
+            labels=["reason"],
+        )
+        for kind in INJECTION_REFUSALS:
+            refusals.add_metric([kind], stats.refusals.get(kind, 0))
+        yield refusals
 
     def _task_failures(self) -> Metric:
         failures = CounterMetricFamily(

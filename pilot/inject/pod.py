@@ -38,12 +38,18 @@ PROXY = "istio-proxy"
 INIT = "istio-init"
 PROXY_UID = 1337
 REVISION = "default"
-PROXY_PORTS = "15090,15021,15020"  # Envoy's Prometheus, its readiness, the agent's status
+ENVOY_PORTS = "15090,15021"  # Envoy's Prometheus and its readiness
+STATUS_PORT = "15020"  # the agent's status port
 SDS_SOCKET = "/var/run/secrets/workload-spiffe-uds/socket"
 CONFIG_PATH = "/etc/istio/proxy"
 TOKEN_FILE = "/var/run/secrets/tokens/istio-token"
 ROOT_CERT = "/var/run/secrets/istio/root-cert.pem"
-DEFAULT_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}}  # Istio's
+# Istio's chart default (global.proxy.resources: 2000m, 1024Mi, written as the API server
+# and istioctl write them), replaced whole by any resource annotation.
+DEFAULT_RESOURCES = {
+    "requests": {"cpu": "100m", "memory": "128Mi"},
+    "limits": {"cpu": "2", "memory": "1Gi"},
+}
 
 # (volume, mount path) of istio-proxy, Istio's names and paths.
 _MOUNTS = (
@@ -239,9 +245,7 @@ def _owner_from_pod(metadata: dict[str, Any], labels: dict[str, str]) -> dict[st
 def _init_container(settings: InjectSettings, options: PodOptions) -> dict[str, Any]:
     """istio-init: `pilot agent iptables` with istio-iptables' arguments, as root."""
     capture = options.capture
-    excluded = PROXY_PORTS + (
-        f",{capture.exclude_inbound_ports}" if capture.exclude_inbound_ports else ""
-    )
+    excluded = _excluded_inbound(capture.exclude_inbound_ports)
     args = ["-p", "15001", "-z", "15006", "-u", str(PROXY_UID), "-m", "REDIRECT",
             "-i", capture.include_outbound_ranges, "-x", capture.exclude_outbound_ranges,
             "-b", capture.include_inbound_ports, "-d", excluded]  # fmt: skip
@@ -267,6 +271,15 @@ def _init_container(settings: InjectSettings, options: PodOptions) -> dict[str, 
     }
 
 
+def _excluded_inbound(annotation: str) -> str:
+    """istio-init's `-d`, in Istio's order: Envoy's ports, the annotation's (checked),
+    then the status port unless the annotation has it already."""
+    ports = annotation.split(",") if annotation else []
+    if STATUS_PORT not in ports:
+        ports.append(STATUS_PORT)
+    return ",".join([ENVOY_PORTS, *ports])
+
+
 def _resources(options: PodOptions) -> dict[str, Any]:
     return copy.deepcopy(options.resources if options.resources is not None else DEFAULT_RESOURCES)
 
@@ -289,11 +302,12 @@ def _proxy_container(
         "ports": [{"containerPort": 15090, "name": "http-envoy-prom", "protocol": "TCP"}],
         "env": _proxy_env(settings, options, containers, workload, probers),
         "readinessProbe": _ready_probe(period=15, failures=4),
+        # As Istio's, in both modes: a native sidecar's startup holds the app's start
+        # (kubelet waits for it); a classic one's holds its readiness probe until then.
+        "startupProbe": _ready_probe(period=1, failures=600),
     }
     if native:
         proxy["restartPolicy"] = "Always"
-        # The app starts once Envoy is ready: kubelet waits for a native sidecar's startup.
-        proxy["startupProbe"] = _ready_probe(period=1, failures=600)
     elif options.hold_application:
         proxy["lifecycle"] = {"postStart": {"exec": {"command": ["pilot", "agent", "wait"]}}}
     proxy["securityContext"] = {

@@ -9,6 +9,10 @@ plus NodeRestriction. The controller manager runs the controllers a mesh depends
 (unless `controllers=False`: a caller that writes their objects itself).
 No scheduler and no kubelet: tests.cluster.kubelet stands in for them.
 
+The API server's traffic into the cluster (webhooks) goes through
+tests.cluster.cluster_network's proxy (`network`), where a test routes a Service's
+address to a local process.
+
 etcd compacts only when a test asks (`compact`). A watch from an older resourceVersion
 is still answered, from the API server's watch cache, which keeps its own history;
 only once the API server has restarted (`restart_apiserver`), its cache starting at
@@ -35,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from tests.cluster.cluster_network import ClusterNetwork
 from tests.cluster.pki import Pki, write_pki
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,6 +57,8 @@ CONTROLLERS = (
     "garbagecollector",
     "replicaset",
     "deployment",
+    "job",  # injected Jobs end with their app (tests/cluster/test_injected_pods.py)
+    "root-ca-cert-publisher",  # kube-root-ca.crt: every Pod's kube-api-access volume reads it
 )
 START_TIMEOUT = 90.0  # the API server's first start bootstraps its roles and priorities
 STOP_TIMEOUT = 15.0
@@ -120,6 +127,11 @@ class ControlPlane:
     # False: etcd and the API server alone, for a caller that writes every object the
     # controllers would (EndpointSlices, ServiceAccounts) itself.
     controllers: bool = True
+    # Where the API server's `cluster` egress goes: a test routes Service addresses here.
+    network: ClusterNetwork = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.network = ClusterNetwork(self.folder / "egress.sock")
 
     @property
     def url(self) -> str:
@@ -141,6 +153,7 @@ class ControlPlane:
 
     def start(self) -> None:
         try:
+            self.network.start()
             self._start_etcd()
             self._start_apiserver()
             self._write_kubeconfig(self.admin_kubeconfig, self.pki.admin_cert, self.pki.admin_key)
@@ -155,6 +168,7 @@ class ControlPlane:
         for component in reversed(self.components):
             component.stop()
         self.components.clear()
+        self.network.stop()
 
     def _spawn(self, name: str, argv: Sequence[str]) -> Component:
         log = self.folder / f"{name}.log"
@@ -225,6 +239,8 @@ class ControlPlane:
             "--endpoint-reconciler-type", "none",
             "--etcd-compaction-interval", "0",  # only `compact` compacts
             "--cert-dir", str(self.folder / "apiserver-certs"),
+            "--egress-selector-config-file",
+            str(self.network.egress_config(self.folder / "egress-selector.yaml")),
             "--profiling=false",
         ])  # fmt: skip
 

@@ -7,7 +7,7 @@ what the kubelet mounts: the ServiceAccount's token (a TokenRequest bound to tha
 as the kubelet asks for it), the cluster's CA and the namespace, at the in-cluster path
 /var/run/secrets/kubernetes.io/serviceaccount, in a mount namespace of pilot's own
 (`unshare`), with KUBERNETES_SERVICE_HOST and _PORT set. Two changes, because this is
-one machine: the listen addresses become 127.0.0.1:0, and the drain 0s.
+one machine: the listen addresses (the webhook's too) become 127.0.0.1:0, and the drain 0s.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ Obj = dict[str, Any]
 POD_TIMEOUT = 30.0
 PILOT_NAMESPACE = "pilot-system"  # deploy/'s
 PILOT_ACCOUNT = "pilot"
-_ADDRESS_FLAG = re.compile(r"^(--(?:grpc|grpc-tls|http|debug)-addr)=.*$")
+_ADDRESS_FLAG = re.compile(r"^(--(?:grpc|grpc-tls|http|debug|webhook)-addr)=.*$")
 # The kubelet's mount, made in pilot's own mount namespace: a tmpfs on /run (so nothing
 # of the machine's /run changes) holding a link to the test's folder.
 _MOUNT = (

@@ -3,18 +3,22 @@
 `kubectl apply -k deploy/` with the built kubectl; pilot then runs as the Deployment's
 container would (tests.cluster.in_cluster: its args and env, the ServiceAccount's bound
 token at the in-cluster path) and must become ready with exactly deploy/rbac.yaml's
-permissions. With one rule of the ClusterRole taken away, pilot says in one line which
+permissions (keeping its webhook configuration's caBundle among them). With one rule of
+the ClusterRole taken away, pilot says in one line which
 permission it lacks, and stays unready.
 """
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
 from tests.cluster.client import admin, path_of
 from tests.cluster.control_plane import REPO, ControlPlane
+from tests.cluster.discovery import shared_root
 from tests.cluster.in_cluster import deployment_pod, start_in_cluster
+from tests.cluster.injector import bundles
 from tests.support.envoy_process import wait_until
 from tests.support.pilot_process import PilotProcess, wait_serving
 
@@ -46,6 +50,13 @@ async def test_pilot_as_shipped_becomes_ready(deployed: ControlPlane, tmp_path: 
         )  # fmt: skip
         forbidden = pilot.logged(lambda e: "forbidden" in e["msg"].lower())
         assert forbidden == [], f"pilot was refused: {forbidden}"
+        # deploy/rbac.yaml lets it keep its webhook configuration's caBundle at its root
+        async with admin(deployed) as kube:
+            root = base64.b64encode(await shared_root(kube)).decode()
+            await wait_until(
+                lambda: bundles(kube), READY_TIMEOUT, "the webhooks' caBundle",
+                until=lambda bundles: set(bundles) == {root}, context=pilot.tail,
+            )  # fmt: skip
     finally:
         await pilot.stop()
 

@@ -38,7 +38,7 @@ GRPCURL = Path(sys.executable).parent / "grpcurl"
 PILOT = Path(sys.executable).parent / "pilot"  # the console script `pip install` made
 # The Quick start's pilot listens on 15010, 15012 and 15014 of every interface; the
 # tests' pilot on ports of loopback it picks itself.
-EPHEMERAL = ("--grpc-addr", "127.0.0.1:0", "--grpc-tls-addr", "127.0.0.1:0")
+EPHEMERAL = ("--grpc-addr", "127.0.0.1:0", "--grpc-tls-addr", "127.0.0.1:0", "--webhook-addr", "")
 EPHEMERAL += ("--http-addr", "127.0.0.1:0")
 DEADLINE_EXCEEDED = 64 + 4  # grpcurl exits with 64 + the gRPC status code
 TIMEOUT = 30.0  # a bound on a hung grpcurl, never a way to wait for something

@@ -13,7 +13,8 @@ floor (bare grpc.aio and pilot's mint), or N agents theirs from pilot's CA, and
 `python -m bench.arrival_path` their certificates in process, without gRPC, and
 `python -m bench.instructions` the same burst's instructions, which repeat run after run;
 `python -m bench.sweep` writes its Markdown table and PNG plot;
-`python -m bench.codecs` times every codec on one assignment, all writing the same bytes.
+`python -m bench.codecs` times every codec on one assignment, all writing the same bytes;
+`python -m bench.inject` gets every review answered by pilot's webhook and prints its rate.
 """
 
 from __future__ import annotations
@@ -349,3 +350,16 @@ def test_bench_codecs_times_every_codec_on_the_same_bytes() -> None:
             value = float(cell.removesuffix(" ms"))
             assert math.isfinite(value) and value > 0, f"{codec}: {cell}"
         assert same == "yes", f"{codec} wrote other bytes than protobuf"
+
+
+def test_bench_inject_gets_every_review_answered() -> None:
+    command = [sys.executable, "-m", "bench.inject", "--reviews", "60", "--concurrency", "20"]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=110, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = [line for line in done.stdout.splitlines() if line.startswith("| 60 ")]
+    cells = [cell.strip() for cell in row.split("|")[1:-1]]
+    assert cells[1] == "20", row
+    figures = [float(cell.removesuffix(" ms").replace(",", "")) for cell in cells[2:]]
+    assert all(math.isfinite(value) and value > 0 for value in figures), row

@@ -420,6 +420,7 @@ async def test_pilot_discovery_with_ca_addr_needs_ca_root_cert(
     process = await asyncio.create_subprocess_exec(
         *(sys.executable, "-m", "pilot", "discovery", "--config", str(config)),
         *("--grpc-addr", "127.0.0.1:0", "--grpc-tls-addr", "", "--http-addr", "127.0.0.1:0"),
+        *("--webhook-addr", ""),
         env=environment | {"HOME": str(tmp_path)},
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,

@@ -55,7 +55,7 @@ async def _run(tmp_path: Path, start: Start) -> tuple[int | None, str]:
         config = tmp_path / "mesh.yaml"
         write_mesh(config, simple_mesh({"a": ["10.0.0.1"]}))
         args = ["--config", str(config), "--grpc-addr", "127.0.0.1:0"]
-        args += ["--http-addr", "127.0.0.1:0", "--grpc-tls-addr", ""]
+        args += ["--http-addr", "127.0.0.1:0", "--grpc-tls-addr", "", "--webhook-addr", ""]
         if "--ca-cert-dir" not in start.args and "--ca-state-dir" not in start.args:
             args += ["--ca-state-dir", str(tmp_path / "ca")]
     else:

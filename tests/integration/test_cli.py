@@ -102,7 +102,7 @@ async def test_sigterm_ends_streams_and_exits_zero(tmp_path: Path) -> None:
     write_mesh(config, simple_mesh({"a": ["127.0.0.1"]}))
     command = [sys.executable, "-m", "pilot", "discovery", "--config", str(config)]
     command += ["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]
-    command += ["--grpc-tls-addr", "", "--drain-duration", "1s"]
+    command += ["--grpc-tls-addr", "", "--webhook-addr", "", "--drain-duration", "1s"]
     command += ["--ca-state-dir", str(tmp_path / "ca")]
     pilot = await start_command(tmp_path, command, env=pilot_environment(tmp_path))
     try:

@@ -102,7 +102,10 @@ def _listening() -> Iterator[int]:
         yield port
 
 
-FILE_MODE = ["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--grpc-tls-addr", ""]
+FILE_MODE = [
+    "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--grpc-tls-addr", "",
+    "--webhook-addr", "",
+]  # fmt: skip
 
 # ------------------------------------------------------------- listen addresses
 
@@ -178,6 +181,34 @@ async def test_a_bad_duration_variable_is_one_line(
         tmp_path, "discovery", "--config", str(mesh), *FILE_MODE, env={variable: value}
     )
     _has(line, *words)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "words"),
+    [
+        ("PILOT_MAX_INJECTION_REVIEWS", "0", ["PILOT_MAX_INJECTION_REVIEWS", "positive integer"]),
+        ("PILOT_MAX_INJECTION_REVIEWS", "1e3", ["PILOT_MAX_INJECTION_REVIEWS", "'1e3'"]),
+        ("PILOT_MAX_INJECTION_BYTES", "1048576", ["PILOT_MAX_INJECTION_BYTES", "at least 6291456"]),
+        ("PILOT_INJECTION_BODY_TIMEOUT", "10", ["PILOT_INJECTION_BODY_TIMEOUT", "not a duration"]),
+        ("PILOT_INJECTION_BODY_TIMEOUT", "0s", ["PILOT_INJECTION_BODY_TIMEOUT", "more than 0"]),
+    ],
+)
+async def test_a_bad_webhook_bound_is_one_line(
+    tmp_path: Path, mesh: Path, variable: str, value: str, words: list[str]
+) -> None:
+    line = await _refused(
+        tmp_path, "discovery", "--config", str(mesh), *FILE_MODE, env={variable: value}
+    )
+    _has(line, *words)
+
+
+async def test_a_bad_proxy_image_is_one_line(tmp_path: Path, mesh: Path) -> None:
+    """What the webhook would write into every Pod is checked at start, naming the flag."""
+    line = await _refused(
+        tmp_path, "discovery", "--config", str(mesh), *FILE_MODE,
+        "--proxy-image", "pilot-proxy:1\nsh",
+    )  # fmt: skip
+    _has(line, "--proxy-image")
 
 
 async def test_a_secret_ttl_in_days_is_accepted(tmp_path: Path) -> None:

@@ -49,6 +49,7 @@ from tests.support.docker_engine import (
     DockerEngine,
     ensure_base_image,
     from_image,
+    network_state,
     running_engine,
     unavailable,
 )
@@ -84,19 +85,6 @@ class Ports:
     http: int
 
 
-def _network_state() -> tuple[str, ...]:
-    """The machine's interfaces and firewall rules: a test must leave them as it found them."""
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
-    names = sorted(line.split(":")[1].strip() for line in links.stdout.splitlines())
-    rules = []
-    for table in ("filter", "nat"):
-        listed = subprocess.run(
-            ["iptables", "-t", table, "-S"], capture_output=True, text=True, check=False
-        )
-        rules.append(listed.stdout)
-    return (*names, *rules)
-
-
 @pytest.fixture(scope="module")
 def engine() -> Iterator[DockerEngine]:
     reason = unavailable()
@@ -104,11 +92,11 @@ def engine() -> Iterator[DockerEngine]:
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the container tests: {reason}")
         pytest.skip(reason)
-    before = _network_state()
+    before = network_state()
     with running_engine() as running:
         ensure_base_image(running, from_image(REPO / "Dockerfile"))
         yield running
-    assert _network_state() == before, "the Docker engine left an interface or a rule behind"
+    assert network_state() == before, "the Docker engine left an interface or a rule behind"
 
 
 def _build(engine: DockerEngine, context: Path) -> Built:
@@ -235,6 +223,8 @@ async def test_the_image_runs_as_a_cluster_runs_it(
         f"127.0.0.1:{ports.tls}",
         "--http-addr",
         f"127.0.0.1:{ports.http}",
+        "--webhook-addr",
+        "",
     )
     try:
         _wait(

@@ -210,7 +210,7 @@ def _customized(kind: str) -> dict[str, Any]:
     template["spec"]["containers"].append({
         "name": "istio-proxy",
         "image": "auto",
-        "resources": {"limits": {"memory": "1Gi"}},
+        "resources": {"limits": {"memory": "2Gi"}},
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", "10"]}}},
     })  # fmt: skip
     return document
@@ -235,8 +235,9 @@ def test_a_customized_istio_proxy_and_the_proxy_annotations(native: str) -> None
             == spec["initContainers"][0]["image"]
             == ("registry.example/pilot-proxy:debug")
         )
+        # Merged key by key over the injector's (Istio's) defaults.
         assert proxy["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"},
-                                      "limits": {"memory": "1Gi"}}  # fmt: skip
+                                      "limits": {"cpu": "2", "memory": "2Gi"}}  # fmt: skip
         assert proxy["lifecycle"]["preStop"] == {"exec": {"command": ["sleep", "10"]}}
         args = proxy["args"]
         assert args[args.index("--proxy-log-level") + 1] == "debug"

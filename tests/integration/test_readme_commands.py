@@ -4,7 +4,7 @@ print, run as printed.
 The commands are read from the ```sh blocks of those files (a line ending in
 `\\` continues on the next). Each one is either run here by bash, exactly as
 printed, from a copy of the checkout (as a user's clone), against real
-processes on the addresses the README prints (pilot on 15010/15012/15014,
+processes on the addresses the README prints (pilot on 15010/15012/15014/15017,
 Envoy's admin on 15000); or run exactly as printed by another test
 (`ELSEWHERE`, which checks that test still holds the command); or named in
 `NOT_HERE` with the reason it cannot run on this machine. A command in neither
@@ -50,7 +50,7 @@ READMES = (
     ROOT / "deploy" / "README.md",
     *(ROOT / "docs" / f"{page}.md" for page in (*MOVED, "benchmarks", "development")),
 )
-PORTS = (15000, 15010, 15012, 15014)  # Envoy's admin, pilot's gRPC, TLS gRPC and HTTP
+PORTS = (15000, 15010, 15012, 15014, 15017)  # Envoy's admin, pilot's gRPC, TLS, HTTP, webhook
 DEADLINE = 60.0  # a bound on waiting for a condition, never a way to wait for one
 COMMAND_TIMEOUT = 60.0
 NODE_ID = "sidecar~127.0.0.1~example.default~default.svc.cluster.local"  # envoy-ads-delta.yaml
@@ -172,6 +172,18 @@ RUN_HERE = {
 
 # Run exactly as printed by another test: command -> (test file, what it must contain).
 ELSEWHERE = {
+    "kubectl label namespace default istio-injection=enabled": (
+        "tests/cluster/test_injection_webhook.py",
+        'README_COMMAND = "kubectl label namespace default istio-injection=enabled"',
+    ),
+    "kubectl apply -k deploy/example-app/": (
+        "tests/cluster/test_example_app.py",
+        'APPLY = "kubectl apply -k deploy/example-app/"',
+    ),
+    "kubectl -n example get pods": (
+        "tests/cluster/test_example_app.py",
+        'GET_PODS = "kubectl -n example get pods"',
+    ),
     "pilot agent iptables": (
         "tests/integration/test_pod_capture.py",
         'a.run(str(PILOT), "agent", "iptables")',
@@ -191,7 +203,7 @@ _BENCH = (
 _NO_CLUSTER = "needs a real Kubernetes cluster; tests/integration/test_deploy.py validates deploy/"
 _IN_POD = (
     "reaches the example app's sidecar through a port-forward into a cluster;"
-    " tests/integration/test_sds_mtls.py runs Envoys with that sidecar's set-up"
+    " tests/cluster/test_example_app.py reads the same admin API inside the injected Pod"
 )
 _TWO_CLUSTERS = (
     "kubectl writes built-in objects as protobuf, which the test API server does not speak;"
@@ -245,6 +257,8 @@ NOT_HERE = {
     " in process": _BENCH,
     "python -m bench.instructions --proxies 1000              # ... of 1,000 certificates,"
     " in instructions": _BENCH,
+    "python -m bench.inject                                   # the injection webhook,"
+    " 100 reviews at once": _BENCH,
     "docker build -t registry.example/pilot:0.1.0 .": (
         "tagged for an example registry; tests/integration/test_container.py builds the"
         " same Dockerfile with a plain docker build and runs the image"
@@ -259,14 +273,12 @@ NOT_HERE = {
     ),
     "kubectl apply -k deploy/": _NO_CLUSTER,
     "kubectl -n pilot-system rollout status deployment/pilot": _NO_CLUSTER,
-    "kubectl apply -k deploy/example-app/": _NO_CLUSTER,
     "kubectl -n example rollout status deployment/echo": _NO_CLUSTER,
-    "kubectl -n example port-forward deployment/echo 15001 15000": _NO_CLUSTER,
-    'curl localhost:15001/                          # "hello from echo", over mTLS': _IN_POD,
-    "curl -s localhost:15000/clusters | grep echo   # the mesh, from pilot": _IN_POD,
-    "curl -s localhost:15000/certs                  # spiffe://cluster.local/ns/example/sa/echo": (
+    "kubectl -n example port-forward deployment/echo 15000": _NO_CLUSTER,
+    "curl -s localhost:15000/certs | grep spiffe     # spiffe://cluster.local/ns/example/sa/echo": (
         _IN_POD
     ),
+    "curl -s localhost:15000/clusters | grep echo    # the mesh, from pilot": _IN_POD,
     "kubectl -n pilot-system port-forward deployment/pilot 15014": (
         "needs a cluster; the probes it forwards to are run here against a local pilot"
     ),

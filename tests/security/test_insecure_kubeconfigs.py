@@ -175,6 +175,7 @@ def _discovery(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         *(sys.executable, "-m", "pilot", "discovery", "--config", mesh),
         *("--xds-auth", "none", "--grpc-addr", "127.0.0.1:0"),
         *("--grpc-tls-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"),
+        *("--webhook-addr", ""),
         *("--ca-cert-dir", ca.directory, "--ca-state-dir", tmp_path / "state"),
         *("--drain-duration", "0s", *extra),
     ]

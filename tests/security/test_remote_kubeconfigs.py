@@ -296,6 +296,7 @@ def test_a_remote_kubeconfig_flag_with_exec_stops_pilot_at_start(tmp_path: Path)
             *(sys.executable, "-m", "pilot", "discovery", "--config", str(mesh)),
             *("--xds-auth", "none", "--grpc-addr", "127.0.0.1:0"),
             *("--grpc-tls-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"),
+            *("--webhook-addr", ""),
             *("--ca-cert-dir", str(ca.directory), "--ca-state-dir", str(tmp_path / "state")),
             *("--drain-duration", "0s", "--remote-kubeconfig", f"west={flagged}"),
         ],

@@ -14,7 +14,8 @@ certificate authorities (so that pip in the build stage reaches the package inde
 as the host's pip does), imported under the `FROM` name.
 
 `unavailable()` says why an engine cannot run here (None when it can); under CI
-(`CI` set) a test must not skip for that, it fails.
+(`CI` set) a test must not skip for that, it fails. `network_state()` is what a test
+compares before and after its engine: the machine's interfaces and firewall rules.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.machine_lock import DOCKER_ENGINE, held
+
 DATA_ROOT = Path("~/.cache/pilot-tests/docker").expanduser()
 BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "python-is-python3", "ca-certificates")
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -37,6 +40,19 @@ APT_SOURCES = (Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/so
 START_TIMEOUT = 60.0
 # What python:3.11-slim sets that a bare root filesystem lacks.
 IMPORT_CHANGES = ("--change", "ENV LANG=C.UTF-8", "--change", 'CMD ["python3"]')
+
+
+def network_state() -> tuple[str, ...]:
+    """The machine's interfaces and firewall rules: a test must leave them as it found them."""
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
+    names = sorted(line.split(":")[1].strip() for line in links.stdout.splitlines())
+    rules = []
+    for table in ("filter", "nat"):
+        listed = subprocess.run(
+            ["iptables", "-t", table, "-S"], capture_output=True, text=True, check=False
+        )
+        rules.append(listed.stdout)
+    return (*names, *rules)
 
 
 class EngineError(RuntimeError):
@@ -157,8 +173,10 @@ class DockerEngine:
 
 @contextlib.contextmanager
 def running_engine() -> Iterator[DockerEngine]:
+    """A dockerd for the block. Engines share DATA_ROOT (the base image is made once), and
+    two daemons on one data root corrupt it: test modules in parallel workers take turns."""
     # A short socket path: unix socket paths are limited to 108 bytes.
-    with tempfile.TemporaryDirectory(prefix="pilot-docker-") as folder:
+    with held(DOCKER_ENGINE), tempfile.TemporaryDirectory(prefix="pilot-docker-") as folder:
         engine = DockerEngine(Path(folder))
         engine.start()
         try:

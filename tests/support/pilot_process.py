@@ -9,7 +9,8 @@ with its addresses changed to `127.0.0.1:0`); `spawn` runs one without waiting f
 to serve (a pilot whose registry file is broken never does), and `wait_serving` waits.
 Whatever the command, pilot binds the ports it is given, 0 included, and the ports it
 bound are read back from its "serving" log line (text or JSON), and the `--debug-addr`
-port, when given, from its "debug endpoints on" line; every line it logs is kept:
+port, when given, from its "debug endpoints on" line (the injection webhook's from its
+"sidecar injection webhook on" line); every line it logs is kept:
 `wait_logged` waits for one with a deadline. The HTTP port's JSON (`/debug/...`) is
 read with `get_json`; `http_get` GETs any URL, from a chosen local address if need be.
 `stop` sends SIGTERM and fails if pilot does not exit 0 in time. The process, its log
@@ -47,6 +48,7 @@ STARTUP_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
 SERVING = re.compile(r"\(port (\d+), TLS port (\d+)\), HTTP on (.+):(\d+)")
 DEBUG_SERVING = re.compile(r"^debug endpoints on (.+):(\d+)$")
+WEBHOOK_SERVING = re.compile(r"^sidecar injection webhook on (.+):(\d+) ")
 # Settings pilot reads from the environment: the test's pilot gets none from the shell.
 _INHERITED_PREFIXES = ("PILOT_", "CA_", "SECRET_", "KUBECONFIG", "POD_", "SERVICE_ACCOUNT")
 
@@ -75,6 +77,7 @@ class PilotProcess(BackgroundProcess[Entry]):
     tls_port: int = 0
     http_port: int = 0
     debug_port: int = 0  # with --debug-addr
+    webhook_port: int = 0  # the injection webhook's (--webhook-addr), 0: none
 
     @property
     def stderr(self) -> LineLog[Entry]:
@@ -250,6 +253,8 @@ def discovery_command(
         "127.0.0.1:0",
         "--http-addr",
         "127.0.0.1:0",
+        "--webhook-addr",
+        "127.0.0.1:0",
         *ca,
         "--ca-state-dir",
         str(folder / "ca-state"),
@@ -314,3 +319,5 @@ async def wait_serving(pilot: PilotProcess, within: float = STARTUP_TIMEOUT) -> 
     # The debug listener starts with the HTTP port, before pilot says it is serving.
     debug = [found for e in pilot.log if (found := DEBUG_SERVING.search(e["msg"]))]
     pilot.debug_port = int(debug[-1][2]) if debug else 0
+    webhook = [found for e in pilot.log if (found := WEBHOOK_SERVING.search(e["msg"]))]
+    pilot.webhook_port = int(webhook[-1][2]) if webhook else 0

@@ -38,7 +38,11 @@ def _flag(args: list[str], flag: str) -> str | None:
         ("includeInboundPorts", "8080, 9090", "-b", "8080,9090"),
         ("includeInboundPorts", "*", "-b", "*"),
         ("includeInboundPorts", "", "-b", ""),
-        ("excludeInboundPorts", "9100", "-d", "15090,15021,15020,9100"),
+        # Istio's order: Envoy's ports, the annotation's, the status port last.
+        ("excludeInboundPorts", "9100", "-d", "15090,15021,9100,15020"),
+        ("excludeInboundPorts", "9100, 9200", "-d", "15090,15021,9100,9200,15020"),
+        # The status port named by the annotation is not named twice (as Istio).
+        ("excludeInboundPorts", "15020,9100", "-d", "15090,15021,15020,9100"),
         ("excludeInboundPorts", "", "-d", "15090,15021,15020"),
         ("includeOutboundPorts", "443,8443", "-q", "443,8443"),
         ("excludeOutboundPorts", "5432", "-o", "5432"),

@@ -74,7 +74,8 @@ def test_the_docs_example_is_merged_into_the_native_sidecar() -> None:
     proxy = _proxy(injected)
     assert proxy["image"] == "registry.example/pilot-proxy:1"  # `auto` is the injector's
     assert proxy["restartPolicy"] == "Always"
-    assert proxy["resources"] == {"requests": {"cpu": "500m", "memory": "128Mi"}}
+    assert proxy["resources"] == {"requests": {"cpu": "500m", "memory": "128Mi"},
+                                  "limits": {"cpu": "2", "memory": "1Gi"}}  # fmt: skip
     assert proxy["volumeMounts"] == [*plain["volumeMounts"],
                                      {"mountPath": "/etc/certs", "name": "certs"}]  # fmt: skip
     assert proxy["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "10"]}}}
@@ -191,7 +192,7 @@ def test_a_pods_own_istio_init_is_merged_over_ours() -> None:
         assert "migrate" in names
         init = _init(injected)
         assert init["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"},
-                                     "limits": {"cpu": "50m"}}  # fmt: skip
+                                     "limits": {"cpu": "50m", "memory": "1Gi"}}  # fmt: skip
         assert init["command"] == ["pilot", "agent", "iptables"]
 
 

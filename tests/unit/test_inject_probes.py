@@ -28,7 +28,13 @@ def test_http_tcp_and_grpc_probes_move_to_the_status_port() -> None:
     injected = inject(probed_pod(), SETTINGS, namespace="shop")
     web = injected["spec"]["containers"][0]
     assert web["readinessProbe"] == {
-        "httpGet": {"path": "/app-health/web/readyz", "port": 15020, "scheme": "HTTP"},
+        # The headers stay on the rewritten probe, as Istio's (and go to the agent too).
+        "httpGet": {
+            "path": "/app-health/web/readyz",
+            "port": 15020,
+            "scheme": "HTTP",
+            "httpHeaders": [{"name": "X-Probe", "value": "1"}],
+        },
         "periodSeconds": 7,
         "timeoutSeconds": 4,
     }
@@ -95,11 +101,60 @@ def test_a_native_sidecar_of_the_app_has_its_probes_moved_too() -> None:
         {"httpGet": "http://evil.example/"},
     ],
 )
-def test_hostile_probes_are_refused(probe: dict[str, Any]) -> None:
+def test_hostile_probes_are_refused_without_headers(probe: dict[str, Any]) -> None:
     pod = app_pod()
     pod["spec"]["containers"][0]["livenessProbe"] = probe
     with pytest.raises(InjectError, match="container web livenessProbe"):
         inject(pod, SETTINGS, namespace="shop")
+
+
+def _with_headers(headers: Any) -> dict[str, Any]:
+    pod = app_pod()
+    pod["spec"]["containers"][0]["livenessProbe"] = {
+        "httpGet": {"path": "/live", "port": 8080, "httpHeaders": headers}
+    }
+    return pod
+
+
+def test_headers_go_to_both_probes_as_given() -> None:
+    headers = [{"name": "Host", "value": "web.shop"}, {"name": "X-Empty"},
+               {"name": "Accept", "value": "text/plain;\tq=1"}]  # fmt: skip
+    injected = inject(_with_headers(headers), SETTINGS, namespace="shop")
+    spelled = [{"name": "Host", "value": "web.shop"}, {"name": "X-Empty", "value": ""},
+               {"name": "Accept", "value": "text/plain;\tq=1"}]  # fmt: skip
+    rewritten = injected["spec"]["containers"][0]["livenessProbe"]["httpGet"]
+    assert rewritten["httpHeaders"] == spelled
+    assert _probers(injected) == {
+        "/app-health/web/livez": {
+            "httpGet": {"path": "/live", "port": 8080, "httpHeaders": spelled}
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    ("headers", "why"),
+    [
+        ("X-Probe: 1", "not a list of at most 16 headers"),
+        ([{"name": f"X-{n}", "value": "1"} for n in range(17)], "not a list of at most 16"),
+        (["X-Probe: 1"], "is not a header object"),
+        ([{"value": "1"}], "None is not a header name"),
+        ([{"name": "X-Probe\r\nX-Injected", "value": "1"}], "is not a header name"),
+        ([{"name": "X Probe", "value": "1"}], "is not a header name"),
+        ([{"name": "X-" + "a" * 127, "value": "1"}], "is not a header name"),
+        ([{"name": "X-Probe", "value": "1\r\nX-Injected: yes"}], "header X-Probe: the value"),
+        ([{"name": "X-Probe", "value": "caf\u00e9"}], "header X-Probe: the value"),
+        ([{"name": "X-Probe", "value": "a" * 4097}], "header X-Probe: the value"),
+        ([{"name": "X-Probe", "value": 1}], "header X-Probe: the value"),
+    ],
+)
+def test_hostile_headers_are_refused_in_one_line(headers: Any, why: str) -> None:
+    """A header reaches the kubelet's request and the agent's: one that could split a
+    request, or that the agent would not send, is refused at injection, naming it."""
+    with pytest.raises(InjectError) as refused:
+        inject(_with_headers(headers), SETTINGS, namespace="shop")
+    message = str(refused.value)
+    assert message.startswith("container web livenessProbe httpGet.httpHeaders: "), message
+    assert why in message and "\n" not in message and len(message) < 200, message
 
 
 @pytest.mark.parametrize(

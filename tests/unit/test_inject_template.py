@@ -46,8 +46,11 @@ def test_classic_mode_puts_the_proxy_first_among_containers(
     assert [c["name"] for c in spec["containers"]] == ["istio-proxy", "web"]
     proxy = spec["containers"][0]
     assert "restartPolicy" not in proxy
-    assert "startupProbe" not in proxy
     assert "lifecycle" not in proxy
+    # Istio's startupProbe in classic mode too: readiness is not probed until Envoy is up.
+    assert proxy["startupProbe"] == {"httpGet": {"path": "/healthz/ready", "port": 15021},
+                                     "initialDelaySeconds": 0, "periodSeconds": 1,
+                                     "timeoutSeconds": 3, "failureThreshold": 600}  # fmt: skip
 
 
 def test_the_annotation_turns_native_sidecars_on_against_the_setting() -> None:
@@ -104,7 +107,8 @@ def test_istio_proxy_runs_as_1337_read_only_with_no_capability() -> None:
     assert proxy["ports"] == [
         {"containerPort": 15090, "name": "http-envoy-prom", "protocol": "TCP"}
     ]
-    assert proxy["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"}}
+    assert proxy["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"},
+                                  "limits": {"cpu": "2", "memory": "1Gi"}}  # fmt: skip
 
 
 def test_a_pods_own_fs_group_is_kept() -> None:

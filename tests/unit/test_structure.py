@@ -189,6 +189,7 @@ def test_pilot_serving_a_file_loads_no_kubernetes_client(tmp_path: Path) -> None
     env = os.environ | {"XDG_STATE_HOME": str(tmp_path / "state")}
     command = [sys.executable, "-m", "pilot", "discovery", "--config", str(mesh)]
     command += ["--grpc-addr", "127.0.0.1:0", "--grpc-tls-addr", "127.0.0.1:0"]
+    command += ["--webhook-addr", "127.0.0.1:0"]
     command += ["--http-addr", "127.0.0.1:0"]
     loaded = _kubernetes_imports(command, env, "pilot discovery serving xDS")
     assert not loaded, loaded[:3]
