@@ -6,11 +6,12 @@ and e serving `details`, no VirtualService or DestinationRule anywhere). When e'
 app is gone but e is still in the EndpointSlice (a crashed container before its
 readiness probe notices), Istio's default retry policy on a's route sends each
 request that met e's refused connection on to d (previous_hosts): the app gets a
-200 every time, and every retry Envoy makes succeeds. An app's own 503 is not
-retried (Istio lists no retriable status codes), and a hundred requests at once
-all get through: the cluster's circuit breakers allow as many retries at once as
-Istio's (Envoy's own allow 3). What a's Envoy holds says the same: the route's
-retry policy, the cluster's LEAST_REQUEST and thresholds.
+200 (all but about one request in 2,000, whose 5 picks of another host all fell
+on e). An app's own 503 is not retried (Istio lists no retriable status codes).
+A hundred requests at once retry as many times at once as they need: the
+cluster's circuit breakers are Istio's (Envoy's own allow 3 retries at once).
+What a's Envoy holds says the same: the route's retry policy, the cluster's
+LEAST_REQUEST and thresholds.
 """
 
 from __future__ import annotations
@@ -35,9 +36,13 @@ from tests.support.pods import Pod
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.envoy]
 
-# Enough that, were retries to pick hosts at random, some request would fail or some
-# retry would meet e again: each first attempt meets e about half the time.
-REQUESTS = 60
+# Requests one after another. Each first attempt meets e about half the time. Were
+# retries to pick hosts at random, one request in 8 would meet e three times (about 12
+# of 100 answered 503, and 1 or none with odds of 1 in 100,000). With previous_hosts a
+# retry meets e again only when Envoy's 5 picks of another host all fell on e (1 in 32
+# when both hosts are idle), so a 503 is about 1 in 2,000 requests: at most one is let by.
+REQUESTS = 100
+FAILURES_LET_BY = 1
 ISTIO_RETRY_ON = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
 PREVIOUS_HOSTS = "envoy.retry_host_predicates.previous_hosts"
 CONCURRENT = 100  # requests at once: far more retries in their backoff than Envoy's 3
@@ -109,7 +114,7 @@ async def test_an_apps_own_503_reaches_the_caller_unretried(mesh: Mesh) -> None:
 
 
 async def test_a_refused_connection_is_retried_on_the_other_host(mesh: Mesh) -> None:
-    """e's app is gone, e still in the slice: every request reaches d, by one retry at most."""
+    """e's app is gone, e still in the slice: the requests that met e reach d by a retry."""
     for obj in details_objects(["d", "e"]):
         mesh.api.apply(obj)
     expected = {(pod_address("d"), PORT), (pod_address("e"), PORT)}
@@ -119,26 +124,33 @@ async def test_a_refused_connection_is_retried_on_the_other_host(mesh: Mesh) -> 
     details = cluster_of("details")
     before = {
         stat: await mesh.frontend.cluster_stat(details, stat)
-        for stat in ("upstream_rq_retry", "upstream_rq_retry_success", "upstream_cx_connect_fail")
+        for stat in ("upstream_rq_retry", "upstream_cx_connect_fail")
     }
     paths = [f"/retried-{secrets.token_hex(4)}" for _ in range(REQUESTS)]
     statuses = await requests_from(mesh.pod("a"), [_url(path) for path in paths])
-    assert statuses == [200] * REQUESTS, f"with e refusing, details answered {statuses}"
-    for path in paths:
-        await mesh.backends["d"].wait_seen(path)
+    failed = REQUESTS - statuses.count(200)
+    assert failed <= FAILURES_LET_BY, (
+        f"with e refusing, {failed} of {REQUESTS} answered {set(statuses) - {200}}: retries"
+        " went back to the host that refused them (no previous_hosts), or none were made"
+    )
+    for path, status in zip(paths, statuses, strict=True):
+        if status == 200:
+            await mesh.backends["d"].wait_seen(path)
     after = {stat: await mesh.frontend.cluster_stat(details, stat) for stat in before}
     delta = {stat: after[stat] - before[stat] for stat in before}
     assert delta["upstream_cx_connect_fail"] > 0, f"no request met e's refusal: {delta}"
     assert delta["upstream_rq_retry"] > 0, f"a's Envoy retried nothing: {delta}"
-    assert delta["upstream_rq_retry_success"] == delta["upstream_rq_retry"], (
-        f"a retry went back to the host that refused it (no previous_hosts): {delta}"
-    )
     mesh.assert_nothing_restarted()
 
 
 async def test_many_retries_at_once_are_not_cut_short(mesh: Mesh) -> None:
     """Requests at once, e still refusing: Envoy's own limit of 3 concurrent retries
-    would answer the rest 503 (`upstream_rq_retry_overflow`); Istio's has none."""
+    would answer most of them 503 (`upstream_rq_retry_overflow`); Istio's has none.
+
+    A few may still meet e three times: with d busy, LEAST_REQUEST prefers the idle e
+    for 3 picks in 4, so 5 picks of another host all fall on e about once in 4, and a
+    request fails about once in 25 (under Istio too; outlier detection, a
+    DestinationRule's, is what takes e out)."""
     for obj in details_objects(["d", "e"]):
         mesh.api.apply(obj)
     expected = {(pod_address("d"), PORT), (pod_address("e"), PORT)}
@@ -148,7 +160,11 @@ async def test_many_retries_at_once_are_not_cut_short(mesh: Mesh) -> None:
     overflowed = await mesh.frontend.cluster_stat(details, "upstream_rq_retry_overflow")
     urls = [_url(f"/at-once-{secrets.token_hex(4)}") for _ in range(CONCURRENT)]
     statuses = await _parallel_requests_from(mesh.pod("a"), urls)
-    assert statuses == [200] * CONCURRENT, f"{statuses.count(200)} of {CONCURRENT} answered 200"
     overflow = await mesh.frontend.cluster_stat(details, "upstream_rq_retry_overflow")
-    assert overflow == overflowed, f"{overflow - overflowed} retries overflowed"
+    assert overflow == overflowed, (
+        f"{overflow - overflowed} retries overflowed; {statuses.count(200)} of {CONCURRENT}"
+        " answered 200"
+    )
+    assert len(statuses) == CONCURRENT and set(statuses) <= {200, 503}, statuses
+    assert statuses.count(200) >= CONCURRENT * 0.8, f"{statuses.count(200)} answered 200"
     mesh.assert_nothing_restarted()
