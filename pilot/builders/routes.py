@@ -1,5 +1,8 @@
 """Route configurations, as pure functions: one virtual host per service on an HTTP port,
 Istio's domains, the ones two services would share left out, and the fallback host.
+A service's route carries Istio's default retry policy
+(`pilot.builders.istio_defaults`); the fallback hosts have none, as Istio's.
+Every virtual host sends the app `x-envoy-attempt-count`, as Istio's.
 
 The RDS generator (`pilot.generators.rds`) keeps which services are on which port and
 calls these.
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
 from google.protobuf import duration_pb2
 
+from pilot.builders.istio_defaults import outbound_retry_policy
 from pilot.builders.outbound import OutboundSettings, TrafficPolicy
 from pilot.registry.model import ServiceKey
 
@@ -37,19 +41,15 @@ def candidate_domains(route: HostRoute, port: int) -> list[str]:
 
 
 def virtual_host(route: HostRoute, port: int, domains: list[str]) -> rc_pb2.VirtualHost:
-    """`HOST:P`: every path to the service's cluster (no route timeout, as Istio)."""
+    """`HOST:P`: every path to the service's cluster (no route timeout, Istio's default
+    retries)."""
+    action = rc_pb2.RouteAction(cluster=route.cluster, timeout=duration_pb2.Duration(seconds=0))
+    action.retry_policy.CopyFrom(outbound_retry_policy())
     return rc_pb2.VirtualHost(
         name=f"{route.hostname}:{port}",
         domains=domains,
-        routes=[
-            rc_pb2.Route(
-                name="default",
-                match=rc_pb2.RouteMatch(prefix="/"),
-                route=rc_pb2.RouteAction(
-                    cluster=route.cluster, timeout=duration_pb2.Duration(seconds=0)
-                ),
-            )
-        ],
+        routes=[rc_pb2.Route(name="default", match=rc_pb2.RouteMatch(prefix="/"), route=action)],
+        include_request_attempt_count=True,
     )
 
 
@@ -63,13 +63,17 @@ def fallback_host(settings: OutboundSettings) -> rc_pb2.VirtualHost:
                 cluster=settings.fallback_cluster, timeout=duration_pb2.Duration(seconds=0)
             ),
         )
-        return rc_pb2.VirtualHost(name="allow_any", domains=["*"], routes=[action])
+        return rc_pb2.VirtualHost(
+            name="allow_any", domains=["*"], routes=[action], include_request_attempt_count=True
+        )
     block = rc_pb2.Route(
         name="block_all",
         match=rc_pb2.RouteMatch(prefix="/"),
         direct_response=rc_pb2.DirectResponseAction(status=502),
     )
-    return rc_pb2.VirtualHost(name="block_all", domains=["*"], routes=[block])
+    return rc_pb2.VirtualHost(
+        name="block_all", domains=["*"], routes=[block], include_request_attempt_count=True
+    )
 
 
 def shared_domains(routes: list[HostRoute], port: int) -> set[str]:

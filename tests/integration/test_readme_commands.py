@@ -571,6 +571,8 @@ class TestRequestThroughEnvoy:
         assert route[0] == "9080" and route[3:] == [
             "/*",
             "Cluster: outbound|9080||reviews.default.svc.cluster.local",
+            "2 on connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes;"
+            " another host",  # Istio's default retries
             "SYNCED",
             "-",
         ], routes
