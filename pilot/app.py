@@ -56,6 +56,7 @@ from pilot.limits import Admission
 from pilot.push.history import PushHistory
 from pilot.push.pipeline import Pipeline
 from pilot.push.request import RequestSink
+from pilot.registry.authorization_policy import AuthorizationPolicies
 from pilot.registry.index import EndpointIndex
 from pilot.registry.peer_authentication import PeerAuthentications
 from pilot.registry.traffic_config import TrafficConfig
@@ -121,6 +122,7 @@ class Core:
         self.index = EndpointIndex(primary=settings.cluster_id)
         self.cache = ResourceCache()
         self.policies = PeerAuthentications()  # mTLS modes per workload, read by inbound
+        self.authz = AuthorizationPolicies()  # RBAC per workload, read by inbound
         # DestinationRules and VirtualServices, read by the cluster and endpoint generators
         self.traffic = TrafficConfig(settings.build.cluster_domain)
         self.connections: LiveStreams[Connection] = LiveStreams()
@@ -345,7 +347,12 @@ async def _build(core: Core, undo: contextlib.AsyncExitStack) -> Parts:
     await grpc.start()
     undo.push_async_callback(grpc.stop, settings.drain_duration)
     updater = IndexUpdater(
-        core.index, RequestSink(pipeline.submit), core.stats, core.policies, core.traffic
+        core.index,
+        RequestSink(pipeline.submit),
+        core.stats,
+        core.policies,
+        core.traffic,
+        authz=core.authz,
     )
     source, cluster_source = _source(core, updater, api_client, api_server)
     await source.start()

@@ -32,6 +32,7 @@ _KINDS = {
     "Deployment": ("/apis/apps/v1", "deployments", True),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases", True),
     "PeerAuthentication": ("/apis/security.istio.io/v1", "peerauthentications", True),
+    "AuthorizationPolicy": ("/apis/security.istio.io/v1", "authorizationpolicies", True),
     "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),

@@ -79,6 +79,9 @@ CLUSTER_GRANTS = {
     # readiness waits for their list (tests/cluster/test_deploy_as_shipped.py).
     ("security.istio.io", "peerauthentications", "list"),
     ("security.istio.io", "peerauthentications", "watch"),
+    # And AuthorizationPolicies (pilot/sources/kubernetes/authorization_policies.py).
+    ("security.istio.io", "authorizationpolicies", "list"),
+    ("security.istio.io", "authorizationpolicies", "watch"),
     # Endpoint locality: the Nodes' topology labels (pilot/sources/kubernetes/cluster_source.py).
     ("", "nodes", "list"),
     ("", "nodes", "watch"),
