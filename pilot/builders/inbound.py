@@ -72,6 +72,8 @@ from pilot.builders.mtls import sds_config
 from pilot.builders.outbound import ANY_ADDRESS, BLACKHOLE_CLUSTER
 from pilot.builders.protocols import PortProtocol, protocol_of
 from pilot.builders.proxy_ports import VIRTUAL_INBOUND_PORT, reserved
+from pilot.builders.rbac import http_rbac_filters, network_rbac_filters
+from pilot.registry.authorization_policy import NO_POLICIES, AppliedPolicies
 from pilot.registry.model import ServicePort
 from pilot.registry.peer_authentication import MtlsMode
 
@@ -114,6 +116,8 @@ class InboundShape:
     ports: tuple[tuple[int, InboundProtocol], ...]  # sorted by port, one protocol each
     mode: MtlsMode
     port_modes: tuple[tuple[int, MtlsMode], ...] = ()  # sorted; only where not `mode`
+    # The AuthorizationPolicies that apply to the workload (RBAC filters on every chain).
+    authz: AppliedPolicies = NO_POLICIES
 
     def mode_at(self, port: int) -> MtlsMode:
         return dict(self.port_modes).get(port, self.mode)
@@ -167,8 +171,12 @@ def _tls_socket(http: bool) -> base_pb2.TransportSocket:
     )
 
 
-def _http_manager(stat_prefix: str, cluster: str) -> listener_components_pb2.Filter:
-    """Every request to `cluster`; XFCC replaced by the peer certificate's URI."""
+def _http_manager(
+    stat_prefix: str, cluster: str, authz: AppliedPolicies
+) -> listener_components_pb2.Filter:
+    """Every request to `cluster` that the RBAC filters let through; XFCC replaced by the
+    peer certificate's URI; paths normalized as istiod's default (BASE: RFC 3986
+    normalization, slashes and escaped slashes kept) before anything matches them."""
     route = route_components_pb2.Route(
         match=route_components_pb2.RouteMatch(prefix="/"),
         route=route_components_pb2.RouteAction(
@@ -182,7 +190,9 @@ def _http_manager(stat_prefix: str, cluster: str) -> listener_components_pb2.Fil
     manager = hcm_pb2.HttpConnectionManager(
         stat_prefix=stat_prefix,
         route_config=route_pb2.RouteConfiguration(name=cluster, virtual_hosts=[host]),
-        http_filters=[router_filter()],
+        http_filters=[*http_rbac_filters(authz), router_filter()],
+        normalize_path=wrappers_pb2.BoolValue(value=True),
+        path_with_escaped_slashes_action=hcm_pb2.HttpConnectionManager.KEEP_UNCHANGED,
         forward_client_cert_details=hcm_pb2.HttpConnectionManager.SANITIZE_SET,
         set_current_client_cert_details=hcm_pb2.HttpConnectionManager.SetCurrentClientCertDetails(
             uri=True
@@ -195,7 +205,13 @@ def _http_manager(stat_prefix: str, cluster: str) -> listener_components_pb2.Fil
 
 
 def _chain(
-    name: str, port: int | None, tls: bool, http: bool, cluster: str
+    name: str,
+    port: int | None,
+    tls: bool,
+    http: bool,
+    cluster: str,
+    *,
+    authz: AppliedPolicies = NO_POLICIES,
 ) -> listener_components_pb2.FilterChain:
     """One chain: matched by port (None: any), TLS or plaintext, HTTP or TCP."""
     match = listener_components_pb2.FilterChainMatch(
@@ -210,9 +226,13 @@ def _chain(
     elif http:
         match.application_protocols.extend(HTTP_PLAINTEXT_ALPN)
     stat_prefix = cluster
-    filters = [
-        _http_manager(stat_prefix, cluster) if http else tcp_proxy_filter(stat_prefix, cluster)
-    ]
+    if http:
+        filters = [_http_manager(stat_prefix, cluster, authz)]
+    else:
+        filters = [
+            *network_rbac_filters(authz, stat_prefix),
+            tcp_proxy_filter(stat_prefix, cluster),
+        ]
     chain = listener_components_pb2.FilterChain(
         name=name, filter_chain_match=match, filters=filters
     )
@@ -229,22 +249,23 @@ def _port_chains(
     mode = shape.mode_at(port)
     chains = []
     if takes_mtls(mode):
-        chains.append(_chain(f"{cluster}-mtls", port, True, http, cluster))
+        chains.append(_chain(f"{cluster}-mtls", port, True, http, cluster, authz=shape.authz))
     if takes_plaintext(mode):
-        chains.append(_chain(f"{cluster}-plaintext", port, False, http, cluster))
+        chains.append(_chain(f"{cluster}-plaintext", port, False, http, cluster, authz=shape.authz))
     return chains
 
 
 def _passthrough_chains(
-    name: str, port: int | None, mode: MtlsMode
+    name: str, port: int | None, mode: MtlsMode, authz: AppliedPolicies
 ) -> list[listener_components_pb2.FilterChain]:
     """Ports no service names (on `port`, or any): forwarded to their original
-    destination, in `mode`."""
+    destination, in `mode`, through the network RBAC filters (as TCP, as Istio)."""
+    passthrough = INBOUND_PASSTHROUGH_CLUSTER
     chains = []
     if takes_mtls(mode):
-        chains.append(_chain(f"{name}-mtls", port, True, False, INBOUND_PASSTHROUGH_CLUSTER))
+        chains.append(_chain(f"{name}-mtls", port, True, False, passthrough, authz=authz))
     if takes_plaintext(mode):
-        chains.append(_chain(name, port, False, False, INBOUND_PASSTHROUGH_CLUSTER))
+        chains.append(_chain(name, port, False, False, passthrough, authz=authz))
     return chains
 
 
@@ -290,8 +311,8 @@ def virtual_inbound(shape: InboundShape) -> listener_pb2.Listener:
     for port, protocol in shape.ports:
         chains += _port_chains(shape, port, protocol)
     for port, mode in shape.passthrough_ports:
-        chains += _passthrough_chains(f"{VIRTUAL_INBOUND}|{port}", port, mode)
-    chains += _passthrough_chains(VIRTUAL_INBOUND, None, shape.mode)
+        chains += _passthrough_chains(f"{VIRTUAL_INBOUND}|{port}", port, mode, shape.authz)
+    chains += _passthrough_chains(VIRTUAL_INBOUND, None, shape.mode, shape.authz)
     return listener_pb2.Listener(
         name=VIRTUAL_INBOUND,
         address=socket_address(ANY_ADDRESS, VIRTUAL_INBOUND_PORT),

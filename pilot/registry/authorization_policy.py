@@ -368,13 +368,15 @@ def is_checked_key(key: str) -> bool:
     return key.startswith(HEADER_KEY + "[") and key.endswith("]") and len(key) > len(HEADER_KEY) + 2
 
 
-def refused_policy(obj: Mapping[str, Any], error: Exception) -> AuthorizationPolicy | None:
-    """What stands in for an object that is not valid: deny everything in its namespace
-    (None: not even its name can be told, so nothing can stand in for it)."""
+def refused_policy(obj: Mapping[str, Any], error: ConfigError | None) -> AuthorizationPolicy | None:
+    """What stands in for an object that is not valid (`error`; None: malformed beyond
+    what the reader says): deny everything in its namespace (None: not even its name can
+    be told, so nothing can stand in for it)."""
     key = key_of(KIND, obj)
     if key.name == "?" or key.namespace == "?":
         return None
-    reason = f"not valid ({str(error)[:200]}): it denies every request to its namespace's sidecars"
+    what = str(error)[:300] if error is not None else f"{key}: malformed"
+    reason = f"not valid ({what}): it denies every request to its namespace's sidecars"
     return AuthorizationPolicy(key, Action.DENY, "", (), (), reason, (reason,))
 
 

@@ -12,8 +12,8 @@ naming the file and the document and object, or the line and column where the
 text stops being JSON or YAML.
 
 AuthorizationPolicies (`security.istio.io/v1` or `v1beta1`) are read too; one that
-is not valid does not refuse the file either: it is named in `config_errors` and
-stands in as *deny everything* for its namespace's sidecars
+is not valid does not refuse the file either: it stands in as *deny everything* for
+its namespace's sidecars (said in one warning line when it is applied)
 (`pilot.registry.authorization_policy.refused_policy`), since ignoring it would
 let through what it denied.
 
@@ -251,10 +251,8 @@ class _Traffic:
         key = key_of(AUTHORIZATION_POLICY, obj)
         try:
             policy: AuthorizationPolicy | None = parse_authorization_policy(obj)
-        except _CONFIG_PARSE_ERRORS as error:
-            what = str(error) if isinstance(error, ConfigError) else f"{key}: malformed"
-            self.errors.append(f"{where}: {what}")
-            policy = refused_policy(obj, error)
+        except _CONFIG_PARSE_ERRORS as error:  # said once, by the updater, as failing closed
+            policy = refused_policy(obj, error if isinstance(error, ConfigError) else None)
         if policy is None:
             return
         if policy.key in self.authz:

@@ -40,7 +40,7 @@ class AuthorizationPolicyHandler:
         except _PARSE_ERRORS as error:
             what = str(error) if isinstance(error, ConfigError) else describe(error)
             self._faults.report(self._cluster, KIND, "invalid", f"an invalid {what}")
-            stand_in = refused_policy(obj, error)
+            stand_in = refused_policy(obj, error if isinstance(error, ConfigError) else None)
             if stand_in is not None:
                 self._updater.upsert_authorization_policy(stand_in)
             return
