@@ -136,7 +136,7 @@ class Core:
             settings.http_addr,
             self.is_ready,
             self.metrics,
-            DebugState(self.proxies, self.index, self.pushes, self.traffic),
+            DebugState(self.proxies, self.index, self.pushes, self.traffic, self.authz),
             settings.debug_addr,
             ready_detail=self.cluster_lines,
             xds_ports=self.xds_ports,

@@ -72,12 +72,15 @@ from pilot.builders.mtls import sds_config
 from pilot.builders.outbound import ANY_ADDRESS, BLACKHOLE_CLUSTER
 from pilot.builders.protocols import PortProtocol, protocol_of
 from pilot.builders.proxy_ports import VIRTUAL_INBOUND_PORT, reserved
-from pilot.builders.rbac import http_rbac_filters, network_rbac_filters
+from pilot.builders.rbac import applied_names, http_rbac_filters, network_rbac_filters
 from pilot.registry.authorization_policy import NO_POLICIES, AppliedPolicies
 from pilot.registry.model import ServicePort
 from pilot.registry.peer_authentication import MtlsMode
 
 VIRTUAL_INBOUND = "virtualInbound"
+# Which AuthorizationPolicies a listener's RBAC filters come from (for proxy-config).
+METADATA_KEY = "pilot"
+AUTHZ_METADATA = "authorization_policies"
 INBOUND_PASSTHROUGH_CLUSTER = "InboundPassthroughCluster"
 INBOUND_SOURCE_ADDRESS = "127.0.0.6"  # Envoy's source toward the app; the capture rules RETURN it
 WORKLOAD_SECRET = "default"
@@ -313,7 +316,7 @@ def virtual_inbound(shape: InboundShape) -> listener_pb2.Listener:
     for port, mode in shape.passthrough_ports:
         chains += _passthrough_chains(f"{VIRTUAL_INBOUND}|{port}", port, mode, shape.authz)
     chains += _passthrough_chains(VIRTUAL_INBOUND, None, shape.mode, shape.authz)
-    return listener_pb2.Listener(
+    listener = listener_pb2.Listener(
         name=VIRTUAL_INBOUND,
         address=socket_address(ANY_ADDRESS, VIRTUAL_INBOUND_PORT),
         traffic_direction=base_pb2.INBOUND,
@@ -329,6 +332,11 @@ def virtual_inbound(shape: InboundShape) -> listener_pb2.Listener:
         continue_on_listener_filters_timeout=True,
         filter_chains=chains,
     )
+    if shape.authz:
+        listener.metadata.filter_metadata[METADATA_KEY].update(
+            {AUTHZ_METADATA: applied_names(shape.authz)}
+        )
+    return listener
 
 
 def _original_dst(name: str) -> cluster_pb2.Cluster:

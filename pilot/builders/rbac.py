@@ -400,3 +400,12 @@ def network_rbac_filters(
             listener_components_pb2.Filter(name=NETWORK_RBAC, typed_config=typed(config))
         )
     return filters
+
+
+def applied_names(applied: AppliedPolicies) -> list[str]:
+    """`ACTION namespace/name` of each policy applied (for a listener's metadata), and a
+    line saying so when an unknown Pod allows nothing more than the wide policies."""
+    names = [f"{p.action.value} {p.namespace}/{p.name}" for p in applied.policies]
+    if applied.allow_uncertain:
+        names.append("ALLOW nothing (its Pod is not known and ALLOW policies select workloads)")
+    return names

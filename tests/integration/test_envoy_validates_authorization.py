@@ -28,6 +28,7 @@ from tests.integration.envoy_validation import POD_ID, POD_IP, bootstrap_of, fet
 from tests.support.envoy_process import validate_bootstrap
 from tests.support.mesh import Ep, endpoint_slice, service
 from tests.support.pilot import running_pilot
+from tests.support.pilot_process import http_get
 from tests.support.xds_client import XdsClient, node
 
 
@@ -156,6 +157,24 @@ async def test_envoy_validates_every_field_and_hostile_values(
         XdsClient(pilot.grpc_target) as client,
     ):
         held = await fetch(client.delta_ads(node(POD_ID)))
+        status, debug = await http_get(f"http://127.0.0.1:{pilot.http_port}/debug/authorizationz")
+    assert status == 200
+    by_name = {(p["namespace"], p["name"]): p for p in debug["policies"]}
+    assert by_name["shop", "every-field"]["appliesTo"] == [POD_ID]
+    assert by_name["shop", "every-field"]["scope"] == "workloads selected"
+    assert (
+        by_name["other", "newline"]["deniesEverything"]
+        and not by_name["other", "newline"]["appliesTo"]
+    )
+    (sidecar,) = debug["proxies"]
+    assert sidecar["proxy"] == POD_ID
+    assert sidecar["policies"] == [
+        "AUDIT shop/audit",
+        "DENY shop/deny-paths",
+        "ALLOW shop/every-field",
+        "DENY shop/jwt",
+        "ALLOW shop/many",
+    ]
     inbound: listener_pb2.Listener = held[types.LISTENER]["virtualInbound"]
     http = http_rbac(chain_named(inbound, "inbound|8080||-mtls"))
     # Paths are normalized as istiod's default (BASE) before the filters see them.
