@@ -54,6 +54,9 @@ MAX_RULES = 512  # rules of one policy
 MAX_VALUES = 1024  # entries of one list (principals, paths, ...)
 MAX_VALUE = 1024  # characters of one value
 MAX_SELECTOR_LABELS = 4096
+# Values (principals, paths, ...) of one policy in all: what one object can cost the
+# translation, which runs on the event loop once per shape that holds it.
+MAX_TOTAL_VALUES = 16384
 
 _SPEC_FIELDS = frozenset({"selector", "targetRef", "targetRefs", "rules", "action", "provider"})
 _RULE_FIELDS = frozenset({"from", "to", "when"})

@@ -80,6 +80,10 @@ def test_spec_empty_is_an_allow_policy_without_rules() -> None:
         ({"rules": [{"when": [{"key": "source.ip"}]}]}, "values or notValues"),
         ({"rules": [{"from": [{"source": {"principals": ["x"] * 1025}}]}]}, "at most 1024"),
         ({"rules": [{}] * 513}, "at most 512"),
+        (
+            {"rules": [{"from": [{"source": {"principals": ["p"] * 1024}}]}] * 17},
+            "values in all (at most 16384)",
+        ),
         ({"provider": {"name": "ext"}}, "only for action CUSTOM"),
         ({"selector": {"matchLabels": {"app": 7}}}, "matchLabels"),
     ],

@@ -38,11 +38,14 @@ class AuthorizationPolicyHandler:
         try:
             policy = parse_authorization_policy(obj)
         except _PARSE_ERRORS as error:
-            what = str(error) if isinstance(error, ConfigError) else describe(error)
-            self._faults.report(self._cluster, KIND, "invalid", f"an invalid {what}")
             stand_in = refused_policy(obj, error if isinstance(error, ConfigError) else None)
-            if stand_in is not None:
-                self._updater.upsert_authorization_policy(stand_in)
+            if stand_in is None:  # not even its name: nothing can stand in for it
+                what = str(error) if isinstance(error, ConfigError) else describe(error)
+                self._faults.report(self._cluster, KIND, "invalid", f"an invalid {what}")
+                return
+            # Counted as every refused object is; said once, by the updater (fails closed).
+            self._faults.counts[(self._cluster, KIND, "invalid")] += 1
+            self._updater.upsert_authorization_policy(stand_in)
             return
         self._updater.upsert_authorization_policy(policy)
 
