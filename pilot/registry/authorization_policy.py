@@ -314,7 +314,21 @@ def parse_authorization_policy(obj: Mapping[str, Any]) -> AuthorizationPolicy:
         _selector(reader, spec.get("selector")),
         _rules(reader, spec.get("rules")),
     )
+    total = _values_in(policy)
+    if total > MAX_TOTAL_VALUES:
+        raise reader.fail("spec.rules", f"hold {total} values in all (at most {MAX_TOTAL_VALUES})")
     return _with_failing_closed(policy, spec)
+
+
+def _values_in(policy: AuthorizationPolicy) -> int:
+    """Entries and values of every rule: what translating the policy costs."""
+    total = 0
+    for rule in policy.rules:
+        parts: list[Source | Operation] = [*(rule.sources or ()), *(rule.operations or ())]
+        for part in parts:
+            total += 1 + sum(len(values) for _, values in part.fields)
+        total += sum(1 + len(c.values) + len(c.not_values) for c in rule.conditions)
+    return total
 
 
 def _with_failing_closed(
