@@ -342,6 +342,9 @@ def _policies(policy: AuthorizationPolicy, tcp: bool) -> dict[str, rbac_pb2.Poli
             found[policy_name(policy, i)] = builder.rule(rule)
         except _Unchecked:
             continue  # ALLOW / AUDIT: this rule matches nothing
+        except ValueError:  # a value the parser let through and Envoy cannot take
+            if policy.action is Action.DENY:  # never fail open: this rule denies all
+                found[policy_name(policy, i)] = _deny_everything()
     return found
 
 

@@ -249,12 +249,21 @@ def _conditions(reader: Reader, raw: Any, where: str) -> tuple[Condition, ...]:
         here = f"{where}[{i}]"
         body = reader.mapping(entry, here, frozenset({"key", "values", "notValues"}))
         key = reader.string(body.get("key"), f"{here}.key", 256)
-        values = _values(reader, body.get("values"), f"{here}.values")
-        not_values = _values(reader, body.get("notValues"), f"{here}.notValues")
+        read = _WHEN_READERS.get(key, _values)  # as Istio validates them: IPs, ports
+        values = read(reader, body.get("values"), f"{here}.values")
+        not_values = read(reader, body.get("notValues"), f"{here}.notValues")
         if not values and not not_values:
             raise reader.fail(here, "needs values or notValues")
         found.append(Condition(key, values, not_values))
     return tuple(found)
+
+
+_WHEN_READERS = {
+    "source.ip": _ip_values,
+    "remote.ip": _ip_values,
+    "destination.ip": _ip_values,
+    "destination.port": _port_values,
+}
 
 
 def _rules(reader: Reader, raw: Any) -> tuple[Rule, ...]:

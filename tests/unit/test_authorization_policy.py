@@ -78,6 +78,8 @@ def test_spec_empty_is_an_allow_policy_without_rules() -> None:
         ({"rules": [{"from": [{"source": {"principals": ["a\nb"]}}]}]}, "control characters"),
         ({"rules": [{"from": [{"source": {"principals": ["a\x00b"]}}]}]}, "control characters"),
         ({"rules": [{"when": [{"key": "source.ip"}]}]}, "values or notValues"),
+        ({"rules": [{"when": [{"key": "source.ip", "values": ["*"]}]}]}, "not an IP"),
+        ({"rules": [{"when": [{"key": "destination.port", "values": ["x"]}]}]}, "integer"),
         ({"rules": [{"from": [{"source": {"principals": ["x"] * 1025}}]}]}, "at most 1024"),
         ({"rules": [{}] * 513}, "at most 512"),
         (
