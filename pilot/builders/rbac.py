@@ -104,8 +104,9 @@ def _namespace(value: str) -> rbac_pb2.Principal:
 
 
 def _service_account(value: str, namespace: str) -> rbac_pb2.Principal:
-    ns, _, sa = value.rpartition("/")
-    ns = ns or namespace
+    ns, slash, sa = value.partition("/")  # `ns/sa`, or `sa` of the policy's namespace
+    if not slash:
+        ns, sa = namespace, value
     return _authenticated(
         _regex(f"spiffe://.+/ns/{quote_meta(ns)}/(.+/|)sa/{quote_meta(sa)}(/.+)?")
     )
@@ -128,6 +129,10 @@ def _cidr(value: str) -> address_pb2.CidrRange:
 
 
 def _header(name: str, value: str, ignore_case: bool = False) -> route_components_pb2.HeaderMatcher:
+    """`*` is the header's presence, empty value included (as istiod: a DENY on a header's
+    presence must not be escaped by sending it empty)."""
+    if value == "*":
+        return route_components_pb2.HeaderMatcher(name=name, present_match=True)
     return route_components_pb2.HeaderMatcher(
         name=name, string_match=string_matcher(value, ignore_case=ignore_case)
     )

@@ -161,3 +161,19 @@ def test_operations_and_conditions() -> None:
     inside, outside = policy["principals"][0]["and_ids"]["ids"]
     assert inside["direct_remote_ip"] == {"address_prefix": "10.0.0.0", "prefix_len": 8}
     assert outside["not_id"]["direct_remote_ip"]["address_prefix"] == "10.1.0.0"
+
+
+def test_a_header_wildcard_is_its_presence_and_service_accounts_split_as_istio() -> None:
+    """`*` on a header matches it sent empty too (a DENY on its presence holds); `a/b/c`
+    is service account `b/c` of namespace `a` (the first slash), as istiod reads it."""
+    rule = {
+        "from": [{"source": {"serviceAccounts": ["a/b/c"]}}],
+        "when": [{"key": "request.headers[x-debug]", "values": ["*"]}],
+    }
+    (deny,) = rbac_rules(applied({"action": "DENY", "rules": [rule]}), tcp=False)
+    principal = as_dict(deny)["policies"]["ns[shop]-policy[p0]-rule[0]"]["principals"][0]
+    account, header = principal["and_ids"]["ids"]
+    assert account["authenticated"]["principal_name"]["safe_regex"]["regex"] == (
+        "spiffe://.+/ns/a/(.+/|)sa/b/c(/.+)?"
+    )
+    assert header == {"header": {"name": "x-debug", "present_match": True}}
