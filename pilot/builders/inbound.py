@@ -78,7 +78,8 @@ from pilot.registry.model import ServicePort
 from pilot.registry.peer_authentication import MtlsMode
 
 VIRTUAL_INBOUND = "virtualInbound"
-# Which AuthorizationPolicies a listener's RBAC filters come from (for proxy-config).
+# Which AuthorizationPolicies a chain's RBAC filters come from (for proxy-config): on
+# the chains, not the listener, whose own change would make Envoy drain all of it.
 METADATA_KEY = "pilot"
 AUTHZ_METADATA = "authorization_policies"
 INBOUND_PASSTHROUGH_CLUSTER = "InboundPassthroughCluster"
@@ -316,6 +317,10 @@ def virtual_inbound(shape: InboundShape) -> listener_pb2.Listener:
     for port, mode in shape.passthrough_ports:
         chains += _passthrough_chains(f"{VIRTUAL_INBOUND}|{port}", port, mode, shape.authz)
     chains += _passthrough_chains(VIRTUAL_INBOUND, None, shape.mode, shape.authz)
+    if shape.authz:
+        named = applied_names(shape.authz)
+        for chain in chains[1:]:  # every chain but the blackhole runs RBAC filters
+            chain.metadata.filter_metadata[METADATA_KEY].update({AUTHZ_METADATA: named})
     listener = listener_pb2.Listener(
         name=VIRTUAL_INBOUND,
         address=socket_address(ANY_ADDRESS, VIRTUAL_INBOUND_PORT),
@@ -332,10 +337,6 @@ def virtual_inbound(shape: InboundShape) -> listener_pb2.Listener:
         continue_on_listener_filters_timeout=True,
         filter_chains=chains,
     )
-    if shape.authz:
-        listener.metadata.filter_metadata[METADATA_KEY].update(
-            {AUTHZ_METADATA: applied_names(shape.authz)}
-        )
     return listener
 
 

@@ -272,7 +272,7 @@ def _listener_records(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> list[d
         | {
             "match": routing_rows.chain_match(chain.filter_chain_match),
             "destination": routing_rows.chain_destination(chain),
-            "authz": routing_rows.chain_authz(listener, chain),
+            "authz": routing_rows.chain_authz(chain),
         }
         | known
         for chain in chains

@@ -147,14 +147,12 @@ def _has_rbac(chain: listener_components_pb2.FilterChain) -> bool:
     return False
 
 
-def chain_authz(
-    listener: listener_pb2.Listener, chain: listener_components_pb2.FilterChain
-) -> str | None:
-    """The AuthorizationPolicies whose RBAC filters a chain runs (from the listener's
-    metadata, where pilot names them); None when it runs none."""
+def chain_authz(chain: listener_components_pb2.FilterChain) -> str | None:
+    """The AuthorizationPolicies whose RBAC filters a chain runs (from its metadata, where
+    pilot names them); None when it runs none."""
     if not _has_rbac(chain):
         return None
-    held = listener.metadata.filter_metadata.get("pilot")
+    held = chain.metadata.filter_metadata.get("pilot")
     names = held.fields.get("authorization_policies") if held is not None else None
     if names is None:
         return "RBAC"

@@ -45,10 +45,11 @@ def authorization_policy(namespace: str, name: str, spec: dict[str, Any]) -> dic
 
 
 def names(listener: listener_pb2.Listener) -> list[str]:
-    held = listener.metadata.filter_metadata.get("pilot")
-    if held is None:
-        return []
-    return [v.string_value for v in held.fields["authorization_policies"].list_value.values]
+    for chain in listener.filter_chains:  # every chain with RBAC filters names them
+        held = chain.metadata.filter_metadata.get("pilot")
+        if held is not None:
+            return [v.string_value for v in held.fields["authorization_policies"].list_value.values]
+    return []
 
 
 async def test_authorization_policy_from_the_crd_reaches_the_inbound_listener(

@@ -38,10 +38,11 @@ def policy(name: str, spec: Any, version: str = "v1") -> dict[str, Any]:
 
 def names(listener: listener_pb2.Listener) -> list[str]:
     """The policies pilot says the listener's RBAC filters come from."""
-    held = listener.metadata.filter_metadata.get("pilot")
-    if held is None:
-        return []
-    return [v.string_value for v in held.fields["authorization_policies"].list_value.values]
+    for chain in listener.filter_chains:  # every chain with RBAC filters names them
+        held = chain.metadata.filter_metadata.get("pilot")
+        if held is not None:
+            return [v.string_value for v in held.fields["authorization_policies"].list_value.values]
+    return []
 
 
 async def test_policies_from_the_api_server_and_an_invalid_one_denies(

@@ -60,6 +60,9 @@ async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
             running.backends["b:other"] = Backend(running.pod("b"), process)
             yield running
         running.assert_nothing_restarted()
+        # Every listener pilot sent with RBAC filters was taken: b's Envoy rejected none.
+        assert await running.reviews.stat("listener_manager.lds.update_rejected") in (0, None)
+        assert await running.reviews.stat("listener_manager.lds.update_success")
 
 
 def policy(name: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -94,8 +97,9 @@ async def settled_from_a(mesh: Mesh, path: str, status: int) -> tuple[int, str]:
     """`from_a` until it answers `status`: a's sidecar keeps its connections to b, and
     those stay on the chains they began on until b's Envoy drains them (a few seconds
     after its listener changed), so the first requests after a change may be old ones."""
+    url = f"http://reviews.{APP_NAMESPACE}:{PORT}{path}"
     return await wait_until(
-        lambda: from_a(mesh, path), CONVERGE_TIMEOUT, f"a -> reviews{path} to answer {status}",
+        lambda: get(mesh.pod("a"), url), CONVERGE_TIMEOUT, f"a -> reviews{path} to answer {status}",
         until=lambda answer: answer[0] == status, context=mesh.reviews.agent.tail,
     )  # fmt: skip
 
@@ -116,9 +120,18 @@ async def inbound_text(mesh: Mesh) -> str:
 
 
 async def wait_inbound(mesh: Mesh, holds: Callable[[str], bool], what: str) -> None:
+    """Until b's Envoy holds a virtualInbound that `holds`, and no connection is left on
+    the chains it replaced (a's sidecar keeps its connections to b; those stay on the
+    chains they began on until b's Envoy has drained them)."""
     await wait_until(
         lambda: inbound_text(mesh), CONVERGE_TIMEOUT, f"b's virtualInbound {what}",
         until=holds, context=mesh.reviews.agent.tail,
+    )  # fmt: skip
+    await wait_until(
+        lambda: mesh.reviews.stats("^listener_manager\\.total_(filter_chains|listeners)_draining$"),
+        CONVERGE_TIMEOUT, "b's replaced chains to drain",
+        until=lambda draining: len(draining) == 2 and not any(draining.values()),
+        context=mesh.reviews.agent.tail,
     )  # fmt: skip
 
 
