@@ -234,7 +234,7 @@ def _chain(
         filters = [_http_manager(stat_prefix, cluster, authz)]
     else:
         filters = [
-            *network_rbac_filters(authz, stat_prefix),
+            *network_rbac_filters(authz),
             tcp_proxy_filter(stat_prefix, cluster),
         ]
     chain = listener_components_pb2.FilterChain(

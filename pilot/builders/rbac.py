@@ -29,6 +29,7 @@ translate at all (`AuthorizationPolicy.deny_all`, CUSTOM) denies everything.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Sequence
 
@@ -57,6 +58,7 @@ from pilot.registry.authorization_policy import (
 )
 
 SPIFFE = "spiffe://"
+RULES_CACHED = 16  # (policies, chain kind) translations kept: a listener's chains share them
 HTTP_RBAC = "envoy.filters.http.rbac"
 NETWORK_RBAC = "envoy.filters.network.rbac"
 _REGEX_SPECIALS = frozenset("\\.+*?()|[]{}^$")
@@ -368,7 +370,20 @@ _ORDER = (_DENY, _LOG, _ALLOW)
 
 
 def rbac_rules(applied: AppliedPolicies, tcp: bool) -> list[rbac_pb2.RBAC]:
-    """The RBAC rule sets of one chain, in the order Envoy must evaluate them."""
+    """The RBAC rule sets of one chain, in the order Envoy must evaluate them (a copy of
+    what is built once per (policies, chain kind): every chain of a listener shares them,
+    and a big policy costs hundreds of milliseconds to translate)."""
+    built = _built_rules(applied, tcp)
+    copies = []
+    for rules in built:
+        copy = rbac_pb2.RBAC()
+        copy.CopyFrom(rules)
+        copies.append(copy)
+    return copies
+
+
+@functools.lru_cache(maxsize=RULES_CACHED)
+def _built_rules(applied: AppliedPolicies, tcp: bool) -> tuple[rbac_pb2.RBAC, ...]:
     by_action: dict[int, rbac_pb2.RBAC] = {}
     for policy in applied.policies:
         action = _action_of(policy)
@@ -377,37 +392,39 @@ def rbac_rules(applied: AppliedPolicies, tcp: bool) -> list[rbac_pb2.RBAC]:
             rules.policies[name].CopyFrom(made)
     if applied.allow_uncertain:
         by_action.setdefault(rbac_pb2.RBAC.ALLOW, rbac_pb2.RBAC(action=rbac_pb2.RBAC.ALLOW))
-    return [by_action[action] for action in _ORDER if action in by_action]
+    return tuple(by_action[action] for action in _ORDER if action in by_action)
 
 
 def _suffix(action: int) -> str:
     return {rbac_pb2.RBAC.DENY: "deny", rbac_pb2.RBAC.LOG: "audit"}.get(action, "allow")
 
 
-def http_rbac_filters(applied: AppliedPolicies) -> list[hcm_pb2.HttpFilter]:
-    """The HTTP RBAC filters of an HTTP chain (none when no policy applies)."""
+@functools.lru_cache(maxsize=RULES_CACHED)
+def http_rbac_filters(applied: AppliedPolicies) -> tuple[hcm_pb2.HttpFilter, ...]:
+    """The HTTP RBAC filters of an HTTP chain (none when no policy applies): built and
+    packed once for every chain of the policies (callers copy them into their chains)."""
     filters = []
-    for rules in rbac_rules(applied, tcp=False):
+    for rules in _built_rules(applied, tcp=False):
         config = http_rbac_pb2.RBAC()
         config.rules.CopyFrom(rules)
         config.rules.SetInParent()
         filters.append(hcm_pb2.HttpFilter(name=HTTP_RBAC, typed_config=typed(config)))
-    return filters
+    return tuple(filters)
 
 
-def network_rbac_filters(
-    applied: AppliedPolicies, stat_prefix: str
-) -> list[listener_components_pb2.Filter]:
-    """The network RBAC filters of a TCP chain (none when no policy applies)."""
+@functools.lru_cache(maxsize=RULES_CACHED)
+def network_rbac_filters(applied: AppliedPolicies) -> tuple[listener_components_pb2.Filter, ...]:
+    """The network RBAC filters of a TCP chain (none when no policy applies), as the HTTP
+    ones; their stats are `tcp.<action>.rbac.*` for every chain (istiod's are `tcp.`)."""
     filters = []
-    for rules in rbac_rules(applied, tcp=True):
-        config = network_rbac_pb2.RBAC(stat_prefix=f"{stat_prefix}.{_suffix(rules.action)}")
+    for rules in _built_rules(applied, tcp=True):
+        config = network_rbac_pb2.RBAC(stat_prefix=f"tcp.{_suffix(rules.action)}.")
         config.rules.CopyFrom(rules)
         config.rules.SetInParent()
         filters.append(
             listener_components_pb2.Filter(name=NETWORK_RBAC, typed_config=typed(config))
         )
-    return filters
+    return tuple(filters)
 
 
 def applied_names(applied: AppliedPolicies) -> list[str]:
