@@ -56,6 +56,7 @@ from pilot.limits import Admission
 from pilot.push.history import PushHistory
 from pilot.push.pipeline import Pipeline
 from pilot.push.request import RequestSink
+from pilot.registry.authorization_policy import AuthorizationPolicies
 from pilot.registry.index import EndpointIndex
 from pilot.registry.peer_authentication import PeerAuthentications
 from pilot.registry.traffic_config import TrafficConfig
@@ -121,6 +122,7 @@ class Core:
         self.index = EndpointIndex(primary=settings.cluster_id)
         self.cache = ResourceCache()
         self.policies = PeerAuthentications()  # mTLS modes per workload, read by inbound
+        self.authz = AuthorizationPolicies()  # RBAC per workload, read by inbound
         # DestinationRules and VirtualServices, read by the cluster and endpoint generators
         self.traffic = TrafficConfig(settings.build.cluster_domain)
         self.connections: LiveStreams[Connection] = LiveStreams()
@@ -134,7 +136,7 @@ class Core:
             settings.http_addr,
             self.is_ready,
             self.metrics,
-            DebugState(self.proxies, self.index, self.pushes, self.traffic),
+            DebugState(self.proxies, self.index, self.pushes, self.traffic, self.authz),
             settings.debug_addr,
             ready_detail=self.cluster_lines,
             xds_ports=self.xds_ports,
@@ -333,7 +335,7 @@ async def _build(core: Core, undo: contextlib.AsyncExitStack) -> Parts:
     webhook = await _start_webhook(core, security, api_client)
     if webhook is not None:
         undo.push_async_callback(webhook.stop)
-    inbound = InboundGenerator(core.index, core.cache, core.policies, core.stats)
+    inbound = InboundGenerator(core.index, core.cache, core.policies, core.stats, core.authz)
     pipeline = _pipeline(core, security, inbound)
     tls = _tls(settings, security)
     grpc = GrpcServer(
@@ -345,7 +347,12 @@ async def _build(core: Core, undo: contextlib.AsyncExitStack) -> Parts:
     await grpc.start()
     undo.push_async_callback(grpc.stop, settings.drain_duration)
     updater = IndexUpdater(
-        core.index, RequestSink(pipeline.submit), core.stats, core.policies, core.traffic
+        core.index,
+        RequestSink(pipeline.submit),
+        core.stats,
+        core.policies,
+        core.traffic,
+        authz=core.authz,
     )
     source, cluster_source = _source(core, updater, api_client, api_server)
     await source.start()

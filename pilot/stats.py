@@ -21,6 +21,9 @@ class XdsStats:
     reserved_ports: int = 0
     # Istio objects refused as invalid (DestinationRule, VirtualService), by kind.
     config_rejected: Counter[str] = field(default_factory=Counter)
+    # AuthorizationPolicies (or parts of them) enforced stricter than written, because
+    # pilot cannot translate them: each arrival of such a policy counts once.
+    authz_failed_closed: int = 0
 
     def reset(self) -> None:
         self.serializations.clear()

@@ -74,10 +74,16 @@ from pilot.builders.mtls import sds_config
 from pilot.builders.outbound import ANY_ADDRESS, BLACKHOLE_CLUSTER
 from pilot.builders.protocols import PortProtocol, protocol_of
 from pilot.builders.proxy_ports import VIRTUAL_INBOUND_PORT, reserved
+from pilot.builders.rbac import applied_names, http_rbac_filters, network_rbac_filters
+from pilot.registry.authorization_policy import NO_POLICIES, AppliedPolicies
 from pilot.registry.model import ServicePort
 from pilot.registry.peer_authentication import MtlsMode
 
 VIRTUAL_INBOUND = "virtualInbound"
+# Which AuthorizationPolicies a chain's RBAC filters come from (for proxy-config): on
+# the chains, not the listener, whose own change would make Envoy drain all of it.
+METADATA_KEY = "pilot"
+AUTHZ_METADATA = "authorization_policies"
 INBOUND_PASSTHROUGH_CLUSTER = "InboundPassthroughCluster"
 INBOUND_SOURCE_ADDRESS = "127.0.0.6"  # Envoy's source toward the app; the capture rules RETURN it
 WORKLOAD_SECRET = "default"
@@ -119,6 +125,8 @@ class InboundShape:
     ports: tuple[tuple[int, InboundProtocol], ...]  # sorted by port, one protocol each
     mode: MtlsMode
     port_modes: tuple[tuple[int, MtlsMode], ...] = ()  # sorted; only where not `mode`
+    # The AuthorizationPolicies that apply to the workload (RBAC filters on every chain).
+    authz: AppliedPolicies = NO_POLICIES
 
     def mode_at(self, port: int) -> MtlsMode:
         return dict(self.port_modes).get(port, self.mode)
@@ -172,9 +180,13 @@ def _tls_socket(http: bool) -> base_pb2.TransportSocket:
     )
 
 
-def _http_manager(stat_prefix: str, cluster: str, retry: bool) -> listener_components_pb2.Filter:
-    """Every request to `cluster` (sent again if the app reset it unsent, unless gRPC, as
-    Istio); XFCC replaced by the peer certificate's URI."""
+def _http_manager(
+    stat_prefix: str, cluster: str, retry: bool, authz: AppliedPolicies
+) -> listener_components_pb2.Filter:
+    """Every request to `cluster` that the RBAC filters let through (sent again if the app
+    reset it unsent, unless gRPC, as Istio); XFCC replaced by the peer certificate's URI;
+    paths normalized as istiod's default (BASE: RFC 3986 normalization, slashes and
+    escaped slashes kept) before anything matches them."""
     action = route_components_pb2.RouteAction(
         cluster=cluster, timeout=duration_pb2.Duration(seconds=0)
     )
@@ -189,7 +201,9 @@ def _http_manager(stat_prefix: str, cluster: str, retry: bool) -> listener_compo
     manager = hcm_pb2.HttpConnectionManager(
         stat_prefix=stat_prefix,
         route_config=route_pb2.RouteConfiguration(name=cluster, virtual_hosts=[host]),
-        http_filters=[router_filter()],
+        http_filters=[*http_rbac_filters(authz), router_filter()],
+        normalize_path=wrappers_pb2.BoolValue(value=True),
+        path_with_escaped_slashes_action=hcm_pb2.HttpConnectionManager.KEEP_UNCHANGED,
         forward_client_cert_details=hcm_pb2.HttpConnectionManager.SANITIZE_SET,
         set_current_client_cert_details=hcm_pb2.HttpConnectionManager.SetCurrentClientCertDetails(
             uri=True
@@ -202,7 +216,13 @@ def _http_manager(stat_prefix: str, cluster: str, retry: bool) -> listener_compo
 
 
 def _chain(
-    name: str, port: int | None, tls: bool, protocol: InboundProtocol, cluster: str
+    name: str,
+    port: int | None,
+    tls: bool,
+    protocol: InboundProtocol,
+    cluster: str,
+    *,
+    authz: AppliedPolicies = NO_POLICIES,
 ) -> listener_components_pb2.FilterChain:
     """One chain: matched by port (None: any), TLS or plaintext, HTTP or TCP."""
     http = protocol is not InboundProtocol.TCP
@@ -218,11 +238,14 @@ def _chain(
     elif http:
         match.application_protocols.extend(HTTP_PLAINTEXT_ALPN)
     stat_prefix = cluster
-    filters = [
-        _http_manager(stat_prefix, cluster, protocol is not InboundProtocol.GRPC)
-        if http
-        else tcp_proxy_filter(stat_prefix, cluster)
-    ]
+    if http:
+        retry = protocol is not InboundProtocol.GRPC
+        filters = [_http_manager(stat_prefix, cluster, retry, authz)]
+    else:
+        filters = [
+            *network_rbac_filters(authz),
+            tcp_proxy_filter(stat_prefix, cluster),
+        ]
     chain = listener_components_pb2.FilterChain(
         name=name, filter_chain_match=match, filters=filters
     )
@@ -238,23 +261,25 @@ def _port_chains(
     mode = shape.mode_at(port)
     chains = []
     if takes_mtls(mode):
-        chains.append(_chain(f"{cluster}-mtls", port, True, protocol, cluster))
+        chains.append(_chain(f"{cluster}-mtls", port, True, protocol, cluster, authz=shape.authz))
     if takes_plaintext(mode):
-        chains.append(_chain(f"{cluster}-plaintext", port, False, protocol, cluster))
+        chains.append(
+            _chain(f"{cluster}-plaintext", port, False, protocol, cluster, authz=shape.authz)
+        )
     return chains
 
 
 def _passthrough_chains(
-    name: str, port: int | None, mode: MtlsMode
+    name: str, port: int | None, mode: MtlsMode, authz: AppliedPolicies
 ) -> list[listener_components_pb2.FilterChain]:
     """Ports no service names (on `port`, or any): forwarded to their original
-    destination, in `mode`."""
+    destination, in `mode`, through the network RBAC filters (as TCP, as Istio)."""
     chains = []
     tcp, cluster = InboundProtocol.TCP, INBOUND_PASSTHROUGH_CLUSTER
     if takes_mtls(mode):
-        chains.append(_chain(f"{name}-mtls", port, True, tcp, cluster))
+        chains.append(_chain(f"{name}-mtls", port, True, tcp, cluster, authz=authz))
     if takes_plaintext(mode):
-        chains.append(_chain(name, port, False, tcp, cluster))
+        chains.append(_chain(name, port, False, tcp, cluster, authz=authz))
     return chains
 
 
@@ -300,9 +325,13 @@ def virtual_inbound(shape: InboundShape) -> listener_pb2.Listener:
     for port, protocol in shape.ports:
         chains += _port_chains(shape, port, protocol)
     for port, mode in shape.passthrough_ports:
-        chains += _passthrough_chains(f"{VIRTUAL_INBOUND}|{port}", port, mode)
-    chains += _passthrough_chains(VIRTUAL_INBOUND, None, shape.mode)
-    return listener_pb2.Listener(
+        chains += _passthrough_chains(f"{VIRTUAL_INBOUND}|{port}", port, mode, shape.authz)
+    chains += _passthrough_chains(VIRTUAL_INBOUND, None, shape.mode, shape.authz)
+    if shape.authz:
+        named = applied_names(shape.authz)
+        for chain in chains[1:]:  # every chain but the blackhole runs RBAC filters
+            chain.metadata.filter_metadata[METADATA_KEY].update({AUTHZ_METADATA: named})
+    listener = listener_pb2.Listener(
         name=VIRTUAL_INBOUND,
         address=socket_address(ANY_ADDRESS, VIRTUAL_INBOUND_PORT),
         traffic_direction=base_pb2.INBOUND,
@@ -318,6 +347,7 @@ def virtual_inbound(shape: InboundShape) -> listener_pb2.Listener:
         continue_on_listener_filters_timeout=True,
         filter_chains=chains,
     )
+    return listener
 
 
 def _original_dst(name: str) -> cluster_pb2.Cluster:

@@ -40,6 +40,7 @@ from pilot.debug.proxy_status import LiveProxies
 from pilot.debug.wrong_protocol import FirstBytes, WrongProtocols
 from pilot.logs import clipped
 from pilot.push.history import PushHistory
+from pilot.registry.authorization_policy import AuthorizationPolicies
 from pilot.registry.index import EndpointIndex
 from pilot.registry.traffic_config import TrafficConfig
 from pilot.settings import is_loopback_host, split_host_port
@@ -57,6 +58,7 @@ class DebugState:
     index: EndpointIndex
     pushes: PushHistory
     traffic: TrafficConfig = field(default_factory=TrafficConfig)
+    authz: AuthorizationPolicies = field(default_factory=AuthorizationPolicies)
 
 
 def _is_loopback(remote: str | None) -> bool:
@@ -188,6 +190,9 @@ def debug_routes(state: DebugState) -> list[web.RouteDef]:
     async def configz(_request: web.Request) -> web.Response:
         return _json(views.configz(state.traffic, state.index))
 
+    async def authorizationz(_request: web.Request) -> web.Response:
+        return _json(views.authorizationz(state.authz, state.proxies, state.index))
+
     async def config_dump(request: web.Request) -> web.Response:
         proxy_id = request.query.get("proxyID")
         if not proxy_id:
@@ -224,6 +229,7 @@ def debug_routes(state: DebugState) -> list[web.RouteDef]:
         web.get("/debug/edsz", edsz),
         web.get("/debug/registryz", registryz),
         web.get("/debug/configz", configz),
+        web.get("/debug/authorizationz", authorizationz),
         web.get("/debug/config_dump", config_dump),
     ]
 

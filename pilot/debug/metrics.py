@@ -241,6 +241,12 @@ class PilotCollector(Collector):
         for kind, count in sorted(self._sources.unsupported_config().items()):
             unsupported.add_metric([kind], count)
         yield unsupported
+        yield CounterMetricFamily(
+            "pilot_authz_failed_closed",
+            "AuthorizationPolicies received with a part pilot cannot translate: that part"
+            " denies what it would otherwise have allowed (see the warning line).",
+            value=self._sources.stats.authz_failed_closed,
+        )
 
     def _security(self) -> Iterator[Metric]:
         secrets = self._sources.secret_stats()

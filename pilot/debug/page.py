@@ -54,6 +54,10 @@ ENDPOINTS = (
     ("/debug/edsz", "every ClusterLoadAssignment's version (?cluster=NAME: one, in full)"),
     ("/debug/registryz", "services and the endpoint sets feeding each"),
     ("/debug/configz", "Istio objects held (DestinationRule, VirtualService, unsupported kinds)"),
+    (
+        "/debug/authorizationz",
+        "AuthorizationPolicies held: scope, what fails closed, the sidecars each applies to",
+    ),
     ("/debug/config_dump", "one proxy's resources, secrets redacted: linked per proxy above"),
     ("/debug/tasks", "every asyncio task and the awaits it sits in"),
     ("/metrics", "Prometheus metrics"),

@@ -48,6 +48,8 @@ M = TypeVar("M", bound=message.Message)
 
 # Envoy's words for a rejected resource, cut in `-o table` (all of them in -o json).
 ERROR_CHARS = {"ERROR": 160}
+# The policies a chain's RBAC filters come from, cut in `-o table` (all in -o json).
+AUTHZ_CHARS = {"AUTHZ": 120}
 
 
 class ProxyNotFound(LookupError):
@@ -290,6 +292,7 @@ def _listener_records(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> list[d
         | {
             "match": routing_rows.chain_match(chain.filter_chain_match),
             "destination": routing_rows.chain_destination(chain),
+            "authz": routing_rows.chain_authz(chain),
         }
         | known
         for chain in chains
@@ -308,8 +311,8 @@ def listeners(config: csds_pb2.ClientConfig) -> Table:
         (_listener_records(generic) for generic in _held(config, types.LISTENER)), key=_by_port
     )
     records = [record for rows in per_listener for record in rows]
-    headers = ("ADDRESSES", "PORT", "MATCH", "DESTINATION", "NAME", "STATUS", "ERROR")
-    return Table.of(headers, records, ERROR_CHARS)
+    headers = ("ADDRESSES", "PORT", "MATCH", "DESTINATION", "AUTHZ", "NAME", "STATUS", "ERROR")
+    return Table.of(headers, records, ERROR_CHARS | AUTHZ_CHARS)
 
 
 # --- routes ----------------------------------------------------------------------------

@@ -136,6 +136,31 @@ def chain_destination(chain: listener_components_pb2.FilterChain) -> str:
     return "Non-HTTP/Non-TCP"
 
 
+_RBAC_FILTERS = frozenset({"envoy.filters.network.rbac", "envoy.filters.http.rbac"})
+
+
+def _has_rbac(chain: listener_components_pb2.FilterChain) -> bool:
+    for network_filter in chain.filters:
+        if network_filter.name in _RBAC_FILTERS:
+            return True
+        manager = unpacked(network_filter.typed_config, hcm_pb2.HttpConnectionManager)
+        if manager is not None and any(f.name in _RBAC_FILTERS for f in manager.http_filters):
+            return True
+    return False
+
+
+def chain_authz(chain: listener_components_pb2.FilterChain) -> str | None:
+    """The AuthorizationPolicies whose RBAC filters a chain runs (from its metadata, where
+    pilot names them); None when it runs none."""
+    if not _has_rbac(chain):
+        return None
+    held = chain.metadata.filter_metadata.get("pilot")
+    names = held.fields.get("authorization_policies") if held is not None else None
+    if names is None:
+        return "RBAC"
+    return "; ".join(v.string_value for v in names.list_value.values)
+
+
 # --- routes ------------------------------------------------------------------------------
 
 

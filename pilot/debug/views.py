@@ -16,8 +16,11 @@ from typing import Any
 from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf import json_format
 
+from pilot.builders.rbac import applied_names
 from pilot.debug.proxy_status import LiveProxies, ProxyStatus, packed
+from pilot.generators.inbound_proxies import namespace_of, sidecar_of
 from pilot.push.history import PushHistory, PushRecord
+from pilot.registry.authorization_policy import AuthorizationPolicies, AuthorizationPolicy
 from pilot.registry.destination_rule import DestinationRule
 from pilot.registry.index import EndpointIndex
 from pilot.registry.istio_config import ConfigKey
@@ -231,3 +234,53 @@ def configz(traffic: TrafficConfig, index: EndpointIndex) -> Json:
         "unsupported": unsupported,
         "unsupportedByKind": dict(sorted(traffic.unsupported_counts().items())),
     }
+
+
+def _scope(policy: AuthorizationPolicy, root_namespace: str) -> str:
+    if policy.selector:
+        return "workloads selected" + (
+            " in every namespace" if policy.namespace == root_namespace else ""
+        )
+    return "mesh" if policy.namespace == root_namespace else "namespace"
+
+
+def authorizationz(
+    authz: AuthorizationPolicies, proxies: LiveProxies, index: EndpointIndex
+) -> Json:
+    """The AuthorizationPolicies held, each with its scope, what fails closed in it and the
+    connected sidecars it applies to; and per connected sidecar, the policies applying."""
+    applying: dict[str, list[str]] = {}
+    per_proxy = []
+    for status in proxies.statuses():
+        where = sidecar_of(status.proxy.node_id)
+        if where is None:
+            continue
+        ip, claimed = where
+        namespace = namespace_of(status.proxy, claimed)
+        applied = authz.policies_for(namespace, index.pod_labels_in(namespace, ip))
+        names = applied_names(applied)
+        for policy in applied.policies:
+            applying.setdefault(str(policy.key), []).append(status.proxy.node_id)
+        per_proxy.append(
+            {
+                "proxy": status.proxy.node_id,
+                "identity": status.proxy.identity,
+                "policies": names,
+                "podUnknownAllowsNothingMore": applied.allow_uncertain,
+            }
+        )
+    policies = [
+        {
+            "namespace": policy.namespace,
+            "name": policy.name,
+            "action": policy.action.value,
+            "scope": _scope(policy, authz.root_namespace),
+            "selector": dict(policy.selector),
+            "rules": len(policy.rules),
+            "deniesEverything": policy.deny_all or None,
+            "failsClosed": list(policy.fail_closed),
+            "appliesTo": applying.get(str(policy.key), []),
+        }
+        for policy in authz.objects()
+    ]
+    return {"policies": policies, "proxies": per_proxy}

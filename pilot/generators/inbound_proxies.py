@@ -67,6 +67,7 @@ from pilot.builders.inbound import (
 from pilot.builders.proxy_ports import reserved
 from pilot.logs import clipped
 from pilot.push.request import Changes, PushRequest
+from pilot.registry.authorization_policy import AppliedPolicies, AuthorizationPolicies
 from pilot.registry.index import EndpointIndex
 from pilot.registry.model import EndpointPort, EndpointSet, EndpointSetKey, ServiceKey
 from pilot.registry.peer_authentication import Labels, PeerAuthentications, WorkloadModes
@@ -149,10 +150,12 @@ class InboundGenerator:
         cache: ResourceCache,
         policies: PeerAuthentications,
         stats: XdsStats,
+        authz: AuthorizationPolicies | None = None,
     ) -> None:
         self._index = index
         self._cache = cache
         self._policies = policies
+        self._authz = authz if authz is not None else AuthorizationPolicies()
         self._stats = stats
         self._ids = itertools.count(1)
         self._sidecars: dict[ProxyKey, _Sidecar] = {}
@@ -169,10 +172,11 @@ class InboundGenerator:
         # a registry without sidecars (gateways, CDS/EDS clients) costs nothing per change.
         self._unfollowed: set[ServiceKey] = set()
         self.failed_closed = 0  # shapes given the strictest modes (workload unknown)
-        self._warned: set[tuple[str, str]] = set()
+        self._warned: set[tuple[str, str, str]] = set()
         # During one build: the modes of each (namespace, pods' labels) asked, so that a
         # namespace's policy change costs its distinct workloads, not its proxies.
         self._modes_seen: dict[tuple[str, tuple[Labels, ...]], WorkloadModes] = {}
+        self._authz_seen: dict[tuple[str, tuple[Labels, ...]], AppliedPolicies] = {}
 
     # -- what the pipeline asks ------------------------------------------------
 
@@ -190,6 +194,7 @@ class InboundGenerator:
         namespace = namespace_of(proxy, claimed)
         sidecar = _Sidecar(ip, namespace, self._shape(ip, namespace, proxy))
         self._modes_seen.clear()
+        self._authz_seen.clear()
         self._sidecars[proxy] = sidecar
         self._at_ip.setdefault(ip, set()).add(proxy)
         self._read(proxy, None, sidecar.shape)
@@ -231,6 +236,7 @@ class InboundGenerator:
                     changes.owned[proxy] = moved
         finally:
             self._modes_seen.clear()  # the policies may change before the next build
+            self._authz_seen.clear()
         return changes
 
     # -- shapes --------------------------------------------------------------------
@@ -259,10 +265,21 @@ class InboundGenerator:
                     # selects pods on 15090 (metrics) or 15021 is common and honest.
                     if target is not None and not reserved(target):
                         ports.setdefault(target, protocol)  # first service by name wins
-        modes = self._modes(namespace, self._index.pod_labels_in(namespace, ip))
+        workloads = self._index.pod_labels_in(namespace, ip)
+        modes = self._modes(namespace, workloads)
         if modes.uncertain:
             self._fail_closed(ip, namespace, proxy)
-        return InboundShape(tuple(sorted(ports.items())), modes.mode, modes.ports)
+        authz = self._applied(namespace, workloads)
+        if authz.allow_uncertain:
+            self._fail_closed(ip, namespace, proxy, "AuthorizationPolicies select workloads")
+        return InboundShape(tuple(sorted(ports.items())), modes.mode, modes.ports, authz)
+
+    def _applied(self, namespace: str, workloads: list[dict[str, str]]) -> AppliedPolicies:
+        key = (namespace, tuple(tuple(sorted(labels.items())) for labels in workloads))
+        applied = self._authz_seen.get(key)
+        if applied is None:
+            applied = self._authz_seen[key] = self._authz.policies_for(namespace, workloads)
+        return applied
 
     def _modes(self, namespace: str, workloads: list[dict[str, str]]) -> WorkloadModes:
         key = (namespace, tuple(tuple(sorted(labels.items())) for labels in workloads))
@@ -271,12 +288,22 @@ class InboundGenerator:
             modes = self._modes_seen[key] = self._policies.modes_for(namespace, workloads)
         return modes
 
-    def _fail_closed(self, ip: str, namespace: str, proxy: ProxyKey) -> None:
-        """Counted each time such a shape is computed; said once per (IP, namespace)."""
+    def _fail_closed(self, ip: str, namespace: str, proxy: ProxyKey, why: str = "") -> None:
+        """Counted each time such a shape is computed; said once per (IP, namespace, why)."""
         self.failed_closed += 1
-        if (ip, namespace) in self._warned or len(self._warned) >= MAX_FAILED_CLOSED_LOGGED:
+        seen = (ip, namespace, why)
+        if seen in self._warned or len(self._warned) >= MAX_FAILED_CLOSED_LOGGED:
             return
-        self._warned.add((ip, namespace))
+        self._warned.add(seen)
+        if why:
+            log.warning(
+                "%s: its Pod in namespace %s is not known (or not one), and %s there:"
+                " it allows only what the namespace- and mesh-wide ALLOW policies allow",
+                proxy,
+                clipped(namespace),
+                why,
+            )
+            return
         log.warning(
             "%s: its Pod in namespace %s is not known (or not one), and workload"
             " PeerAuthentications exist there: it gets the strictest modes they could give",

@@ -38,7 +38,6 @@ ISTIO_GROUPS = frozenset(
 )
 # Istio kinds pilot reads nowhere: counted, listed on /debug, warned about once per kind.
 UNSUPPORTED_KINDS = (
-    "AuthorizationPolicy",
     "EnvoyFilter",
     "Gateway",
     "ProxyConfig",

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Iterable
 from typing import Protocol
 
+from pilot.registry.authorization_policy import AuthorizationPolicies, AuthorizationPolicy
 from pilot.registry.index import EndpointIndex, IndexChange
 from pilot.registry.istio_config import ConfigKey
 from pilot.registry.model import (
@@ -86,6 +87,16 @@ class RegistryUpdater(Protocol):
         """One cluster's Pods (None: every cluster's) are now exactly these."""
         ...
 
+    def upsert_authorization_policy(self, policy: AuthorizationPolicy) -> None:
+        """An AuthorizationPolicy (of the local cluster, or the file) was added or changed."""
+        ...
+
+    def delete_authorization_policy(self, key: ConfigKey) -> None: ...
+
+    def replace_authorization_policies(self, policies: Iterable[AuthorizationPolicy]) -> None:
+        """The AuthorizationPolicies are now exactly these (a file reload)."""
+        ...
+
     def upsert_config(self, config: Config) -> None:
         """A DestinationRule or VirtualService was added or changed."""
         ...
@@ -117,7 +128,7 @@ class ChangeSink(Protocol):
     def registry_changed(self, change: IndexChange) -> None: ...
 
     def policies_changed(self, namespaces: frozenset[str]) -> None:
-        """The PeerAuthentications of these namespaces moved."""
+        """The PeerAuthentications or AuthorizationPolicies of these namespaces moved."""
         ...
 
 
@@ -131,12 +142,15 @@ class IndexUpdater:
         stats: XdsStats,
         policies: PeerAuthentications | None = None,
         traffic: TrafficConfig | None = None,
+        *,
+        authz: AuthorizationPolicies | None = None,
     ) -> None:
         self._index = index
         self._sink = sink
         self._stats = stats
         self.policies = policies if policies is not None else PeerAuthentications()
         self.traffic = traffic if traffic is not None else TrafficConfig()
+        self.authz = authz if authz is not None else AuthorizationPolicies()
 
     def upsert_service(self, service: Service) -> None:
         self._changed(self._index.upsert_service(service))
@@ -183,6 +197,33 @@ class IndexUpdater:
 
     def replace_peer_authentications(self, policies: Iterable[PeerAuthentication]) -> None:
         self._moved(self.policies.replace_all(policies))
+
+    def upsert_authorization_policy(self, policy: AuthorizationPolicy) -> None:
+        moved = self.authz.upsert(policy)
+        if moved:
+            self._warn_failing_closed([policy])
+        self._authz_moved(moved)
+
+    def delete_authorization_policy(self, key: ConfigKey) -> None:
+        self._authz_moved(self.authz.delete(key))
+
+    def replace_authorization_policies(self, policies: Iterable[AuthorizationPolicy]) -> None:
+        policies = list(policies)
+        before = {p.key: p for p in self.authz.objects()}
+        self._warn_failing_closed(p for p in policies if before.get(p.key) != p)
+        self._authz_moved(self.authz.replace_all(policies))
+
+    def _warn_failing_closed(self, policies: Iterable[AuthorizationPolicy]) -> None:
+        """One line per policy enforced stricter than written, and the counter."""
+        for policy in policies:
+            if policy.fail_closed:
+                self._stats.authz_failed_closed += 1
+                log.warning("%s fails closed: %s", policy.key, "; ".join(policy.fail_closed))
+
+    def _authz_moved(self, namespaces: frozenset[str]) -> None:
+        if namespaces:
+            self._stats.inbound_updates["authorizationpolicy"] += len(namespaces)
+            self._sink.policies_changed(namespaces)
 
     def upsert_config(self, config: Config) -> None:
         self._stats.inbound_updates["config"] += 1  # Istio's type for config objects

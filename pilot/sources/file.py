@@ -133,6 +133,7 @@ class FileSource:
             self._updater.replace_pods(cluster, [p for p in state.pods if p.key.cluster == cluster])
         self._clusters = clusters
         self._updater.replace_peer_authentications(state.peer_authentications)
+        self._updater.replace_authorization_policies(state.authorization_policies)
         for message in state.config_errors:  # one line each; the rest of the file applies
             log.warning("%s; its last good version (if any) keeps serving", message)
         self._updater.replace_traffic(state.traffic, state.unsupported, state.refused)

@@ -11,6 +11,12 @@ which it also is); anything else, or JSON that does not parse, as YAML. Errors a
 naming the file and the document and object, or the line and column where the
 text stops being JSON or YAML.
 
+AuthorizationPolicies (`security.istio.io/v1` or `v1beta1`) are read too; one that
+is not valid does not refuse the file either: it stands in as *deny everything* for
+its namespace's sidecars (said in one warning line when it is applied)
+(`pilot.registry.authorization_policy.refused_policy`), since ignoring it would
+let through what it denied.
+
 A DestinationRule or VirtualService that is not valid does not refuse the file: it is
 named in `RegistryState.config_errors` (one line each: kind, namespace, name, what is
 wrong) and `refused` (its key: its last good version keeps serving), and every other
@@ -39,6 +45,12 @@ from typing import Any
 import yaml
 
 from pilot.cluster_ids import RULE, is_cluster_id
+from pilot.registry.authorization_policy import KIND as AUTHORIZATION_POLICY
+from pilot.registry.authorization_policy import (
+    AuthorizationPolicy,
+    parse_authorization_policy,
+    refused_policy,
+)
 from pilot.registry.destination_rule import KIND as DESTINATION_RULE
 from pilot.registry.destination_rule import parse_destination_rule
 from pilot.registry.istio_config import (
@@ -108,6 +120,8 @@ class RegistryState:
     refused: tuple[ConfigKey, ...] = ()  # those that are not valid (their last good stays)
     config_errors: tuple[str, ...] = ()  # one line for each of them
     unsupported: tuple[ConfigKey, ...] = ()  # objects of Istio kinds pilot does not build
+    # Valid ones, and a deny-everything stand-in for each that is not (see above).
+    authorization_policies: tuple[AuthorizationPolicy, ...] = ()
 
 
 def _loaded(text: str, origin: str) -> list[Any]:
@@ -230,6 +244,21 @@ class _Traffic:
         self.refused: list[ConfigKey] = []
         self.errors: list[str] = []
         self.unsupported: list[ConfigKey] = []
+        self.authz: dict[ConfigKey, AuthorizationPolicy] = {}
+
+    def take_authorization_policy(self, where: str, obj: Mapping[str, Any]) -> None:
+        """A valid one as written; one that is not, as its deny-everything stand-in."""
+        key = key_of(AUTHORIZATION_POLICY, obj)
+        try:
+            policy: AuthorizationPolicy | None = parse_authorization_policy(obj)
+        except _CONFIG_PARSE_ERRORS as error:  # said once, by the updater, as failing closed
+            policy = refused_policy(obj, error if isinstance(error, ConfigError) else None)
+        if policy is None:
+            return
+        if policy.key in self.authz:
+            self.errors.append(f"{where}: {key} is already in the file")
+            return
+        self.authz[policy.key] = policy
 
     def take(self, where: str, kind: str, obj: Mapping[str, Any]) -> None:
         parse = _PARSERS[kind]
@@ -267,6 +296,9 @@ def parse_registry(
         if kind in _PARSERS:
             traffic.take(where, kind, obj)
             continue
+        if kind == AUTHORIZATION_POLICY and istio_kind(obj) is not None:
+            traffic.take_authorization_policy(where, obj)
+            continue
         if kind in UNSUPPORTED_KINDS and istio_kind(obj) is not None:
             traffic.unsupported.append(key_of(kind, obj))
             continue
@@ -299,6 +331,7 @@ def parse_registry(
         refused=tuple(traffic.refused),
         config_errors=tuple(traffic.errors),
         unsupported=tuple(traffic.unsupported),
+        authorization_policies=tuple(traffic.authz.values()),
     )
 
 

@@ -114,6 +114,8 @@ async def _unpickled(output: bytes) -> RegistryState:
     (traffic_chunks,) = pickle.load(reader)
     traffic = await _load_chunks(reader, traffic_chunks)
     refused, errors, unsupported = pickle.load(reader)
+    (authz_chunks,) = pickle.load(reader)
+    authz = await _load_chunks(reader, authz_chunks)
     return RegistryState(
         tuple(services),
         tuple(endpoint_sets),
@@ -123,6 +125,7 @@ async def _unpickled(output: bytes) -> RegistryState:
         refused=refused,
         config_errors=errors,
         unsupported=unsupported,
+        authorization_policies=tuple(authz),
     )
 
 
@@ -168,6 +171,10 @@ def main(argv: list[str]) -> int:
         pickle.dump(chunk, out, protocol=pickle.HIGHEST_PROTOCOL)
     tail = (state.refused, state.config_errors, state.unsupported)
     pickle.dump(tail, out, protocol=pickle.HIGHEST_PROTOCOL)
+    authz = _chunks(state.authorization_policies)
+    pickle.dump((len(authz),), out)
+    for chunk in authz:
+        pickle.dump(chunk, out, protocol=pickle.HIGHEST_PROTOCOL)
     out.flush()
     return 0
 

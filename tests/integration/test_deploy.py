@@ -79,6 +79,9 @@ CLUSTER_GRANTS = {
     # DestinationRule, VirtualService and the Istio kinds only counted
     # (pilot/sources/kubernetes/istio_config.py): each kind pilot watches, and no other.
     *((kind.group, kind.plural, verb) for kind in ISTIO_KINDS for verb in ("list", "watch")),
+    # And AuthorizationPolicies (pilot/sources/kubernetes/authorization_policies.py).
+    ("security.istio.io", "authorizationpolicies", "list"),
+    ("security.istio.io", "authorizationpolicies", "watch"),
     # Endpoint locality: the Nodes' topology labels (pilot/sources/kubernetes/cluster_source.py).
     ("", "nodes", "list"),
     ("", "nodes", "watch"),

@@ -64,6 +64,8 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     # Istio's custom resource, in both versions Istio serves (v1 preferred).
     ResourceType("PeerAuthentication", "peerauthentications", "security.istio.io", "v1"),
     ResourceType("PeerAuthentication", "peerauthentications", "security.istio.io", "v1beta1"),
+    ResourceType("AuthorizationPolicy", "authorizationpolicies", "security.istio.io", "v1"),
+    ResourceType("AuthorizationPolicy", "authorizationpolicies", "security.istio.io", "v1beta1"),
 )
 
 _BY_NAME: dict[str, ResourceType] = {}

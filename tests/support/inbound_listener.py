@@ -31,5 +31,17 @@ class Inbound:
             await self.stream.ack(response)
         return self.transports()
 
+    async def until_listener(
+        self, condition: Callable[[listener_pb2.Listener], bool]
+    ) -> listener_pb2.Listener:
+        """Until the listener held satisfies `condition` (read as pilot sends it)."""
+        while not condition(self.listener):
+            response = await self.stream.next_response(TIMEOUT)
+            held = delta_resources(response)
+            if response.type_url == types.LISTENER and "virtualInbound" in held:
+                self.listener = held["virtualInbound"].message
+            await self.stream.ack(response)
+        return self.listener
+
     def transports(self) -> set[str]:
         return {c.filter_chain_match.transport_protocol for c in self.listener.filter_chains}

@@ -29,8 +29,15 @@ from envoy.service.status.v3 import csds_pb2
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
+from pilot.builders.inbound import VIRTUAL_INBOUND, InboundProtocol, InboundShape, virtual_inbound
 from pilot.debug import proxy_config, routing_rows
 from pilot.debug.tables import CELL_CHARS, FORMATS, formatted
+from pilot.registry.authorization_policy import (
+    AppliedPolicies,
+    AuthorizationPolicy,
+    parse_authorization_policy,
+)
+from pilot.registry.peer_authentication import MtlsMode
 from pilot.xds import types
 from tests.support.ca import issue_leaf, new_ca
 
@@ -245,11 +252,44 @@ def test_listeners_are_a_row_per_filter_chain_by_port() -> None:
         "PORT",
         "MATCH",
         "DESTINATION",
+        "AUTHZ",
         "NAME",
         "STATUS",
         "ERROR",
     ]
     assert table[2].split()[:4] == ["0.0.0.0", "9080", "ALL", "Route:"]
+
+
+def _authorization_policy(name: str, spec: dict[str, object]) -> AuthorizationPolicy:
+    return parse_authorization_policy(
+        {
+            "apiVersion": "security.istio.io/v1",
+            "kind": "AuthorizationPolicy",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": spec,
+        }
+    )
+
+
+def test_listeners_say_which_authorization_policies_each_chain_runs() -> None:
+    """pilot's own virtualInbound: every chain but the blackhole names the policies."""
+    applied = AppliedPolicies(
+        (
+            _authorization_policy("deny-admin", {"action": "DENY", "rules": [{}]}),
+            _authorization_policy("allow-nothing", {}),
+        )
+    )
+    shape = InboundShape(((9080, InboundProtocol.HTTP),), MtlsMode.PERMISSIVE, authz=applied)
+    config = _config()
+    _add(config, types.LISTENER, VIRTUAL_INBOUND, virtual_inbound(shape))
+    rows = proxy_config.listeners(config).listed()
+    expected = "DENY shop/deny-admin; ALLOW shop/allow-nothing"
+    assert {r["authz"] for r in rows if "BlackHole" not in str(r["destination"])} == {expected}
+    assert [r["authz"] for r in rows if "BlackHole" in str(r["destination"])] == [None]
+    no_policy = _config()
+    plain = InboundShape(((9080, InboundProtocol.HTTP),), MtlsMode.PERMISSIVE)
+    _add(no_policy, types.LISTENER, VIRTUAL_INBOUND, virtual_inbound(plain))
+    assert {r["authz"] for r in proxy_config.listeners(no_policy).listed()} == {None}
 
 
 def test_filter_chain_matches_are_worded_as_istioctl_words_them() -> None:

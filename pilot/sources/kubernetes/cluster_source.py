@@ -34,6 +34,7 @@ from kubernetes_asyncio import client
 from pilot.kube.config import EndpointsApi, KubernetesSettings
 from pilot.kube.informer import Informer, Obj, Request, WatchFaults, Watching
 from pilot.kube.metadata import metadata_only
+from pilot.registry.authorization_policy import KIND as AUTHORIZATION_POLICY
 from pilot.registry.kubernetes_objects import (
     SERVICE_NAME_LABEL,
     MissingField,
@@ -58,6 +59,8 @@ from pilot.sources.kubernetes.istio_config import (
     request_for,
     served_versions,
 )
+from pilot.sources.kubernetes.authorization_policies import PLURAL as AUTHZ_PLURAL
+from pilot.sources.kubernetes.authorization_policies import AuthorizationPolicyHandler
 from pilot.sources.kubernetes.peer_authentications import (
     PeerAuthenticationHandler,
     objects_at,
@@ -287,15 +290,41 @@ class ClusterSource:
                 PEER_AUTHENTICATION,
             )
             return []
-        namespaces: list[str | None] = list(self.settings.namespaces) or [None]
-        if None not in namespaces and ROOT_NAMESPACE not in namespaces:
-            namespaces.append(ROOT_NAMESPACE)
         handler = PeerAuthenticationHandler(self._updater, self.cluster, self._watching.faults)
-        return [
+        informers = [
             self._informer(
                 PEER_AUTHENTICATION, objects_at(self._api_client, path_of(version, ns)), handler
             )
-            for ns in namespaces
+            for ns in self._policy_namespaces()
+        ]
+        return informers + await self._authz_informers()
+
+    def _policy_namespaces(self) -> list[str | None]:
+        """The watched namespaces (None: all), and the root one, whose policies are mesh's."""
+        namespaces: list[str | None] = list(self.settings.namespaces) or [None]
+        if None not in namespaces and ROOT_NAMESPACE not in namespaces:
+            namespaces.append(ROOT_NAMESPACE)
+        return namespaces
+
+    async def _authz_informers(self) -> list[Informer]:
+        """AuthorizationPolicy informers, in the same namespaces."""
+        version = await served_version(self._api_client, AUTHZ_PLURAL)
+        if version is None:
+            log.warning(
+                "cluster %s: the API server serves no %s (Istio's CRDs are not installed):"
+                " there are none to enforce",
+                self.cluster,
+                AUTHORIZATION_POLICY,
+            )
+            return []
+        handler = AuthorizationPolicyHandler(self._updater, self.cluster, self._watching.faults)
+        return [
+            self._informer(
+                AUTHORIZATION_POLICY,
+                objects_at(self._api_client, path_of(version, ns, AUTHZ_PLURAL)),
+                handler,
+            )
+            for ns in self._policy_namespaces()
         ]
 
     async def _istio_config_informers(self) -> list[Informer]:

@@ -63,7 +63,6 @@ KINDS = (
     IstioKind("WorkloadGroup", "workloadgroups", *_NETWORKING),
     IstioKind("EnvoyFilter", "envoyfilters", *_NETWORKING_ALPHA),
     IstioKind("ProxyConfig", "proxyconfigs", "networking.istio.io", ("v1beta1",)),
-    IstioKind("AuthorizationPolicy", "authorizationpolicies", *_SECURITY),
     IstioKind("RequestAuthentication", "requestauthentications", *_SECURITY),
     IstioKind("Telemetry", "telemetries", *_TELEMETRY),
     IstioKind("WasmPlugin", "wasmplugins", *_EXTENSIONS),

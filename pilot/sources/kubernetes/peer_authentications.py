@@ -46,13 +46,13 @@ def objects_at(api_client: client.ApiClient, path: str) -> Request:
     return raw_request(api_client, path, lambda _watching: "application/json")
 
 
-def path_of(version: str, namespace: str | None) -> str:
+def path_of(version: str, namespace: str | None, plural: str = PLURAL) -> str:
     if namespace is None:
-        return f"/apis/{GROUP}/{version}/{PLURAL}"
-    return f"/apis/{GROUP}/{version}/namespaces/{namespace}/{PLURAL}"
+        return f"/apis/{GROUP}/{version}/{plural}"
+    return f"/apis/{GROUP}/{version}/namespaces/{namespace}/{plural}"
 
 
-async def served_version(api_client: client.ApiClient) -> str | None:
+async def served_version(api_client: client.ApiClient, plural: str = PLURAL) -> str | None:
     """The version to watch: the first of VERSIONS the API server lists the resource in;
     None when it serves none of them (404s); VERSIONS[0] when it could not be asked."""
     for version in VERSIONS:
@@ -75,7 +75,7 @@ async def served_version(api_client: client.ApiClient) -> str | None:
             continue
         if not 200 <= status < 300:
             return VERSIONS[0]
-        if f'"{PLURAL}"'.encode() in body:
+        if f'"{plural}"'.encode() in body:
             return version
     return None
 

@@ -1,0 +1,521 @@
+"""AuthorizationPolicy: who may reach each sidecar's inbound side, read strictly.
+
+Istio's `security.istio.io/v1` (and `v1beta1`) kind `AuthorizationPolicy`:
+`spec.action` (ALLOW, DENY, AUDIT, CUSTOM with `provider.name`),
+`spec.selector.matchLabels`, `spec.rules` (each `from` sources, `to`
+operations, `when` conditions). Every field is checked against Istio's API (an
+unknown one is an error), every list and string against a bound.
+
+Scopes, as Istio's: a policy in the root namespace (`istio-system`) without a
+selector applies to every sidecar of the mesh, with a selector to the workloads
+of every namespace it selects; elsewhere, without a selector to its namespace's
+sidecars, with one to those it selects. Every policy that applies counts (they
+are not ranked as PeerAuthentications are): a request is denied when a CUSTOM
+or DENY policy matches it, else allowed when no ALLOW policy applies or one
+matches.
+
+Failing closed, never open:
+- `targetRef`/`targetRefs` (a policy for a Gateway, Service or waypoint) is not
+  implemented: the policy becomes *deny everything* for its namespace's
+  sidecars (its targets are objects of its own namespace);
+- CUSTOM names an external authorizer, and pilot configures none: *deny
+  everything* for the workloads it applies to, as istiod does when the provider
+  is not found;
+- an object that is not valid (it reached pilot through the API server or a file
+  anyway) becomes *deny everything* for its namespace: ignoring it would drop
+  what it denied;
+- a condition pilot cannot check (`requestPrincipals` until
+  RequestAuthentication exists, `request.auth.*`, an unknown `when` key, a path
+  template) makes its rule match nothing in an ALLOW policy and match regardless
+  in a DENY policy (`pilot.builders.rbac`).
+Each is one warning line when the policy arrives (`fail_closed` says why) and
+counted (`pilot_authz_failed_closed_total`).
+
+The store answers `policies_for(namespace, workloads)` and says, for each change,
+which namespaces' proxies to reconsider (the root namespace's: every one's).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from pilot.registry.istio_config import ConfigError, ConfigKey, Reader, key_of, metadata
+from pilot.registry.peer_authentication import ROOT_NAMESPACE, Labels
+
+KIND = "AuthorizationPolicy"
+GROUP = "security.istio.io"
+VERSIONS = ("v1", "v1beta1")
+API_VERSIONS = frozenset(f"{GROUP}/{v}" for v in VERSIONS)
+MAX_RULES = 512  # rules of one policy
+MAX_VALUES = 1024  # entries of one list (principals, paths, ...)
+MAX_VALUE = 1024  # characters of one value
+MAX_SELECTOR_LABELS = 4096
+# Values (principals, paths, ...) of one policy in all: what one object can cost the
+# translation, which runs on the event loop once per shape that holds it.
+MAX_TOTAL_VALUES = 16384
+
+_SPEC_FIELDS = frozenset({"selector", "targetRef", "targetRefs", "rules", "action", "provider"})
+_RULE_FIELDS = frozenset({"from", "to", "when"})
+_SOURCE_LISTS = (
+    "principals",
+    "notPrincipals",
+    "requestPrincipals",
+    "notRequestPrincipals",
+    "namespaces",
+    "notNamespaces",
+    "serviceAccounts",
+    "notServiceAccounts",
+    "ipBlocks",
+    "notIpBlocks",
+    "remoteIpBlocks",
+    "notRemoteIpBlocks",
+    "trustDomains",
+    "notTrustDomains",
+)
+_OPERATION_LISTS = (
+    "hosts",
+    "notHosts",
+    "ports",
+    "notPorts",
+    "methods",
+    "notMethods",
+    "paths",
+    "notPaths",
+)
+_IP_LISTS = frozenset({"ipBlocks", "notIpBlocks", "remoteIpBlocks", "notRemoteIpBlocks"})
+# `when` keys pilot checks (Istio's documented ones, less those that need a JWT).
+WHEN_KEYS = frozenset(
+    {
+        "source.ip",
+        "remote.ip",
+        "source.namespace",
+        "source.principal",
+        "source.serviceAccount",
+        "destination.ip",
+        "destination.port",
+        "connection.sni",
+    }
+)
+HEADER_KEY = "request.headers"  # request.headers[NAME]
+
+
+class Action(StrEnum):
+    """`spec.action`."""
+
+    ALLOW = "ALLOW"
+    DENY = "DENY"
+    AUDIT = "AUDIT"
+    CUSTOM = "CUSTOM"
+
+
+Values = tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One `from[].source`: field name (Istio's) -> its values; fields are ANDed."""
+
+    fields: tuple[tuple[str, Values], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """One `to[].operation`: field name (Istio's) -> its values; fields are ANDed."""
+
+    fields: tuple[tuple[str, Values], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """One `when` entry."""
+
+    key: str
+    values: Values = ()
+    not_values: Values = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One rule: any of `sources` (None: any source) and any of `operations` (None: any)
+    and every condition."""
+
+    sources: tuple[Source, ...] | None = None
+    operations: tuple[Operation, ...] | None = None
+    conditions: tuple[Condition, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AuthorizationPolicy:
+    """What pilot keeps of one AuthorizationPolicy."""
+
+    key: ConfigKey
+    action: Action = Action.ALLOW
+    created: str = ""
+    selector: Labels = ()  # matchLabels; () applies to the whole namespace
+    rules: tuple[Rule, ...] = ()
+    # Why this policy denies everything it applies to (empty: it is translated as written).
+    deny_all: str = ""
+    # Why parts of it fail closed (one line each), for the warning when it arrives.
+    fail_closed: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.key.name
+
+    @property
+    def namespace(self) -> str:
+        return self.key.namespace
+
+    def selects(self, labels: Mapping[str, str]) -> bool:
+        return all(labels.get(key) == value for key, value in self.selector)
+
+
+def _values(reader: Reader, raw: Any, where: str) -> Values:
+    entries = reader.items(raw, where, MAX_VALUES)
+    return tuple(reader.string(v, f"{where}[{i}]", MAX_VALUE) for i, v in enumerate(entries))
+
+
+def _ip_values(reader: Reader, raw: Any, where: str) -> Values:
+    values = _values(reader, raw, where)
+    for i, value in enumerate(values):
+        try:
+            ipaddress.ip_network(value, strict=False)
+        except ValueError:
+            raise reader.fail(f"{where}[{i}]", f"{value!r} is not an IP or CIDR") from None
+    return values
+
+
+def _port_values(reader: Reader, raw: Any, where: str) -> Values:
+    values = _values(reader, raw, where)
+    for i, value in enumerate(values):
+        reader.integer(value, f"{where}[{i}]", 0, 65535)
+    return values
+
+
+def _fields(
+    reader: Reader, raw: Any, where: str, names: Sequence[str]
+) -> tuple[tuple[str, Values], ...]:
+    body = reader.mapping(raw, where, frozenset(names))
+    found = []
+    for name in names:
+        if body.get(name) is None:
+            continue
+        here = f"{where}.{name}"
+        if name in _IP_LISTS:
+            values = _ip_values(reader, body[name], here)
+        elif name in ("ports", "notPorts"):
+            values = _port_values(reader, body[name], here)
+        else:
+            values = _values(reader, body[name], here)
+        found.append((name, values))
+    return tuple(found)
+
+
+def _sources(reader: Reader, raw: Any, where: str) -> tuple[Source, ...] | None:
+    if raw is None:
+        return None
+    entries = reader.items(raw, where, MAX_VALUES)
+    found = []
+    for i, entry in enumerate(entries):
+        body = reader.mapping(entry, f"{where}[{i}]", frozenset({"source"}))
+        found.append(
+            Source(_fields(reader, body.get("source"), f"{where}[{i}].source", _SOURCE_LISTS))
+        )
+    return tuple(found)
+
+
+def _operations(reader: Reader, raw: Any, where: str) -> tuple[Operation, ...] | None:
+    if raw is None:
+        return None
+    entries = reader.items(raw, where, MAX_VALUES)
+    found = []
+    for i, entry in enumerate(entries):
+        here = f"{where}[{i}]"
+        body = reader.mapping(entry, here, frozenset({"operation"}))
+        found.append(
+            Operation(_fields(reader, body.get("operation"), f"{here}.operation", _OPERATION_LISTS))
+        )
+    return tuple(found)
+
+
+def _conditions(reader: Reader, raw: Any, where: str) -> tuple[Condition, ...]:
+    entries = reader.items(raw, where, MAX_VALUES)
+    found = []
+    for i, entry in enumerate(entries):
+        here = f"{where}[{i}]"
+        body = reader.mapping(entry, here, frozenset({"key", "values", "notValues"}))
+        key = reader.string(body.get("key"), f"{here}.key", 256)
+        read = _WHEN_READERS.get(key, _values)  # as Istio validates them: IPs, ports
+        values = read(reader, body.get("values"), f"{here}.values")
+        not_values = read(reader, body.get("notValues"), f"{here}.notValues")
+        if not values and not not_values:
+            raise reader.fail(here, "needs values or notValues")
+        found.append(Condition(key, values, not_values))
+    return tuple(found)
+
+
+_WHEN_READERS = {
+    "source.ip": _ip_values,
+    "remote.ip": _ip_values,
+    "destination.ip": _ip_values,
+    "destination.port": _port_values,
+}
+
+
+def _rules(reader: Reader, raw: Any) -> tuple[Rule, ...]:
+    entries = reader.items(raw, "spec.rules", MAX_RULES)
+    rules = []
+    for i, entry in enumerate(entries):
+        here = f"spec.rules[{i}]"
+        body = reader.mapping(entry, here, _RULE_FIELDS)
+        rules.append(
+            Rule(
+                _sources(reader, body.get("from"), f"{here}.from"),
+                _operations(reader, body.get("to"), f"{here}.to"),
+                _conditions(reader, body.get("when"), f"{here}.when"),
+            )
+        )
+    return tuple(rules)
+
+
+def _selector(reader: Reader, raw: Any) -> Labels:
+    selector = reader.mapping(raw, "spec.selector", frozenset({"matchLabels"}))
+    labels = selector.get("matchLabels")
+    if isinstance(labels, Mapping) and len(labels) > MAX_SELECTOR_LABELS:
+        raise reader.fail("spec.selector.matchLabels", f"has {len(labels)} labels")
+    return reader.string_map(labels, "spec.selector.matchLabels") if labels else ()
+
+
+def _check_api_version(reader: Reader, obj: Mapping[str, Any]) -> None:
+    version = obj.get("apiVersion")
+    if version is not None and version not in API_VERSIONS:
+        raise reader.fail("apiVersion", f"is not one of {', '.join(sorted(API_VERSIONS))}")
+
+
+def parse_authorization_policy(obj: Mapping[str, Any]) -> AuthorizationPolicy:
+    """One AuthorizationPolicy (a dict, as the API server or a file gives it).
+
+    Raises ConfigError (one line naming the object and the field) on anything that is not
+    Istio's API; `refused_policy` is what stands in for such an object.
+    """
+    reader = Reader(key_of(KIND, obj))
+    _check_api_version(reader, obj)
+    namespace, created = metadata(reader, obj)
+    key = ConfigKey(KIND, namespace, reader.key.name)
+    spec = reader.mapping(obj.get("spec"), "spec", _SPEC_FIELDS)
+    raw_action = spec.get("action")
+    action = (
+        Action(reader.enum(raw_action, "spec.action", list(Action))) if raw_action else Action.ALLOW
+    )
+    provider = reader.mapping(spec.get("provider"), "spec.provider", frozenset({"name"}))
+    if provider:
+        reader.string(provider.get("name"), "spec.provider.name", 253)
+    if provider and action is not Action.CUSTOM:
+        raise reader.fail("spec.provider", "is only for action CUSTOM")
+    policy = AuthorizationPolicy(
+        key,
+        action,
+        created,
+        _selector(reader, spec.get("selector")),
+        _rules(reader, spec.get("rules")),
+    )
+    total = _values_in(policy)
+    if total > MAX_TOTAL_VALUES:
+        raise reader.fail("spec.rules", f"hold {total} values in all (at most {MAX_TOTAL_VALUES})")
+    return _with_failing_closed(policy, spec)
+
+
+def _values_in(policy: AuthorizationPolicy) -> int:
+    """Entries and values of every rule: what translating the policy costs."""
+    total = 0
+    for rule in policy.rules:
+        parts: list[Source | Operation] = [*(rule.sources or ()), *(rule.operations or ())]
+        for part in parts:
+            total += 1 + sum(len(values) for _, values in part.fields)
+        total += sum(1 + len(c.values) + len(c.not_values) for c in rule.conditions)
+    return total
+
+
+def _with_failing_closed(
+    policy: AuthorizationPolicy, spec: Mapping[str, Any]
+) -> AuthorizationPolicy:
+    """The policy as pilot enforces it: what it cannot translate fails closed (said why)."""
+    deny_all = ""
+    if spec.get("targetRef") is not None or spec.get("targetRefs") is not None:
+        deny_all = (
+            "targetRef(s) are not implemented: it denies every request to its namespace's sidecars"
+        )
+        policy = AuthorizationPolicy(policy.key, Action.DENY, policy.created, (), (), deny_all)
+    elif policy.action is Action.CUSTOM:
+        deny_all = (
+            "CUSTOM needs an external authorizer and pilot configures none:"
+            " it denies every request it applies to"
+        )
+    reasons = [deny_all] if deny_all else []
+    reasons += sorted(set(_unchecked(policy)))
+    return AuthorizationPolicy(
+        policy.key,
+        policy.action,
+        policy.created,
+        policy.selector,
+        policy.rules,
+        deny_all,
+        tuple(reasons),
+    )
+
+
+def _unchecked(policy: AuthorizationPolicy) -> Iterable[str]:
+    """Conditions pilot cannot check (their rules fail closed), for the warning."""
+    if policy.deny_all:
+        return
+    effect = "matches nothing" if policy.action is not Action.DENY else "denies regardless of it"
+    for rule in policy.rules:
+        for source in rule.sources or ():
+            for name, _ in source.fields:
+                if name in ("requestPrincipals", "notRequestPrincipals"):
+                    yield f"{name} needs RequestAuthentication (not implemented): its rule {effect}"
+        for operation in rule.operations or ():
+            for name, values in operation.fields:
+                if name in ("paths", "notPaths") and any("{" in v for v in values):
+                    yield f"path templates are not implemented: its rule {effect}"
+        for condition in rule.conditions:
+            if not is_checked_key(condition.key):
+                yield f"when key {condition.key[:64]!r} is not supported: its rule {effect}"
+
+
+def is_checked_key(key: str) -> bool:
+    """Whether pilot checks a `when` key (request.auth.* and unknown keys: no)."""
+    if key in WHEN_KEYS:
+        return True
+    return key.startswith(HEADER_KEY + "[") and key.endswith("]") and len(key) > len(HEADER_KEY) + 2
+
+
+def refused_policy(obj: Mapping[str, Any], error: ConfigError | None) -> AuthorizationPolicy | None:
+    """What stands in for an object that is not valid (`error`; None: malformed beyond
+    what the reader says): deny everything in its namespace (None: not even its name can
+    be told, so nothing can stand in for it)."""
+    key = key_of(KIND, obj)
+    if key.name == "?" or key.namespace == "?":
+        return None
+    what = str(error)[:300] if error is not None else f"{key}: malformed"
+    reason = f"not valid ({what}): it denies every request to its namespace's sidecars"
+    return AuthorizationPolicy(key, Action.DENY, "", (), (), reason, (reason,))
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedPolicies:
+    """The policies that apply to one workload, and whether the allow set is unknown."""
+
+    policies: tuple[AuthorizationPolicy, ...] = ()  # sorted by key
+    # Its Pod (labels) could not be told and ALLOW policies could select it: it allows
+    # nothing but what the namespace- and mesh-wide ALLOW policies allow (fail closed).
+    allow_uncertain: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.policies) or self.allow_uncertain
+
+
+NO_POLICIES = AppliedPolicies()
+
+
+class AuthorizationPolicies:
+    """Every AuthorizationPolicy known, and those that apply to each workload."""
+
+    def __init__(self, root_namespace: str = ROOT_NAMESPACE) -> None:
+        self.root_namespace = root_namespace
+        self._objects: dict[ConfigKey, AuthorizationPolicy] = {}
+        self._in: dict[str, dict[str, AuthorizationPolicy]] = {}
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    def objects(self) -> list[AuthorizationPolicy]:
+        return [self._objects[k] for k in sorted(self._objects)]
+
+    def policies_for(
+        self, namespace: str, workloads: Sequence[Mapping[str, str]]
+    ) -> AppliedPolicies:
+        """What applies to a proxy of `namespace` whose Pod has one of these label sets.
+
+        Exactly one label set: the policies that select it. None or several (its Pod is
+        not known, or not one): every CUSTOM, DENY and AUDIT policy that could select it,
+        and of the ALLOW ones only the namespace- and mesh-wide (`allow_uncertain`).
+        """
+        scopes = [self._in.get(namespace, {})]
+        if namespace != self.root_namespace:
+            scopes.append(self._in.get(self.root_namespace, {}))
+        found: list[AuthorizationPolicy] = []
+        uncertain = False
+        certain = len(workloads) == 1
+        for scope in scopes:
+            for policy in scope.values():
+                if not policy.selector:
+                    found.append(policy)
+                elif certain:
+                    if policy.selects(workloads[0]):
+                        found.append(policy)
+                elif policy.action is Action.ALLOW:
+                    uncertain = True
+                else:
+                    found.append(policy)
+        if uncertain and not any(p.action is Action.ALLOW for p in found):
+            return AppliedPolicies(tuple(sorted(found, key=lambda p: p.key)), True)
+        return AppliedPolicies(tuple(sorted(found, key=lambda p: p.key)), False)
+
+    def has_selecting(self, namespace: str) -> bool:
+        """Whether a policy with a selector could apply to a proxy of `namespace`."""
+        return any(
+            p.selector
+            for ns in {namespace, self.root_namespace}
+            for p in self._in.get(ns, {}).values()
+        )
+
+    def upsert(self, policy: AuthorizationPolicy) -> frozenset[str]:
+        """Add or change one; returns the namespaces whose proxies to reconsider."""
+        if self._objects.get(policy.key) == policy:
+            return frozenset()
+        self._objects[policy.key] = policy
+        self._in.setdefault(policy.namespace, {})[policy.name] = policy
+        return frozenset({policy.namespace})
+
+    def delete(self, key: ConfigKey) -> frozenset[str]:
+        if self._objects.pop(key, None) is None:
+            return frozenset()
+        here = self._in[key.namespace]
+        del here[key.name]
+        if not here:
+            del self._in[key.namespace]
+        return frozenset({key.namespace})
+
+    def replace_all(self, policies: Iterable[AuthorizationPolicy]) -> frozenset[str]:
+        """Make the store hold exactly these (a file reload)."""
+        wanted = {p.key: p for p in policies}
+        touched = {k.namespace for k in wanted.keys() ^ self._objects.keys()}
+        touched |= {k.namespace for k, p in wanted.items() if self._objects.get(k) != p}
+        self._objects = wanted
+        self._in = {}
+        for key, policy in wanted.items():
+            self._in.setdefault(key.namespace, {})[key.name] = policy
+        return frozenset(touched)
+
+
+__all__ = [
+    "KIND",
+    "NO_POLICIES",
+    "Action",
+    "AppliedPolicies",
+    "AuthorizationPolicies",
+    "AuthorizationPolicy",
+    "Condition",
+    "ConfigError",
+    "Operation",
+    "Rule",
+    "Source",
+    "is_checked_key",
+    "parse_authorization_policy",
+    "refused_policy",
+]
