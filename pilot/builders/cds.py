@@ -1,4 +1,5 @@
-"""Clusters: one EDS cluster per Service port, in one of three config-source flavors.
+"""Clusters: one EDS cluster per Service port, in one of three config-source flavors,
+balanced as Istio's with no DestinationRule (`pilot.builders.istio_defaults`).
 
 The EDS config source inside a Cluster depends on how the client fetched it:
 over ADS it says `ads`; over the standalone CDS service it names the bootstrap
@@ -13,6 +14,7 @@ from envoy.config.core.v3 import config_source_pb2, grpc_service_pb2, protocol_p
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import any_pb2, duration_pb2
 
+from pilot.builders.istio_defaults import apply_default_load_balancing
 from pilot.builders.naming import outbound_cluster_name
 from pilot.registry.model import Service, ServicePort
 from pilot.xds.flavor import Flavor
@@ -81,8 +83,8 @@ def build_cluster(
         name=name,
         type=cluster_pb2.Cluster.EDS,
         connect_timeout=duration_pb2.Duration(seconds=CONNECT_TIMEOUT_SECONDS),
-        lb_policy=cluster_pb2.Cluster.ROUND_ROBIN,
     )
+    apply_default_load_balancing(cluster)
     cluster.eds_cluster_config.eds_config.CopyFrom(eds_config_source(flavor, xds_cluster_name))
     if speaks_http2(port):
         cluster.typed_extension_protocol_options[HTTP_OPTIONS_KEY].CopyFrom(http2_options())

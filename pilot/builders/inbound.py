@@ -34,7 +34,8 @@ captured again), where `virtualOutbound`'s own blackhole ends it; 15000 is
 refused (the admin API listens on 127.0.0.1 only).
 
 HTTP chains run a connection manager whose one route sends everything to
-`inbound|P||`, and replace `x-forwarded-client-cert` with the peer's SPIFFE
+`inbound|P||` (with Istio's inbound retry, `pilot.builders.istio_defaults`,
+except on gRPC ports), and replace `x-forwarded-client-cert` with the peer's SPIFFE
 URI (SANITIZE_SET): a plaintext client cannot forge one. TCP chains proxy.
 The clusters are ORIGINAL_DST from 127.0.0.6, which the capture rules let
 through to the app (`pilot.agent.iptables`), so the app is reached on the
@@ -67,6 +68,7 @@ from google.protobuf import duration_pb2, wrappers_pb2
 from google.protobuf.message import Message
 
 from pilot.builders.cds import CONNECT_TIMEOUT_SECONDS, HTTP_OPTIONS_KEY, http2_options
+from pilot.builders.istio_defaults import inbound_retry_policy
 from pilot.builders.listeners import router_filter, socket_address, tcp_proxy_filter, typed
 from pilot.builders.mtls import sds_config
 from pilot.builders.outbound import ANY_ADDRESS, BLACKHOLE_CLUSTER
@@ -90,7 +92,8 @@ class InboundProtocol(StrEnum):
     """What the app speaks on one of its ports, as far as the inbound side cares."""
 
     HTTP = "http"  # HTTP/1.1 (and h2c by upgrade): routed, XFCC set
-    HTTP2 = "http2"  # gRPC, HTTP/2: routed, the app is spoken to in HTTP/2
+    HTTP2 = "http2"  # HTTP/2: routed, the app is spoken to in HTTP/2
+    GRPC = "grpc"  # gRPC, gRPC-Web: as HTTP2, but a reset stream is never sent again
     TCP = "tcp"  # anything else: proxied
 
 
@@ -99,7 +102,9 @@ def inbound_protocol(port: ServicePort) -> InboundProtocol | None:
     protocol = protocol_of(port)
     if protocol is PortProtocol.UDP:
         return None
-    if protocol in (PortProtocol.HTTP2, PortProtocol.GRPC, PortProtocol.GRPC_WEB):
+    if protocol in (PortProtocol.GRPC, PortProtocol.GRPC_WEB):
+        return InboundProtocol.GRPC
+    if protocol is PortProtocol.HTTP2:
         return InboundProtocol.HTTP2
     if protocol is PortProtocol.HTTP:
         return InboundProtocol.HTTP
@@ -167,14 +172,16 @@ def _tls_socket(http: bool) -> base_pb2.TransportSocket:
     )
 
 
-def _http_manager(stat_prefix: str, cluster: str) -> listener_components_pb2.Filter:
-    """Every request to `cluster`; XFCC replaced by the peer certificate's URI."""
+def _http_manager(stat_prefix: str, cluster: str, retry: bool) -> listener_components_pb2.Filter:
+    """Every request to `cluster` (sent again if the app reset it unsent, unless gRPC, as
+    Istio); XFCC replaced by the peer certificate's URI."""
+    action = route_components_pb2.RouteAction(
+        cluster=cluster, timeout=duration_pb2.Duration(seconds=0)
+    )
+    if retry:
+        action.retry_policy.CopyFrom(inbound_retry_policy())
     route = route_components_pb2.Route(
-        match=route_components_pb2.RouteMatch(prefix="/"),
-        route=route_components_pb2.RouteAction(
-            cluster=cluster, timeout=duration_pb2.Duration(seconds=0)
-        ),
-        name="default",
+        match=route_components_pb2.RouteMatch(prefix="/"), route=action, name="default"
     )
     host = route_components_pb2.VirtualHost(
         name=f"inbound|http|{stat_prefix}", domains=["*"], routes=[route]
@@ -195,9 +202,10 @@ def _http_manager(stat_prefix: str, cluster: str) -> listener_components_pb2.Fil
 
 
 def _chain(
-    name: str, port: int | None, tls: bool, http: bool, cluster: str
+    name: str, port: int | None, tls: bool, protocol: InboundProtocol, cluster: str
 ) -> listener_components_pb2.FilterChain:
     """One chain: matched by port (None: any), TLS or plaintext, HTTP or TCP."""
+    http = protocol is not InboundProtocol.TCP
     match = listener_components_pb2.FilterChainMatch(
         transport_protocol="tls" if tls else "raw_buffer"
     )
@@ -211,7 +219,9 @@ def _chain(
         match.application_protocols.extend(HTTP_PLAINTEXT_ALPN)
     stat_prefix = cluster
     filters = [
-        _http_manager(stat_prefix, cluster) if http else tcp_proxy_filter(stat_prefix, cluster)
+        _http_manager(stat_prefix, cluster, protocol is not InboundProtocol.GRPC)
+        if http
+        else tcp_proxy_filter(stat_prefix, cluster)
     ]
     chain = listener_components_pb2.FilterChain(
         name=name, filter_chain_match=match, filters=filters
@@ -224,14 +234,13 @@ def _chain(
 def _port_chains(
     shape: InboundShape, port: int, protocol: InboundProtocol
 ) -> list[listener_components_pb2.FilterChain]:
-    http = protocol is not InboundProtocol.TCP
     cluster = inbound_cluster_name(port)
     mode = shape.mode_at(port)
     chains = []
     if takes_mtls(mode):
-        chains.append(_chain(f"{cluster}-mtls", port, True, http, cluster))
+        chains.append(_chain(f"{cluster}-mtls", port, True, protocol, cluster))
     if takes_plaintext(mode):
-        chains.append(_chain(f"{cluster}-plaintext", port, False, http, cluster))
+        chains.append(_chain(f"{cluster}-plaintext", port, False, protocol, cluster))
     return chains
 
 
@@ -241,10 +250,11 @@ def _passthrough_chains(
     """Ports no service names (on `port`, or any): forwarded to their original
     destination, in `mode`."""
     chains = []
+    tcp, cluster = InboundProtocol.TCP, INBOUND_PASSTHROUGH_CLUSTER
     if takes_mtls(mode):
-        chains.append(_chain(f"{name}-mtls", port, True, False, INBOUND_PASSTHROUGH_CLUSTER))
+        chains.append(_chain(f"{name}-mtls", port, True, tcp, cluster))
     if takes_plaintext(mode):
-        chains.append(_chain(name, port, False, False, INBOUND_PASSTHROUGH_CLUSTER))
+        chains.append(_chain(name, port, False, tcp, cluster))
     return chains
 
 
@@ -326,7 +336,7 @@ def _original_dst(name: str) -> cluster_pb2.Cluster:
 def inbound_cluster(port: int, protocol: InboundProtocol) -> cluster_pb2.Cluster:
     """`inbound|P||`: the app on the pod, where the client was going."""
     cluster = _original_dst(inbound_cluster_name(port))
-    if protocol is InboundProtocol.HTTP2:
+    if protocol in (InboundProtocol.HTTP2, InboundProtocol.GRPC):
         cluster.typed_extension_protocol_options[HTTP_OPTIONS_KEY].CopyFrom(http2_options())
     return cluster
 

@@ -1,5 +1,7 @@
 """Route configurations, as pure functions: one virtual host per service on an HTTP port,
 Istio's domains, the ones two services would share left out, and the fallback host.
+A service's route carries Istio's default retry policy
+(`pilot.builders.istio_defaults`); the fallback hosts have none, as Istio's.
 
 The RDS generator (`pilot.generators.rds`) keeps which services are on which port and
 calls these.
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
 from google.protobuf import duration_pb2
 
+from pilot.builders.istio_defaults import outbound_retry_policy
 from pilot.builders.outbound import OutboundSettings, TrafficPolicy
 from pilot.registry.model import ServiceKey
 
@@ -37,19 +40,14 @@ def candidate_domains(route: HostRoute, port: int) -> list[str]:
 
 
 def virtual_host(route: HostRoute, port: int, domains: list[str]) -> rc_pb2.VirtualHost:
-    """`HOST:P`: every path to the service's cluster (no route timeout, as Istio)."""
+    """`HOST:P`: every path to the service's cluster (no route timeout, Istio's default
+    retries)."""
+    action = rc_pb2.RouteAction(cluster=route.cluster, timeout=duration_pb2.Duration(seconds=0))
+    action.retry_policy.CopyFrom(outbound_retry_policy())
     return rc_pb2.VirtualHost(
         name=f"{route.hostname}:{port}",
         domains=domains,
-        routes=[
-            rc_pb2.Route(
-                name="default",
-                match=rc_pb2.RouteMatch(prefix="/"),
-                route=rc_pb2.RouteAction(
-                    cluster=route.cluster, timeout=duration_pb2.Duration(seconds=0)
-                ),
-            )
-        ],
+        routes=[rc_pb2.Route(name="default", match=rc_pb2.RouteMatch(prefix="/"), route=action)],
     )
 
 

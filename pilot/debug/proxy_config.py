@@ -12,7 +12,8 @@ says what CSDS says of it: its state (SYNCED, STALE, NOT_SENT, ERROR; and
 version, for clusters), ERROR what the proxy said when it rejected it (CSDS
 `error_state`: Envoy's words for that resource when its NACK named it, else
 for the whole update; cut short in `-o table`), and what its contents hold
-where CSDS sent them (`routing_rows` words listeners and routes as istioctl
+where CSDS sent them (a cluster's load balancing policy, LB; a route's
+retries, RETRIES; `routing_rows` words listeners and routes as istioctl
 does). A resource CSDS sent no contents of (or none that decode) is one row of
 its name and state.
 Secrets come from CSDS with their private keys already redacted
@@ -138,18 +139,27 @@ def _discovery_type(cluster: cluster_pb2.Cluster | None) -> str | None:
     return str(cluster_pb2.Cluster.DiscoveryType.Name(cluster.type))
 
 
+def _lb_policy(cluster: cluster_pb2.Cluster | None) -> str | None:
+    if cluster is None:
+        return None
+    return str(cluster_pb2.Cluster.LbPolicy.Name(cluster.lb_policy))
+
+
+def _cluster_record(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> dict[str, Cell]:
+    cluster = _contents(generic, cluster_pb2.Cluster)
+    return {
+        "name": generic.name,
+        "type": _discovery_type(cluster),
+        "lb": _lb_policy(cluster),
+        "version": generic.version_info,
+    } | _state(generic)
+
+
 def clusters(config: csds_pb2.ClientConfig) -> Table:
-    """A row per cluster: its name, how its endpoints are found, its state and version."""
-    records = [
-        {
-            "name": generic.name,
-            "type": _discovery_type(_contents(generic, cluster_pb2.Cluster)),
-            "version": generic.version_info,
-        }
-        | _state(generic)
-        for generic in _held(config, types.CLUSTER)
-    ]
-    return Table.of(("NAME", "TYPE", "STATUS", "VERSION", "ERROR"), records, ERROR_CHARS)
+    """A row per cluster: its name, how its endpoints are found and balanced, its state and
+    version."""
+    records = [_cluster_record(generic) for generic in _held(config, types.CLUSTER)]
+    return Table.of(("NAME", "TYPE", "LB", "STATUS", "VERSION", "ERROR"), records, ERROR_CHARS)
 
 
 # --- endpoints -------------------------------------------------------------------------
@@ -309,10 +319,11 @@ def _route_records(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> list[dict
             "domains": routing_rows.domains(host.domains),
             "match": match,
             "destination": destination,
+            "retries": retries,
         }
         | state
         for host in config.virtual_hosts
-        for match, destination in routing_rows.virtual_host_routes(host)
+        for match, destination, retries in routing_rows.virtual_host_routes(host)
     ] or [known | state]
 
 
@@ -323,10 +334,13 @@ def _route_order(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> tuple[bool,
 
 
 def routes(config: csds_pb2.ClientConfig) -> Table:
-    """A row per route of every route configuration: its virtual host, domains, path, target."""
+    """A row per route of every route configuration: its virtual host, domains, path, target,
+    retries."""
     held = sorted(_held(config, types.ROUTE), key=_route_order)
     records = [record for generic in held for record in _route_records(generic)]
-    headers = ("NAME", "VHOST NAME", "DOMAINS", "MATCH", "DESTINATION", "STATUS", "ERROR")
+    headers = (
+        "NAME", "VHOST NAME", "DOMAINS", "MATCH", "DESTINATION", "RETRIES", "STATUS", "ERROR"
+    )  # fmt: skip
     return Table.of(headers, records, ERROR_CHARS)
 
 

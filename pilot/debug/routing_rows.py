@@ -7,7 +7,9 @@ and its DESTINATION where its network filter sends the connection (`Route:
 NAME` for an HTTP connection manager reading RDS, `Cluster: NAME` for a TCP
 proxy, Istio's own clusters such as `PassthroughCluster` by their bare names,
 `Inline Route: ...` for routes carried in the listener). A route's MATCH is its
-path (`/*` for prefix `/`), its DESTINATION its cluster or its answer.
+path (`/*` for prefix `/`), its DESTINATION its cluster or its answer, its
+RETRIES how many times and on what it tries again (`2 on connect-failure,...;
+another host` for Istio's default: `previous_hosts` picks a host not tried).
 
 Everything here reads the chain's match and filters, never a listener's name:
 a listener holding a hundred chains (a `virtualInbound`) is a hundred rows,
@@ -229,11 +231,40 @@ def domains(names: Iterable[str]) -> str | None:
     return f"{shown} + {more} more..." if more > 0 else shown
 
 
+PREVIOUS_HOSTS = "envoy.retry_host_predicates.previous_hosts"
+
+
+def retries(policy: rc_pb2.RetryPolicy) -> str:
+    """A retry policy in a few words: `2 on connect-failure,...[503]; per try 2s; another
+    host`; `none` when it makes no retry."""
+    count = policy.num_retries.value if policy.HasField("num_retries") else 1  # Envoy's default
+    if count == 0 or not policy.retry_on:
+        return "none"
+    codes = ",".join(str(code) for code in policy.retriable_status_codes)
+    parts = [f"{count} on {policy.retry_on}" + (f" [{codes}]" if codes else "")]
+    if policy.HasField("per_try_timeout"):
+        parts.append(f"per try {policy.per_try_timeout.ToJsonString()}")
+    if any(p.name == PREVIOUS_HOSTS for p in policy.retry_host_predicate):
+        parts.append("another host")
+    return "; ".join(parts)
+
+
+def route_retries(host: rc_pb2.VirtualHost, route: rc_pb2.Route) -> str | None:
+    """The retries of a route to a cluster (its own policy, else its virtual host's);
+    None for a route that answers itself."""
+    if route.WhichOneof("action") != "route":
+        return None
+    if route.route.HasField("retry_policy"):
+        return retries(route.route.retry_policy)
+    return retries(host.retry_policy) if host.HasField("retry_policy") else "none"
+
+
 def virtual_host_routes(
     host: rc_pb2.VirtualHost,
-) -> Iterator[tuple[str, str]]:
-    """(MATCH, DESTINATION) per route of a virtual host; a host without routes answers 404."""
+) -> Iterator[tuple[str, str, str | None]]:
+    """(MATCH, DESTINATION, RETRIES) per route of a virtual host; a host without routes
+    answers 404."""
     if not host.routes:
-        yield "/*", "404"
+        yield "/*", "404", None
     for route in host.routes:
-        yield route_match(route.match), route_destination(route)
+        yield route_match(route.match), route_destination(route), route_retries(host, route)

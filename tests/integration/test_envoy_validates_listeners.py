@@ -96,7 +96,8 @@ async def test_envoy_validates_what_pilot_generates_from_a_hostile_registry(
     assert not any("*" in name or "\n" in name for name in listeners)
     crowd = held[types.ROUTE]["80"]
     assert len(crowd.virtual_hosts) >= CROWD
-    assert len(crowd.SerializeToString()) < 400 * CROWD, "a virtual host costs a few hundred bytes"
+    # Its domains, and Istio's default retry policy (about 170 bytes, as Istio sends it).
+    assert len(crowd.SerializeToString()) < 600 * CROWD, "a virtual host costs a few hundred bytes"
     domains = [d for host in held[types.ROUTE]["9080"].virtual_hosts for d in host.domains]
     assert len(domains) == len(set(domains)), "no domain twice"
     assert "reviews" not in domains, "a short name two namespaces use names neither"

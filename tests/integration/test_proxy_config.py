@@ -137,13 +137,14 @@ async def test_proxy_status_prints_each_format(mesh: Mesh) -> None:
 
 async def test_clusters_are_the_meshs_at_the_versions_envoy_holds(mesh: Mesh) -> None:
     outputs = await mesh.proxy_config("clusters")
-    records = assert_formats_agree(outputs, ["NAME", "TYPE", "STATUS", "VERSION", "ERROR"])
+    records = assert_formats_agree(outputs, ["NAME", "TYPE", "LB", "STATUS", "VERSION", "ERROR"])
     held = await mesh.envoy.dynamic_active_clusters()
     assert set(held) == CLUSTERS
     expected = [
         {
             "name": name,
             "type": "EDS",
+            "lb": "LEAST_REQUEST",  # Istio's default with no DestinationRule
             "status": "SYNCED",
             "version": held[name]["version_info"],
             "error": None,
@@ -151,6 +152,8 @@ async def test_clusters_are_the_meshs_at_the_versions_envoy_holds(mesh: Mesh) ->
         for name in sorted(CLUSTERS)
     ]
     assert records == expected
+    policies = {name: held[name]["cluster"].get("lb_policy") for name in CLUSTERS}
+    assert set(policies.values()) == {"LEAST_REQUEST"}, f"Envoy holds {policies}"
 
 
 def _envoy_endpoints(clusters: dict[str, Any]) -> set[tuple[str, str, str, str | None]]:

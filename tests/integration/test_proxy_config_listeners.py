@@ -44,7 +44,12 @@ CAPTURED = "sidecar~10.1.1.9~captured.default~default.svc.cluster.local"
 REVIEWS_IP, DB_IP = "10.96.0.9", "10.96.0.7"
 FORMATS = ("table", "json", "yaml")
 LISTENER_HEADERS = ["ADDRESSES", "PORT", "MATCH", "DESTINATION", "NAME", "STATUS", "ERROR"]
-ROUTE_HEADERS = ["NAME", "VHOST NAME", "DOMAINS", "MATCH", "DESTINATION", "STATUS", "ERROR"]
+ROUTE_HEADERS = [
+    "NAME", "VHOST NAME", "DOMAINS", "MATCH", "DESTINATION", "RETRIES", "STATUS", "ERROR"
+]  # fmt: skip
+ISTIO_RETRIES = (
+    "2 on connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes; another host"
+)
 SYNC_TIMEOUT = 30.0
 HOSTILE = "sidecar~\x1b[2J\x1b]0;owned\x07~x\nFORGED ROW\u202e"
 HUGE = HOSTILE + "y" * 30_000  # past CSDS's 1,024-character node matcher: proxy-status only
@@ -181,14 +186,15 @@ async def test_routes_name_the_virtual_hosts_with_short_domains(proxies: Proxies
         "reviews.default, reviews + 1 more...",
         "/*",
         f"Cluster: {ports.cluster('reviews', ports.http)}",
+        ISTIO_RETRIES,
         "SYNCED",
     )
-    keys = ("name", "vhost_name", "domains", "match", "destination", "status")
+    keys = ("name", "vhost_name", "domains", "match", "destination", "retries", "status")
     local = assert_formats_agree(await proxies.proxy_config("routes", LOCAL), ROUTE_HEADERS)
     assert reviews in _rows(local, *keys)
     assert "allow_any" not in {r["vhost_name"] for r in local}, "no capture: no allow_any host"
     captured = assert_formats_agree(await proxies.proxy_config("routes", CAPTURED), ROUTE_HEADERS)
-    allow_any = (str(ports.http), "allow_any", "*", "/*", "PassthroughCluster", "SYNCED")
+    allow_any = (str(ports.http), "allow_any", "*", "/*", "PassthroughCluster", "none", "SYNCED")
     mine = [row for row in _rows(captured, *keys) if row[0] == str(ports.http)]
     assert mine == [reviews, allow_any], "the services' hosts, then allow_any"
 

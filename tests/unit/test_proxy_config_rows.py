@@ -15,6 +15,7 @@ import json
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
@@ -86,7 +87,7 @@ def test_a_resource_without_contents_is_a_row_of_its_state() -> None:
     assert secret["resource_name"] == "default" and secret["status"] == "SYNCED"
     assert secret["san"] is None and secret["serial_number"] is None
     [cluster] = proxy_config.clusters(config).listed()
-    assert (cluster["type"], cluster["version"]) == (None, "v1")
+    assert (cluster["type"], cluster["lb"], cluster["version"]) == (None, None, "v1")
     assert proxy_config.endpoints(config).listed() == []
 
 
@@ -302,17 +303,17 @@ def test_routes_are_a_row_per_route_with_domains_shortened() -> None:
     _add(config, types.ROUTE, "80", route_pb2.RouteConfiguration(name="80"))
     _add(config, types.ROUTE, "inbound|8080||", None)
     rows = [
-        (r["name"], r["vhost_name"], r["domains"], r["match"], r["destination"])
+        (r["name"], r["vhost_name"], r["domains"], r["match"], r["destination"], r["retries"])
         for r in proxy_config.routes(config).listed()
     ]
     assert rows == [
-        ("80", None, None, None, None),
+        ("80", None, None, None, None, None),
         ("9080", "reviews.shop.svc.cluster.local:9080", "reviews.shop, reviews + 1 more...", "/*",
-         "Cluster: outbound|9080||reviews.shop.svc.cluster.local"),
-        ("9080", "allow_any", "*", "/*", "PassthroughCluster"),
-        ("9080", "block_all", "*", "/x", "Direct response: 502"),
-        ("9080", "empty", "[fd00::1]", "/*", "404"),
-        ("inbound|8080||", None, None, None, None),
+         "Cluster: outbound|9080||reviews.shop.svc.cluster.local", "none"),
+        ("9080", "allow_any", "*", "/*", "PassthroughCluster", "none"),
+        ("9080", "block_all", "*", "/x", "Direct response: 502", None),
+        ("9080", "empty", "[fd00::1]", "/*", "404", None),
+        ("inbound|8080||", None, None, None, None, None),
     ]  # fmt: skip
 
 
@@ -385,4 +386,71 @@ def test_contents_that_do_not_decode_are_a_row_of_name_and_state() -> None:
     assert [r["match"] for r in proxy_config.listeners(config).listed()] == [None]
     assert [(r["name"], r["vhost_name"]) for r in proxy_config.routes(config).listed()] == [
         ("r", None)
+    ]
+
+
+ISTIO_RETRY_ON = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
+
+
+def _to_reviews(policy: rc_pb2.RetryPolicy | None = None) -> rc_pb2.Route:
+    route = rc_pb2.Route(route=rc_pb2.RouteAction(cluster="outbound|9080||reviews"))
+    if policy is not None:
+        route.route.retry_policy.CopyFrom(policy)
+    return route
+
+
+def test_retries_are_worded_count_conditions_and_whether_another_host_is_picked() -> None:
+    istio = rc_pb2.RetryPolicy(retry_on=ISTIO_RETRY_ON, host_selection_retry_max_attempts=5)
+    istio.num_retries.value = 2
+    istio.retry_host_predicate.add(name=routing_rows.PREVIOUS_HOSTS)
+    written = rc_pb2.RetryPolicy(retry_on="5xx,retriable-status-codes")
+    written.num_retries.value = 3
+    written.retriable_status_codes.extend([503, 429])
+    written.per_try_timeout.FromMilliseconds(2500)
+    off = rc_pb2.RetryPolicy(retry_on="5xx")
+    off.num_retries.value = 0
+    host = rc_pb2.VirtualHost()
+    assert [
+        routing_rows.route_retries(host, _to_reviews(policy))
+        for policy in (istio, written, off, rc_pb2.RetryPolicy(retry_on="5xx"), None)
+    ] == [
+        f"2 on {ISTIO_RETRY_ON}; another host",
+        "3 on 5xx,retriable-status-codes [503,429]; per try 2.500s",
+        "none",
+        "1 on 5xx",  # Envoy's default count when none is given
+        "none",
+    ]
+    host.retry_policy.CopyFrom(written)
+    assert routing_rows.route_retries(host, _to_reviews()).startswith("3 on 5xx"), "the host's"
+    assert routing_rows.route_retries(host, _to_reviews(istio)).startswith("2 on"), "the route's"
+    answered = rc_pb2.Route(direct_response=rc_pb2.DirectResponseAction(status=502))
+    assert routing_rows.route_retries(host, answered) is None
+
+
+def test_hostile_retry_conditions_reach_a_table_escaped_and_cut_short() -> None:
+    """retry_on is a string a control plane chose: the table escapes and bounds it."""
+    config_route = route_pb2.RouteConfiguration(name="9080")
+    host = config_route.virtual_hosts.add(name="reviews:9080", domains=["reviews"])
+    policy = rc_pb2.RetryPolicy(retry_on=HOSTILE + "x" * 5000)
+    policy.num_retries.value = 2**32 - 1
+    host.routes.append(_to_reviews(policy))
+    config = _config()
+    _add(config, types.ROUTE, "9080", config_route)
+    text = formatted(proxy_config.routes(config), "table")
+    assert not any(ch in text for ch in "\x1b\x07\u202e"), repr(text[:300])
+    assert len(text.splitlines()) == 2, "a newline in retry_on forged a row"
+    assert f"{2**32 - 1} on evil" in text and len(text) < 2 * CELL_CHARS + 400
+
+
+def test_a_cluster_row_says_how_it_balances() -> None:
+    config = _config()
+    for name, policy in (("eds", cluster_pb2.Cluster.LEAST_REQUEST),
+                         ("orig", cluster_pb2.Cluster.CLUSTER_PROVIDED)):  # fmt: skip
+        _add(config, types.CLUSTER, name, cluster_pb2.Cluster(name=name, lb_policy=policy))
+    _add(config, types.CLUSTER, "plain", cluster_pb2.Cluster(name="plain"))
+    rows = [(r["name"], r["lb"]) for r in proxy_config.clusters(config).listed()]
+    assert rows == [
+        ("eds", "LEAST_REQUEST"),
+        ("orig", "CLUSTER_PROVIDED"),
+        ("plain", "ROUND_ROBIN"),
     ]
