@@ -58,6 +58,7 @@ from pilot.push.pipeline import Pipeline
 from pilot.push.request import RequestSink
 from pilot.registry.index import EndpointIndex
 from pilot.registry.peer_authentication import PeerAuthentications
+from pilot.registry.traffic_config import TrafficConfig
 from pilot.registry.updater import IndexUpdater
 from pilot.runtime import collector, event_loop
 from pilot.runtime.supervisor import Supervisor
@@ -120,6 +121,8 @@ class Core:
         self.index = EndpointIndex(primary=settings.cluster_id)
         self.cache = ResourceCache()
         self.policies = PeerAuthentications()  # mTLS modes per workload, read by inbound
+        # DestinationRules and VirtualServices, read by the cluster and endpoint generators
+        self.traffic = TrafficConfig(settings.build.cluster_domain)
         self.connections: LiveStreams[Connection] = LiveStreams()
         self.admission = Admission.of(settings.limits)
         self.proxies = LiveProxies(self.connections, self.cache)
@@ -131,7 +134,7 @@ class Core:
             settings.http_addr,
             self.is_ready,
             self.metrics,
-            DebugState(self.proxies, self.index, self.pushes),
+            DebugState(self.proxies, self.index, self.pushes, self.traffic),
             settings.debug_addr,
             ready_detail=self.cluster_lines,
             xds_ports=self.xds_ports,
@@ -174,6 +177,7 @@ class Core:
             task_failures=lambda: self.supervisor.failures,
             watch_faults=lambda: self.watching.faults.counts,
             injection=lambda: w.stats if (w := webhook()) else None,
+            unsupported_config=self.traffic.unsupported_counts,
         )
 
     def is_ready(self) -> bool:
@@ -238,6 +242,7 @@ class Discovery:
         self.index = core.index
         self.cache = core.cache
         self.policies = core.policies
+        self.traffic = core.traffic
         self.connections = core.connections
         self.admission = core.admission
         self.proxies = core.proxies
@@ -339,7 +344,9 @@ async def _build(core: Core, undo: contextlib.AsyncExitStack) -> Parts:
     )
     await grpc.start()
     undo.push_async_callback(grpc.stop, settings.drain_duration)
-    updater = IndexUpdater(core.index, RequestSink(pipeline.submit), core.stats, core.policies)
+    updater = IndexUpdater(
+        core.index, RequestSink(pipeline.submit), core.stats, core.policies, core.traffic
+    )
     source, cluster_source = _source(core, updater, api_client, api_server)
     await source.start()
     undo.push_async_callback(source.stop)
@@ -408,8 +415,8 @@ async def _start_security(core: Core, api_client: client.ApiClient | None) -> Se
 def _pipeline(core: Core, security: Security, inbound: InboundGenerator) -> Pipeline:
     settings = core.settings
     generators = (
-        ClusterGenerator(core.index, core.cache, settings.build, core.stats),
-        EndpointGenerator(core.index, core.cache, settings.build, core.stats),
+        ClusterGenerator(core.index, core.cache, settings.build, core.stats, core.traffic),
+        EndpointGenerator(core.index, core.cache, settings.build, core.stats, core.traffic),
         ListenerGenerator(core.index, core.cache, settings.outbound, settings.build, core.stats),
         RouteGenerator(core.index, core.cache, settings.outbound, settings.build, core.stats),
         inbound,
@@ -437,6 +444,7 @@ def _source(
             updater,
             settings.file_poll_interval,
             settings.cluster_id,
+            cluster_domain=settings.build.cluster_domain,
             supervisor=core.supervisor,
             rejected=core.metrics.registry_file_rejected_for,
         ), None

@@ -19,6 +19,8 @@ class XdsStats:
     stale_nonces: Counter[str] = field(default_factory=Counter)
     # Service ports given no outbound listener: the sidecar keeps them for itself.
     reserved_ports: int = 0
+    # Istio objects refused as invalid (DestinationRule, VirtualService), by kind.
+    config_rejected: Counter[str] = field(default_factory=Counter)
 
     def reset(self) -> None:
         self.serializations.clear()

@@ -9,13 +9,15 @@ DELTA_GRPC). Envoy 1.40 rejects `self` for EDS, so it is never used.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import config_source_pb2, grpc_service_pb2, protocol_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import any_pb2, duration_pb2
 
 from pilot.builders.istio_defaults import apply_default_load_balancing
-from pilot.builders.naming import outbound_cluster_name
+from pilot.builders.naming import outbound_cluster_name, subset_cluster_name
 from pilot.registry.model import Service, ServicePort
 from pilot.xds.flavor import Flavor
 
@@ -105,3 +107,18 @@ def served_port_names(service: Service | None, cluster_domain: str) -> dict[str,
         for i, port in enumerate(service.ports)
         if port in served_ports(service)
     }
+
+
+def cluster_names(
+    service: Service | None, subsets: Iterable[str], cluster_domain: str
+) -> dict[str, tuple[int, str]]:
+    """Each cluster (and assignment) name of a service: its served ports' and, for each
+    of them, one per subset; to (the port's index in the Service, the subset or "")."""
+    names = {name: (i, "") for name, i in served_port_names(service, cluster_domain).items()}
+    if service is None:
+        return names
+    for i, port in enumerate(service.ports):
+        if port in served_ports(service):
+            for subset in subsets:
+                names[subset_cluster_name(service.key, port, subset, cluster_domain)] = (i, subset)
+    return names

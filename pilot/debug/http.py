@@ -29,7 +29,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import hdrs, web
@@ -41,6 +41,7 @@ from pilot.debug.wrong_protocol import FirstBytes, WrongProtocols
 from pilot.logs import clipped
 from pilot.push.history import PushHistory
 from pilot.registry.index import EndpointIndex
+from pilot.registry.traffic_config import TrafficConfig
 from pilot.settings import is_loopback_host, split_host_port
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -55,6 +56,7 @@ class DebugState:
     proxies: LiveProxies
     index: EndpointIndex
     pushes: PushHistory
+    traffic: TrafficConfig = field(default_factory=TrafficConfig)
 
 
 def _is_loopback(remote: str | None) -> bool:
@@ -183,6 +185,9 @@ def debug_routes(state: DebugState) -> list[web.RouteDef]:
     async def registryz(_request: web.Request) -> web.Response:
         return _json(views.registryz(state.index))
 
+    async def configz(_request: web.Request) -> web.Response:
+        return _json(views.configz(state.traffic, state.index))
+
     async def config_dump(request: web.Request) -> web.Response:
         proxy_id = request.query.get("proxyID")
         if not proxy_id:
@@ -202,7 +207,7 @@ def debug_routes(state: DebugState) -> list[web.RouteDef]:
 
     async def html_page(request: web.Request) -> web.Response:
         refresh = request.query.get("refresh") != "0"
-        body = page.render(state.proxies, state.index, state.pushes, refresh)
+        body = page.render(state.proxies, state.index, state.pushes, refresh, state.traffic)
         return web.Response(text=body, content_type="text/html", charset="utf-8")
 
     async def to_page(_request: web.Request) -> web.Response:
@@ -218,6 +223,7 @@ def debug_routes(state: DebugState) -> list[web.RouteDef]:
         web.get("/debug/connections", connections),
         web.get("/debug/edsz", edsz),
         web.get("/debug/registryz", registryz),
+        web.get("/debug/configz", configz),
         web.get("/debug/config_dump", config_dump),
     ]
 

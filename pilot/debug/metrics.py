@@ -95,6 +95,8 @@ class Sources:
     watch_faults: Callable[[], Mapping[tuple[str, str, str], int]] = lambda: {}
     # The sidecar-injection webhook's counts (None while it does not run).
     injection: Callable[[], InjectionStats | None] = lambda: None
+    # Istio kind -> objects held of kinds pilot does not implement (a bounded list of kinds).
+    unsupported_config: Callable[[], Mapping[str, int]] = lambda: {}
 
 
 def _istio_counter(
@@ -219,6 +221,26 @@ class PilotCollector(Collector):
         for type_url, count in sorted(stats.serializations.items()):
             serialized.add_metric([types.short_name(type_url)], count)
         yield serialized
+        yield from self._config()
+
+    def _config(self) -> Iterator[Metric]:
+        rejected = CounterMetricFamily(
+            "pilot_config_rejected",
+            "Istio objects (DestinationRule, VirtualService) refused as invalid, by kind:"
+            " the last good version of each keeps serving.",
+            labels=["kind"],
+        )
+        for kind, count in sorted(self._sources.stats.config_rejected.items()):
+            rejected.add_metric([kind], count)
+        yield rejected
+        unsupported = GaugeMetricFamily(
+            "pilot_config_unsupported",
+            "Istio objects of kinds pilot does not implement, held now, by kind.",
+            labels=["kind"],
+        )
+        for kind, count in sorted(self._sources.unsupported_config().items()):
+            unsupported.add_metric([kind], count)
+        yield unsupported
 
     def _security(self) -> Iterator[Metric]:
         secrets = self._sources.secret_stats()

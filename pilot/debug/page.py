@@ -32,6 +32,7 @@ from pilot.debug.proxy_status_table import COLUMNS, summarize_counts
 from pilot.logs import clipped
 from pilot.push.history import KEPT, PushHistory, PushRecord, Sample
 from pilot.registry.index import EndpointIndex
+from pilot.registry.traffic_config import TrafficConfig
 from pilot.xds import types
 
 # A push reaches Envoys well within a second, so a change shows up on the next
@@ -52,6 +53,7 @@ ENDPOINTS = (
     ("/debug/pushz", f"the last {KEPT} pushes, newest first"),
     ("/debug/edsz", "every ClusterLoadAssignment's version (?cluster=NAME: one, in full)"),
     ("/debug/registryz", "services and the endpoint sets feeding each"),
+    ("/debug/configz", "Istio objects held (DestinationRule, VirtualService, unsupported kinds)"),
     ("/debug/config_dump", "one proxy's resources, secrets redacted: linked per proxy above"),
     ("/debug/tasks", "every asyncio task and the awaits it sits in"),
     ("/metrics", "Prometheus metrics"),
@@ -99,7 +101,11 @@ def _td(text: object, css: str = "", inner: str | None = None) -> str:
 
 
 def render(
-    proxies: LiveProxies, index: EndpointIndex, pushes: PushHistory, refresh: bool = True
+    proxies: LiveProxies,
+    index: EndpointIndex,
+    pushes: PushHistory,
+    refresh: bool = True,
+    traffic: TrafficConfig | None = None,
 ) -> str:
     """The whole page."""
     started = time.perf_counter()
@@ -108,6 +114,7 @@ def render(
         _proxies(proxies.count(), statuses),
         _rejected(statuses),
         _registry(views.registry_size(index)),
+        _istio_config(traffic or TrafficConfig()),
         _pushes(pushes),
         _endpoints(),
     ]
@@ -229,6 +236,25 @@ def _registry(size: dict[str, int]) -> str:
         '<h2>Registry</h2>\n<table id="registry">'
         + "".join(rows)
         + f'</table>\n<p class="meta">{_link("/debug/registryz", "every service")}</p>'
+    )
+
+
+def _istio_config(traffic: TrafficConfig) -> str:
+    """How many Istio objects pilot holds, by kind; those of kinds it does not implement
+    marked so (each is listed in /debug/configz)."""
+    held = Counter(config.key.kind for config in traffic.objects())
+    rows = [
+        _row([_th(kind), _td(count, "num"), _td("applied")]) for kind, count in sorted(held.items())
+    ]
+    rows += [
+        _row([_th(kind), _td(count, "num"), _td("not implemented by pilot: ignored", "ERROR")])
+        for kind, count in sorted(traffic.unsupported_counts().items())
+    ]
+    body = "".join(rows) or _row([_td("none", "none")])
+    return (
+        '<h2>Istio config</h2>\n<table id="istio-config">'
+        + body
+        + f'</table>\n<p class="meta">{_link("/debug/configz", "every object")}</p>'
     )
 
 

@@ -18,7 +18,10 @@ from google.protobuf import json_format
 
 from pilot.debug.proxy_status import LiveProxies, ProxyStatus, packed
 from pilot.push.history import PushHistory, PushRecord
+from pilot.registry.destination_rule import DestinationRule
 from pilot.registry.index import EndpointIndex
+from pilot.registry.istio_config import ConfigKey
+from pilot.registry.traffic_config import TrafficConfig
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 
@@ -187,4 +190,44 @@ def _dump(status: ProxyStatus) -> Json:
             }
             for r in status.resources
         ],
+    }
+
+
+def configz(traffic: TrafficConfig, index: EndpointIndex) -> Json:
+    """The Istio objects held: each DestinationRule and VirtualService (with the services
+    whose clusters a rule shapes), and the objects of kinds pilot does not implement."""
+    applied: dict[ConfigKey, list[str]] = {}
+    for key in sorted(index.services):
+        rule = traffic.rule_for(key)
+        if rule is not None:
+            applied.setdefault(rule.key, []).append(str(key))
+    objects = []
+    for config in traffic.objects():
+        entry: Json = {
+            "kind": config.key.kind,
+            "namespace": config.key.namespace,
+            "name": config.key.name,
+            "exportTo": list(config.export_to),
+        }
+        if isinstance(config, DestinationRule):
+            entry |= {
+                "host": config.host,
+                "subsets": [s.name for s in config.subsets],
+                "appliedTo": applied.get(config.key, []),
+            }
+        else:
+            entry |= {
+                "hosts": list(config.hosts),
+                "gateways": list(config.gateways),
+                "http": len(config.http),
+                "tcp": len(config.tcp),
+            }
+        objects.append(entry)
+    unsupported = [
+        {"kind": k.kind, "namespace": k.namespace, "name": k.name} for k in traffic.unsupported()
+    ]
+    return {
+        "objects": objects,
+        "unsupported": unsupported,
+        "unsupportedByKind": dict(sorted(traffic.unsupported_counts().items())),
     }

@@ -10,20 +10,36 @@ ADS streams that read listeners (sidecars) read their clusters from one more tab
 change of those is a full change of the service), plus PassthroughCluster and
 BlackHoleCluster, which outbound listeners name. A proxy that reads no listener
 never holds those, and its clusters are as before.
+
+A service's DestinationRule (`TrafficConfig.rule_for`) adds a cluster per subset and
+port (`outbound|PORT|SUBSET|HOST`) and shapes each cluster by the policy it gets
+(`pilot.builders.traffic_policy`); its `tls` replaces auto mTLS on the sidecars'
+clusters. A rule's change is a full change of the services it names: their clusters
+are rebuilt, and only those whose bytes moved are sent.
 """
 
 from __future__ import annotations
 
 from envoy.config.cluster.v3 import cluster_pb2
+from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
+from envoy.type.matcher.v3 import string_pb2
 
-from pilot.builders.cds import build_cluster, served_port_names
-from pilot.builders.mtls import transport_socket_matches
+from pilot.builders.cds import build_cluster, cluster_names
+from pilot.builders.mtls import transport_socket_matches, upstream_tls
 from pilot.builders.outbound import fixed_clusters
 from pilot.builders.settings import BuildSettings
+from pilot.builders.traffic_policy import (
+    apply_policy,
+    fail_closed,
+    set_transport_socket,
+    simple_tls,
+)
 from pilot.generators.per_service import PerServiceGenerator
 from pilot.push.request import Changes, PushRequest
+from pilot.registry.destination_rule import ClientTls, DestinationRule, PortPolicy, policy_for
 from pilot.registry.index import EndpointIndex, IndexChange
 from pilot.registry.model import Service, ServiceKey
+from pilot.registry.traffic_config import TrafficConfig
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
@@ -42,8 +58,9 @@ class ClusterGenerator(PerServiceGenerator):
         cache: ResourceCache,
         settings: BuildSettings,
         stats: XdsStats,
+        traffic: TrafficConfig | None = None,
     ) -> None:
-        super().__init__(index, cache, settings, stats)
+        super().__init__(index, cache, settings, stats, traffic)
         self._fixed_built = False
 
     def build(self, request: PushRequest) -> Changes:
@@ -69,19 +86,23 @@ class ClusterGenerator(PerServiceGenerator):
 
     def _rebuild(self, key: ServiceKey) -> set[str]:
         service = self._index.services.get(key)
-        names = served_port_names(service, self._settings.cluster_domain)
+        rule = self._traffic.rule_for(key) if service is not None else None
+        subsets = [s.name for s in rule.subsets] if rule is not None else []
+        names = cluster_names(service, subsets, self._settings.cluster_domain)
         stale = self._retrack(key, names.keys())
         changed: set[str] = set()
         for flavor in Flavor:
             built, sidecars = [], []
             if service is not None:
-                for name, i in names.items():
+                for name, (i, subset) in names.items():
                     cluster = build_cluster(
                         name, service.ports[i], flavor, self._settings.xds_cluster_name
                     )
+                    policy = policy_for(rule, service.ports[i].port, subset)
+                    apply_policy(cluster, policy)
                     built.append(Resource.from_message(types.CLUSTER, name, cluster))
                     if flavor is Flavor.ADS:
-                        self._with_mtls(cluster, service, i)
+                        self._with_tls(cluster, service, i, rule, policy)
                         sidecars.append(Resource.from_message(types.CLUSTER, name, cluster))
             self._stats.serializations[types.CLUSTER] += len(built) + len(sidecars)
             changed |= self._cache.update(types.CLUSTER, built, stale, flavor=flavor.value)
@@ -90,6 +111,47 @@ class ClusterGenerator(PerServiceGenerator):
                     types.CLUSTER, sidecars, stale, flavor=ADS_WITH_LISTENERS
                 )
         return changed
+
+    def _with_tls(
+        self,
+        cluster: cluster_pb2.Cluster,
+        service: Service,
+        i: int,
+        rule: DestinationRule | None,
+        policy: PortPolicy,
+    ) -> None:
+        """A sidecar's cluster of `cluster`: auto mTLS, unless the rule's tls says else."""
+        tls = policy.tls
+        if tls is None:
+            self._with_mtls(cluster, service, i)
+        elif tls.unsupported:
+            fail_closed(cluster)
+        elif tls.mode == "SIMPLE":
+            set_transport_socket(cluster, simple_tls(tls))
+        elif tls.mode == "ISTIO_MUTUAL":
+            set_transport_socket(cluster, self._istio_mutual(service, i, tls))
+        # DISABLE: plaintext, to every endpoint
+
+    def _istio_mutual(self, service: Service, i: int, tls: ClientTls) -> tls_pb2.UpstreamTlsContext:
+        """Istio's mTLS to every endpoint, the rule's sni and subjectAltNames where given."""
+        context = upstream_tls(
+            service.key,
+            service.ports[i],
+            self._index.service_accounts(service.key),
+            cluster_domain=self._settings.cluster_domain,
+            trust_domain=self._settings.trust_domain,
+        )
+        if tls.sni:
+            context.sni = tls.sni
+        if tls.subject_alt_names:
+            sans = context.common_tls_context.combined_validation_context.default_validation_context
+            del sans.match_typed_subject_alt_names[:]
+            for name in tls.subject_alt_names:
+                sans.match_typed_subject_alt_names.add(
+                    san_type=common_pb2.SubjectAltNameMatcher.URI,
+                    matcher=string_pb2.StringMatcher(exact=name),
+                )
+        return context
 
     def _with_mtls(self, cluster: cluster_pb2.Cluster, service: Service, i: int) -> None:
         """Make a sidecar's cluster of `cluster`: auto mTLS to endpoints with sidecars."""

@@ -9,17 +9,26 @@ Assignments come in variants, one per proxy locality in use (`add_locality`,
 one for proxies without a locality: a service's endpoints are grouped once, then
 encoded once per variant, into that variant's cache flavor. Assignments mark the
 endpoints whose pod runs a sidecar (the index knows).
+
+A subset of the service's DestinationRule has an assignment of its own per port
+(`outbound|PORT|SUBSET|HOST`): the endpoints whose pod (found as auto mTLS finds it,
+by its targetRef) has every label of the subset; an endpoint whose pod is not known
+is in no subset.
 """
 
 from __future__ import annotations
 
-from pilot.builders.cds import served_port_names
+from collections.abc import Iterable
+
+from pilot.builders.cds import cluster_names
 from pilot.builders.eds import encode_groups, group_hosts
 from pilot.builders.settings import BuildSettings
 from pilot.generators.per_service import PerServiceGenerator
 from pilot.push.request import Changes, PushRequest
+from pilot.registry.destination_rule import Subset
 from pilot.registry.index import EndpointIndex, IndexChange
-from pilot.registry.model import ServiceKey
+from pilot.registry.model import Endpoint, EndpointGroup, EndpointSet, ServiceKey
+from pilot.registry.traffic_config import TrafficConfig
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import SHARED, ResourceCache
@@ -38,8 +47,9 @@ class EndpointGenerator(PerServiceGenerator):
         cache: ResourceCache,
         settings: BuildSettings,
         stats: XdsStats,
+        traffic: TrafficConfig | None = None,
     ) -> None:
-        super().__init__(index, cache, settings, stats)
+        super().__init__(index, cache, settings, stats, traffic)
         self._variants: dict[str, Locality] = {SHARED: NOWHERE}  # flavor -> proxy locality
 
     def build(self, request: PushRequest) -> Changes:
@@ -69,15 +79,18 @@ class EndpointGenerator(PerServiceGenerator):
 
     def _rebuild(self, key: ServiceKey, variants: dict[str, Locality] | None = None) -> set[str]:
         service = self._index.services.get(key)
-        names = served_port_names(service, self._settings.cluster_domain)
+        rule = self._traffic.rule_for(key) if service is not None else None
+        subsets = {s.name: s for s in rule.subsets} if rule is not None else {}
+        names = cluster_names(service, subsets, self._settings.cluster_domain)
         stale = self._retrack(key, names.keys()) if variants is None else set()
         built: dict[str, list[Resource]] = {flavor: [] for flavor in variants or self._variants}
         if service is not None:
             endpoint_sets = self._index.endpoint_sets(key)
-            for name, i in names.items():
+            members = {n: self._members(endpoint_sets, s) for n, s in subsets.items()}
+            for name, (i, subset) in names.items():
                 groups = group_hosts(
                     service.ports[i],
-                    endpoint_sets,
+                    members[subset] if subset else endpoint_sets,
                     self._index.locality_of,
                     self._index.runs_sidecar,
                 )
@@ -89,3 +102,28 @@ class EndpointGenerator(PerServiceGenerator):
             self._stats.serializations[types.ENDPOINT] += len(resources)
             changed |= self._cache.update(types.ENDPOINT, resources, stale, flavor=flavor)
         return changed
+
+    def _members(self, endpoint_sets: Iterable[EndpointSet], subset: Subset) -> list[EndpointSet]:
+        """The endpoint sets with only the endpoints whose pod the subset selects."""
+        return [
+            EndpointSet(
+                endpoint_set.key,
+                endpoint_set.service,
+                tuple(
+                    EndpointGroup(group.ports, kept)
+                    for group in endpoint_set.groups
+                    if (
+                        kept := tuple(
+                            e for e in group.endpoints if self._in(endpoint_set, e, subset)
+                        )
+                    )
+                ),
+            )
+            for endpoint_set in endpoint_sets
+        ]
+
+    def _in(self, endpoint_set: EndpointSet, endpoint: Endpoint, subset: Subset) -> bool:
+        if not endpoint.addresses:
+            return False
+        pod = self._index.pod_for(endpoint_set.key, endpoint.addresses[0], endpoint.pod_name)
+        return pod is not None and pod.labels is not None and subset.selects(dict(pod.labels))

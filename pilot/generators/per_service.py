@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from pilot.builders.settings import BuildSettings
 from pilot.registry.index import EndpointIndex
 from pilot.registry.model import ServiceKey
+from pilot.registry.traffic_config import TrafficConfig
 from pilot.stats import XdsStats
 from pilot.xds.cache import ResourceCache
 
@@ -21,8 +22,10 @@ class PerServiceGenerator:
         cache: ResourceCache,
         settings: BuildSettings,
         stats: XdsStats,
+        traffic: TrafficConfig | None = None,
     ) -> None:
         self._index = index
+        self._traffic = traffic if traffic is not None else TrafficConfig(settings.cluster_domain)
         self._cache = cache
         self._settings = settings
         self._stats = stats

@@ -336,6 +336,15 @@ class EndpointIndex:
         changes += [self.upsert_pod(pod) for pod in wanted.values()]
         return IndexChange.union(changes)
 
+    def services_at(self, ips: Iterable[str]) -> set[ServiceKey]:
+        """The services with an endpoint at one of `ips`, in any cluster."""
+        found: set[ServiceKey] = set()
+        for cluster in list(self._sets_at):
+            for ip in ips:
+                for key in self._sets_with((cluster, ip)):
+                    found.add(self._sets[key].service)
+        return found
+
     def pod(self, key: PodKey) -> Pod | None:
         """A pod the index holds, by its key."""
         return self._pods.get(key)

@@ -10,10 +10,12 @@ knows who listens and the registry never knows what a push is.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Protocol
 
 from pilot.registry.index import EndpointIndex, IndexChange
+from pilot.registry.istio_config import ConfigKey
 from pilot.registry.model import (
     EndpointSet,
     EndpointSetKey,
@@ -29,7 +31,10 @@ from pilot.registry.peer_authentication import (
     PeerAuthenticationKey,
     PeerAuthentications,
 )
+from pilot.registry.traffic_config import Config, TrafficConfig
 from pilot.stats import XdsStats
+
+log = logging.getLogger("pilot.registry")
 
 
 class RegistryUpdater(Protocol):
@@ -81,6 +86,30 @@ class RegistryUpdater(Protocol):
         """One cluster's Pods (None: every cluster's) are now exactly these."""
         ...
 
+    def upsert_config(self, config: Config) -> None:
+        """A DestinationRule or VirtualService was added or changed."""
+        ...
+
+    def delete_config(self, key: ConfigKey) -> None: ...
+
+    def config_refused(self, key: ConfigKey) -> None:
+        """An object was refused as invalid (counted; its last good version stays)."""
+        ...
+
+    def upsert_unsupported(self, key: ConfigKey) -> None:
+        """An object of an Istio kind pilot does not implement (counted and listed)."""
+        ...
+
+    def replace_traffic(
+        self,
+        configs: Iterable[Config],
+        unsupported: Iterable[ConfigKey],
+        refused: Iterable[ConfigKey],
+    ) -> None:
+        """The traffic objects are now these, plus the last good version of each refused
+        one (a file reload)."""
+        ...
+
 
 class ChangeSink(Protocol):
     """Where what a change means goes (in pilot, the push pipeline)."""
@@ -101,11 +130,13 @@ class IndexUpdater:
         sink: ChangeSink,
         stats: XdsStats,
         policies: PeerAuthentications | None = None,
+        traffic: TrafficConfig | None = None,
     ) -> None:
         self._index = index
         self._sink = sink
         self._stats = stats
         self.policies = policies if policies is not None else PeerAuthentications()
+        self.traffic = traffic if traffic is not None else TrafficConfig()
 
     def upsert_service(self, service: Service) -> None:
         self._changed(self._index.upsert_service(service))
@@ -153,6 +184,48 @@ class IndexUpdater:
     def replace_peer_authentications(self, policies: Iterable[PeerAuthentication]) -> None:
         self._moved(self.policies.replace_all(policies))
 
+    def upsert_config(self, config: Config) -> None:
+        self._hosts_moved(self.traffic.upsert(config))
+
+    def delete_config(self, key: ConfigKey) -> None:
+        self._hosts_moved(self.traffic.delete(key))
+
+    def config_refused(self, key: ConfigKey) -> None:
+        self._stats.config_rejected[key.kind] += 1
+
+    def upsert_unsupported(self, key: ConfigKey) -> None:
+        self._warn_unsupported(self.traffic.upsert_unsupported(key))
+
+    def _warn_unsupported(self, kinds: set[str]) -> None:
+        for kind in sorted(kinds):
+            log.warning(
+                "%s objects are not implemented by pilot: they are counted"
+                " (pilot_config_unsupported) and listed on /debug, and change nothing",
+                kind,
+            )
+
+    def replace_traffic(
+        self,
+        configs: Iterable[Config],
+        unsupported: Iterable[ConfigKey],
+        refused: Iterable[ConfigKey],
+    ) -> None:
+        refused = list(refused)
+        for key in refused:
+            self.config_refused(key)
+        self._hosts_moved(self.traffic.replace_all(configs, unsupported, refused))
+        self._warn_unsupported(self.traffic.new_unsupported_kinds())
+
+    def _hosts_moved(self, hosts: set[str]) -> None:
+        """Traffic objects of these hosts moved: their services' clusters are rebuilt (the
+        cache then sends only the clusters and assignments whose bytes changed)."""
+        if not hosts:
+            return
+        services = self.traffic.services_of(hosts, self._index.services)
+        self._stats.inbound_updates["destinationrule"] += 1
+        if services:
+            self._sink.registry_changed(IndexChange(full=frozenset(services)))
+
     def _moved(self, namespaces: frozenset[str]) -> None:
         """Namespaces whose policies moved: their sidecars' inbound listeners may change."""
         if namespaces:
@@ -162,7 +235,22 @@ class IndexUpdater:
     def _changed(self, change: IndexChange) -> None:
         if not change:
             return
+        if change.workloads and self.traffic.has_subsets():
+            change = self._with_subset_members(change)
         self._stats.inbound_updates["svc"] += len(change.full)
         self._stats.inbound_updates["eds"] += len(change.endpoints)
         self._stats.inbound_updates["workload"] += len(change.workloads)
         self._sink.registry_changed(change)
+
+    def _with_subset_members(self, change: IndexChange) -> IndexChange:
+        """Pods that came, went or were relabelled may move in or out of subsets: the
+        services with endpoints at their IPs that have subsets get their endpoints rebuilt."""
+        touched = {
+            service
+            for service in self._index.services_at(change.workloads)
+            if (rule := self.traffic.rule_for(service)) is not None and rule.subsets
+        }
+        extra = frozenset(touched) - change.full - change.endpoints
+        if not extra:
+            return change
+        return change.merge(IndexChange(endpoints=extra))

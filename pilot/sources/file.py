@@ -50,11 +50,13 @@ class FileSource:
         poll_interval: float = 0.5,
         cluster: str = DEFAULT_CLUSTER_ID,
         *,
+        cluster_domain: str = "cluster.local",
         supervisor: Supervisor | None = None,
         rejected: Callable[[str], None] | None = None,
     ) -> None:
         self.path = path
         self.cluster = cluster  # the local cluster: documents naming none belong to it
+        self.cluster_domain = cluster_domain  # short hosts of Istio objects resolve in it
         self._clusters: set[str] = set()  # the clusters the last good version held
         self._updater = updater
         self._poll_interval = poll_interval
@@ -97,7 +99,7 @@ class FileSource:
         try:
             if is_blank(data):
                 raise EmptyRegistryFile(str(self.path))
-            state = await parse_off_loop(data, str(self.path), self.cluster)
+            state = await parse_off_loop(data, str(self.path), self.cluster, self.cluster_domain)
         except EmptyRegistryFile as error:
             self._reject(str(error), EMPTY)
             return
@@ -131,6 +133,9 @@ class FileSource:
             self._updater.replace_pods(cluster, [p for p in state.pods if p.key.cluster == cluster])
         self._clusters = clusters
         self._updater.replace_peer_authentications(state.peer_authentications)
+        for message in state.config_errors:  # one line each; the rest of the file applies
+            log.warning("%s; its last good version (if any) keeps serving", message)
+        self._updater.replace_traffic(state.traffic, state.unsupported, state.refused)
 
     def _reject(self, message: str, reason: str) -> None:
         """Report a version that is not applied (an empty one as a warning: it is a write

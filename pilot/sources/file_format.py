@@ -3,12 +3,19 @@
 Reads Service, EndpointSlice and Endpoints objects (an endpoint's `targetRef`
 too: the Pod it names, as Kubernetes writes it), Pods (for auto mTLS: their
 IPs, service account and `security.istio.io/tlsMode` label) and
-PeerAuthentications (`security.istio.io/v1` or `v1beta1`), one per document or
+PeerAuthentications (`security.istio.io/v1` or `v1beta1`), DestinationRules and
+VirtualServices (`networking.istio.io/v1`, `v1beta1`, `v1alpha3`), one per document or
 in a `kind: List` (what `kubectl get svc,endpointslices,pods -A -o yaml` or
 `-o json` prints). JSON is parsed as JSON (fifty times faster than as YAML,
 which it also is); anything else, or JSON that does not parse, as YAML. Errors are one line
 naming the file and the document and object, or the line and column where the
 text stops being JSON or YAML.
+
+A DestinationRule or VirtualService that is not valid does not refuse the file: it is
+named in `RegistryState.config_errors` (one line each: kind, namespace, name, what is
+wrong) and `refused` (its key: its last good version keeps serving), and every other
+object of the file applies. Objects of Istio's other kinds (`UNSUPPORTED_KINDS`) are
+only noted (`unsupported`), to be counted and listed.
 
 A document may say which cluster its objects come from (`cluster: ID` beside
 `kind`, for a `kind: List` its items'); objects of documents that name none
@@ -25,13 +32,22 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from pilot.cluster_ids import RULE, is_cluster_id
+from pilot.registry.destination_rule import KIND as DESTINATION_RULE
+from pilot.registry.destination_rule import parse_destination_rule
+from pilot.registry.istio_config import (
+    UNSUPPORTED_KINDS,
+    ConfigError,
+    ConfigKey,
+    istio_kind,
+    key_of,
+)
 from pilot.registry.kubernetes_objects import (
     SUPPORTED_KINDS,
     ObjectError,
@@ -50,6 +66,9 @@ from pilot.registry.peer_authentication import (
     PolicyError,
     parse_peer_authentication,
 )
+from pilot.registry.traffic_config import Config
+from pilot.registry.virtual_service import KIND as VIRTUAL_SERVICE
+from pilot.registry.virtual_service import parse_virtual_service
 
 log = logging.getLogger("pilot.sources.file")
 
@@ -85,6 +104,10 @@ class RegistryState:
     endpoint_sets: tuple[EndpointSet, ...]
     peer_authentications: tuple[PeerAuthentication, ...] = ()
     pods: tuple[Pod, ...] = ()
+    traffic: tuple[Config, ...] = ()  # the valid DestinationRules and VirtualServices
+    refused: tuple[ConfigKey, ...] = ()  # those that are not valid (their last good stays)
+    config_errors: tuple[str, ...] = ()  # one line for each of them
+    unsupported: tuple[ConfigKey, ...] = ()  # objects of Istio kinds pilot does not build
 
 
 def _loaded(text: str, origin: str) -> list[Any]:
@@ -184,15 +207,69 @@ def _kind_of(where: str, obj: Any) -> str:
     return kind
 
 
-def parse_registry(text: str, origin: str, cluster: str = DEFAULT_CLUSTER_ID) -> RegistryState:
+_PARSERS: dict[str, Callable[[Mapping[str, Any], str], Config]] = {
+    DESTINATION_RULE: parse_destination_rule,
+    VIRTUAL_SERVICE: parse_virtual_service,
+}
+_CONFIG_PARSE_ERRORS = (
+    ConfigError,
+    TypeError,
+    ValueError,
+    KeyError,
+    AttributeError,
+    RecursionError,
+)
+
+
+class _Traffic:
+    """The file's Istio traffic objects: the good ones, the refused ones, the others."""
+
+    def __init__(self, cluster_domain: str) -> None:
+        self.cluster_domain = cluster_domain
+        self.good: dict[ConfigKey, Config] = {}
+        self.refused: list[ConfigKey] = []
+        self.errors: list[str] = []
+        self.unsupported: list[ConfigKey] = []
+
+    def take(self, where: str, kind: str, obj: Mapping[str, Any]) -> None:
+        parse = _PARSERS[kind]
+        key = key_of(kind, obj)
+        try:
+            config = parse(obj, self.cluster_domain)
+        except _CONFIG_PARSE_ERRORS as error:
+            what = str(error) if isinstance(error, ConfigError) else f"{key}: malformed"
+            self.refused.append(key)
+            self.errors.append(f"{where}: {what}")
+            return
+        if config.key in self.good:
+            self.refused.append(key)
+            self.errors.append(f"{where}: {key} is already in the file")
+            return
+        self.good[config.key] = config
+
+
+def parse_registry(
+    text: str,
+    origin: str,
+    cluster: str = DEFAULT_CLUSTER_ID,
+    cluster_domain: str = "cluster.local",
+) -> RegistryState:
     """Parse a whole file, objects of documents naming no cluster in `cluster`; raises
-    RegistryFileError naming the first bad object."""
+    RegistryFileError naming the first bad object (an invalid DestinationRule or
+    VirtualService is noted in the state instead: see the module's docstring)."""
     services: list[Service] = []
     endpoint_sets: list[EndpointSet] = []
     policies: list[PeerAuthentication] = []
     pods: dict[PodKey, Pod] = {}
+    traffic = _Traffic(cluster_domain)
     for where, at, obj in _documents(text, origin, cluster):
         kind = _kind_of(where, obj)
+        if kind in _PARSERS:
+            traffic.take(where, kind, obj)
+            continue
+        if kind in UNSUPPORTED_KINDS and istio_kind(obj) is not None:
+            traffic.unsupported.append(key_of(kind, obj))
+            continue
         if kind == KIND:
             policies.append(_peer_authentication(where, obj))
             continue
@@ -214,7 +291,14 @@ def parse_registry(text: str, origin: str, cluster: str = DEFAULT_CLUSTER_ID) ->
         except ObjectError as error:
             raise RegistryFileError(f"{where}: {error}") from error
     return RegistryState(
-        tuple(services), tuple(endpoint_sets), tuple(policies), pods=tuple(pods.values())
+        tuple(services),
+        tuple(endpoint_sets),
+        tuple(policies),
+        pods=tuple(pods.values()),
+        traffic=tuple(traffic.good.values()),
+        refused=tuple(traffic.refused),
+        config_errors=tuple(traffic.errors),
+        unsupported=tuple(traffic.unsupported),
     )
 
 

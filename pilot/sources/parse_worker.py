@@ -36,25 +36,29 @@ FEED_BYTES = 1 << 20
 _OK, _FAILED, _EMPTY = "ok", "failed", "empty"
 
 
-async def parse_off_loop(data: bytes, origin: str, cluster: str) -> RegistryState:
+async def parse_off_loop(
+    data: bytes, origin: str, cluster: str, cluster_domain: str = "cluster.local"
+) -> RegistryState:
     """The file's registry state (`cluster`: the local cluster's id); RegistryFileError if
     it is broken."""
     if len(data) < INLINE_BYTES:
-        return parse_registry(data.decode("utf-8", errors="replace"), origin, cluster)
-    output = await _run_worker(data, origin, cluster)
+        text = data.decode("utf-8", errors="replace")
+        return parse_registry(text, origin, cluster, cluster_domain)
+    output = await _run_worker(data, origin, cluster, cluster_domain)
     try:
         return await _unpickled(output)
     except (EOFError, pickle.UnpicklingError) as error:
         raise RegistryFileError(f"{origin}: the parser process answered badly: {error}") from error
 
 
-async def _run_worker(data: bytes, origin: str, cluster: str) -> bytes:
+async def _run_worker(data: bytes, origin: str, cluster: str, cluster_domain: str) -> bytes:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         __name__,
         origin,
         cluster,
+        cluster_domain,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -107,8 +111,18 @@ async def _unpickled(output: bytes) -> RegistryState:
     (pod_chunks,) = pickle.load(reader)  # the pods come after, with their own count
     pods = await _load_chunks(reader, pod_chunks)
     peer_authentications = pickle.load(reader)  # one pickle after the pods: they are few
+    (traffic_chunks,) = pickle.load(reader)
+    traffic = await _load_chunks(reader, traffic_chunks)
+    refused, errors, unsupported = pickle.load(reader)
     return RegistryState(
-        tuple(services), tuple(endpoint_sets), tuple(peer_authentications), pods=tuple(pods)
+        tuple(services),
+        tuple(endpoint_sets),
+        tuple(peer_authentications),
+        pods=tuple(pods),
+        traffic=tuple(traffic),
+        refused=refused,
+        config_errors=errors,
+        unsupported=unsupported,
     )
 
 
@@ -128,10 +142,11 @@ def main(argv: list[str]) -> int:
     """The child: the file on stdin, pickles on stdout."""
     origin = argv[0] if argv else "registry file"
     cluster = argv[1] if len(argv) > 1 else DEFAULT_CLUSTER_ID
+    domain = argv[2] if len(argv) > 2 else "cluster.local"
     data = sys.stdin.buffer.read()
     out = sys.stdout.buffer
     try:
-        state = parse_registry(data.decode("utf-8", errors="replace"), origin, cluster)
+        state = parse_registry(data.decode("utf-8", errors="replace"), origin, cluster, domain)
     except EmptyRegistryFile:
         pickle.dump((_EMPTY, origin), out)
         return 0
@@ -147,6 +162,12 @@ def main(argv: list[str]) -> int:
     for chunk in pods:
         pickle.dump(chunk, out, protocol=pickle.HIGHEST_PROTOCOL)
     pickle.dump(state.peer_authentications, out, protocol=pickle.HIGHEST_PROTOCOL)
+    traffic = _chunks(state.traffic)
+    pickle.dump((len(traffic),), out)
+    for chunk in traffic:
+        pickle.dump(chunk, out, protocol=pickle.HIGHEST_PROTOCOL)
+    tail = (state.refused, state.config_errors, state.unsupported)
+    pickle.dump(tail, out, protocol=pickle.HIGHEST_PROTOCOL)
     out.flush()
     return 0
 
