@@ -12,6 +12,8 @@ import ipaddress
 
 from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.extensions.filters.http.cors.v3 import cors_pb2
+from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.listener.original_dst.v3 import original_dst_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
@@ -58,6 +60,17 @@ def router_filter() -> hcm_pb2.HttpFilter:
     )
 
 
+def route_filters() -> list[hcm_pb2.HttpFilter]:
+    """CORS and fault injection, as Istio's outbound chain carries them: they do nothing
+    but where a route's per-filter config (a VirtualService's) asks."""
+    return [
+        hcm_pb2.HttpFilter(name="envoy.filters.http.cors", typed_config=typed(cors_pb2.Cors())),
+        hcm_pb2.HttpFilter(
+            name="envoy.filters.http.fault", typed_config=typed(fault_pb2.HTTPFault())
+        ),
+    ]
+
+
 def tcp_proxy_filter(stat_prefix: str, cluster: str) -> listener_components_pb2.Filter:
     """The network filter that proxies every connection to `cluster`."""
     proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix, cluster=cluster)
@@ -78,7 +91,7 @@ def http_chain(stat_prefix: str, port: int) -> listener_components_pb2.FilterCha
     manager = hcm_pb2.HttpConnectionManager(
         stat_prefix=stat_prefix,
         rds=hcm_pb2.Rds(config_source=source, route_config_name=str(port)),
-        http_filters=[router_filter()],
+        http_filters=[*route_filters(), router_filter()],
     )
     return listener_components_pb2.FilterChain(
         filters=[

@@ -1,0 +1,117 @@
+"""Which VirtualService a service's virtual host follows on sidecars, and its Envoy routes.
+
+Only VirtualServices for mesh traffic (`gateways` absent or naming `mesh`) that every
+sidecar sees (`exportTo` absent or `*`) are taken: route configurations are shared
+by every sidecar, so an object exported to fewer namespaces is held and listed but
+routes nothing (as `pilot.registry.traffic_config` does with DestinationRules).
+Several VirtualServices for one host are not merged for sidecars, as Istio's
+(its analyzer's IST0109, ConflictingMeshGatewayVirtualServiceHosts): the oldest
+(`creationTimestamp`, then namespace and name) routes the host, the others are
+logged once and ignored for it. An exact host wins over a wildcard one, the
+longest wildcard over shorter ones.
+
+A destination names `outbound|PORT|SUBSET|FQDN`: PORT is the destination's port,
+else the service's only port, else the port of the route configuration, as istiod.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from envoy.config.route.v3 import route_components_pb2 as rc_pb2
+
+from pilot.builders.routes import HostRoute
+from pilot.builders.virtual_routes import envoy_routes
+from pilot.registry.index import EndpointIndex
+from pilot.registry.istio_config import exported_to_all, host_matches
+from pilot.registry.model import ServiceKey
+from pilot.registry.traffic_config import TrafficConfig
+from pilot.registry.virtual_service import Destination, VirtualService
+
+log = logging.getLogger("pilot.xds")
+MAX_CONFLICTS_LOGGED = 16
+
+
+def _age(vs: VirtualService) -> tuple[str, str, str]:
+    return (vs.created or "~", vs.key.namespace, vs.key.name)
+
+
+class MeshRoutes:
+    """The VirtualServices sidecars follow, by host, and the routes they make."""
+
+    def __init__(self, traffic: TrafficConfig, index: EndpointIndex, cluster_domain: str) -> None:
+        self._traffic = traffic
+        self._index = index
+        self._domain = cluster_domain
+        self._exact: dict[str, VirtualService] = {}
+        self._wildcards: list[VirtualService] = []
+        self._logged: set[tuple[str, str]] = set()
+
+    def refresh(self) -> None:
+        """Re-read the VirtualServices held (once per build)."""
+        exact: dict[str, VirtualService] = {}
+        wildcards: list[VirtualService] = []
+        candidates = [
+            vs
+            for vs in self._traffic.virtual_services()
+            if vs.for_mesh and exported_to_all(vs.export_to)
+        ]
+        for vs in sorted(candidates, key=_age):
+            for host in vs.hosts:
+                if host.startswith("*"):
+                    wildcards.append(vs)
+                elif host in exact and exact[host] is not vs:
+                    self._log_conflict(host, exact[host], vs)
+                else:
+                    exact.setdefault(host, vs)
+        self._exact, self._wildcards = exact, wildcards
+
+    def _log_conflict(self, host: str, kept: VirtualService, ignored: VirtualService) -> None:
+        key = (host, str(ignored.key))
+        if key in self._logged or len(self._logged) >= MAX_CONFLICTS_LOGGED:
+            return
+        self._logged.add(key)
+        log.warning(
+            "VirtualService %s/%s: host %s is already routed by the older %s/%s;"
+            " sidecars ignore it there, as Istio's (merge them into one)",
+            ignored.key.namespace,
+            ignored.key.name,
+            host[:200],
+            kept.key.namespace,
+            kept.key.name,
+        )
+
+    def for_host(self, host: str) -> VirtualService | None:
+        found = self._exact.get(host)
+        if found is not None:
+            return found
+        matching = [
+            (len(h), vs) for vs in self._wildcards for h in vs.hosts if host_matches(h, host)
+        ]
+        if not matching:
+            return None
+        longest = max(length for length, _ in matching)
+        return next(vs for length, vs in matching if length == longest)
+
+    def routes(self, route: HostRoute, port: int) -> list[rc_pb2.Route] | None:
+        """The routes of the service's VirtualService on `port` (None: it has none)."""
+        vs = self.for_host(route.hostname)
+        if vs is None or not vs.http:
+            return None
+        return list(envoy_routes(vs.http, port, lambda d: self.cluster_name(d, port)))
+
+    def cluster_name(self, destination: Destination, port: int) -> str:
+        number = destination.port or self._only_port(destination.host) or port
+        return f"outbound|{number}|{destination.subset}|{destination.host}"
+
+    def _only_port(self, host: str) -> int | None:
+        suffix = f".svc.{self._domain}"
+        if not host.endswith(suffix):
+            return None
+        parts = host.removesuffix(suffix).split(".")
+        if len(parts) != 2:
+            return None
+        service = self._index.services.get(ServiceKey(parts[1], parts[0]))
+        if service is None or len(service.ports) != 1:
+            return None
+        return service.ports[0].port

@@ -1,0 +1,176 @@
+"""Route configuration 9080 as the RDS generator builds it with VirtualServices held:
+the one a sidecar follows per host (the oldest of two, mesh only, exported to all),
+short and other-namespace destinations named as istiod names them, and a weight
+change that changes route configuration 9080 and no cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envoy.config.route.v3 import route_components_pb2 as rc_pb2
+from envoy.config.route.v3 import route_pb2
+
+from pilot.builders.outbound import OutboundSettings, TrafficPolicy
+from pilot.builders.settings import BuildSettings
+from pilot.generators.cds import ClusterGenerator
+from pilot.generators.rds import RouteGenerator
+from pilot.push.request import PushRequest, RequestSink
+from pilot.registry.index import EndpointIndex
+from pilot.registry.traffic_config import TrafficConfig
+from pilot.registry.updater import IndexUpdater
+from pilot.registry.virtual_service import parse_virtual_service
+from pilot.stats import XdsStats
+from pilot.xds import types
+from pilot.xds.cache import ResourceCache
+from pilot.xds.interception import Interception
+from tests.unit.inbound_mesh import svc
+
+REVIEWS = "reviews.shop.svc.cluster.local"
+
+
+def vs(name: str, spec: dict[str, Any], created: str = "2026-01-01T00:00:00Z", **meta: str) -> Any:
+    obj = {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "VirtualService",
+        "metadata": {"name": name, "namespace": "shop", "creationTimestamp": created} | meta,
+        "spec": spec,
+    }
+    return parse_virtual_service(obj, "cluster.local")
+
+
+def to(host: str, subset: str = "", weight: int = 0, port: int = 0) -> dict[str, Any]:
+    destination: dict[str, Any] = {"host": host} | ({"subset": subset} if subset else {})
+    if port:
+        destination["port"] = {"number": port}
+    return {"destination": destination} | ({"weight": weight} if weight else {})
+
+
+class Mesh:
+    """reviews and ratings on 9080 (ratings also on 9090), the RDS and CDS generators."""
+
+    def __init__(self) -> None:
+        self.index, self.cache, stats = EndpointIndex(), ResourceCache(), XdsStats()
+        self.pending: list[PushRequest] = []
+        self.traffic = TrafficConfig()
+        self.updater = IndexUpdater(
+            self.index, RequestSink(self.pending.append), stats, traffic=self.traffic
+        )
+        self.routes = RouteGenerator(
+            self.index,
+            self.cache,
+            OutboundSettings(TrafficPolicy.ALLOW_ANY),
+            BuildSettings(),
+            stats,
+            traffic=self.traffic,
+        )
+        self.clusters = ClusterGenerator(
+            self.index, self.cache, BuildSettings(), stats, self.traffic
+        )
+        self.updater.upsert_service(svc("reviews", ("http", 9080)))
+        self.updater.upsert_service(svc("ratings", ("http", 9080), ("http-b", 9090)))
+        self.push()
+
+    def push(self) -> tuple[set[str], set[str]]:
+        """Build what waits; the route and cluster names that changed."""
+        request = PushRequest()
+        for waiting in self.pending:
+            request = request.merge(waiting)
+        self.pending.clear()
+        routes = self.routes.build(request).shared.get(types.ROUTE, set())
+        clusters = self.clusters.build(request).shared.get(types.CLUSTER, set())
+        return routes, clusters
+
+    def host(self, name: str) -> rc_pb2.VirtualHost:
+        resource = self.cache.get(types.ROUTE, "9080", flavor=Interception.REDIRECT.value)
+        assert resource is not None
+        config = route_pb2.RouteConfiguration.FromString(resource.payload)
+        return next(h for h in config.virtual_hosts if h.name == f"{name}:9080")
+
+
+def test_a_virtual_service_replaces_the_default_route_of_its_host_only() -> None:
+    mesh = Mesh()
+    mesh.updater.upsert_config(
+        vs("reviews", {"hosts": ["reviews"], "http": [{"route": [to("reviews", "v1")]}]})
+    )
+    mesh.push()
+    [route] = mesh.host(REVIEWS).routes
+    assert route.route.cluster == f"outbound|9080|v1|{REVIEWS}"
+    [default] = mesh.host("ratings.shop.svc.cluster.local").routes
+    assert default.name == "default"
+
+
+def test_destination_ports_as_istiod_names_them() -> None:
+    mesh = Mesh()
+    spec = {
+        "hosts": ["reviews"],
+        "http": [
+            {"match": [{"uri": {"prefix": "/a"}}], "route": [to("ratings")]},
+            {"match": [{"uri": {"prefix": "/b"}}], "route": [to("ratings", port=9090)]},
+            {"route": [to("details.other.svc.cluster.local", "v9")]},
+        ],
+    }
+    mesh.updater.upsert_config(vs("reviews", spec))
+    mesh.push()
+    clusters = [r.route.cluster for r in mesh.host(REVIEWS).routes]
+    ratings = "ratings.shop.svc.cluster.local"
+    # ratings has two ports: the route configuration's; an unknown service: likewise.
+    assert clusters == [
+        f"outbound|9080||{ratings}",
+        f"outbound|9090||{ratings}",
+        "outbound|9080|v9|details.other.svc.cluster.local",
+    ]
+
+
+def test_the_oldest_of_two_for_one_host_wins_and_gateway_or_private_ones_route_nothing() -> None:
+    mesh = Mesh()
+    mesh.updater.upsert_config(
+        vs("newer", {"hosts": ["reviews"], "http": [{"route": [to("reviews", "v3")]}]},
+           created="2026-02-01T00:00:00Z")
+    )  # fmt: skip
+    mesh.updater.upsert_config(
+        vs("older", {"hosts": ["reviews"], "http": [{"route": [to("reviews", "v1")]}]})
+    )
+    mesh.updater.upsert_config(
+        vs("gateway", {"hosts": ["ratings"], "gateways": ["shop-gateway"],
+                       "http": [{"route": [to("ratings", "v1")]}]})
+    )  # fmt: skip
+    mesh.updater.upsert_config(
+        vs("private", {"hosts": ["ratings"], "exportTo": ["."],
+                       "http": [{"route": [to("ratings", "v2")]}]})
+    )  # fmt: skip
+    mesh.push()
+    [route] = mesh.host(REVIEWS).routes
+    assert route.route.cluster == f"outbound|9080|v1|{REVIEWS}"
+    [default] = mesh.host("ratings.shop.svc.cluster.local").routes
+    assert default.name == "default"
+
+
+def test_a_weight_change_changes_route_9080_and_no_cluster() -> None:
+    mesh = Mesh()
+    shift = {
+        "hosts": ["reviews"],
+        "http": [{"route": [to("reviews", "v1", 50), to("reviews", "v3", 50)]}],
+    }
+    mesh.updater.upsert_config(vs("reviews", shift))
+    mesh.push()
+    shift["http"][0]["route"][1]["weight"] = 20
+    shift["http"][0]["route"][0]["weight"] = 80
+    mesh.updater.upsert_config(vs("reviews", shift))
+    routes, clusters = mesh.push()
+    assert routes == {"9080"}
+    assert clusters == set()
+    weights = [
+        c.weight.value for c in mesh.host(REVIEWS).routes[0].route.weighted_clusters.clusters
+    ]
+    assert weights == [80, 20]
+
+
+def test_deleting_the_virtual_service_brings_the_default_route_back() -> None:
+    mesh = Mesh()
+    config = vs("reviews", {"hosts": ["reviews"], "http": [{"route": [to("reviews", "v1")]}]})
+    mesh.updater.upsert_config(config)
+    mesh.push()
+    mesh.updater.delete_config(config.key)
+    routes, _ = mesh.push()
+    assert routes == {"9080"}
+    assert [r.name for r in mesh.host(REVIEWS).routes] == ["default"]
