@@ -227,6 +227,13 @@ class Bookinfo:
             expected = {(pod_address(f"r{version}"), PORT)}
             await self.productpage.wait_hosts(subset_cluster(version), expected, version)
 
+    def productpage_node_id(self) -> str:
+        """The node id productpage's agent gives its Envoy (Istio's sidecar~IP~POD.NS~...)."""
+        pod_name, namespace = PRODUCTPAGE.pod_name, PRODUCTPAGE.namespace
+        return (
+            f"sidecar~{pod_address('product')}~{pod_name}.{namespace}~{namespace}.svc.cluster.local"
+        )
+
     async def rejected(self) -> dict[str, int]:
         """Envoy's counts of xDS updates it rejected, by stat (all should stay 0)."""
         return await self.productpage.stats(r"update_rejected$")

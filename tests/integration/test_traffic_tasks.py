@@ -12,14 +12,17 @@ After each, productpage's Envoy has rejected nothing.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from tests.integration.agent_process import PILOT
 from tests.integration.bookinfo_pods import (
     PORT,
     REVIEWS_HOST,
     REVIEWS_SUBSETS,
+    TOKEN,
     Bookinfo,
     istio_yaml,
     module_bookinfo,
@@ -374,3 +377,45 @@ async def test_outlier_detection_ejects_a_failing_v3(bookinfo: Bookinfo) -> None
     finally:
         await bookinfo.restart_backend("v3")
     await _assert_nothing_rejected(bookinfo)
+
+
+async def _proxy_config_routes(bookinfo: Bookinfo) -> tuple[int, str, str]:
+    """`pilot proxy-config routes` of productpage, as JSON, with productpage's token."""
+    token = bookinfo.folder / "productpage-token"
+    token.write_text(TOKEN)
+    token.chmod(0o600)
+    return await bookinfo.network["istiod"].run(
+        str(PILOT), "proxy-config", "routes", bookinfo.productpage_node_id(),
+        "--addr", f"127.0.0.1:{bookinfo.pilot.grpc_port}", "--token-file", str(token),
+        "-o", "json",
+    )  # fmt: skip
+
+
+async def test_proxy_config_routes_shows_the_match_weights_timeout_and_retries(
+    bookinfo: Bookinfo,
+) -> None:
+    """`pilot proxy-config routes` on productpage, run beside pilot as an operator would."""
+    await _applied(bookinfo, JASON_V2, [subset_cluster("v2"), subset_cluster("v1")])
+    status, out, err = await _proxy_config_routes(bookinfo)
+    assert status == 0, err
+    rows = [
+        (r["match"], r["destination"], r["retries"], r["timeout"])
+        for r in json.loads(out)
+        if r["vhost_name"] == f"{REVIEWS_HOST}:{PORT}"
+    ]
+    istio = "2 on connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
+    assert rows == [
+        (
+            "/* [end-user=jason]",
+            f"Cluster: {subset_cluster('v2')}",
+            f"{istio}; another host",
+            "none",
+        ),
+        ("/*", f"Cluster: {subset_cluster('v1')}", f"{istio}; another host", "none"),
+    ]
+    await _applied(bookinfo, EIGHTY_TWENTY, [subset_cluster("v1"), subset_cluster("v2")])
+    _, out, _ = await _proxy_config_routes(bookinfo)
+    [shift] = [
+        r["destination"] for r in json.loads(out) if r["vhost_name"].startswith(REVIEWS_HOST)
+    ]
+    assert shift == f"Clusters: {subset_cluster('v1')}=80,{subset_cluster('v2')}=20"
