@@ -1,5 +1,5 @@
 """Clusters: one EDS cluster per Service port, in one of three config-source flavors,
-balanced as Istio's with no DestinationRule (`pilot.builders.istio_defaults`).
+balanced and bounded as Istio's with no DestinationRule (`pilot.builders.istio_defaults`).
 
 The EDS config source inside a Cluster depends on how the client fetched it:
 over ADS it says `ads`; over the standalone CDS service it names the bootstrap
@@ -16,7 +16,7 @@ from envoy.config.core.v3 import config_source_pb2, grpc_service_pb2, protocol_p
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import any_pb2, duration_pb2
 
-from pilot.builders.istio_defaults import apply_default_load_balancing
+from pilot.builders.istio_defaults import apply_outbound_defaults
 from pilot.builders.naming import outbound_cluster_name, subset_cluster_name
 from pilot.registry.model import Service, ServicePort
 from pilot.xds.flavor import Flavor
@@ -86,7 +86,7 @@ def build_cluster(
         type=cluster_pb2.Cluster.EDS,
         connect_timeout=duration_pb2.Duration(seconds=CONNECT_TIMEOUT_SECONDS),
     )
-    apply_default_load_balancing(cluster)
+    apply_outbound_defaults(cluster)
     cluster.eds_cluster_config.eds_config.CopyFrom(eds_config_source(flavor, xds_cluster_name))
     if speaks_http2(port):
         cluster.typed_extension_protocol_options[HTTP_OPTIONS_KEY].CopyFrom(http2_options())

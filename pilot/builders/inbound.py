@@ -68,7 +68,7 @@ from google.protobuf import duration_pb2, wrappers_pb2
 from google.protobuf.message import Message
 
 from pilot.builders.cds import CONNECT_TIMEOUT_SECONDS, HTTP_OPTIONS_KEY, http2_options
-from pilot.builders.istio_defaults import inbound_retry_policy
+from pilot.builders.istio_defaults import inbound_retry_policy, lift_circuit_breakers
 from pilot.builders.listeners import router_filter, socket_address, tcp_proxy_filter, typed
 from pilot.builders.mtls import sds_config
 from pilot.builders.outbound import ANY_ADDRESS, BLACKHOLE_CLUSTER
@@ -330,7 +330,7 @@ def _original_dst(name: str) -> cluster_pb2.Cluster:
     )
     cluster.upstream_bind_config.source_address.address = INBOUND_SOURCE_ADDRESS
     cluster.upstream_bind_config.source_address.port_value = 0
-    return cluster
+    return lift_circuit_breakers(cluster)  # as Istio's: the app gets what its clients send
 
 
 def inbound_cluster(port: int, protocol: InboundProtocol) -> cluster_pb2.Cluster:

@@ -7,10 +7,16 @@ retriable-status-codes`, with no status codes listed (so an upstream's 503 is
 passed on, not retried: `retriable-status-codes` only matches codes a policy or
 the client's `x-envoy-retriable-status-codes` names), the `previous_hosts`
 predicate so a retry goes to another endpoint, and at most 5 host selections
-for it. Inbound HTTP routes (to the app on the pod) retry twice on
-`reset-before-request` only, and not on gRPC ports, where streams would be
-replayed. Outbound clusters balance LEAST_REQUEST with an empty
-`common_lb_config`.
+for it; its outbound virtual hosts tell the app which attempt a request is
+(`include_request_attempt_count`: the `x-envoy-attempt-count` header). Inbound
+HTTP routes (to the app on the pod) retry twice on `reset-before-request`
+only, and not on gRPC ports, where streams would be replayed. Outbound
+clusters balance LEAST_REQUEST with an empty `common_lb_config`. Every
+service cluster, inbound cluster and passthrough cluster lifts Envoy's
+circuit breakers (1,024 connections, pending and active requests, 3
+concurrent retries) to the largest value: Envoy's 3 retries would turn the
+default retries into 503s as soon as a few endpoints go at once (a rolling
+update), which is why Istio lifts them.
 
 The messages are built once here and copied into each route and cluster, so the
 defaults cost nothing per request and nothing per push beyond what the
@@ -30,6 +36,7 @@ HOST_SELECTION_RETRY_MAX_ATTEMPTS = 5
 PREVIOUS_HOSTS = "envoy.retry_host_predicates.previous_hosts"
 INBOUND_RETRY_ON = "reset-before-request"
 DEFAULT_LB_POLICY = cluster_pb2.Cluster.LEAST_REQUEST
+UNLIMITED = 2**32 - 1  # Istio's circuit breaker thresholds with no DestinationRule
 
 
 def _previous_hosts() -> rc_pb2.RetryPolicy.RetryHostPredicate:
@@ -57,8 +64,19 @@ def inbound_retry_policy() -> rc_pb2.RetryPolicy:
     )
 
 
-def apply_default_load_balancing(cluster: cluster_pb2.Cluster) -> cluster_pb2.Cluster:
-    """`cluster` balanced as Istio's outbound clusters are with no DestinationRule."""
+def lift_circuit_breakers(cluster: cluster_pb2.Cluster) -> cluster_pb2.Cluster:
+    """`cluster` with Istio's default thresholds (the default priority's, all unlimited)."""
+    thresholds = cluster.circuit_breakers.thresholds.add()
+    thresholds.max_connections.value = UNLIMITED
+    thresholds.max_pending_requests.value = UNLIMITED
+    thresholds.max_requests.value = UNLIMITED
+    thresholds.max_retries.value = UNLIMITED
+    return cluster
+
+
+def apply_outbound_defaults(cluster: cluster_pb2.Cluster) -> cluster_pb2.Cluster:
+    """`cluster` balanced and bounded as Istio's service clusters are with no
+    DestinationRule."""
     cluster.lb_policy = DEFAULT_LB_POLICY
     cluster.common_lb_config.SetInParent()
-    return cluster
+    return lift_circuit_breakers(cluster)

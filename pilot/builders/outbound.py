@@ -33,6 +33,7 @@ from envoy.config.cluster.v3 import cluster_pb2
 from google.protobuf import duration_pb2
 
 from pilot.builders.cds import CONNECT_TIMEOUT_SECONDS
+from pilot.builders.istio_defaults import lift_circuit_breakers
 from pilot.builders.protocols import PortProtocol, is_http, protocol_of
 from pilot.builders.proxy_ports import reserved
 from pilot.registry.model import Service, ServicePort
@@ -108,6 +109,7 @@ def fixed_clusters() -> list[cluster_pb2.Cluster]:
         lb_policy=cluster_pb2.Cluster.CLUSTER_PROVIDED,
         connect_timeout=timeout,
     )
+    lift_circuit_breakers(passthrough)  # as Istio's; the blackhole keeps Envoy's
     blackhole = cluster_pb2.Cluster(
         name=BLACKHOLE_CLUSTER, type=cluster_pb2.Cluster.STATIC, connect_timeout=timeout
     )

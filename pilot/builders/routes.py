@@ -4,6 +4,7 @@ A service's route carries Istio's default retry policy
 (`pilot.builders.istio_defaults`); the fallback hosts have none, as Istio's. A
 service a VirtualService names gets that object's routes instead
 (`pilot.builders.virtual_routes`).
+Every virtual host sends the app `x-envoy-attempt-count`, as Istio's.
 
 The RDS generator (`pilot.generators.rds`) keeps which services are on which port and
 calls these.
@@ -57,6 +58,7 @@ def virtual_host(
         name=f"{route.hostname}:{port}",
         domains=domains,
         routes=routes if routes is not None else [default_route(route)],
+        include_request_attempt_count=True,
     )
 
 
@@ -70,13 +72,17 @@ def fallback_host(settings: OutboundSettings) -> rc_pb2.VirtualHost:
                 cluster=settings.fallback_cluster, timeout=duration_pb2.Duration(seconds=0)
             ),
         )
-        return rc_pb2.VirtualHost(name="allow_any", domains=["*"], routes=[action])
+        return rc_pb2.VirtualHost(
+            name="allow_any", domains=["*"], routes=[action], include_request_attempt_count=True
+        )
     block = rc_pb2.Route(
         name="block_all",
         match=rc_pb2.RouteMatch(prefix="/"),
         direct_response=rc_pb2.DirectResponseAction(status=502),
     )
-    return rc_pb2.VirtualHost(name="block_all", domains=["*"], routes=[block])
+    return rc_pb2.VirtualHost(
+        name="block_all", domains=["*"], routes=[block], include_request_attempt_count=True
+    )
 
 
 def shared_domains(routes: list[HostRoute], port: int) -> set[str]:

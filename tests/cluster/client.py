@@ -30,6 +30,7 @@ _KINDS = {
     "Endpoints": ("/api/v1", "endpoints", True),
     "EndpointSlice": ("/apis/discovery.k8s.io/v1", "endpointslices", True),
     "Deployment": ("/apis/apps/v1", "deployments", True),
+    "Job": ("/apis/batch/v1", "jobs", True),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases", True),
     "PeerAuthentication": ("/apis/security.istio.io/v1", "peerauthentications", True),
     "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),

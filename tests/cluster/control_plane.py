@@ -57,6 +57,8 @@ CONTROLLERS = (
     "garbagecollector",
     "replicaset",
     "deployment",
+    "job",  # injected Jobs end with their app (tests/cluster/test_injected_pods.py)
+    "root-ca-cert-publisher",  # kube-root-ca.crt: every Pod's kube-api-access volume reads it
 )
 START_TIMEOUT = 90.0  # the API server's first start bootstraps its roles and priorities
 STOP_TIMEOUT = 15.0

@@ -5,7 +5,8 @@ writes its status: phase Running, podIP, Ready. The EndpointSlice controller the
 it behind the Services that select it, as on a real node. `set_ready` flips its
 readiness; `remove_pod` deletes it at once (no kubelet is there to finish a graceful
 deletion). Where a test needs the pod to run, it runs a network-namespace pod
-(tests/support/pods.py) at the same address.
+(tests/support/pods.py) at the same address; tests.cluster.local_kubelet runs the
+Pods the API server holds, their containers and all, for real.
 """
 
 from __future__ import annotations

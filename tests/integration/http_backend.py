@@ -1,8 +1,9 @@
 """`Backend`: the HTTP server behind the server Envoy in the mTLS tests.
 
 Owns a small aiohttp server on an ephemeral port that answers every path with
-`BACKEND_BODY` and records each request as `Seen` (its path and the
-`x-forwarded-client-cert` header the server Envoy set, with a field reader).
+`BACKEND_BODY` (status 200, or NNN for a path `/status/NNN/...`) and records
+each request as `Seen` (its path and the `x-forwarded-client-cert` header the
+server Envoy set, with a field reader).
 Run as a process (a pod's app, `python -m tests.integration.http_backend`), it
 also prints each request as one line, `seen {"path": ..., "xfcc": ...}`, for
 the test reading its output. Each answer also carries that header back as
@@ -67,6 +68,14 @@ def parse_seen(line: str) -> Seen | None:
     return Seen(**json.loads(line.removeprefix(SEEN_PREFIX)))
 
 
+def _status(path: str) -> int:
+    """The status a request asks for by its path, `/status/503/...`; 200 for any other."""
+    parts = path.split("/")
+    if len(parts) > 2 and parts[1] == "status" and parts[2].isdigit() and len(parts[2]) == 3:
+        return int(parts[2])
+    return 200
+
+
 @dataclass(frozen=True)
 class Answer:
     """How a backend answers: its body (default: BACKEND_BODY and the path), its status,
@@ -104,7 +113,8 @@ class Backend:
         answer = self._answer
         if answer.delay:
             await asyncio.sleep(answer.delay)
-        status = 503 if len(self.seen) <= answer.fail_first else answer.status
+        status = answer.status if answer.status != 200 else _status(request.path)
+        status = 503 if len(self.seen) <= answer.fail_first else status
         body = answer.body or f"{BACKEND_BODY} {request.path}"
         return web.Response(text=body, status=status, headers=headers)
 

@@ -176,6 +176,14 @@ ELSEWHERE = {
         "tests/cluster/test_injection_webhook.py",
         'README_COMMAND = "kubectl label namespace default istio-injection=enabled"',
     ),
+    "kubectl apply -k deploy/example-app/": (
+        "tests/cluster/test_example_app.py",
+        'APPLY = "kubectl apply -k deploy/example-app/"',
+    ),
+    "kubectl -n example get pods": (
+        "tests/cluster/test_example_app.py",
+        'GET_PODS = "kubectl -n example get pods"',
+    ),
     "pilot agent iptables": (
         "tests/integration/test_pod_capture.py",
         'a.run(str(PILOT), "agent", "iptables")',
@@ -195,7 +203,7 @@ _BENCH = (
 _NO_CLUSTER = "needs a real Kubernetes cluster; tests/integration/test_deploy.py validates deploy/"
 _IN_POD = (
     "reaches the example app's sidecar through a port-forward into a cluster;"
-    " tests/integration/test_sds_mtls.py runs Envoys with that sidecar's set-up"
+    " tests/cluster/test_example_app.py reads the same admin API inside the injected Pod"
 )
 _TWO_CLUSTERS = (
     "kubectl writes built-in objects as protobuf, which the test API server does not speak;"
@@ -265,14 +273,12 @@ NOT_HERE = {
     ),
     "kubectl apply -k deploy/": _NO_CLUSTER,
     "kubectl -n pilot-system rollout status deployment/pilot": _NO_CLUSTER,
-    "kubectl apply -k deploy/example-app/": _NO_CLUSTER,
     "kubectl -n example rollout status deployment/echo": _NO_CLUSTER,
-    "kubectl -n example port-forward deployment/echo 15001 15000": _NO_CLUSTER,
-    'curl localhost:15001/                          # "hello from echo", over mTLS': _IN_POD,
-    "curl -s localhost:15000/clusters | grep echo   # the mesh, from pilot": _IN_POD,
-    "curl -s localhost:15000/certs                  # spiffe://cluster.local/ns/example/sa/echo": (
+    "kubectl -n example port-forward deployment/echo 15000": _NO_CLUSTER,
+    "curl -s localhost:15000/certs | grep spiffe     # spiffe://cluster.local/ns/example/sa/echo": (
         _IN_POD
     ),
+    "curl -s localhost:15000/clusters | grep echo    # the mesh, from pilot": _IN_POD,
     "kubectl -n pilot-system port-forward deployment/pilot 15014": (
         "needs a cluster; the probes it forwards to are run here against a local pilot"
     ),
@@ -563,6 +569,8 @@ class TestRequestThroughEnvoy:
         assert route[0] == "9080" and route[3:] == [
             "/*",
             "Cluster: outbound|9080||reviews.default.svc.cluster.local",
+            "2 on connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes;"
+            " another host",  # Istio's default retries
             "SYNCED",
             "-",
         ], routes

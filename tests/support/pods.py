@@ -20,6 +20,10 @@ Those files go with the namespaces.
 
 `add_pod_at(network, name, address_of)` adds a pod at another pod's address
 (two interfaces with one address on the bridge: a test takes one down).
+`add_pod(network, name, routes)` adds one at the lowest free address (a kubelet
+starting pods as they come), `remove_pod` deletes one, and `add_node_address` gives
+the bridge itself 198.18.0.1: the node, whose side of the bridge a kubelet's probes
+come from (`client_socket_in` makes a socket that connects from a namespace).
 
 `socket_in(namespace, host, port)` makes a listening socket inside a pod's
 namespace for a server of this process (a socket keeps the namespace it was
@@ -46,7 +50,7 @@ import shutil
 import signal
 import socket
 import subprocess
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +60,7 @@ import pytest
 SUBNET = "198.18.0"  # 198.18.0.0/15 only: never an address that exists outside
 PREFIX = 24
 BRIDGE = "br0"
+NODE_ADDRESS = f"{SUBNET}.1"
 SERVICE_RANGE = "198.19.0.0/16"  # ClusterIPs: still inside 198.18.0.0/15
 COMMAND_TIMEOUT = 30.0
 NETNS_ETC = Path("/etc/netns")  # `ip netns exec` bind-mounts NETNS_ETC/NAME/* over /etc/*
@@ -289,8 +294,38 @@ def add_pod_at(
     return _add_pod(network, name, index, hosts or {})
 
 
-def socket_in(namespace: str, host: str, port: int = 0) -> socket.socket:
-    """A listening TCP socket made inside network namespace `namespace`.
+def add_pod(network: PodNetwork, name: str, routes: Sequence[str] = ()) -> Pod:
+    """One more pod on the bridge at the lowest free address, routing `routes` (CIDRs
+    inside the pod, such as a cluster's Service range) out of its eth0 as well; removed
+    with the network or by `remove_pod`."""
+    check_pods([*network.pods, name], {})
+    used = {int(pod.address.rsplit(".", 1)[1]) - 2 for pod in network.pods.values()}
+    free = [index for index in range(_MAX_PODS) if index not in used]
+    if not free:
+        raise ValueError(f"pod {name}: all {_MAX_PODS} addresses are taken")
+    pod = _add_pod(network, name, free[0], {})
+    for route in routes:
+        _in(pod.namespace, "route", "add", str(ipaddress.ip_network(route)), "dev", "eth0")
+    return pod
+
+
+def remove_pod(network: PodNetwork, name: str) -> None:
+    """Pod `name` gone: its processes killed, its namespace (and veth) deleted."""
+    pod = network.pods.pop(name)
+    _kill_processes(pod.namespace)
+    _ip("netns", "delete", pod.namespace, check=False)
+    shutil.rmtree(NETNS_ETC / pod.namespace, ignore_errors=True)
+
+
+def add_node_address(network: PodNetwork) -> str:
+    """The bridge's own address, NODE_ADDRESS, in the bridge's namespace: the node the
+    pods' kubelet probes from and their host IP (pods are .2 and up, never .1)."""
+    _in(network.bridge_namespace, "addr", "add", f"{NODE_ADDRESS}/{PREFIX}", "dev", BRIDGE)
+    return NODE_ADDRESS
+
+
+def _made_in(namespace: str, make: Callable[[], socket.socket]) -> socket.socket:
+    """`make()` run with this thread inside network namespace `namespace`.
 
     setns(2) moves only the calling thread, and only for the lines between the two
     calls: nothing awaits there, so no other task of the event loop runs in the pod.
@@ -302,7 +337,7 @@ def socket_in(namespace: str, host: str, port: int = 0) -> socket.socket:
         if libc.setns(target, _CLONE_NEWNET) != 0:
             raise NamespaceError(f"setns({namespace}): {os.strerror(ctypes.get_errno())}")
         try:
-            return socket.create_server((host, port))
+            return make()
         finally:
             if libc.setns(own, _CLONE_NEWNET) != 0:
                 # A thread left in the pod's namespace would make every later socket there.
@@ -310,3 +345,16 @@ def socket_in(namespace: str, host: str, port: int = 0) -> socket.socket:
     finally:
         os.close(own)
         os.close(target)
+
+
+def socket_in(namespace: str, host: str, port: int = 0) -> socket.socket:
+    """A listening TCP socket made inside network namespace `namespace`."""
+    return _made_in(namespace, lambda: socket.create_server((host, port)))
+
+
+def client_socket_in(namespace: str) -> socket.socket:
+    """An unconnected, non-blocking TCP socket made inside network namespace `namespace`:
+    it connects from there (a kubelet's probe from the node's side of the bridge)."""
+    made = _made_in(namespace, lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+    made.setblocking(False)
+    return made

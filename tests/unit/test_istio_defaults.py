@@ -3,9 +3,11 @@
 What a user's Envoy shows under Istio with no VirtualService or DestinationRule,
 read from the resources pilot's real generators put in the cache: every service
 route retries twice on Istio's conditions and moves to another host; the
-fallback (`allow_any`, `block_all`) routes do not retry; outbound clusters
-balance LEAST_REQUEST; the inbound route to the app retries only a request the
-app reset before it was sent, and not on a gRPC port.
+fallback (`allow_any`, `block_all`) routes do not retry; every virtual host
+sends the attempt count; outbound clusters balance LEAST_REQUEST; every cluster
+but the blackhole has Istio's unlimited circuit breakers; the inbound route to
+the app retries only a request the app reset before it was sent, and not on a
+gRPC port.
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ def test_every_service_route_retries_as_istio_and_moves_to_another_host(
         assert predicate.name == "envoy.retry_host_predicates.previous_hosts"
         assert predicate.typed_config.Is(previous_hosts_pb2.PreviousHostsPredicate.DESCRIPTOR)
         assert not policy.HasField("per_try_timeout"), "Istio sets no per-try timeout"
+    assert all(host.include_request_attempt_count for host in hosts.values()), (
+        "every virtual host sends the app x-envoy-attempt-count, as Istio's"
+    )
 
 
 @pytest.mark.parametrize("policy", list(TrafficPolicy))
@@ -102,6 +107,28 @@ def test_outbound_clusters_balance_least_request_and_the_rest_keep_their_own() -
     for name, cluster in others.items():
         if cluster.type == cluster_pb2.Cluster.ORIGINAL_DST:
             assert cluster.lb_policy == cluster_pb2.Cluster.CLUSTER_PROVIDED, name
+    lifted = {name for name, cluster in clusters.items() if _unlimited(cluster)}
+    assert lifted == set(clusters) - {"BlackHoleCluster"}, "Istio lifts all but the blackhole"
+    assert not clusters["BlackHoleCluster"].HasField("circuit_breakers")
+
+
+UNLIMITED = 2**32 - 1
+
+
+def _unlimited(cluster: cluster_pb2.Cluster) -> bool:
+    """Istio's default thresholds: one, of the default priority, every limit the largest."""
+    [thresholds] = cluster.circuit_breakers.thresholds or [None]
+    return (
+        thresholds is not None
+        and thresholds.priority == 0
+        and (
+            thresholds.max_connections.value,
+            thresholds.max_pending_requests.value,
+            thresholds.max_requests.value,
+            thresholds.max_retries.value,
+        )
+        == (UNLIMITED,) * 4
+    )
 
 
 def test_the_inbound_route_retries_a_reset_before_request_except_on_grpc() -> None:
