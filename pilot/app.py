@@ -176,8 +176,8 @@ class Core:
             remote_insecure=lambda: r.insecure() if (r := remotes()) is not None else 0,
             task_failures=lambda: self.supervisor.failures,
             watch_faults=lambda: self.watching.faults.counts,
-            injection=lambda: w.stats if (w := webhook()) else None,
             unsupported_config=self.traffic.unsupported_counts,
+            injection=lambda: w.stats if (w := webhook()) else None,
         )
 
     def is_ready(self) -> bool:
@@ -463,6 +463,7 @@ def _source(
         api_server,
         settings.cluster_id,
         watching=core.watching,
+        cluster_domain=settings.build.cluster_domain,
     )
     return cluster_source, cluster_source
 

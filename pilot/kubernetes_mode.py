@@ -55,6 +55,7 @@ class KubernetesMode:
         cluster_id: str,
         *,
         watching: Watching,
+        cluster_domain: str = "cluster.local",
     ) -> ClusterSource:
         """The local cluster as the registry's source (Istio's config is read here only)."""
         return ClusterSource(
@@ -65,6 +66,7 @@ class KubernetesMode:
             cluster_id,
             watching=watching,
             peer_authentications=True,
+            cluster_domain=cluster_domain,
         )
 
     def remote_clusters(

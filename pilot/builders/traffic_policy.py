@@ -8,7 +8,7 @@ policy one port (or subset) gets (`pilot.registry.destination_rule.policy_for`):
   consistentHash a RING_HASH cluster with its minimum ring size (the route's hash
   policy, what is hashed, is the routes' to build).
 - connectionPool: circuit_breakers' one threshold, Istio's defaults (every maximum
-  2^32-1, track_remaining) with what the rule gives (tcp maxConnections; http
+  2^32-1) with what the rule gives (tcp maxConnections; http
   http1MaxPendingRequests, http2MaxRequests, maxRetries); tcp connectTimeout is the
   cluster's connect_timeout; http idleTimeout and maxRequestsPerConnection go into
   the upstream HttpProtocolOptions' common options.
@@ -90,7 +90,6 @@ def _connection_pool(cluster: cluster_pb2.Cluster, pool: ConnectionPool) -> None
         ),
         max_requests=wrappers_pb2.UInt32Value(value=pool.http2_max_requests or UNLIMITED),
         max_retries=wrappers_pb2.UInt32Value(value=pool.max_retries or UNLIMITED),
-        track_remaining=True,
     )
     cluster.circuit_breakers.CopyFrom(circuit_breaker_pb2.CircuitBreakers(thresholds=[threshold]))
     if pool.connect_timeout is not None:
@@ -153,13 +152,14 @@ def fail_closed(cluster: cluster_pb2.Cluster) -> None:
 
 
 def simple_tls(tls: ClientTls) -> tls_pb2.UpstreamTlsContext:
-    """SIMPLE: TLS to the server, verified against the system's CAs (or the file the rule
-    names) and its subjectAltNames, unless insecureSkipVerify."""
+    """SIMPLE: TLS to the server, verified against the system's CAs and the rule's
+    subjectAltNames, unless insecureSkipVerify (a rule naming a CA file fails closed
+    before this)."""
     context = tls_pb2.UpstreamTlsContext(sni=tls.sni)
     if tls.insecure_skip_verify:
         return context
     validation = context.common_tls_context.validation_context
-    validation.trusted_ca.filename = tls.ca_certificates or SYSTEM_CA
+    validation.trusted_ca.filename = SYSTEM_CA
     for name in tls.subject_alt_names:
         kind = (
             common_pb2.SubjectAltNameMatcher.URI

@@ -93,10 +93,10 @@ class Sources:
     task_failures: Callable[[], Mapping[str, int]] = lambda: {}
     # (cluster id, kind, reason) -> what API servers sent that was skipped or refused.
     watch_faults: Callable[[], Mapping[tuple[str, str, str], int]] = lambda: {}
-    # The sidecar-injection webhook's counts (None while it does not run).
-    injection: Callable[[], InjectionStats | None] = lambda: None
     # Istio kind -> objects held of kinds pilot does not implement (a bounded list of kinds).
     unsupported_config: Callable[[], Mapping[str, int]] = lambda: {}
+    # The sidecar-injection webhook's counts (None while it does not run).
+    injection: Callable[[], InjectionStats | None] = lambda: None
 
 
 def _istio_counter(

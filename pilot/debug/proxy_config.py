@@ -12,8 +12,9 @@ says what CSDS says of it: its state (SYNCED, STALE, NOT_SENT, ERROR; and
 version, for clusters), ERROR what the proxy said when it rejected it (CSDS
 `error_state`: Envoy's words for that resource when its NACK named it, else
 for the whole update; cut short in `-o table`), and what its contents hold
-where CSDS sent them (a cluster's load balancing policy, LB; a route's
-retries, RETRIES, and timeout, TIMEOUT; `routing_rows` words listeners and routes as istioctl
+where CSDS sent them (a cluster's subset, LB and the rest of its traffic policy,
+POLICY; a route's retries, RETRIES, and timeout, TIMEOUT; `routing_rows` words
+listeners and routes as istioctl
 does). A resource CSDS sent no contents of (or none that decode) is one row of
 its name and state.
 Secrets come from CSDS with their private keys already redacted
@@ -38,6 +39,7 @@ from envoy.service.status.v3 import csds_pb2
 from google.protobuf import message
 
 from pilot.debug import routing_rows
+from pilot.debug.cluster_policy import cluster_policy
 from pilot.debug.tables import Cell, Table
 from pilot.logs import clipped
 from pilot.security.certs import uri_sans
@@ -145,21 +147,30 @@ def _lb_policy(cluster: cluster_pb2.Cluster | None) -> str | None:
     return str(cluster_pb2.Cluster.LbPolicy.Name(cluster.lb_policy))
 
 
+def _subset(name: str) -> str | None:
+    """The SUBSET part of Istio's `outbound|PORT|SUBSET|HOST` (None: none)."""
+    parts = name.split("|")
+    return parts[2] or None if len(parts) == 4 else None
+
+
 def _cluster_record(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> dict[str, Cell]:
     cluster = _contents(generic, cluster_pb2.Cluster)
     return {
         "name": generic.name,
+        "subset": _subset(generic.name),
         "type": _discovery_type(cluster),
         "lb": _lb_policy(cluster),
+        "policy": cluster_policy(cluster) if cluster is not None else None,
         "version": generic.version_info,
     } | _state(generic)
 
 
 def clusters(config: csds_pb2.ClientConfig) -> Table:
-    """A row per cluster: its name, how its endpoints are found and balanced, its state and
-    version."""
+    """A row per cluster: its name, its DestinationRule subset, how its endpoints are found
+    and balanced, the rest of its traffic policy (`cluster_policy`), its state and version."""
     records = [_cluster_record(generic) for generic in _held(config, types.CLUSTER)]
-    return Table.of(("NAME", "TYPE", "LB", "STATUS", "VERSION", "ERROR"), records, ERROR_CHARS)
+    headers = ("NAME", "SUBSET", "TYPE", "LB", "POLICY", "STATUS", "VERSION", "ERROR")
+    return Table.of(headers, records, ERROR_CHARS | {"POLICY": 240})
 
 
 # --- endpoints -------------------------------------------------------------------------

@@ -129,11 +129,14 @@ class ClusterGenerator(PerServiceGenerator):
         elif tls.mode == "SIMPLE":
             set_transport_socket(cluster, simple_tls(tls))
         elif tls.mode == "ISTIO_MUTUAL":
-            set_transport_socket(cluster, self._istio_mutual(service, i, tls))
+            set_transport_socket(cluster, self._istio_mutual(cluster.name, service, i, tls))
         # DISABLE: plaintext, to every endpoint
 
-    def _istio_mutual(self, service: Service, i: int, tls: ClientTls) -> tls_pb2.UpstreamTlsContext:
-        """Istio's mTLS to every endpoint, the rule's sni and subjectAltNames where given."""
+    def _istio_mutual(
+        self, name: str, service: Service, i: int, tls: ClientTls
+    ) -> tls_pb2.UpstreamTlsContext:
+        """Istio's mTLS to every endpoint, the rule's subjectAltNames where given; its sni,
+        else (as istiod) the cluster's name."""
         context = upstream_tls(
             service.key,
             service.ports[i],
@@ -141,15 +144,14 @@ class ClusterGenerator(PerServiceGenerator):
             cluster_domain=self._settings.cluster_domain,
             trust_domain=self._settings.trust_domain,
         )
-        if tls.sni:
-            context.sni = tls.sni
+        context.sni = tls.sni or name
         if tls.subject_alt_names:
             sans = context.common_tls_context.combined_validation_context.default_validation_context
             del sans.match_typed_subject_alt_names[:]
-            for name in tls.subject_alt_names:
+            for san in tls.subject_alt_names:
                 sans.match_typed_subject_alt_names.add(
                     san_type=common_pb2.SubjectAltNameMatcher.URI,
-                    matcher=string_pb2.StringMatcher(exact=name),
+                    matcher=string_pb2.StringMatcher(exact=san),
                 )
         return context
 

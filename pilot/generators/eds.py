@@ -86,7 +86,7 @@ class EndpointGenerator(PerServiceGenerator):
         built: dict[str, list[Resource]] = {flavor: [] for flavor in variants or self._variants}
         if service is not None:
             endpoint_sets = self._index.endpoint_sets(key)
-            members = {n: self._members(endpoint_sets, s) for n, s in subsets.items()}
+            members = self._members(endpoint_sets, subsets.values()) if subsets else {}
             for name, (i, subset) in names.items():
                 groups = group_hosts(
                     service.ports[i],
@@ -103,27 +103,36 @@ class EndpointGenerator(PerServiceGenerator):
             changed |= self._cache.update(types.ENDPOINT, resources, stale, flavor=flavor)
         return changed
 
-    def _members(self, endpoint_sets: Iterable[EndpointSet], subset: Subset) -> list[EndpointSet]:
-        """The endpoint sets with only the endpoints whose pod the subset selects."""
-        return [
-            EndpointSet(
-                endpoint_set.key,
-                endpoint_set.service,
-                tuple(
-                    EndpointGroup(group.ports, kept)
-                    for group in endpoint_set.groups
-                    if (
-                        kept := tuple(
-                            e for e in group.endpoints if self._in(endpoint_set, e, subset)
-                        )
-                    )
-                ),
-            )
+    def _members(
+        self, endpoint_sets: list[EndpointSet], subsets: Iterable[Subset]
+    ) -> dict[str, list[EndpointSet]]:
+        """Per subset, the endpoint sets with only the endpoints whose pod it selects (each
+        endpoint's pod looked up once, however many subsets there are)."""
+        labels = {
+            (endpoint_set.key, endpoint): self._labels(endpoint_set, endpoint)
             for endpoint_set in endpoint_sets
-        ]
+            for group in endpoint_set.groups
+            for endpoint in group.endpoints
+        }
 
-    def _in(self, endpoint_set: EndpointSet, endpoint: Endpoint, subset: Subset) -> bool:
+        def kept(endpoint_set: EndpointSet, subset: Subset) -> EndpointSet:
+            groups = []
+            for group in endpoint_set.groups:
+                chosen = tuple(
+                    e
+                    for e in group.endpoints
+                    if (found := labels[(endpoint_set.key, e)]) is not None
+                    and subset.selects(found)
+                )
+                if chosen:
+                    groups.append(EndpointGroup(group.ports, chosen))
+            return EndpointSet(endpoint_set.key, endpoint_set.service, tuple(groups))
+
+        return {s.name: [kept(es, s) for es in endpoint_sets] for s in subsets}
+
+    def _labels(self, endpoint_set: EndpointSet, endpoint: Endpoint) -> dict[str, str] | None:
+        """The labels of the endpoint's pod (None: no pod known, or its labels not kept)."""
         if not endpoint.addresses:
-            return False
+            return None
         pod = self._index.pod_for(endpoint_set.key, endpoint.addresses[0], endpoint.pod_name)
-        return pod is not None and pod.labels is not None and subset.selects(dict(pod.labels))
+        return dict(pod.labels) if pod is not None and pod.labels is not None else None

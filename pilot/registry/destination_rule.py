@@ -26,7 +26,8 @@ the rule's one by one, and the subset's own port-level settings replace all four
 Fields of Istio's API that pilot does not implement (localityLbSetting, warmup,
 tunnel, proxyProtocol, TCP keepalive, ...) refuse the object with a message
 naming the field: an object is applied as written or not at all. TLS that pilot
-cannot build (MUTUAL, a `credentialName`, client certificates) is kept, marked
+cannot build (MUTUAL, a `credentialName`, client certificates, a `caCertificates` file)
+is kept, marked
 `unsupported`: its clusters fail closed (they send nowhere) rather than in
 plaintext. `workloadSelector` is refused: pilot's clusters are one set for
 every sidecar.
@@ -158,7 +159,10 @@ _NOT_BUILT = frozenset(
         "caCrl",
     }
 )
-_FAIL_CLOSED_TLS = ("clientCertificate", "privateKey", "credentialName")
+# TLS pilot cannot build: client certificates, and file paths on the proxy (istio-agent
+# serves those over SDS; read by Envoy itself, one rule's missing file would make every
+# sidecar reject its clusters).
+_FAIL_CLOSED_TLS = ("clientCertificate", "privateKey", "credentialName", "caCertificates")
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +211,7 @@ class ClientTls:
     mode: str = "DISABLE"
     sni: str = ""
     subject_alt_names: tuple[str, ...] = ()
-    ca_certificates: str = ""  # a path on the proxy's file system, read by Envoy
+    ca_certificates: str = ""  # a path on the proxy's file system: its clusters fail closed
     insecure_skip_verify: bool = False
     unsupported: str = ""  # why pilot cannot build it: its clusters fail closed
 

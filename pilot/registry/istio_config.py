@@ -54,6 +54,9 @@ EXPORT_ALL, EXPORT_SELF = "*", "."
 MAX_LIST = 1024  # entries of any one list of an object (subsets, routes, matches, hosts)
 MAX_STRING = 1024  # characters of a string that is not a regex or a name
 MAX_NAME = 253  # a DNS name: hosts, namespaces
+# Entries of every list and map of one object together: each list is bounded, but lists
+# of lists multiply (256 routes x 1024 matches x 1024 headers): this bounds the product.
+MAX_ENTRIES = 20_000
 MAX_DURATION_SECONDS = 315_576_000_000  # protobuf Duration's largest
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _HOST = re.compile(r"(\*|\*\.)?[A-Za-z0-9]([-A-Za-z0-9._]{0,251}[A-Za-z0-9])?|\*")
@@ -116,6 +119,15 @@ class Reader:
 
     def __init__(self, key: ConfigKey) -> None:
         self.key = key
+        self._entries = 0
+
+    def count(self, entries: int, where: str) -> None:
+        """Charge `entries` to the object's budget (`MAX_ENTRIES`)."""
+        self._entries += entries
+        if self._entries > MAX_ENTRIES:
+            raise self.fail(
+                where, f"makes the object too large (over {MAX_ENTRIES} entries in all)"
+            )
 
     def fail(self, where: str, what: str) -> ConfigError:
         return ConfigError(f"{self.key}: {where} {what}")
@@ -139,6 +151,7 @@ class Reader:
             raise self.fail(where, f"must be a list, not a {type(value).__name__}")
         if len(value) > limit:
             raise self.fail(where, f"has {len(value)} entries (at most {limit})")
+        self.count(len(value), where)
         return value
 
     def string(self, value: Any, where: str, limit: int = MAX_STRING) -> str:
@@ -161,6 +174,7 @@ class Reader:
             raise self.fail(where, "must be a mapping of strings")
         if len(value) > MAX_LIST:
             raise self.fail(where, f"has {len(value)} entries (at most {MAX_LIST})")
+        self.count(len(value), where)
         pairs = [
             (self.string(k, f"{where} key", MAX_NAME), self.string(v, f"{where}[{k}]"))
             for k, v in value.items()

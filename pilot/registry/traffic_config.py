@@ -4,8 +4,9 @@ it does not implement, with the last good version of each object.
 Sources hand over parsed objects (`upsert`, `delete`, or a file's whole set with
 `replace_all`, which names the objects of the file that did not parse: those keep
 their last good version, as an informer keeps an object whose update it refused).
-Each change answers which hosts it touched, so the caller rebuilds only the
-clusters of those services.
+Each change answers which hosts' clusters it touched (a DestinationRule's; a
+VirtualService touches routes only), so the caller rebuilds only the clusters of
+those services.
 
 Which DestinationRule a service's clusters follow (`rule_for`): pilot builds one
 set of clusters for every sidecar, so only a rule that applies to every sidecar
@@ -24,7 +25,7 @@ Unsupported kinds are kept by key only: counted by kind (`unsupported_counts`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from pilot.registry.destination_rule import DestinationRule
 from pilot.registry.istio_config import ConfigKey, exported_to_all, host_matches
@@ -36,11 +37,11 @@ Config = DestinationRule | VirtualService
 
 
 def _hosts_of(config: Config | None) -> set[str]:
-    if config is None:
-        return set()
+    """The hosts whose clusters `config` shapes: a DestinationRule's; a VirtualService
+    shapes routes only (built elsewhere), so it moves no cluster."""
     if isinstance(config, DestinationRule):
         return {config.host}
-    return set(config.hosts)
+    return set()
 
 
 class TrafficConfig:
@@ -168,16 +169,26 @@ class TrafficConfig:
             1 for c in self._objects.values() if isinstance(c, DestinationRule) and c.subsets
         )
 
-    def services_of(self, hosts: Iterable[str], services: Iterable[ServiceKey]) -> set[ServiceKey]:
-        """The services (of `services`) that `hosts`, wildcards included, name."""
-        patterns = set(hosts)
-        exact = {p for p in patterns if not p.startswith("*")}
-        wild = patterns - exact
-        found = set()
-        for service in services:
-            host = service.hostname(self.cluster_domain)
-            if host in exact or any(host_matches(p, host) for p in wild):
-                found.add(service)
+    def services_of(
+        self, hosts: Iterable[str], services: Collection[ServiceKey]
+    ) -> set[ServiceKey]:
+        """The services (of `services`) that `hosts`, wildcards included, name: an exact
+        host is looked up, only wildcards are matched against every service."""
+        found: set[ServiceKey] = set()
+        wild = []
+        suffix = f".svc.{self.cluster_domain}"
+        for host in hosts:
+            if host.startswith("*"):
+                wild.append(host)
+            elif host.endswith(suffix) and host.count(".") == 1 + suffix.count("."):
+                name, namespace = host[: -len(suffix)].split(".")
+                if (key := ServiceKey(namespace, name)) in services:
+                    found.add(key)
+        if wild:
+            for service in services:
+                host = service.hostname(self.cluster_domain)
+                if any(host_matches(p, host) for p in wild):
+                    found.add(service)
         return found
 
 

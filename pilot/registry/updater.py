@@ -185,9 +185,11 @@ class IndexUpdater:
         self._moved(self.policies.replace_all(policies))
 
     def upsert_config(self, config: Config) -> None:
+        self._stats.inbound_updates["config"] += 1  # Istio's type for config objects
         self._hosts_moved(self.traffic.upsert(config))
 
     def delete_config(self, key: ConfigKey) -> None:
+        self._stats.inbound_updates["config"] += 1
         self._hosts_moved(self.traffic.delete(key))
 
     def config_refused(self, key: ConfigKey) -> None:
@@ -222,7 +224,6 @@ class IndexUpdater:
         if not hosts:
             return
         services = self.traffic.services_of(hosts, self._index.services)
-        self._stats.inbound_updates["destinationrule"] += 1
         if services:
             self._sink.registry_changed(IndexChange(full=frozenset(services)))
 

@@ -61,6 +61,7 @@ from pilot.registry.regex import re2_problem
 KIND = "VirtualService"
 MESH_GATEWAY = "mesh"
 MAX_ROUTES = 256  # http or tcp routes of one object
+MAX_REGEXES = 256  # regexes of one object: each is compiled by RE2 to be checked
 RETRY_ON = frozenset(
     {
         "5xx",
@@ -317,6 +318,7 @@ class _Service(Reader):
         super().__init__(key)
         self.namespace = namespace
         self.cluster_domain = cluster_domain
+        self.regexes = 0
 
     def known(self, value: Any, where: str, fields: frozenset[str]) -> Mapping[str, Any]:
         found = self.mapping(value, where, fields)
@@ -331,6 +333,9 @@ class _Service(Reader):
         )
 
     def regex(self, value: Any, where: str) -> str:
+        self.regexes += 1
+        if self.regexes > MAX_REGEXES:
+            raise self.fail(where, f"is one regex too many (at most {MAX_REGEXES} in an object)")
         pattern = self.string(value, where, 4096)
         problem = re2_problem(pattern)
         if problem is not None:
@@ -357,6 +362,7 @@ class _Service(Reader):
             raise self.fail(where, "must be a mapping")
         if len(value) > MAX_LIST:
             raise self.fail(where, f"has {len(value)} entries (at most {MAX_LIST})")
+        self.count(len(value), where)
         found = []
         for name, match in value.items():
             text = self.string(name, f"{where} key", 256)
@@ -543,6 +549,7 @@ class _Service(Reader):
             return ()
         if not isinstance(value, Mapping) or len(value) > MAX_LIST:
             raise self.fail(where, f"must be a mapping of at most {MAX_LIST} parameters")
+        self.count(len(value), where)
         found = []
         for name, match in value.items():
             text = self.string(name, f"{where} key", 256)

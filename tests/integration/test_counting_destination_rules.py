@@ -60,12 +60,18 @@ def istio_object(kind: str, name: str) -> dict[str, Any]:
     }
 
 
-def mesh(*rules: dict[str, Any], unready: str = "") -> list[dict[str, Any]]:
+def mesh(
+    *rules: dict[str, Any], unready: str = "", relabel: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     slice_ = [Ep(ip, ready=ip != unready, pod=f"reviews-{v}") for ip, v in PODS.items()]
+    labels = {**PODS, **(relabel or {})}
     return [
         service("reviews", "shop", [("http", 9080)]),
         endpoint_slice("reviews", slice_, "shop", [("http", 9080)]),
-        *(pod(f"reviews-{v}", ip, "shop", labels={"version": v}) for ip, v in PODS.items()),
+        *(
+            pod(f"reviews-{v}", ip, "shop", labels={"version": labels[ip]})
+            for ip, v in PODS.items()
+        ),
         service("productpage", "shop", [("http", 9080)]),
         endpoint_slice(
             "productpage", [Ep("10.44.2.1", pod="productpage-v1")], "shop", [("http", 9080)]
@@ -111,6 +117,21 @@ async def http_get(port: int, path: str) -> str:
         return await answer.text()
 
 
+async def counted_and_listed(port: int) -> None:
+    """The refused rule counted, the Gateway and Sidecar counted and listed, and which
+    services each rule applies to (the refused one's last good version still does)."""
+    exposition = await http_get(port, "/metrics")
+    assert 'pilot_config_rejected_total{kind="DestinationRule"} 1.0' in exposition
+    assert 'pilot_config_unsupported{kind="Gateway"} 1.0' in exposition
+    listed = json.loads(await http_get(port, "/debug/configz"))
+    assert {(o["kind"], o["name"]) for o in listed["unsupported"]} == {
+        ("Gateway", "bookinfo-gateway"),
+        ("Sidecar", "default"),
+    }
+    applied = {o["name"]: o["appliedTo"] for o in listed["objects"]}
+    assert applied == {"reviews": ["shop/reviews"], "page": ["shop/productpage"]}
+
+
 async def test_subsets_changes_and_refused_versions_counted(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -141,15 +162,28 @@ async def test_subsets_changes_and_refused_versions_counted(
             assert endpoint_ips(state[types.ENDPOINT][cluster("v1")]) == set()
         await responses_written(stats, {types.ENDPOINT: 2})
 
+        # The v3 pod relabelled v2: the two subsets' assignments, and no cluster.
+        stats.reset()
+        three = rule("reviews", "reviews", ["v1", "v2", "v3"])
+        pilot.write(mesh(three, unready="10.44.1.1", relabel={"10.44.1.3": "v2"}))
+        for stream, state in zip(streams, held, strict=True):
+            names: set[str] = set()
+            while not {cluster("v2"), cluster("v3")} <= names:
+                names |= await read_one(stream, state)
+            assert names == {cluster("v2"), cluster("v3")}
+            assert endpoint_ips(state[types.ENDPOINT][cluster("v2")]) == {"10.44.1.2", "10.44.1.3"}
+            assert endpoint_ips(state[types.ENDPOINT][cluster("v3")]) == set()
+        assert types.CLUSTER not in stats.responses
+
         # The rule broken, a rule for productpage added: the broken one's last good version
         # stays (nothing removed), the new one applies, one warning names the broken one.
         caplog.set_level(logging.WARNING, "pilot.sources.file")
         broken = rule("reviews", "reviews", ["v1", "v2", "v3"])
         broken["spec"]["subsets"][0]["name"] = "V1|evil"
         stats.reset()
-        pilot.write(mesh(broken, rule("page", "productpage", ["v1"])))
+        pilot.write(mesh(broken, rule("page", "productpage", ["v1"]), relabel={"10.44.1.3": "v2"}))
         for stream, state in zip(streams, held, strict=True):
-            names: set[str] = set()
+            names = set()
             back = {cluster("v1"), cluster("")}  # v1's endpoint is ready again
             page = cluster("v1", PAGE)
             while not ({cluster("v1", PAGE), *back} <= names and page in state[types.ENDPOINT]):
@@ -160,13 +194,4 @@ async def test_subsets_changes_and_refused_versions_counted(
         warnings = [r.getMessage() for r in caplog.records if "DestinationRule" in r.getMessage()]
         assert len(warnings) == 1 and "shop/reviews" in warnings[0]
         assert "spec.subsets[0].name" in warnings[0]
-        exposition = await http_get(pilot.http_port, "/metrics")
-        assert 'pilot_config_rejected_total{kind="DestinationRule"} 1.0' in exposition
-        assert 'pilot_config_unsupported{kind="Gateway"} 1.0' in exposition
-        listed = json.loads(await http_get(pilot.http_port, "/debug/configz"))
-        assert {(o["kind"], o["name"]) for o in listed["unsupported"]} == {
-            ("Gateway", "bookinfo-gateway"),
-            ("Sidecar", "default"),
-        }
-        applied = {o["name"]: o["appliedTo"] for o in listed["objects"]}
-        assert applied == {"reviews": ["shop/reviews"], "page": ["shop/productpage"]}
+        await counted_and_listed(pilot.http_port)

@@ -33,6 +33,7 @@ import yaml
 
 from pilot.durations import parse_duration
 from pilot.security.root_publisher import CONFIGMAP as ROOT_CONFIGMAP
+from pilot.sources.kubernetes.istio_config import KINDS as ISTIO_KINDS
 
 Json = dict[str, Any]
 
@@ -75,6 +76,9 @@ CLUSTER_GRANTS = {
     # readiness waits for their list (tests/cluster/test_deploy_as_shipped.py).
     ("security.istio.io", "peerauthentications", "list"),
     ("security.istio.io", "peerauthentications", "watch"),
+    # DestinationRule, VirtualService and the Istio kinds only counted
+    # (pilot/sources/kubernetes/istio_config.py): each kind pilot watches, and no other.
+    *((kind.group, kind.plural, verb) for kind in ISTIO_KINDS for verb in ("list", "watch")),
     # Endpoint locality: the Nodes' topology labels (pilot/sources/kubernetes/cluster_source.py).
     ("", "nodes", "list"),
     ("", "nodes", "watch"),

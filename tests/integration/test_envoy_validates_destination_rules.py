@@ -278,6 +278,7 @@ _tls = st.fixed_dictionaries(
         "subjectAltNames": st.lists(st.text(min_size=1, max_size=20), max_size=3),
         "insecureSkipVerify": st.booleans(),
         "credentialName": st.just("secret"),
+        "caCertificates": st.just("/no/such/ca.pem"),
     },
 )
 _policy = st.fixed_dictionaries(

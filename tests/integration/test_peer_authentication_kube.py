@@ -2,7 +2,9 @@
 
 The test API server answers 404 for security.istio.io, which the real one in
 tests/cluster cannot (it has the CRDs installed, as deploy/ expects): pilot says so in
-one warning line, serves PERMISSIVE everywhere, and is ready. (PeerAuthentication
+one warning line, serves PERMISSIVE everywhere, and is ready. The same for the other
+Istio kinds it watches (DestinationRule, VirtualService, the kinds it only counts):
+one more line naming them all, and no list or watch of any of them. (PeerAuthentication
 through the CRD, watched and applied: tests/cluster/test_peer_authentication_crd.py.)
 """
 
@@ -50,5 +52,8 @@ async def test_without_istios_crds_pilot_says_so_and_serves_permissive(
                 assert await Inbound(stream).until(bool) == PERMISSIVE
                 assert pilot.discovery.is_ready()
         warned = [r.getMessage() for r in caplog.records if "Istio's CRDs" in r.getMessage()]
-        assert len(warned) == 1, warned
+        assert len(warned) == 2, warned
+        assert "serves no PeerAuthentication" in warned[0]
+        assert "DestinationRule" in warned[1] and "VirtualService" in warned[1]
         assert not [r for r in api.requests if "peerauthentications" in r.path]
+        assert not [r for r in api.requests if "destinationrules" in r.path]

@@ -137,14 +137,18 @@ async def test_proxy_status_prints_each_format(mesh: Mesh) -> None:
 
 async def test_clusters_are_the_meshs_at_the_versions_envoy_holds(mesh: Mesh) -> None:
     outputs = await mesh.proxy_config("clusters")
-    records = assert_formats_agree(outputs, ["NAME", "TYPE", "LB", "STATUS", "VERSION", "ERROR"])
+    records = assert_formats_agree(
+        outputs, ["NAME", "SUBSET", "TYPE", "LB", "POLICY", "STATUS", "VERSION", "ERROR"]
+    )
     held = await mesh.envoy.dynamic_active_clusters()
     assert set(held) == CLUSTERS
     expected = [
         {
             "name": name,
+            "subset": None,  # examples/mesh.yaml has no DestinationRule
             "type": "EDS",
-            "lb": "LEAST_REQUEST",  # Istio's default with no DestinationRule
+            "lb": held[name]["cluster"].get("lb_policy", "ROUND_ROBIN"),  # Envoy omits its default
+            "policy": f"connect={held[name]['cluster']['connect_timeout']}",  # no rule: only that
             "status": "SYNCED",
             "version": held[name]["version_info"],
             "error": None,

@@ -160,3 +160,18 @@ def test_a_wrong_api_version_is_refused() -> None:
     obj = rule({"host": "r"})
     obj["apiVersion"] = "networking.istio.io/v2"
     assert "apiVersion" in refused(obj)
+
+
+def test_a_ca_file_on_the_proxy_fails_closed() -> None:
+    """Envoy would read it itself: a missing file would make every sidecar reject CDS."""
+    parsed = parse_destination_rule(
+        rule(
+            {
+                "host": "db",
+                "trafficPolicy": {"tls": {"mode": "SIMPLE", "caCertificates": "/no/such.pem"}},
+            }
+        ),
+        DOMAIN,
+    )
+    tls = policy_for(parsed, 5432).tls
+    assert tls is not None and tls.unsupported == "caCertificates"

@@ -165,3 +165,16 @@ def test_a_regex_envoys_re2_refuses_is_refused(pattern: str) -> None:
 )
 def test_hostile_services_are_refused(spec: dict[str, Any], says: str) -> None:
     assert says in refused(spec)
+
+
+def test_lists_of_lists_are_bounded_in_all() -> None:
+    """Each list is within its bound, but their product is not: refused, not parsed."""
+    match = [{"headers": {f"h{i}": {"exact": "x"} for i in range(100)}}] * 100
+    route = {"match": match, "route": [{"destination": {"host": "r"}}]}
+    assert "too large" in refused({"hosts": ["r"], "http": [route] * 200})
+
+
+def test_regexes_are_bounded_per_object() -> None:
+    match = [{"uri": {"regex": f"/{i}.*"}} for i in range(300)]
+    spec = {"hosts": ["r"], "http": [{"match": match, "route": [{"destination": {"host": "r"}}]}]}
+    assert "one regex too many" in refused(spec)

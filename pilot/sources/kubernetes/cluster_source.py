@@ -50,6 +50,14 @@ from pilot.registry.peer_authentication import KIND as PEER_AUTHENTICATION
 from pilot.registry.peer_authentication import ROOT_NAMESPACE
 from pilot.registry.updater import RegistryUpdater
 from pilot.runtime.supervisor import SupervisedTask, describe
+from pilot.sources.kubernetes.istio_config import (
+    KINDS,
+    TrafficHandler,
+    UnsupportedHandler,
+    config_path_of,
+    request_for,
+    served_versions,
+)
 from pilot.sources.kubernetes.peer_authentications import (
     PeerAuthenticationHandler,
     objects_at,
@@ -192,9 +200,11 @@ class ClusterSource:
         *,
         watching: Watching | None = None,
         peer_authentications: bool = False,
+        cluster_domain: str = "cluster.local",
     ) -> None:
         self.settings = settings
-        self._peer_authentications = peer_authentications
+        self._peer_authentications = peer_authentications  # and Istio's other config
+        self._cluster_domain = cluster_domain
         self.cluster = cluster
         self._updater = updater
         self._api_client = api_client
@@ -248,6 +258,7 @@ class ClusterSource:
         self.informers = self._build_informers(self._api_client)
         if self._peer_authentications:
             self.informers += await self._policy_informers()
+            self.informers += await self._istio_config_informers()
         if previous is not None:  # same settings, so the same informers in the same order
             for informer, old in zip(self.informers, previous.informers, strict=True):
                 informer.inherit(old)
@@ -286,6 +297,31 @@ class ClusterSource:
             )
             for ns in namespaces
         ]
+
+    async def _istio_config_informers(self) -> list[Informer]:
+        """DestinationRule, VirtualService and the unsupported kinds' informers, for each
+        kind the API server serves (one warning for those it does not)."""
+        served = await served_versions(self._api_client)
+        missing = sorted(k.kind for k in KINDS if k not in served)
+        if missing:
+            log.warning(
+                "cluster %s: the API server serves no %s (Istio's CRDs are not installed?)",
+                self.cluster,
+                ", ".join(missing),
+            )
+        namespaces: list[str | None] = list(self.settings.namespaces) or [None]
+        faults = self._watching.faults
+        informers = []
+        for kind, version in served.items():
+            handler: Any = (
+                TrafficHandler(kind.kind, self._updater, self.cluster, faults, self._cluster_domain)
+                if kind.whole
+                else UnsupportedHandler(kind.kind, self._updater)
+            )
+            for ns in namespaces:
+                request = request_for(self._api_client, kind, config_path_of(kind, version, ns))
+                informers.append(self._informer(kind.kind, request, handler))
+        return informers
 
     async def wait_synced(self) -> None:
         await asyncio.gather(*(informer.listed.wait() for informer in self.informers))
