@@ -15,8 +15,9 @@ PassthroughCluster, under REGISTRY_ONLY `block_all` answers 502, as Istio. With
 `INTERCEPTION_MODE: NONE` the listener is Envoy's own 127.0.0.1 port, whose
 original destination is Envoy itself, so that flavor has neither: an unknown
 host gets 404. Routes depend on services and VirtualServices only (a VirtualService's
-change comes as its hosts' services changed in full, `pilot.generators.mesh_routes`
-picks the one each host follows): an endpoint change builds nothing.
+change comes as its hosts' services in `PushRequest.routes`, which no other generator
+reads; `pilot.generators.mesh_routes` picks the one each host follows): an endpoint
+change builds nothing.
 """
 
 from __future__ import annotations
@@ -79,9 +80,10 @@ class RouteGenerator:
     def build(self, request: PushRequest) -> Changes:
         """Rebuild the route configurations of the ports the changed services had or have."""
         affected: set[int] = set()
-        if request.registry.full:
+        changed_services = request.registry.full | request.routes
+        if changed_services:
             self._mesh.refresh()
-        for key in sorted(request.registry.full):
+        for key in sorted(changed_services):
             affected |= self._reclaim(key)
         changed: set[str] = set()
         for port in sorted(affected):

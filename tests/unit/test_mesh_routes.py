@@ -16,6 +16,7 @@ from pilot.generators.cds import ClusterGenerator
 from pilot.generators.rds import RouteGenerator
 from pilot.push.request import PushRequest, RequestSink
 from pilot.registry.index import EndpointIndex
+from pilot.registry.model import ServiceKey
 from pilot.registry.traffic_config import TrafficConfig
 from pilot.registry.updater import IndexUpdater
 from pilot.registry.virtual_service import parse_virtual_service
@@ -174,3 +175,15 @@ def test_deleting_the_virtual_service_brings_the_default_route_back() -> None:
     routes, _ = mesh.push()
     assert routes == {"9080"}
     assert [r.name for r in mesh.host(REVIEWS).routes] == ["default"]
+
+
+def test_a_virtual_service_change_asks_for_routes_alone() -> None:
+    """Its hosts' services come as `routes` (RDS rebuilds them), never as a full change
+    (which would rebuild their clusters and assignments too)."""
+    mesh = Mesh()
+    mesh.updater.upsert_config(
+        vs("reviews", {"hosts": ["reviews"], "http": [{"route": [to("reviews", "v1")]}]})
+    )
+    [request] = mesh.pending
+    assert request.routes == {ServiceKey("shop", "reviews")}
+    assert not request.registry
