@@ -71,17 +71,33 @@ def route_filters() -> list[hcm_pb2.HttpFilter]:
     ]
 
 
-def tcp_proxy_filter(stat_prefix: str, cluster: str) -> listener_components_pb2.Filter:
-    """The network filter that proxies every connection to `cluster`."""
-    proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix, cluster=cluster)
+# A VirtualService's tcp route: (cluster, weight) of each destination.
+Weighted = tuple[tuple[str, int], ...]
+
+
+def tcp_proxy_filter(
+    stat_prefix: str, cluster: str, weighted: Weighted = ()
+) -> listener_components_pb2.Filter:
+    """The network filter that proxies every connection to `cluster`, or to `weighted`
+    clusters (two or more) in proportion to their weights."""
+    proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix)
+    if len(weighted) > 1:
+        for name, weight in weighted:
+            proxy.weighted_clusters.clusters.add(name=name, weight=weight)
+    else:
+        proxy.cluster = weighted[0][0] if weighted else cluster
     return listener_components_pb2.Filter(
         name="envoy.filters.network.tcp_proxy", typed_config=typed(proxy)
     )
 
 
-def tcp_proxy_chain(stat_prefix: str, cluster: str) -> listener_components_pb2.FilterChain:
-    """A filter chain that proxies every connection to `cluster`."""
-    return listener_components_pb2.FilterChain(filters=[tcp_proxy_filter(stat_prefix, cluster)])
+def tcp_proxy_chain(
+    stat_prefix: str, cluster: str, weighted: Weighted = ()
+) -> listener_components_pb2.FilterChain:
+    """A filter chain that proxies every connection to `cluster` (or `weighted`)."""
+    return listener_components_pb2.FilterChain(
+        filters=[tcp_proxy_filter(stat_prefix, cluster, weighted)]
+    )
 
 
 def http_chain(stat_prefix: str, port: int) -> listener_components_pb2.FilterChain:
@@ -136,11 +152,22 @@ def virtual_outbound(settings: OutboundSettings) -> listener_pb2.Listener:
 
 
 def outbound_listener(
-    mode: Interception, address: str, port: int, cluster: str, http: bool
+    mode: Interception,
+    address: str,
+    port: int,
+    cluster: str,
+    http: bool,
+    *,
+    weighted: Weighted = (),
 ) -> listener_pb2.Listener:
-    """One outbound listener: HTTP by routes, or TCP to one cluster."""
+    """One outbound listener: HTTP by routes, or TCP to one cluster (or a VirtualService's
+    tcp route's, `weighted`)."""
     name = listener_name(address, port)
-    chain = http_chain(f"outbound_{name}", port) if http else tcp_proxy_chain(cluster, cluster)
+    chain = (
+        http_chain(f"outbound_{name}", port)
+        if http
+        else tcp_proxy_chain(cluster, cluster, weighted)
+    )
     return listener_pb2.Listener(
         name=name,
         address=socket_address(address, port),

@@ -10,12 +10,17 @@ Several VirtualServices for one host are not merged for sidecars, as Istio's
 logged once and ignored for it. An exact host wins over a wildcard one, the
 longest wildcard over shorter ones.
 
+A tcp route (`tcp_route`) gives a TCP port's listener its destinations: the first
+route whose match takes the port (and the ClusterIP, for `destinationSubnets`), as
+the TCP proxy's weighted clusters.
+
 A destination names `outbound|PORT|SUBSET|FQDN`: PORT is the destination's port,
 else the service's only port, else the port of the route configuration, as istiod.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
@@ -26,10 +31,29 @@ from pilot.registry.index import EndpointIndex
 from pilot.registry.istio_config import exported_to_all, host_matches
 from pilot.registry.model import ServiceKey
 from pilot.registry.traffic_config import TrafficConfig
-from pilot.registry.virtual_service import Destination, VirtualService
+from pilot.registry.virtual_service import Destination, TcpMatch, VirtualService
 
 log = logging.getLogger("pilot.xds")
 MAX_CONFLICTS_LOGGED = 16
+
+
+def _tcp_matches(match: TcpMatch, cluster_ip: str, port: int) -> bool:
+    """Whether a tcp match takes every sidecar's connections to `cluster_ip:port` (one that
+    selects its clients by labels or namespace takes none in the shared listener)."""
+    if match.source_labels or match.source_namespace:
+        return False
+    if match.port is not None and match.port != port:
+        return False
+    if not match.destination_subnets:
+        return True
+    try:
+        address = ipaddress.ip_address(cluster_ip)
+    except ValueError:
+        return False
+    return any(
+        address in ipaddress.ip_network(subnet, strict=False)
+        for subnet in match.destination_subnets
+    )
 
 
 def _age(vs: VirtualService) -> tuple[str, str, str]:
@@ -99,6 +123,18 @@ class MeshRoutes:
         if vs is None or not vs.http:
             return None
         return list(envoy_routes(vs.http, port, lambda d: self.cluster_name(d, port)))
+
+    def tcp_route(self, host: str, cluster_ip: str, port: int) -> tuple[tuple[str, int], ...]:
+        """The (cluster, weight) pairs of the first tcp route of the host's VirtualService
+        that matches connections to `cluster_ip:port` from every sidecar; () for none."""
+        vs = self.for_host(host)
+        for route in vs.tcp if vs is not None else ():
+            if not route.matches or any(_tcp_matches(m, cluster_ip, port) for m in route.matches):
+                weighted = [d for d in route.route if d.weight > 0] or list(route.route[:1])
+                return tuple(
+                    (self.cluster_name(d.destination, port), d.weight or 1) for d in weighted
+                )
+        return ()
 
     def cluster_name(self, destination: Destination, port: int) -> str:
         number = destination.port or self._only_port(destination.host) or port

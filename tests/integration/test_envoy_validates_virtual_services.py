@@ -22,6 +22,7 @@ from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
+from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -309,3 +310,54 @@ def test_envoy_validates_fuzzed_virtual_services(tmp_path_factory: Any, specs: l
             assert [r.name for r in vhost.routes] == ["default"], vhost
         elif name.startswith("svc"):  # its VirtualService's routes (none: all left out)
             assert all(r.name != "default" for r in vhost.routes), vhost
+
+
+async def test_envoy_validates_a_tcp_route_shifting_weights(tmp_path: Path) -> None:
+    """istio.io's TCP traffic shifting (tcp-echo, 80/20 over v1 and v2): the TCP proxy's
+    weighted clusters, in a listener Envoy accepts."""
+    echo = service("tcp-echo", "shop", [("tcp", 9000)])
+    echo["spec"]["clusterIP"] = "10.96.7.7"
+    subsets = [{"name": v, "labels": {"version": v}} for v in ("v1", "v2")]
+
+    def to(subset: str, weight: int) -> dict[str, Any]:
+        return {"destination": {"host": "tcp-echo", "subset": subset}, "weight": weight}
+
+    objects = [
+        *objects_for([EVERY_PART]),
+        echo,
+        {
+            "apiVersion": "networking.istio.io/v1",
+            "kind": "DestinationRule",
+            "metadata": {"name": "tcp-echo", "namespace": "shop"},
+            "spec": {"host": "tcp-echo", "subsets": subsets},
+        },
+        {
+            "apiVersion": "networking.istio.io/v1",
+            "kind": "VirtualService",
+            "metadata": {"name": "tcp-echo", "namespace": "shop"},
+            "spec": {
+                "hosts": ["tcp-echo"],
+                "tcp": [{"match": [{"port": 9000}], "route": [to("v1", 80), to("v2", 20)]}],
+            },
+        },
+    ]
+    async with (
+        running_pilot(tmp_path, objects) as pilot,
+        XdsClient(pilot.grpc_target) as client,
+    ):
+        held = await fetch(client.delta_ads(node(POD_ID)), 1)
+    listener: listener_pb2.Listener = held[types.LISTENER]["10.96.7.7_9000"]
+    proxy = tcp_proxy_pb2.TcpProxy()
+    assert listener.filter_chains[0].filters[0].typed_config.Unpack(proxy)
+    echo_host = "tcp-echo.shop.svc.cluster.local"
+    assert [(c.name, c.weight) for c in proxy.weighted_clusters.clusters] == [
+        (f"outbound|9000|v1|{echo_host}", 80),
+        (f"outbound|9000|v2|{echo_host}", 20),
+    ]
+    routes = dict(held[types.ROUTE])
+    held[types.ROUTE] = {}
+    bootstrap = bootstrap_of(held)
+    bootstrap.static_resources.listeners.append(inline_listener(routes[ROUTE]))
+    path = tmp_path / "bootstrap.pb"
+    path.write_bytes(bootstrap.SerializeToString())
+    validate_bootstrap(path)

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
 from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 
 from pilot.builders.outbound import OutboundSettings, TrafficPolicy
 from pilot.builders.settings import BuildSettings
 from pilot.generators.cds import ClusterGenerator
+from pilot.generators.lds import ListenerGenerator
 from pilot.generators.rds import RouteGenerator
 from pilot.push.request import PushRequest, RequestSink
 from pilot.registry.index import EndpointIndex
@@ -187,3 +190,57 @@ def test_a_virtual_service_change_asks_for_routes_alone() -> None:
     [request] = mesh.pending
     assert request.routes == {ServiceKey("shop", "reviews")}
     assert not request.registry
+
+
+def _tcp_proxy(cache: ResourceCache, name: str) -> tcp_proxy_pb2.TcpProxy:
+    resource = cache.get(types.LISTENER, name, flavor=Interception.REDIRECT.value)
+    assert resource is not None, f"no listener {name}"
+    listener = listener_pb2.Listener.FromString(resource.payload)
+    proxy = tcp_proxy_pb2.TcpProxy()
+    assert listener.filter_chains[0].filters[0].typed_config.Unpack(proxy)
+    return proxy
+
+
+def test_a_tcp_route_weighs_the_tcp_proxys_clusters_and_a_shift_moves_that_listener_alone() -> None:
+    """istio.io's TCP traffic shifting: tcp-echo 80/20 over v1 and v2."""
+    index, cache, stats = EndpointIndex(), ResourceCache(), XdsStats()
+    pending: list[PushRequest] = []
+    traffic = TrafficConfig()
+    updater = IndexUpdater(index, RequestSink(pending.append), stats, traffic=traffic)
+    listeners = ListenerGenerator(
+        index, cache, OutboundSettings(TrafficPolicy.ALLOW_ANY), BuildSettings(), stats,
+        traffic=traffic,
+    )  # fmt: skip
+    updater.upsert_service(svc("tcp-echo", ("tcp", 9000)))
+    updater.upsert_service(svc("db", ("tcp", 5432)))
+
+    def push() -> set[str]:
+        request = PushRequest()
+        for waiting in pending:
+            request = request.merge(waiting)
+        pending.clear()
+        return listeners.build(request).shared.get(types.LISTENER, set())
+
+    push()
+    echo = "tcp-echo.shop.svc.cluster.local"
+    name = "10.96.0.8_9000"  # svc() gives the ClusterIP 10.96.0.<len(name)>
+    assert _tcp_proxy(cache, name).cluster == f"outbound|9000||{echo}"
+
+    def shift(v1: int, v2: int) -> Any:
+        spec = {
+            "hosts": ["tcp-echo"],
+            "tcp": [{"match": [{"port": 9000}],
+                     "route": [to("tcp-echo", "v1", v1), to("tcp-echo", "v2", v2)]}],
+        }  # fmt: skip
+        return vs("tcp-echo", spec)
+
+    both_modes = {name, "127.0.0.1_9000"}  # captured, and INTERCEPTION_MODE NONE's
+    updater.upsert_config(shift(80, 20))
+    assert push() == both_modes
+    weighted = _tcp_proxy(cache, name).weighted_clusters.clusters
+    assert [(c.name, c.weight) for c in weighted] == [
+        (f"outbound|9000|v1|{echo}", 80),
+        (f"outbound|9000|v2|{echo}", 20),
+    ]
+    updater.upsert_config(shift(50, 50))
+    assert push() == both_modes  # db's listeners are not among them
