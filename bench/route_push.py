@@ -225,6 +225,7 @@ async def _start_clients(config: Config, grpc_port: int, nodes: Path, workdir: P
             break
         argv = [PYTHON, "-m", "bench.clients", "--target", f"127.0.0.1:{grpc_port}"]
         argv += ["--streams", str(count), "--first-id", str(p * per), "--nodes", str(nodes)]
+        argv += ["--retries", "5"]  # a stream cut during the sync comes back, as Envoy's
         log = workdir / f"clients-{p}.log"
         children.append(await spawn(f"clients-{p}", argv, log, stdin=True, stdout=True))
     return children
@@ -318,6 +319,9 @@ async def measure(config: Config, workdir: Path) -> tuple[Series, Series, float]
         run = Run(mesh, path, pilot, children)
         weights, endpoints = await _series(run, config.changes)
         return weights, endpoints, sync
+    except BaseException:
+        print(f"pilot's log ends:\n{pilot.log_tail(40)}", file=sys.stderr)
+        raise
     finally:
         for child in children:
             await child.stop()
