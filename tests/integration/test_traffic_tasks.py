@@ -419,3 +419,39 @@ async def test_proxy_config_routes_shows_the_match_weights_timeout_and_retries(
         r["destination"] for r in json.loads(out) if r["vhost_name"].startswith(REVIEWS_HOST)
     ]
     assert shift == f"Clusters: {subset_cluster('v1')}=80,{subset_cluster('v2')}=20"
+
+
+# A subset reviews' DestinationRule does not define.
+MISSING_SUBSET = """
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata:
+  name: reviews
+spec:
+  hosts:
+  - reviews
+  http:
+  - match:
+    - headers:
+        end-user:
+          exact: jason
+    route:
+    - destination:
+        host: reviews
+        subset: v9
+  - route:
+    - destination:
+        host: reviews
+        subset: v1
+"""
+
+
+async def test_a_subset_no_rule_defines_answers_503_and_envoy_rejects_nothing(
+    bookinfo: Bookinfo,
+) -> None:
+    """As with istiod: the route names the missing cluster, Envoy answers 503 for it, and
+    the rest of the route configuration serves."""
+    await _applied(bookinfo, MISSING_SUBSET, [subset_cluster("v9"), subset_cluster("v1")])
+    assert await bookinfo.versions(10, ["end-user: jason"]) == {"503": 10}
+    assert await bookinfo.versions(10) == {"reviews-v1": 10}
+    await _assert_nothing_rejected(bookinfo)
