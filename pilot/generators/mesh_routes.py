@@ -4,6 +4,11 @@ Only VirtualServices for mesh traffic (`gateways` absent or naming `mesh`) that 
 sidecar sees (`exportTo` absent or `*`) are taken: route configurations are shared
 by every sidecar, so an object exported to fewer namespaces is held and listed but
 routes nothing (as `pilot.registry.traffic_config` does with DestinationRules).
+A VirtualService routes a service's host only if it is written in that service's
+namespace or the root namespace (`istio-system`): the routes every sidecar shares
+never follow what another namespace's owner wrote for someone else's service (Istio
+would take it, and a `mirror` there would copy that service's traffic away); it is
+held, listed, logged once and ignored for that host, as DestinationRules are.
 Several VirtualServices for one host are not merged for sidecars, as Istio's
 (its analyzer's IST0109, ConflictingMeshGatewayVirtualServiceHosts): the oldest
 (`creationTimestamp`, then namespace and name) routes the host, the others are
@@ -56,6 +61,18 @@ def _tcp_matches(match: TcpMatch, cluster_ip: str, port: int) -> bool:
     )
 
 
+def _service_key(host: str, domain: str) -> ServiceKey | None:
+    """The Service `name.ns.svc.<domain>` names (None: not a service of the cluster)."""
+    suffix = f".svc.{domain}"
+    parts = host.removesuffix(suffix).split(".") if host.endswith(suffix) else []
+    return ServiceKey(parts[1], parts[0]) if len(parts) == 2 else None
+
+
+def _service_namespace(host: str, domain: str) -> str | None:
+    key = _service_key(host, domain)
+    return key.namespace if key is not None else None
+
+
 def _age(vs: VirtualService) -> tuple[str, str, str]:
     return (vs.created or "~", vs.key.namespace, vs.key.name)
 
@@ -84,11 +101,34 @@ class MeshRoutes:
             for host in vs.hosts:
                 if host.startswith("*"):
                     wildcards.append(vs)
+                elif not self._may_route(vs, host):
+                    self._log_foreign(host, vs)
                 elif host in exact and exact[host] is not vs:
                     self._log_conflict(host, exact[host], vs)
                 else:
                     exact.setdefault(host, vs)
         self._exact, self._wildcards = exact, wildcards
+
+    def _may_route(self, vs: VirtualService, host: str) -> bool:
+        """Whether `vs` may route `host` for every sidecar: written in the namespace of the
+        host's service, or in the root namespace (a service outside the cluster's
+        domain has no owner here: any namespace's)."""
+        owner = _service_namespace(host, self._domain)
+        return owner is None or vs.key.namespace in (owner, self._traffic.root_namespace)
+
+    def _log_foreign(self, host: str, vs: VirtualService) -> None:
+        key = (host, f"foreign {vs.key}")
+        if key in self._logged or len(self._logged) >= MAX_CONFLICTS_LOGGED:
+            return
+        self._logged.add(key)
+        log.warning(
+            "VirtualService %s/%s: host %s is another namespace's service; pilot lets only"
+            " that namespace (or %s) route it for every sidecar: ignored there",
+            vs.key.namespace,
+            vs.key.name,
+            host[:200],
+            self._traffic.root_namespace,
+        )
 
     def _log_conflict(self, host: str, kept: VirtualService, ignored: VirtualService) -> None:
         key = (host, str(ignored.key))
@@ -110,7 +150,10 @@ class MeshRoutes:
         if found is not None:
             return found
         matching = [
-            (len(h), vs) for vs in self._wildcards for h in vs.hosts if host_matches(h, host)
+            (len(h), vs)
+            for vs in self._wildcards
+            for h in vs.hosts
+            if host_matches(h, host) and self._may_route(vs, host)
         ]
         if not matching:
             return None
@@ -141,13 +184,8 @@ class MeshRoutes:
         return f"outbound|{number}|{destination.subset}|{destination.host}"
 
     def _only_port(self, host: str) -> int | None:
-        suffix = f".svc.{self._domain}"
-        if not host.endswith(suffix):
-            return None
-        parts = host.removesuffix(suffix).split(".")
-        if len(parts) != 2:
-            return None
-        service = self._index.services.get(ServiceKey(parts[1], parts[0]))
+        key = _service_key(host, self._domain)
+        service = self._index.services.get(key) if key is not None else None
         if service is None or len(service.ports) != 1:
             return None
         return service.ports[0].port

@@ -244,3 +244,26 @@ def test_a_tcp_route_weighs_the_tcp_proxys_clusters_and_a_shift_moves_that_liste
     ]
     updater.upsert_config(shift(50, 50))
     assert push() == both_modes  # db's listeners are not among them
+
+
+def test_another_namespaces_virtual_service_cannot_take_over_a_services_routes() -> None:
+    """Takeover: `evil` writes an older VirtualService for shop's reviews that mirrors its
+    traffic away; sidecars keep shop's own routes. The root namespace's is taken."""
+    mesh = Mesh()
+    steal = {
+        "hosts": [REVIEWS],
+        "http": [
+            {"route": [to("reviews", "v1")], "mirror": {"host": "thief.evil.svc.cluster.local"}}
+        ],
+    }
+    mesh.updater.upsert_config(vs("steal", steal, created="2020-01-01T00:00:00Z", namespace="evil"))
+    wild = {"hosts": ["*.shop.svc.cluster.local"], "http": [{"route": [to("ratings", "v9")]}]}
+    mesh.updater.upsert_config(vs("wild", wild, namespace="evil"))
+    mesh.push()
+    [default] = mesh.host(REVIEWS).routes
+    assert default.name == "default" and not default.route.request_mirror_policies
+    mesh.updater.upsert_config(vs("mesh-wide", steal | {"http": [{"route": [to(REVIEWS, "v3")]}]},
+                                  namespace="istio-system"))  # fmt: skip
+    mesh.push()
+    [route] = mesh.host(REVIEWS).routes
+    assert route.route.cluster == f"outbound|9080|v3|{REVIEWS}"
