@@ -16,23 +16,14 @@ the rule's outlierDetection sets it.
 
 from __future__ import annotations
 
-import asyncio
-import os
-import shutil
-import subprocess
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
 
-import aiohttp
-import pytest
 from envoy.config.cluster.v3 import cluster_pb2
 
-from bench import istiod
-from pilot.xds import types
-from tests.cluster.client import Kube, admin, path_of
-from tests.cluster.control_plane import ControlPlane, free_port
+from tests.cluster.client import admin
+from tests.cluster.control_plane import ControlPlane
+from tests.cluster.istiod_server import clusters_of, running_istiod
 from tests.cluster.workloads import (
     SERVICE_PORT,
     Kubelet,
@@ -42,11 +33,7 @@ from tests.cluster.workloads import (
     service,
     watching_pilot,
 )
-from tests.support.envoy_process import wait_until
-from tests.support.xds_client import XdsClient, delta_resources, node
 
-TIMEOUT = 60.0
-BUILD_SECONDS = 900  # a first build of istiod on 2 shared cores (a cache hit: at once)
 # What a DestinationRule writes in a cluster.
 FIELDS = (
     "lb_policy",
@@ -102,103 +89,6 @@ SUBSETS = [
         },
     },
 ]
-
-
-def _go() -> dict[str, str] | None:
-    path = f"{os.environ.get('PATH', '')}:{istiod.GO_ARCHIVE_BIN}"
-    return {**os.environ, "PATH": path} if shutil.which("go", path=path) else None
-
-
-def _built() -> Path:
-    env = _go()
-    if env is None:
-        pytest.skip("no Go: istiod cannot be built here")
-    done = subprocess.run(
-        [str(istiod.BUILD)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=BUILD_SECONDS,
-        check=True,
-    )
-    return Path(done.stdout.splitlines()[-1])
-
-
-@asynccontextmanager
-async def running_istiod(plane: ControlPlane, kube: Kube, folder: Path) -> AsyncIterator[str]:
-    """istiod on the plane (its namespace made if need be), as bench/istiod.py runs it;
-    its plaintext xDS address once /ready."""
-    binaries = await asyncio.to_thread(_built)
-    if (await kube.request("GET", path_of("Namespace", name=istiod.NAMESPACE)))[0] == 404:
-        await kube.create(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": istiod.NAMESPACE}}
-        )
-    mesh = folder / "istiod-mesh.yaml"
-    mesh.write_text(istiod.MESH_CONFIG)
-    grpc, http = free_port(), free_port()
-    argv = [
-        str(binaries / "pilot-discovery"),
-        "discovery",
-        "--kubeconfig",
-        str(plane.admin_kubeconfig),
-        "--meshConfig",
-        str(mesh),
-        "--networksConfig",
-        str(folder / "no-networks.yaml"),
-        "--grpcAddr",
-        f"127.0.0.1:{grpc}",
-        "--secureGRPCAddr",
-        f"127.0.0.1:{free_port()}",
-        "--monitoringAddr",
-        f"127.0.0.1:{free_port()}",
-        "--httpAddr",
-        f"127.0.0.1:{http}",
-        "--httpsAddr",
-        f"127.0.0.1:{free_port()}",
-        "--ctrlz_port",
-        str(free_port()),
-    ]
-    env = {
-        **os.environ,
-        "POD_NAMESPACE": istiod.NAMESPACE,
-        "POD_NAME": "istiod-rules",
-        "VALIDATION_WEBHOOK_CONFIG_NAME": "",
-        "INJECTION_WEBHOOK_CONFIG_NAME": "",
-    }
-    with (folder / "istiod.log").open("wb") as log:
-        process = await asyncio.create_subprocess_exec(
-            *argv, env=env, cwd=folder, stdout=log, stderr=log
-        )
-        try:
-            await wait_until(lambda: _ready(http), TIMEOUT, "istiod's /ready", until=bool)
-            yield f"127.0.0.1:{grpc}"
-        finally:
-            process.terminate()
-            await process.wait()
-
-
-async def _ready(port: int) -> bool:
-    try:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(f"http://127.0.0.1:{port}/ready") as answer,
-        ):
-            return answer.status == 200
-    except aiohttp.ClientError:
-        return False
-
-
-async def clusters_of(target: str, node_id: str, names: set[str]) -> dict[str, Any]:
-    """The clusters `names` as the server at `target` sends them to `node_id`."""
-    found: dict[str, Any] = {}
-    async with XdsClient(target) as client:
-        stream = client.delta_ads(node(node_id))
-        await stream.subscribe(types.CLUSTER, ["*"])
-        while not names <= found.keys():
-            response = await stream.next_response(TIMEOUT)
-            await stream.ack(response)
-            found |= {n: r.message for n, r in delta_resources(response).items() if n in names}
-    return found
 
 
 def written(cluster: cluster_pb2.Cluster) -> dict[str, str]:

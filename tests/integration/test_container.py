@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import socket
 import ssl
@@ -46,12 +45,9 @@ from pilot.builders.naming import outbound_cluster_name
 from pilot.sources.file_format import parse_registry
 from tests.integration.http_backend import Backend
 from tests.support.docker_engine import (
+    NOT_CONTEXT,
     DockerEngine,
-    ensure_base_image,
-    from_image,
-    network_state,
-    running_engine,
-    unavailable,
+    engine_for_tests,
 )
 from tests.support.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
 
@@ -65,10 +61,6 @@ REVIEWS_BACKEND_PORT = 19080
 REVIEWS_LISTENER = "http://127.0.0.1:9080/"
 GRPCURL = Path(sys.executable).parent / "grpcurl"
 PILOT_UID = "1337"
-# What is not part of a build context, when the checkout is copied to change a file.
-NOT_CONTEXT = shutil.ignore_patterns(
-    ".git", "__pycache__", "*.egg-info", ".venv", "venv", ".*_cache", ".hypothesis", "build"
-)
 
 
 @dataclass(frozen=True)
@@ -87,16 +79,8 @@ class Ports:
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[DockerEngine]:
-    reason = unavailable()
-    if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the container tests: {reason}")
-        pytest.skip(reason)
-    before = network_state()
-    with running_engine() as running:
-        ensure_base_image(running, from_image(REPO / "Dockerfile"))
+    with engine_for_tests(REPO / "Dockerfile") as running:
         yield running
-    assert network_state() == before, "the Docker engine left an interface or a rule behind"
 
 
 def _build(engine: DockerEngine, context: Path) -> Built:

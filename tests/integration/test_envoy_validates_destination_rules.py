@@ -19,7 +19,6 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pilot.builders.istio_defaults import UNLIMITED
 from pilot.registry.destination_rule import parse_destination_rule
 from pilot.registry.istio_config import ConfigError
 from pilot.xds import types
@@ -140,12 +139,11 @@ async def test_envoy_validates_subsets_and_traffic_policy(tmp_path: Path) -> Non
     for version, ip in ((v, ip) for ip, v in PODS.items()):
         assert addresses(held[types.ENDPOINT][subset(version)]) == {ip}
     assert addresses(held[types.ENDPOINT][f"outbound|9080||{HOST}"]) == set(PODS)
-    # The rule's port-level settings replace its policy at 9080, whole: RANDOM, no pool.
+    # The rule's port-level settings replace its policy at 9080, whole: RANDOM, no pool
+    # (so Istio's default thresholds, every one unlimited).
     assert clusters[subset("v1")].lb_policy == cluster_pb2.Cluster.RANDOM
-    # No pool of the rule's at 9080: Istio's default thresholds, unlimited (issue39-defaults).
-    [defaults] = clusters[subset("v1")].circuit_breakers.thresholds
-    assert defaults.max_connections.value == UNLIMITED
-    assert defaults.max_pending_requests.value == UNLIMITED
+    [threshold] = clusters[subset("v1")].circuit_breakers.thresholds
+    assert threshold.max_retries.value == threshold.max_connections.value == 2**32 - 1
     assert clusters[subset("v2")].lb_policy == cluster_pb2.Cluster.RING_HASH
     assert clusters[subset("v1")].transport_socket_matches  # auto mTLS where tls is absent
     assert not clusters[subset("v3")].transport_socket_matches  # DISABLE: plaintext

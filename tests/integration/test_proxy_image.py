@@ -56,12 +56,9 @@ from cryptography import x509
 from pilot.inject.settings import DEFAULT_PROXY_IMAGE
 from tests.support.ca import new_ca, write_plugged_in
 from tests.support.docker_engine import (
+    NOT_CONTEXT,
     DockerEngine,
-    ensure_base_image,
-    from_image,
-    network_state,
-    running_engine,
-    unavailable,
+    engine_for_tests,
 )
 from tests.support.inject_pods import workload
 from tests.support.machine_lock import QUICK_START_PORTS, held
@@ -85,24 +82,12 @@ CLUSTER = "outbound|80||reviews.default.svc.cluster.local"
 DISCOVERY_HOST = "pilot.pilot-system.svc"
 POD_NAME = "cart-5d9c7-x2x1z"
 ADMIN = "http://127.0.0.1:15000"  # Envoy's admin API, loopback only (the agent's bootstrap)
-# What not to copy into the build context.
-NOT_CONTEXT = shutil.ignore_patterns(
-    ".git", "__pycache__", "*.egg-info", ".venv", "venv", ".*_cache", ".hypothesis", "build"
-)
 
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[DockerEngine]:
-    reason = unavailable()
-    if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the container tests: {reason}")
-        pytest.skip(reason)
-    before = network_state()
-    with running_engine() as running:
-        ensure_base_image(running, from_image(REPO / "Dockerfile"))
+    with engine_for_tests(REPO / "Dockerfile") as running:
         yield running
-    assert network_state() == before, "the Docker engine left an interface or a rule behind"
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from tests.support.machine_lock import DOCKER_ENGINE, held
 
 DATA_ROOT = Path("~/.cache/pilot-tests/docker").expanduser()
@@ -183,6 +185,28 @@ def running_engine() -> Iterator[DockerEngine]:
             yield engine
         finally:
             engine.stop()
+
+
+# What is not part of a build context, when a test copies the checkout to build from.
+NOT_CONTEXT = shutil.ignore_patterns(
+    ".git", "__pycache__", "*.egg-info", ".venv", "venv", ".*_cache", ".hypothesis", "build"
+)
+
+
+@contextlib.contextmanager
+def engine_for_tests(dockerfile: Path) -> Iterator[DockerEngine]:
+    """An engine holding the Dockerfile's base image, for a test module: skipped without
+    docker.io, debootstrap or root (failed under CI); it must leave no interface or rule."""
+    reason = unavailable()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the container tests: {reason}")
+        pytest.skip(reason)
+    before = network_state()
+    with running_engine() as running:
+        ensure_base_image(running, from_image(dockerfile))
+        yield running
+    assert network_state() == before, "the Docker engine left an interface or a rule behind"
 
 
 def from_image(dockerfile: Path) -> str:
