@@ -424,8 +424,22 @@ def _pipeline(core: Core, security: Security, inbound: InboundGenerator) -> Pipe
     generators = (
         ClusterGenerator(core.index, core.cache, settings.build, core.stats, core.traffic),
         EndpointGenerator(core.index, core.cache, settings.build, core.stats, core.traffic),
-        ListenerGenerator(core.index, core.cache, settings.outbound, settings.build, core.stats),
-        RouteGenerator(core.index, core.cache, settings.outbound, settings.build, core.stats),
+        ListenerGenerator(
+            core.index,
+            core.cache,
+            settings.outbound,
+            settings.build,
+            core.stats,
+            traffic=core.traffic,
+        ),
+        RouteGenerator(
+            core.index,
+            core.cache,
+            settings.outbound,
+            settings.build,
+            core.stats,
+            traffic=core.traffic,
+        ),
         inbound,
         SecretGenerator(security.secrets, core.cache, core.stats),
     )

@@ -12,6 +12,8 @@ import ipaddress
 
 from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.extensions.filters.http.cors.v3 import cors_pb2
+from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.listener.original_dst.v3 import original_dst_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
@@ -58,17 +60,44 @@ def router_filter() -> hcm_pb2.HttpFilter:
     )
 
 
-def tcp_proxy_filter(stat_prefix: str, cluster: str) -> listener_components_pb2.Filter:
-    """The network filter that proxies every connection to `cluster`."""
-    proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix, cluster=cluster)
+def route_filters() -> list[hcm_pb2.HttpFilter]:
+    """CORS and fault injection, as Istio's outbound chain carries them: they do nothing
+    but where a route's per-filter config (a VirtualService's) asks."""
+    return [
+        hcm_pb2.HttpFilter(name="envoy.filters.http.cors", typed_config=typed(cors_pb2.Cors())),
+        hcm_pb2.HttpFilter(
+            name="envoy.filters.http.fault", typed_config=typed(fault_pb2.HTTPFault())
+        ),
+    ]
+
+
+# A VirtualService's tcp route: (cluster, weight) of each destination.
+Weighted = tuple[tuple[str, int], ...]
+
+
+def tcp_proxy_filter(
+    stat_prefix: str, cluster: str, weighted: Weighted = ()
+) -> listener_components_pb2.Filter:
+    """The network filter that proxies every connection to `cluster`, or to `weighted`
+    clusters (two or more) in proportion to their weights."""
+    proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix)
+    if len(weighted) > 1:
+        for name, weight in weighted:
+            proxy.weighted_clusters.clusters.add(name=name, weight=weight)
+    else:
+        proxy.cluster = weighted[0][0] if weighted else cluster
     return listener_components_pb2.Filter(
         name="envoy.filters.network.tcp_proxy", typed_config=typed(proxy)
     )
 
 
-def tcp_proxy_chain(stat_prefix: str, cluster: str) -> listener_components_pb2.FilterChain:
-    """A filter chain that proxies every connection to `cluster`."""
-    return listener_components_pb2.FilterChain(filters=[tcp_proxy_filter(stat_prefix, cluster)])
+def tcp_proxy_chain(
+    stat_prefix: str, cluster: str, weighted: Weighted = ()
+) -> listener_components_pb2.FilterChain:
+    """A filter chain that proxies every connection to `cluster` (or `weighted`)."""
+    return listener_components_pb2.FilterChain(
+        filters=[tcp_proxy_filter(stat_prefix, cluster, weighted)]
+    )
 
 
 def http_chain(stat_prefix: str, port: int) -> listener_components_pb2.FilterChain:
@@ -78,7 +107,7 @@ def http_chain(stat_prefix: str, port: int) -> listener_components_pb2.FilterCha
     manager = hcm_pb2.HttpConnectionManager(
         stat_prefix=stat_prefix,
         rds=hcm_pb2.Rds(config_source=source, route_config_name=str(port)),
-        http_filters=[router_filter()],
+        http_filters=[*route_filters(), router_filter()],
     )
     return listener_components_pb2.FilterChain(
         filters=[
@@ -123,11 +152,22 @@ def virtual_outbound(settings: OutboundSettings) -> listener_pb2.Listener:
 
 
 def outbound_listener(
-    mode: Interception, address: str, port: int, cluster: str, http: bool
+    mode: Interception,
+    address: str,
+    port: int,
+    cluster: str,
+    http: bool,
+    *,
+    weighted: Weighted = (),
 ) -> listener_pb2.Listener:
-    """One outbound listener: HTTP by routes, or TCP to one cluster."""
+    """One outbound listener: HTTP by routes, or TCP to one cluster (or a VirtualService's
+    tcp route's, `weighted`)."""
     name = listener_name(address, port)
-    chain = http_chain(f"outbound_{name}", port) if http else tcp_proxy_chain(cluster, cluster)
+    chain = (
+        http_chain(f"outbound_{name}", port)
+        if http
+        else tcp_proxy_chain(cluster, cluster, weighted)
+    )
     return listener_pb2.Listener(
         name=name,
         address=socket_address(address, port),

@@ -1,7 +1,9 @@
 """Route configurations, as pure functions: one virtual host per service on an HTTP port,
 Istio's domains, the ones two services would share left out, and the fallback host.
 A service's route carries Istio's default retry policy
-(`pilot.builders.istio_defaults`); the fallback hosts have none, as Istio's.
+(`pilot.builders.istio_defaults`); the fallback hosts have none, as Istio's. A
+service a VirtualService names gets that object's routes instead
+(`pilot.builders.virtual_routes`).
 Every virtual host sends the app `x-envoy-attempt-count`, as Istio's.
 
 The RDS generator (`pilot.generators.rds`) keeps which services are on which port and
@@ -11,6 +13,7 @@ calls these.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
@@ -40,15 +43,21 @@ def candidate_domains(route: HostRoute, port: int) -> list[str]:
     return [domain for host in bare for domain in (host, f"{host}:{port}")]
 
 
-def virtual_host(route: HostRoute, port: int, domains: list[str]) -> rc_pb2.VirtualHost:
-    """`HOST:P`: every path to the service's cluster (no route timeout, Istio's default
-    retries)."""
+def default_route(route: HostRoute) -> rc_pb2.Route:
+    """Every path to the service's cluster (no route timeout, Istio's default retries)."""
     action = rc_pb2.RouteAction(cluster=route.cluster, timeout=duration_pb2.Duration(seconds=0))
     action.retry_policy.CopyFrom(outbound_retry_policy())
+    return rc_pb2.Route(name="default", match=rc_pb2.RouteMatch(prefix="/"), route=action)
+
+
+def virtual_host(
+    route: HostRoute, port: int, domains: list[str], routes: list[rc_pb2.Route] | None = None
+) -> rc_pb2.VirtualHost:
+    """`HOST:P`: the given routes (a VirtualService's), else the default route."""
     return rc_pb2.VirtualHost(
         name=f"{route.hostname}:{port}",
         domains=domains,
-        routes=[rc_pb2.Route(name="default", match=rc_pb2.RouteMatch(prefix="/"), route=action)],
+        routes=routes if routes is not None else [default_route(route)],
         include_request_attempt_count=True,
     )
 
@@ -82,10 +91,17 @@ def shared_domains(routes: list[HostRoute], port: int) -> set[str]:
     return {domain for domain, count in counts.items() if count > 1}
 
 
-def virtual_hosts(routes: list[HostRoute], port: int, shared: set[str]) -> list[rc_pb2.VirtualHost]:
+# A service's routes on a port from its VirtualService (None: it has none there).
+RoutesOf = Callable[[HostRoute], list[rc_pb2.Route] | None]
+
+
+def virtual_hosts(
+    routes: list[HostRoute], port: int, shared: set[str], routes_of: RoutesOf | None = None
+) -> list[rc_pb2.VirtualHost]:
     """One virtual host per service, in a stable order, no domain in two of them."""
     hosts = []
     for route in sorted(routes, key=lambda r: r.key):
         domains = [d for d in candidate_domains(route, port) if d not in shared]
-        hosts.append(virtual_host(route, port, domains))
+        own = routes_of(route) if routes_of is not None else None
+        hosts.append(virtual_host(route, port, domains, own))
     return hosts

@@ -13,7 +13,8 @@ version, for clusters), ERROR what the proxy said when it rejected it (CSDS
 `error_state`: Envoy's words for that resource when its NACK named it, else
 for the whole update; cut short in `-o table`), and what its contents hold
 where CSDS sent them (a cluster's subset, LB and the rest of its traffic policy,
-POLICY; a route's retries, RETRIES; `routing_rows` words listeners and routes as istioctl
+POLICY; a route's retries, RETRIES, and timeout, TIMEOUT; `routing_rows` words
+listeners and routes as istioctl
 does). A resource CSDS sent no contents of (or none that decode) is one row of
 its name and state.
 Secrets come from CSDS with their private keys already redacted
@@ -333,10 +334,11 @@ def _route_records(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> list[dict
             "match": match,
             "destination": destination,
             "retries": retries,
+            "timeout": timeout,
         }
         | state
         for host in config.virtual_hosts
-        for match, destination, retries in routing_rows.virtual_host_routes(host)
+        for match, destination, retries, timeout in routing_rows.virtual_host_routes(host)
     ] or [known | state]
 
 
@@ -347,12 +349,13 @@ def _route_order(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> tuple[bool,
 
 
 def routes(config: csds_pb2.ClientConfig) -> Table:
-    """A row per route of every route configuration: its virtual host, domains, path, target,
-    retries."""
+    """A row per route of every route configuration: its virtual host, domains, match, target
+    (weights too), retries, timeout."""
     held = sorted(_held(config, types.ROUTE), key=_route_order)
     records = [record for generic in held for record in _route_records(generic)]
     headers = (
-        "NAME", "VHOST NAME", "DOMAINS", "MATCH", "DESTINATION", "RETRIES", "STATUS", "ERROR"
+        "NAME", "VHOST NAME", "DOMAINS", "MATCH", "DESTINATION", "RETRIES", "TIMEOUT", "STATUS",
+        "ERROR",
     )  # fmt: skip
     return Table.of(headers, records, ERROR_CHARS)
 

@@ -7,9 +7,11 @@ and its DESTINATION where its network filter sends the connection (`Route:
 NAME` for an HTTP connection manager reading RDS, `Cluster: NAME` for a TCP
 proxy, Istio's own clusters such as `PassthroughCluster` by their bare names,
 `Inline Route: ...` for routes carried in the listener). A route's MATCH is its
-path (`/*` for prefix `/`), its DESTINATION its cluster or its answer, its
-RETRIES how many times and on what it tries again (`2 on connect-failure,...;
-another host` for Istio's default: `previous_hosts` picks a host not tried).
+path (`/*` for prefix `/`) and its header and query conditions in brackets, its
+DESTINATION its cluster, its weighted clusters with their weights or its answer,
+its RETRIES how many times and on what it tries again (`2 on connect-failure,...;
+another host` for Istio's default: `previous_hosts` picks a host not tried), its
+TIMEOUT the route's (`none` for Istio's 0).
 
 Everything here reads the chain's match and filters, never a listener's name:
 a listener holding a hundred chains (a `virtualInbound`) is a hundred rows,
@@ -30,6 +32,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
+from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import any_pb2, message
 
 M = TypeVar("M", bound=message.Message)
@@ -105,13 +108,14 @@ def cluster_cell(cluster: str) -> str:
     return cluster if "Cluster" in cluster else f"Cluster: {cluster}"
 
 
-def _weighted(names: Iterable[str]) -> str:
-    return f"Clusters: {','.join(names)}"
+def _weighted(clusters: Iterable[tuple[str, int]]) -> str:
+    """Weighted clusters with their weights: `Clusters: A=80,B=20` (weights are relative)."""
+    return f"Clusters: {','.join(f'{name}={weight}' for name, weight in clusters)}"
 
 
 def _tcp_destination(proxy: tcp_proxy_pb2.TcpProxy) -> str:
     if proxy.WhichOneof("cluster_specifier") == "weighted_clusters":
-        return _weighted(c.name for c in proxy.weighted_clusters.clusters)
+        return _weighted((c.name, c.weight) for c in proxy.weighted_clusters.clusters)
     return cluster_cell(proxy.cluster)
 
 
@@ -173,10 +177,42 @@ _PATHS: dict[str, Callable[[rc_pb2.RouteMatch], str]] = {
 }
 
 
-def route_match(match: rc_pb2.RouteMatch) -> str:
-    """A route's path condition: `/*` for prefix `/`, the path, or the regex (headers aside)."""
+def route_path(match: rc_pb2.RouteMatch) -> str:
+    """A route's path condition: `/*` for prefix `/`, the path, or the regex."""
     describe = _PATHS.get(match.WhichOneof("path_specifier") or "")
     return describe(match) if describe is not None else ""
+
+
+def _string_condition(name: str, matcher: string_pb2.StringMatcher) -> str:
+    kind = matcher.WhichOneof("match_pattern")
+    if kind == "exact":
+        return f"{name}={matcher.exact}"
+    if kind == "prefix":
+        return f"{name}^={matcher.prefix}"
+    if kind == "safe_regex":
+        return f"{name}~={matcher.safe_regex.regex}"
+    return name
+
+
+def _header_condition(header: rc_pb2.HeaderMatcher) -> str:
+    text = (
+        _string_condition(header.name, header.string_match)
+        if header.HasField("string_match")
+        else header.name
+    )
+    return f"!{text}" if header.invert_match else text
+
+
+def route_match(match: rc_pb2.RouteMatch) -> str:
+    """A route's path, then its header and query conditions: `/* [end-user=jason]`,
+    `/api* [:method=GET; ?q^=x]` (`^=` a prefix, `~=` a regex, `!` none such)."""
+    conditions = [_header_condition(h) for h in match.headers]
+    conditions += [
+        "?" + (_string_condition(q.name, q.string_match) if q.HasField("string_match") else q.name)
+        for q in match.query_parameters
+    ]
+    path = route_path(match)
+    return f"{path} [{'; '.join(conditions)}]" if conditions else path
 
 
 def route_destination(route: rc_pb2.Route) -> str:
@@ -187,7 +223,8 @@ def route_destination(route: rc_pb2.Route) -> str:
         if specifier == "cluster":
             return cluster_cell(route.route.cluster)
         if specifier == "weighted_clusters":
-            return _weighted(c.name for c in route.route.weighted_clusters.clusters)
+            clusters = route.route.weighted_clusters.clusters
+            return _weighted((c.name, c.weight.value) for c in clusters)
         if specifier == "cluster_header":
             return f"Cluster header: {route.route.cluster_header}"
         return "Route"
@@ -220,7 +257,7 @@ def inline_route(config: route_pb2.RouteConfiguration) -> str:
         return cluster
     hosts = []
     for host in config.virtual_hosts:
-        paths = ", ".join(route_match(route.match) for route in host.routes)
+        paths = ", ".join(route_path(route.match) for route in host.routes)
         named = "" if list(host.domains) == ["*"] else "/".join(host.domains)
         hosts.append(f"{named} {paths}".strip())
     return f"Inline Route: {'; '.join(hosts)}"
@@ -284,12 +321,28 @@ def route_retries(host: rc_pb2.VirtualHost, route: rc_pb2.Route) -> str | None:
     return retries(host.retry_policy) if host.HasField("retry_policy") else "none"
 
 
+def route_timeout(route: rc_pb2.Route) -> str | None:
+    """A route to a cluster's timeout (`none`: Envoy's 0, no timeout; absent: Envoy's 15s
+    default); None for a route that answers itself."""
+    if route.WhichOneof("action") != "route":
+        return None
+    if not route.route.HasField("timeout"):
+        return "15s"
+    timeout = route.route.timeout
+    return "none" if timeout.seconds == 0 and timeout.nanos == 0 else timeout.ToJsonString()
+
+
 def virtual_host_routes(
     host: rc_pb2.VirtualHost,
-) -> Iterator[tuple[str, str, str | None]]:
-    """(MATCH, DESTINATION, RETRIES) per route of a virtual host; a host without routes
-    answers 404."""
+) -> Iterator[tuple[str, str, str | None, str | None]]:
+    """(MATCH, DESTINATION, RETRIES, TIMEOUT) per route of a virtual host; a host without
+    routes answers 404."""
     if not host.routes:
-        yield "/*", "404", None
+        yield "/*", "404", None, None
     for route in host.routes:
-        yield route_match(route.match), route_destination(route), route_retries(host, route)
+        yield (
+            route_match(route.match),
+            route_destination(route),
+            route_retries(host, route),
+            route_timeout(route),
+        )

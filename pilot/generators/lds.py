@@ -1,6 +1,7 @@
 """LDS: a sidecar's outbound listeners, one flavor per interception mode, rebuilt per address.
 
-Listeners depend on services and their ports only, never on endpoints: an
+Listeners depend on services and their ports (and, for a TCP port, its service's
+VirtualService's tcp routes: `PushRequest.routes`), never on endpoints: an
 endpoint change builds nothing here. Each service claims listener addresses
 (`ListenerKey`: address and port, per mode); a full change of a service
 rebuilds only the addresses it claimed before or claims now, each listener
@@ -41,10 +42,12 @@ from pilot.builders.outbound import (
 from pilot.builders.proxy_ports import RESERVED_PORTS
 from pilot.builders.settings import BuildSettings
 from pilot.generators.claims import ServiceClaims
+from pilot.generators.mesh_routes import MeshRoutes
 from pilot.logs import clipped
 from pilot.push.request import Changes, PushRequest
 from pilot.registry.index import EndpointIndex
 from pilot.registry.model import Service, ServiceKey
+from pilot.registry.traffic_config import TrafficConfig
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
@@ -67,8 +70,12 @@ class ListenerGenerator:
         settings: OutboundSettings,
         build: BuildSettings,
         stats: XdsStats,
+        *,
+        traffic: TrafficConfig | None = None,
     ) -> None:
         self._index = index
+        traffic = traffic if traffic is not None else TrafficConfig(build.cluster_domain)
+        self._mesh = MeshRoutes(traffic, index, build.cluster_domain)
         self._cache = cache
         self._settings = settings
         self._domain = build.cluster_domain
@@ -91,7 +98,10 @@ class ListenerGenerator:
             self._store(Interception.REDIRECT, [resource], [])
             changed.add(VIRTUAL_OUTBOUND)
         affected: set[ListenerKey] = set()
-        for key in sorted(request.registry.full):
+        changed_services = request.registry.full | request.routes
+        if changed_services:
+            self._mesh.refresh()
+        for key in sorted(changed_services):
             affected |= self._reclaim(key)
         changed |= self._rebuild(affected)
         return Changes(shared={types.LISTENER: changed}) if changed else Changes()
@@ -125,12 +135,19 @@ class ListenerGenerator:
                     self._conflicts.discard(listener)
                     gone.append(listener_name(address, port))
                     continue
-                _, cluster, http = winner(claims)
+                key, cluster, http = winner(claims)
                 self._note_conflict(listener, claims)
-                message = outbound_listener(mode, address, port, cluster, http)
+                weighted = () if http else self._tcp_route(key, port)
+                message = outbound_listener(mode, address, port, cluster, http, weighted=weighted)
                 built.append(Resource.from_message(types.LISTENER, message.name, message))
             changed |= self._store(mode, built, gone)
         return changed
+
+    def _tcp_route(self, key: ServiceKey, port: int) -> tuple[tuple[str, int], ...]:
+        """A VirtualService's tcp route for the service's TCP port (() for none)."""
+        service = self._index.services.get(key)
+        cluster_ip = service.cluster_ip if service is not None else ""
+        return self._mesh.tcp_route(key.hostname(self._domain), cluster_ip, port)
 
     def _store(self, mode: Interception, built: list[Resource], gone: list[str]) -> set[str]:
         if built:

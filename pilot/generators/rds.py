@@ -14,7 +14,10 @@ Under ALLOW_ANY an `allow_any` virtual host (domain `*`) sends other hosts to
 PassthroughCluster, under REGISTRY_ONLY `block_all` answers 502, as Istio. With
 `INTERCEPTION_MODE: NONE` the listener is Envoy's own 127.0.0.1 port, whose
 original destination is Envoy itself, so that flavor has neither: an unknown
-host gets 404. Routes depend on services only: an endpoint change builds nothing.
+host gets 404. Routes depend on services and VirtualServices only (a VirtualService's
+change comes as its hosts' services in `PushRequest.routes`, which no other generator
+reads; `pilot.generators.mesh_routes` picks the one each host follows): an endpoint
+change builds nothing.
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ from pilot.builders.routes import (
 )
 from pilot.builders.settings import BuildSettings
 from pilot.generators.claims import ServiceClaims
+from pilot.generators.mesh_routes import MeshRoutes
 from pilot.push.request import Changes, PushRequest
 from pilot.registry.index import EndpointIndex
 from pilot.registry.model import Service, ServiceKey
+from pilot.registry.traffic_config import TrafficConfig
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
@@ -59,8 +64,12 @@ class RouteGenerator:
         settings: OutboundSettings,
         build: BuildSettings,
         stats: XdsStats,
+        *,
+        traffic: TrafficConfig | None = None,
     ) -> None:
         self._index = index
+        traffic = traffic if traffic is not None else TrafficConfig(build.cluster_domain)
+        self._mesh = MeshRoutes(traffic, index, build.cluster_domain)
         self._cache = cache
         self._settings = settings
         self._domain = build.cluster_domain
@@ -71,7 +80,10 @@ class RouteGenerator:
     def build(self, request: PushRequest) -> Changes:
         """Rebuild the route configurations of the ports the changed services had or have."""
         affected: set[int] = set()
-        for key in sorted(request.registry.full):
+        changed_services = request.registry.full | request.routes
+        if changed_services:
+            self._mesh.refresh()
+        for key in sorted(changed_services):
             affected |= self._reclaim(key)
         changed: set[str] = set()
         for port in sorted(affected):
@@ -105,7 +117,7 @@ class RouteGenerator:
             }
         shared = shared_domains(routes, port)
         self._log_shared(name, shared)
-        hosts = virtual_hosts(routes, port, shared)
+        hosts = virtual_hosts(routes, port, shared, lambda r: self._mesh.routes(r, port))
         changed: set[str] = set()
         for mode in Interception:
             config = route_pb2.RouteConfiguration(name=name, virtual_hosts=hosts)

@@ -1,6 +1,6 @@
 """Istio's debounce: merge changes until the registry is quiet, but never wait too long.
 
-A registry change (a PeerAuthentication change is one) opens a window. The
+A registry change (a PeerAuthentication or VirtualService change is one) opens a window. The
 window closes when no change has arrived for `after` seconds, or `max_delay`
 after it opened, whichever is first; everything that arrived meanwhile is
 flushed as one merged `PushRequest`.
@@ -52,11 +52,15 @@ class Debouncer:
             registry = IndexChange()
         if request.certificates:
             self._add_now(PushRequest(certificates=request.certificates), now)
-        if registry or request.mtls_namespaces:
+        if registry or request.mtls_namespaces or request.routes:
             if not self._window:
                 self._opened = now
             self._window.add(
-                PushRequest(registry=registry, mtls_namespaces=request.mtls_namespaces)
+                PushRequest(
+                    registry=registry,
+                    mtls_namespaces=request.mtls_namespaces,
+                    routes=request.routes,
+                )
             )
             self._last = now
         self._arrived.set()

@@ -5,10 +5,11 @@ registry changes say which services need clusters rebuilt (full), which only
 their endpoints, and which IPs' pods changed their labels (workloads);
 certificate changes name the proxies whose workload certificate was minted or
 rotated; policy changes name the namespaces whose PeerAuthentications changed
-(the root namespace: the mesh's). Merging two requests is their union, so any
-number of changes waiting for a push stay one bounded value; `PendingPush`
-collects them in place, so that adding one costs its own size, not the size of
-what is already waiting (10,000 changes in a burst stay linear).
+(the root namespace: the mesh's); route changes name the services whose
+VirtualServices changed (their route configurations alone are rebuilt).
+Merging two requests is their union, so any number of changes waiting for a push
+stay one bounded value; `PendingPush` collects them in place, so that adding one
+costs its own size, not the size of what is already waiting (10,000 changes in a burst stay linear).
 
 `Changes` is what a generator's build really changed in the cache: shared
 names per type, and names per type owned by one proxy.
@@ -31,9 +32,10 @@ class PushRequest:
     registry: IndexChange = NO_CHANGE
     certificates: frozenset[ProxyKey] = frozenset()
     mtls_namespaces: frozenset[str] = frozenset()
+    routes: frozenset[ServiceKey] = frozenset()  # services whose VirtualServices moved
 
     def __bool__(self) -> bool:
-        return bool(self.registry or self.certificates or self.mtls_namespaces)
+        return bool(self.registry or self.certificates or self.mtls_namespaces or self.routes)
 
     def merge(self, other: PushRequest) -> PushRequest:
         if not other:
@@ -44,6 +46,7 @@ class PushRequest:
             self.registry.merge(other.registry),
             self.certificates | other.certificates,
             self.mtls_namespaces | other.mtls_namespaces,
+            self.routes | other.routes,
         )
 
 
@@ -59,6 +62,7 @@ class PendingPush:
         self._workloads: set[str] = set()
         self._certificates: set[ProxyKey] = set()
         self._mtls_namespaces: set[str] = set()
+        self._routes: set[ServiceKey] = set()
 
     def __bool__(self) -> bool:
         return bool(
@@ -67,6 +71,7 @@ class PendingPush:
             or self._workloads
             or self._certificates
             or self._mtls_namespaces
+            or self._routes
         )
 
     def add(self, request: PushRequest) -> None:
@@ -75,6 +80,7 @@ class PendingPush:
         self._workloads |= request.registry.workloads
         self._certificates |= request.certificates
         self._mtls_namespaces |= request.mtls_namespaces
+        self._routes |= request.routes
 
     def take(self) -> PushRequest:
         """Everything waiting, as one request; nothing is left waiting."""
@@ -84,11 +90,15 @@ class PendingPush:
             frozenset(self._full), frozenset(self._endpoints), frozenset(self._workloads)
         )
         request = PushRequest(
-            registry, frozenset(self._certificates), frozenset(self._mtls_namespaces)
+            registry,
+            frozenset(self._certificates),
+            frozenset(self._mtls_namespaces),
+            frozenset(self._routes),
         )
         self._full, self._endpoints, self._certificates = set(), set(), set()
         self._workloads = set()
         self._mtls_namespaces = set()
+        self._routes = set()
         return request
 
 
@@ -122,3 +132,6 @@ class RequestSink:
 
     def policies_changed(self, namespaces: frozenset[str]) -> None:
         self.submit(PushRequest(mtls_namespaces=namespaces))
+
+    def routes_changed(self, services: frozenset[ServiceKey]) -> None:
+        self.submit(PushRequest(routes=services))

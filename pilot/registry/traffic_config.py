@@ -44,6 +44,11 @@ def _hosts_of(config: Config | None) -> set[str]:
     return set()
 
 
+def _route_hosts_of(config: Config | None) -> set[str]:
+    """The hosts whose routes `config` shapes: a VirtualService's."""
+    return set(config.hosts) if isinstance(config, VirtualService) else set()
+
+
 class TrafficConfig:
     """Every DestinationRule and VirtualService held, and the unsupported objects' keys."""
 
@@ -56,6 +61,7 @@ class TrafficConfig:
         self._wildcard_rules: list[DestinationRule] = []
         self._with_subsets = 0
         self._kinds_seen: set[str] = set()  # unsupported kinds already warned about
+        self._routes_moved: set[str] = set()  # VirtualService hosts moved, not yet taken
 
     # -- reading -------------------------------------------------------------------
 
@@ -102,6 +108,7 @@ class TrafficConfig:
             return set()
         self._objects[config.key] = config
         self._reindex()
+        self._routes_moved |= _route_hosts_of(old) | _route_hosts_of(config)
         return _hosts_of(old) | _hosts_of(config)
 
     def delete(self, key: ConfigKey) -> set[str]:
@@ -110,6 +117,7 @@ class TrafficConfig:
         if old is None:
             return set()
         self._reindex()
+        self._routes_moved |= _route_hosts_of(old)
         return _hosts_of(old)
 
     def upsert_unsupported(self, key: ConfigKey) -> set[str]:
@@ -138,6 +146,12 @@ class TrafficConfig:
         self._unsupported = set(unsupported)
         return self._replace(wanted)
 
+    def take_route_hosts(self) -> set[str]:
+        """The hosts whose VirtualServices moved since the last call (their routes are
+        rebuilt; `pilot.generators.mesh_routes` picks what each host follows)."""
+        moved, self._routes_moved = self._routes_moved, set()
+        return moved
+
     def new_unsupported_kinds(self) -> set[str]:
         """The unsupported kinds held now that were never warned about (now they are)."""
         return self._first_seen({key.kind for key in self._unsupported})
@@ -150,6 +164,7 @@ class TrafficConfig:
             old, new = self._objects.get(key), wanted.get(key)
             if old != new:
                 moved |= _hosts_of(old) | _hosts_of(new)
+                self._routes_moved |= _route_hosts_of(old) | _route_hosts_of(new)
         self._objects = wanted
         self._reindex()
         return moved

@@ -131,6 +131,10 @@ class ChangeSink(Protocol):
         """The PeerAuthentications or AuthorizationPolicies of these namespaces moved."""
         ...
 
+    def routes_changed(self, services: frozenset[ServiceKey]) -> None:
+        """The VirtualServices of these services moved (their routes alone)."""
+        ...
+
 
 class IndexUpdater:
     """`RegistryUpdater` on the endpoint index: each change applied, what it means sunk."""
@@ -261,7 +265,13 @@ class IndexUpdater:
 
     def _hosts_moved(self, hosts: set[str]) -> None:
         """Traffic objects of these hosts moved: their services' clusters are rebuilt (the
-        cache then sends only the clusters and assignments whose bytes changed)."""
+        cache then sends only the clusters and assignments whose bytes changed); the
+        services whose VirtualServices moved get their routes rebuilt, nothing else."""
+        routes = self.traffic.take_route_hosts()
+        if routes:
+            moved = self.traffic.services_of(routes, self._index.services)
+            if moved:
+                self._sink.routes_changed(frozenset(moved))
         if not hosts:
             return
         services = self.traffic.services_of(hosts, self._index.services)

@@ -76,6 +76,17 @@ def _status(path: str) -> int:
     return 200
 
 
+@dataclass(frozen=True)
+class Answer:
+    """How a backend answers: its body (default: BACKEND_BODY and the path), its status,
+    the first requests it fails with 503, and how long it takes."""
+
+    body: str = ""
+    status: int = 200
+    fail_first: int = 0
+    delay: float = 0.0
+
+
 class Backend:
     """A small HTTP server on 127.0.0.1 (ephemeral port) that records every request."""
 
@@ -84,10 +95,12 @@ class Backend:
         host: str = "127.0.0.1",
         port: int = 0,
         on_request: Callable[[Seen], None] | None = None,
+        answer: Answer | None = None,
     ) -> None:
         self.seen: list[Seen] = []
         self._on_request = on_request
         self._runner: web.AppRunner | None = None
+        self._answer = answer or Answer()
         self.host = host
         self.port = port
 
@@ -97,9 +110,13 @@ class Backend:
         if self._on_request is not None:
             self._on_request(seen)
         headers = {"x-seen-xfcc": seen.xfcc, "x-seen-peer": request.remote or ""}
-        return web.Response(
-            text=f"{BACKEND_BODY} {request.path}", headers=headers, status=_status(request.path)
-        )
+        answer = self._answer
+        if answer.delay:
+            await asyncio.sleep(answer.delay)
+        status = answer.status if answer.status != 200 else _status(request.path)
+        status = 503 if len(self.seen) <= answer.fail_first else status
+        body = answer.body or f"{BACKEND_BODY} {request.path}"
+        return web.Response(text=body, status=status, headers=headers)
 
     async def __aenter__(self) -> Backend:
         app = web.Application()
@@ -117,13 +134,13 @@ class Backend:
             await self._runner.cleanup()
 
 
-async def _serve(host: str, port: int) -> None:
+async def _serve(host: str, port: int, answer: Answer) -> None:
     """Serve until killed, saying so on stdout once bound (a pod's app, tests/support/pods)."""
 
     def report(seen: Seen) -> None:
         print(seen_line(seen), flush=True)
 
-    async with Backend(host, port, report) as backend:
+    async with Backend(host, port, report, answer) as backend:
         print(f"serving on {backend.host}:{backend.port}", flush=True)
         await asyncio.Event().wait()
 
@@ -132,5 +149,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="the test backend, as a process")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--body", default="", help="every answer's body")
+    parser.add_argument("--status", type=int, default=200, help="every answer's status")
+    parser.add_argument("--fail-first", type=int, default=0, help="503 to the first N requests")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds before each answer")
     arguments = parser.parse_args()
-    asyncio.run(_serve(arguments.host, arguments.port))
+    answer = Answer(arguments.body, arguments.status, arguments.fail_first, arguments.delay)
+    asyncio.run(_serve(arguments.host, arguments.port, answer))

@@ -8,6 +8,8 @@ RSS per sidecar and the CPU of a service added against an endpoint changed, and 
 gets every sidecar its certificate and says at what rate and CPU; `python -m bench.fuzz`
 prints a PASS or FAIL for each of its targets and exits 0 exactly when all pass;
 `python -m bench.registry_file` loads and reloads a file in each format;
+`python -m bench.route_push` sends a VirtualService's weight change as one RDS response
+per sidecar and an endpoint change as one EDS response;
 `python -m bench.certificates` gets N proxies their certificates from pilot and from its
 floor (bare grpc.aio and pilot's mint), or N agents theirs from pilot's CA, and
 `python -m bench.arrival_path` their certificates in process, without gRPC, and
@@ -177,6 +179,28 @@ def test_bench_registry_file_loads_and_reloads_both_formats() -> None:
         assert cells[1] == "300", row  # services pilot said it loaded
         seconds = [float(cell.removesuffix(" s")) for cell in cells[2:5]]
         assert all(math.isfinite(value) and value > 0 for value in seconds), row
+
+
+def test_bench_route_push_sends_a_weight_change_as_one_rds_response() -> None:
+    command = [sys.executable, "-m", "bench.route_push", "--services", "20", "--sidecars", "10"]
+    command += ["--changes", "3", "--processes", "1"]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=110, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {
+        line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+        for line in done.stdout.splitlines()
+        if line.startswith("| weight") or line.startswith("| endpoint")
+    }
+    weight, endpoint = rows["weight (VirtualService)"], rows["endpoint (EndpointSlice)"]
+    assert weight[3] == "rds 1.00", done.stdout  # one RDS response per sidecar, nothing else
+    assert endpoint[3] == "eds 1.00", done.stdout
+    for cells in (weight, endpoint):
+        for timed in cells[:2]:
+            p50, p99 = (float(v.replace(",", "")) for v in timed.removesuffix(" ms").split(" / "))
+            assert 0 < p50 <= p99, cells
+        assert float(cells[2].removesuffix(" KiB")) > 0, cells
 
 
 FIGURES = ("certificates per second", "pilot CPU per certificate", "ratio")

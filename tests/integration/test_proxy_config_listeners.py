@@ -45,7 +45,8 @@ REVIEWS_IP, DB_IP = "10.96.0.9", "10.96.0.7"
 FORMATS = ("table", "json", "yaml")
 LISTENER_HEADERS = ["ADDRESSES", "PORT", "MATCH", "DESTINATION", "NAME", "STATUS", "ERROR"]
 ROUTE_HEADERS = [
-    "NAME", "VHOST NAME", "DOMAINS", "MATCH", "DESTINATION", "RETRIES", "STATUS", "ERROR"
+    "NAME", "VHOST NAME", "DOMAINS", "MATCH", "DESTINATION", "RETRIES", "TIMEOUT", "STATUS",
+    "ERROR",
 ]  # fmt: skip
 ISTIO_RETRIES = (
     "2 on connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes; another host"

@@ -261,6 +261,8 @@ NOT_HERE = {
     " 100 reviews at once": _BENCH,
     "python -m bench.traffic_rules --services 1000            # reading DestinationRules and"
     " VirtualServices": _BENCH,
+    "python -m bench.route_push --services 1000 --sidecars 1000  # a weight change's RDS push"
+    " beside an endpoint change's": _BENCH,
     "docker build -t registry.example/pilot:0.1.0 .": (
         "tagged for an example registry; tests/integration/test_container.py builds the"
         " same Dockerfile with a plain docker build and runs the image"

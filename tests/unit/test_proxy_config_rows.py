@@ -30,6 +30,7 @@ from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
 from pilot.builders.inbound import VIRTUAL_INBOUND, InboundProtocol, InboundShape, virtual_inbound
+from pilot.builders.virtual_routes import envoy_routes
 from pilot.debug import proxy_config, routing_rows
 from pilot.debug.tables import CELL_CHARS, FORMATS, formatted
 from pilot.registry.authorization_policy import (
@@ -38,6 +39,7 @@ from pilot.registry.authorization_policy import (
     parse_authorization_policy,
 )
 from pilot.registry.peer_authentication import MtlsMode
+from pilot.registry.virtual_service import parse_virtual_service
 from pilot.xds import types
 from tests.support.ca import issue_leaf, new_ca
 
@@ -343,17 +345,25 @@ def test_routes_are_a_row_per_route_with_domains_shortened() -> None:
     _add(config, types.ROUTE, "80", route_pb2.RouteConfiguration(name="80"))
     _add(config, types.ROUTE, "inbound|8080||", None)
     rows = [
-        (r["name"], r["vhost_name"], r["domains"], r["match"], r["destination"], r["retries"])
+        (
+            r["name"],
+            r["vhost_name"],
+            r["domains"],
+            r["match"],
+            r["destination"],
+            r["retries"],
+            r["timeout"],
+        )
         for r in proxy_config.routes(config).listed()
     ]
     assert rows == [
-        ("80", None, None, None, None, None),
+        ("80", None, None, None, None, None, None),
         ("9080", "reviews.shop.svc.cluster.local:9080", "reviews.shop, reviews + 1 more...", "/*",
-         "Cluster: outbound|9080||reviews.shop.svc.cluster.local", "none"),
-        ("9080", "allow_any", "*", "/*", "PassthroughCluster", "none"),
-        ("9080", "block_all", "*", "/x", "Direct response: 502", None),
-        ("9080", "empty", "[fd00::1]", "/*", "404", None),
-        ("inbound|8080||", None, None, None, None, None),
+         "Cluster: outbound|9080||reviews.shop.svc.cluster.local", "none", "15s"),
+        ("9080", "allow_any", "*", "/*", "PassthroughCluster", "none", "15s"),
+        ("9080", "block_all", "*", "/x", "Direct response: 502", None, None),
+        ("9080", "empty", "[fd00::1]", "/*", "404", None, None),
+        ("inbound|8080||", None, None, None, None, None, None),
     ]  # fmt: skip
 
 
@@ -407,13 +417,48 @@ def test_route_paths_and_actions_are_worded_as_istioctl_words_them() -> None:
         "",
     ]
     weighted = rc_pb2.Route()
-    for name in ("outbound|80||a.ns.svc.cluster.local", "outbound|80||b.ns.svc.cluster.local"):
-        weighted.route.weighted_clusters.clusters.add(name=name)
+    for name, weight in (("outbound|80|v1|a.ns.svc.cluster.local", 80), ("outbound|80|v2|a", 20)):
+        weighted.route.weighted_clusters.clusters.add(name=name).weight.value = weight
     redirect = rc_pb2.Route(redirect=rc_pb2.RedirectAction(host_redirect="x"))
     assert [routing_rows.route_destination(r) for r in (weighted, redirect)] == [
-        "Clusters: outbound|80||a.ns.svc.cluster.local,outbound|80||b.ns.svc.cluster.local",
+        "Clusters: outbound|80|v1|a.ns.svc.cluster.local=80,outbound|80|v2|a=20",
         "Redirect",
     ]
+
+
+def test_a_virtual_services_routes_show_their_conditions_weights_timeouts_and_retries() -> None:
+    """What `pilot proxy-config routes` says of istio.io's jason route and a 0.5 s timeout."""
+    parsed = parse_virtual_service(
+        {
+            "apiVersion": "networking.istio.io/v1",
+            "kind": "VirtualService",
+            "metadata": {"name": "reviews", "namespace": "shop"},
+            "spec": {
+                "hosts": ["reviews"],
+                "http": [
+                    {"match": [{"headers": {"end-user": {"exact": "jason"}},
+                                "queryParams": {"q": {"prefix": "a"}},
+                                "withoutHeaders": {"x-skip": {}}}],
+                     "route": [{"destination": {"host": "reviews", "subset": "v2"}}],
+                     "timeout": "0.5s",
+                     "retries": {"attempts": 3, "perTryTimeout": "2s", "retryOn": "503"}},
+                    {"route": [{"destination": {"host": "reviews", "subset": "v1"}, "weight": 80},
+                               {"destination": {"host": "reviews", "subset": "v3"}, "weight": 20}],
+                     "retries": {"attempts": 0}},
+                ],
+            },
+        },
+        "cluster.local",
+    )  # fmt: skip
+    host = rc_pb2.VirtualHost(
+        name="reviews:9080",
+        routes=envoy_routes(parsed.http, 9080, lambda d: f"outbound|9080|{d.subset}|r"),
+    )
+    assert list(routing_rows.virtual_host_routes(host)) == [
+        ("/* [end-user=jason; !x-skip; ?q^=a]", "Cluster: outbound|9080|v2|r",
+         "3 on retriable-status-codes [503]; per try 2s; another host", "0.500s"),
+        ("/*", "Clusters: outbound|9080|v1|r=80,outbound|9080|v3|r=20", "none", "none"),
+    ]  # fmt: skip
 
 
 def test_contents_that_do_not_decode_are_a_row_of_name_and_state() -> None:

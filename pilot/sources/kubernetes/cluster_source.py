@@ -51,6 +51,8 @@ from pilot.registry.peer_authentication import KIND as PEER_AUTHENTICATION
 from pilot.registry.peer_authentication import ROOT_NAMESPACE
 from pilot.registry.updater import RegistryUpdater
 from pilot.runtime.supervisor import SupervisedTask, describe
+from pilot.sources.kubernetes.authorization_policies import PLURAL as AUTHZ_PLURAL
+from pilot.sources.kubernetes.authorization_policies import AuthorizationPolicyHandler
 from pilot.sources.kubernetes.istio_config import (
     KINDS,
     TrafficHandler,
@@ -59,8 +61,6 @@ from pilot.sources.kubernetes.istio_config import (
     request_for,
     served_versions,
 )
-from pilot.sources.kubernetes.authorization_policies import PLURAL as AUTHZ_PLURAL
-from pilot.sources.kubernetes.authorization_policies import AuthorizationPolicyHandler
 from pilot.sources.kubernetes.peer_authentications import (
     PeerAuthenticationHandler,
     objects_at,
