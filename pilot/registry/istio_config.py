@@ -56,7 +56,7 @@ MAX_NAME = 253  # a DNS name: hosts, namespaces
 # Entries of every list and map of one object together: each list is bounded, but lists
 # of lists multiply (256 routes x 1024 matches x 1024 headers): this bounds the product.
 MAX_ENTRIES = 20_000
-MAX_DURATION_SECONDS = 315_576_000_000  # protobuf Duration's largest
+MAX_DURATION_SECONDS = 9_223_372_036  # Envoy refuses more: it converts to int64 nanoseconds
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _HOST = re.compile(r"(\*|\*\.)?[A-Za-z0-9]([-A-Za-z0-9._]{0,251}[A-Za-z0-9])?|\*")
 

@@ -161,6 +161,13 @@ def test_a_regex_envoys_re2_refuses_is_refused(pattern: str) -> None:
             "httpStatus 700",
         ),
         ({"hosts": ["r"], "bogus": 1}, "unknown field 'bogus'"),
+        (  # a Duration protobuf holds, but Envoy refuses past int64 nanoseconds
+            {
+                "hosts": ["r"],
+                "http": [{"route": [{"destination": {"host": "r"}}], "timeout": "99999999999s"}],
+            },
+            "spec.http[0].timeout is longer than a Duration can be",
+        ),
     ],
 )
 def test_hostile_services_are_refused(spec: dict[str, Any], says: str) -> None:
