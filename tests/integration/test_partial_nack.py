@@ -44,7 +44,7 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.envoy]
 LOCAL = "sidecar~127.0.0.1~local.default~default.svc.cluster.local"
 HOSTILE_NODE = "sidecar~10.1.1.7~nacker.default~default.svc.cluster.local"
 SERVICES = {"alpha": "10.96.0.21", "beta": "10.96.0.22", "gamma": "10.96.0.23"}
-HEADERS = ["ADDRESSES", "PORT", "MATCH", "DESTINATION", "NAME", "STATUS", "ERROR"]
+HEADERS = ["ADDRESSES", "PORT", "MATCH", "DESTINATION", "AUTHZ", "NAME", "STATUS", "ERROR"]
 FORMATS = ("table", "json", "yaml")
 SYNC_TIMEOUT = 30.0
 

@@ -43,7 +43,7 @@ LOCAL = "sidecar~127.0.0.1~local.default~default.svc.cluster.local"
 CAPTURED = "sidecar~10.1.1.9~captured.default~default.svc.cluster.local"
 REVIEWS_IP, DB_IP = "10.96.0.9", "10.96.0.7"
 FORMATS = ("table", "json", "yaml")
-LISTENER_HEADERS = ["ADDRESSES", "PORT", "MATCH", "DESTINATION", "NAME", "STATUS", "ERROR"]
+LISTENER_HEADERS = ["ADDRESSES", "PORT", "MATCH", "DESTINATION", "AUTHZ", "NAME", "STATUS", "ERROR"]
 ROUTE_HEADERS = [
     "NAME", "VHOST NAME", "DOMAINS", "MATCH", "DESTINATION", "RETRIES", "TIMEOUT", "STATUS",
     "ERROR",

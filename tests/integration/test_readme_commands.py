@@ -559,14 +559,16 @@ class TestRequestThroughEnvoy:
         self, shell: Shell, sidecar_servers: list[Background]
     ) -> None:
         listed, routed = (command.replace("NODE_ID", NODE_ID) for command in PROXY_CONFIG_ROUTING)
-        http = ["127.0.0.1", "9080", "ALL", "Route: 9080", "127.0.0.1_9080", "SYNCED", "-"]
+        http = ["127.0.0.1", "9080", "ALL", "Route: 9080", "-", "127.0.0.1_9080", "SYNCED", "-"]
 
         def listed_rows() -> list[list[str]] | None:
             rows = [split_row(line) for line in shell.run(listed).splitlines()]
             return rows if http in rows else None  # until Envoy has ACKed it
 
         rows = eventually("reviews' listener in proxy-config", listed_rows, *sidecar_servers)
-        assert rows[0] == ["ADDRESSES", "PORT", "MATCH", "DESTINATION", "NAME", "STATUS", "ERROR"]
+        assert rows[0] == [
+            "ADDRESSES", "PORT", "MATCH", "DESTINATION", "AUTHZ", "NAME", "STATUS", "ERROR"
+        ]  # fmt: skip
         routes = shell.run(routed)
         reviews = "reviews.default.svc.cluster.local:9080"
         route = next(split_row(line) for line in routes.splitlines() if reviews in line)
@@ -575,6 +577,7 @@ class TestRequestThroughEnvoy:
             "Cluster: outbound|9080||reviews.default.svc.cluster.local",
             "2 on connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes;"
             " another host",  # Istio's default retries
+            "none",  # no timeout, as Istio's default route
             "SYNCED",
             "-",
         ], routes
