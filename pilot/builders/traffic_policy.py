@@ -34,6 +34,7 @@ from envoy.type.v3 import percent_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
 
 from pilot.builders.cds import HTTP_OPTIONS_KEY
+from pilot.builders.istio_defaults import UNLIMITED
 from pilot.builders.mtls import TLS_SOCKET
 from pilot.registry.destination_rule import (
     ClientTls,
@@ -43,7 +44,6 @@ from pilot.registry.destination_rule import (
     PortPolicy,
 )
 
-UNLIMITED = 2**32 - 1  # Istio's default circuit breaker maximums
 _SIMPLE = {
     "ROUND_ROBIN": cluster_pb2.Cluster.ROUND_ROBIN,
     "LEAST_REQUEST": cluster_pb2.Cluster.LEAST_REQUEST,

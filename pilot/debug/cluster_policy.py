@@ -14,7 +14,7 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import duration_pb2
 
 from pilot.builders.cds import HTTP_OPTIONS_KEY
-from pilot.builders.traffic_policy import UNLIMITED
+from pilot.builders.istio_defaults import UNLIMITED
 
 
 def _seconds(duration: duration_pb2.Duration) -> str:

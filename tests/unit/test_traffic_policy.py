@@ -9,7 +9,8 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 
 from pilot.builders.cds import HTTP_OPTIONS_KEY, build_cluster
-from pilot.builders.traffic_policy import UNLIMITED, apply_policy, fail_closed
+from pilot.builders.istio_defaults import UNLIMITED
+from pilot.builders.traffic_policy import apply_policy, fail_closed
 from pilot.debug.cluster_policy import cluster_policy
 from pilot.registry.destination_rule import parse_destination_rule, policy_for
 from pilot.registry.model import ServicePort
