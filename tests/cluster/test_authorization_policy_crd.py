@@ -17,20 +17,13 @@ from typing import Any
 from envoy.config.listener.v3 import listener_pb2
 
 from pilot.xds import types
-from tests.cluster.client import admin
 from tests.cluster.control_plane import ControlPlane
 from tests.cluster.workloads import (
-    Kubelet,
-    address,
-    deployment,
-    ensure_account,
     per_kind,
-    service,
-    watching_pilot,
+    reviews_sidecar,
 )
 from tests.support.envoy_process import wait_until
 from tests.support.inbound_listener import Inbound
-from tests.support.xds_client import XdsClient, node
 
 TIMEOUT = 30.0
 
@@ -56,19 +49,7 @@ async def test_authorization_policy_from_the_crd_reaches_the_inbound_listener(
     deployed: ControlPlane, namespace: str, tmp_path: Path
 ) -> None:
     async with AsyncExitStack() as stack:
-        kube = await stack.enter_async_context(admin(deployed))
-        await ensure_account(kube, namespace)
-        await kube.create(deployment("reviews", namespace, 1))
-        await kube.create(service("reviews", namespace))
-        (pod,) = await Kubelet(kube, namespace).run_replicas("reviews", 1)
-        pilot = await stack.enter_async_context(
-            watching_pilot(kube, deployed, tmp_path, (namespace,))
-        )
-        client = await stack.enter_async_context(XdsClient(pilot.grpc_target))
-        name = pod["metadata"]["name"]
-        stream = client.delta_ads(
-            node(f"sidecar~{address(pod)}~{name}.{namespace}~{namespace}.svc.cluster.local")
-        )
+        kube, pod, pilot, stream = await reviews_sidecar(stack, deployed, namespace, tmp_path)
         await stream.subscribe(types.CLUSTER, ["*"])
         await stream.subscribe(types.LISTENER, ["*"])
         inbound = Inbound(stream)

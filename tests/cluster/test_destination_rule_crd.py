@@ -22,20 +22,16 @@ from typing import Any
 import aiohttp
 
 from pilot.xds import types
-from tests.cluster.client import admin, path_of
+from tests.cluster.client import path_of
 from tests.cluster.control_plane import ControlPlane
 from tests.cluster.workloads import (
     SERVICE_PORT,
-    Kubelet,
     address,
-    deployment,
-    ensure_account,
     per_kind,
-    service,
-    watching_pilot,
+    reviews_sidecar,
 )
 from tests.support.envoy_process import wait_until
-from tests.support.xds_client import DeltaStream, XdsClient, delta_resources, endpoint_ips, node
+from tests.support.xds_client import DeltaStream, delta_resources, endpoint_ips
 
 TIMEOUT = 30.0
 
@@ -86,19 +82,8 @@ async def test_destination_rule_from_the_crd_reaches_clusters_and_endpoints(
     host = f"reviews.{namespace}.svc.cluster.local"
     v1 = f"outbound|{SERVICE_PORT}|v1|{host}"
     async with AsyncExitStack() as stack:
-        kube = await stack.enter_async_context(admin(deployed))
-        await ensure_account(kube, namespace)
-        await kube.create(deployment("reviews", namespace, 1))
-        await kube.create(service("reviews", namespace))
-        (pod,) = await Kubelet(kube, namespace).run_replicas("reviews", 1)
-        pilot = await stack.enter_async_context(
-            watching_pilot(kube, deployed, tmp_path, (namespace,))
-        )
-        client = await stack.enter_async_context(XdsClient(pilot.grpc_target))
+        kube, pod, pilot, stream = await reviews_sidecar(stack, deployed, namespace, tmp_path)
         name = pod["metadata"]["name"]
-        stream = client.delta_ads(
-            node(f"sidecar~{address(pod)}~{name}.{namespace}~{namespace}.svc.cluster.local")
-        )
         await stream.subscribe(types.CLUSTER, ["*"])
         held = Held(stream)
         await held.until(lambda h: f"outbound|{SERVICE_PORT}||{host}" in h.types[types.CLUSTER])

@@ -26,20 +26,14 @@ from pilot.registry.peer_authentication import (
     ROOT_NAMESPACE,
 )
 from pilot.xds import types
-from tests.cluster.client import Kube, admin, path_of
+from tests.cluster.client import Kube, path_of
 from tests.cluster.control_plane import ControlPlane
 from tests.cluster.workloads import (
-    Kubelet,
-    address,
-    deployment,
-    ensure_account,
     per_kind,
-    service,
-    watching_pilot,
+    reviews_sidecar,
 )
 from tests.support.envoy_process import wait_until
 from tests.support.inbound_listener import PERMISSIVE, STRICT, Inbound
-from tests.support.xds_client import XdsClient, node
 
 TIMEOUT = 30.0
 
@@ -73,19 +67,8 @@ async def test_peer_authentication_from_the_crd_reaches_the_inbound_listener(
     deployed: ControlPlane, namespace: str, tmp_path: Path
 ) -> None:
     async with AsyncExitStack() as stack:
-        kube = await stack.enter_async_context(admin(deployed))
-        await ensure_account(kube, namespace)
-        await kube.create(deployment("reviews", namespace, 1))
-        await kube.create(service("reviews", namespace))
-        (pod,) = await Kubelet(kube, namespace).run_replicas("reviews", 1)
-        pilot = await stack.enter_async_context(
-            watching_pilot(kube, deployed, tmp_path, (namespace,))
-        )
-        client = await stack.enter_async_context(XdsClient(pilot.grpc_target))
+        kube, pod, pilot, stream = await reviews_sidecar(stack, deployed, namespace, tmp_path)
         name = pod["metadata"]["name"]
-        stream = client.delta_ads(
-            node(f"sidecar~{address(pod)}~{name}.{namespace}~{namespace}.svc.cluster.local")
-        )
         await stream.subscribe(types.CLUSTER, ["*"])
         await stream.subscribe(types.LISTENER, ["*"])
         inbound = Inbound(stream)

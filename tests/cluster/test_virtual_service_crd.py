@@ -18,18 +18,13 @@ from typing import Any
 from envoy.config.route.v3 import route_pb2
 
 from pilot.xds import types
-from tests.cluster.client import admin, path_of
+from tests.cluster.client import path_of
 from tests.cluster.control_plane import ControlPlane
 from tests.cluster.workloads import (
     SERVICE_PORT,
-    Kubelet,
-    address,
-    deployment,
-    ensure_account,
-    service,
-    watching_pilot,
+    reviews_sidecar,
 )
-from tests.support.xds_client import DeltaStream, XdsClient, delta_resources, node
+from tests.support.xds_client import DeltaStream, delta_resources
 
 TIMEOUT = 30.0
 ROUTE = str(SERVICE_PORT)
@@ -72,19 +67,7 @@ async def test_a_virtual_service_from_the_crd_reaches_the_route_configuration(
     host = f"reviews.{namespace}.svc.cluster.local"
     subset = {v: f"outbound|{SERVICE_PORT}|{v}|{host}" for v in ("v1", "v2")}
     async with AsyncExitStack() as stack:
-        kube = await stack.enter_async_context(admin(deployed))
-        await ensure_account(kube, namespace)
-        await kube.create(deployment("reviews", namespace, 1))
-        await kube.create(service("reviews", namespace))
-        (pod,) = await Kubelet(kube, namespace).run_replicas("reviews", 1)
-        pilot = await stack.enter_async_context(
-            watching_pilot(kube, deployed, tmp_path, (namespace,))
-        )
-        client = await stack.enter_async_context(XdsClient(pilot.grpc_target))
-        name = pod["metadata"]["name"]
-        stream = client.delta_ads(
-            node(f"sidecar~{address(pod)}~{name}.{namespace}~{namespace}.svc.cluster.local")
-        )
+        kube, _, _, stream = await reviews_sidecar(stack, deployed, namespace, tmp_path)
         await stream.subscribe(types.ROUTE, [ROUTE])
         default = await reviews_route(stream, host, lambda r: len(r) == 1)
         assert default[0].name == "default"

@@ -16,19 +16,20 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.cluster.client import Kube, path_of
+from tests.cluster.client import Kube, admin, path_of
 from tests.cluster.control_plane import ControlPlane
 from tests.cluster.in_cluster import PILOT_NAMESPACE, pilot_kubeconfig
 from tests.cluster.kubelet import NODE, remove_pod, run_pod
 from tests.support.envoy_process import wait_until
 from tests.support.pilot import RunningPilot, running_kube_pilot
+from tests.support.xds_client import DeltaStream, XdsClient, node
 
 Obj = dict[str, Any]
 APP = "app"  # the label a Deployment's Pods carry and its Service selects
@@ -207,3 +208,30 @@ async def per_kind(pilot: RunningPilot, family: str) -> Counter[str]:
                 if sample.name == f"{family}_total":
                     counts[sample.labels["kind"]] += int(sample.value)
     return +counts
+
+
+class ReviewsSidecar(NamedTuple):
+    kube: Kube
+    pod: Obj
+    pilot: RunningPilot
+    stream: DeltaStream
+
+
+async def reviews_sidecar(
+    stack: AsyncExitStack, plane: ControlPlane, namespace: str, folder: Path
+) -> ReviewsSidecar:
+    """One `reviews` replica behind its Service, run by the test kubelet, a pilot watching
+    `namespace`, and a delta ADS stream as that pod's sidecar (nothing subscribed yet);
+    all of it closed with `stack`."""
+    kube = await stack.enter_async_context(admin(plane))
+    await ensure_account(kube, namespace)
+    await kube.create(deployment("reviews", namespace, 1))
+    await kube.create(service("reviews", namespace))
+    (pod,) = await Kubelet(kube, namespace).run_replicas("reviews", 1)
+    pilot = await stack.enter_async_context(watching_pilot(kube, plane, folder, (namespace,)))
+    client = await stack.enter_async_context(XdsClient(pilot.grpc_target))
+    name = pod["metadata"]["name"]
+    stream = client.delta_ads(
+        node(f"sidecar~{address(pod)}~{name}.{namespace}~{namespace}.svc.cluster.local")
+    )
+    return ReviewsSidecar(kube, pod, pilot, stream)
