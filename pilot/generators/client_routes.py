@@ -50,6 +50,7 @@ from pilot.generators.mesh_routes import MeshRoutes
 from pilot.registry.index import EndpointIndex
 from pilot.registry.virtual_service import Pairs
 from pilot.security.identity import Identity
+from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 from pilot.xds.interception import Interception
@@ -117,11 +118,13 @@ class ClientRoutes:
         cache: ResourceCache,
         mesh: MeshRoutes,
         source: RouteSource,
+        stats: XdsStats,
     ) -> None:
         self._index = index
         self._cache = cache
         self._mesh = mesh
         self._source = source
+        self._stats = stats
         self._ids = itertools.count(1)
         self._sidecars: dict[ProxyKey, _Sidecar] = {}
         self._at_ip: dict[str, set[ProxyKey]] = {}
@@ -224,11 +227,13 @@ class ClientRoutes:
         if not table.readers:
             del self._tables[key]
             self._cache.drop_flavor(types.ROUTE, table.flavor)
+            self._stats.route_flavors = len(self._tables)
 
     def _table(self, key: TableKey) -> _Table:
         table = self._tables.get(key)
         if table is None:
             table = self._tables[key] = _Table(f"routes#{next(self._ids)}")
+            self._stats.route_flavors = len(self._tables)
             self._fill(table, key, set(self._source.ports()))
         return table
 

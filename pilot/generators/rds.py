@@ -83,7 +83,7 @@ class RouteGenerator:
         self._stats = stats
         self._routes: ServiceClaims[int, HostRoute] = ServiceClaims()  # by HTTP port
         self._logged: set[str] = set()  # shared domains logged once each
-        self._clients = ClientRoutes(index, cache, self._mesh, self)
+        self._clients = ClientRoutes(index, cache, self._mesh, self, stats)
 
     @property
     def flavors(self) -> int:

@@ -19,6 +19,7 @@ Names resolve by hosts entries (reviews, its FQDN -> its ClusterIP).
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from collections import Counter
@@ -169,6 +170,24 @@ class ClientMesh:
             sent_to, CONVERGE_TIMEOUT, f"{client}'s reviews routes to {clusters}",
             until=lambda found: found == expected, context=self.sidecars[client].agent.tail,
         )  # fmt: skip
+
+    async def proxy_config_routes(self, client: str) -> list[Obj]:
+        """`pilot proxy-config routes` of `client`'s sidecar, as JSON, run beside pilot as
+        an operator would, with that client's token."""
+        token_file = self.folder / f"{client}-token"
+        token_file.write_text(token(client))
+        token_file.chmod(0o600)
+        own = workload(client)
+        node_id = f"sidecar~{pod_address(client)}~{own.pod_name}.{own.namespace}~"
+        node_id += f"{own.namespace}.svc.cluster.local"
+        status, out, err = await self.network["istiod"].run(
+            str(PILOT), "proxy-config", "routes", node_id,
+            "--addr", f"127.0.0.1:{self.pilot.grpc_port}", "--token-file", str(token_file),
+            "-o", "json",
+        )  # fmt: skip
+        assert status == 0, err
+        rows: list[Obj] = json.loads(out)
+        return rows
 
     async def rejected(self) -> dict[str, int]:
         """Every client Envoy's count of xDS updates it rejected (all should stay 0)."""

@@ -83,6 +83,11 @@ async def test_source_namespace_and_source_labels_pick_each_clients_version(
     await only(mesh, "front", "v2")
     await only(mesh, "tester", "v3")
     await only(mesh, "web", "v1")
+    # proxy-config shows each sidecar its own routes.
+    for client, expected in (("tester", ["v3", "v1"]), ("web", ["v1"]), ("front", ["v2", "v1"])):
+        rows = await mesh.proxy_config_routes(client)
+        shown = [r["destination"] for r in rows if r["vhost_name"] == f"{REVIEWS_HOST}:9080"]
+        assert shown == [f"Cluster: outbound|9080|{v}|{REVIEWS_HOST}" for v in expected]
 
     # web relabelled a tester: it moves to the testers' routes.
     mesh.apply(
