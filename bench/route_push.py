@@ -11,16 +11,26 @@ Then, one at a time, each after pilot and the clients are idle:
 
 - K weight changes: one service's VirtualService goes from 50/50 to 80/20 (or
   back); the file is rewritten whole, as `kubectl ... > file` does;
-- K endpoint changes: one Pod of one service gets another address.
+- K endpoint changes: one Pod of one service gets another address;
+- K namespace-scoped changes: a VirtualService written in namespace `front`
+  for svc-0000 with `exportTo: ["."]` goes from 50/50 to 80/20 (or back): only
+  the F sidecars of `front` (a client process of their own, `--front`, node
+  metadata NAMESPACE front) read it, through their namespace's route flavor.
 
 Latency runs from the write to the last sidecar receiving the new resource
-(route configuration 9080, or the service's assignment); it includes pilot
+(route configuration 9080, or the service's assignment; for the namespace-scoped
+change, the last of front's sidecars); it includes pilot
 noticing and parsing the whole file (JSON, as `kubectl ... -o json` writes it),
 the same for both series, so the push alone is also timed from pilot's "loaded"
 log line (its wall clock, mapped onto the bench's). Bytes per sidecar
 is the size of the response carrying it; `responses` counts every response of
 each type all sidecars received over the series (a weight change must cost one
-RDS response per sidecar and nothing else).
+RDS response per sidecar and nothing else; a namespace-scoped one, one per
+sidecar of that namespace, F/(N+F) per sidecar; a process reports what its
+streams received once all of them received a version, so what fewer of them got is
+left out here: `tests/integration/test_counting_client_routes.py` proves the
+scoped change reaches no one else). Every sidecar proves its namespace
+by its node metadata (`--xds-auth none`: NAMESPACE, SERVICE_ACCOUNT).
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from bench.report import percentile
 from pilot.xds import types
 
 NAMESPACE = "bench"
+FRONT = "front"
 PORT = 9080
 WAIT = 600.0  # seconds a sync or a change may take
 
@@ -60,6 +71,7 @@ class Mesh:
 
     services: int
     weights: list[int] = field(default_factory=list)
+    front_weight: int = 50  # the v1 weight of front's own VirtualService for svc-0000
     moved: dict[tuple[int, int], str] = field(default_factory=dict)  # pod -> its new IP
 
     def __post_init__(self) -> None:
@@ -72,7 +84,19 @@ class Mesh:
         found: list[dict[str, Any]] = []
         for i in range(self.services):
             found += self._service(i)
-        return found
+        return [*found, self._front_virtual_service()]
+
+    def _front_virtual_service(self) -> dict[str, Any]:
+        """front's VirtualService for svc-0000, exported to front alone."""
+        host = f"svc-0000.{NAMESPACE}.svc.cluster.local"
+        split = (("v1", self.front_weight), ("v2", 100 - self.front_weight))
+        route = [{"destination": {"host": host, "subset": v}, "weight": w} for v, w in split]
+        return {
+            "apiVersion": "networking.istio.io/v1",
+            "kind": "VirtualService",
+            "metadata": {"name": "svc-0000-front", "namespace": FRONT},
+            "spec": {"hosts": [host], "exportTo": ["."], "http": [{"route": route}]},
+        }
 
     def _service(self, i: int) -> list[dict[str, Any]]:
         name = f"svc-{i:04d}"
@@ -161,9 +185,23 @@ class Mesh:
             service, version = j % self.services, j // self.services % 2
             pod = f"svc-{service:04d}-v{version + 1}.{NAMESPACE}"
             node_id = f"sidecar~{self.pod_ip(service, version)}~{pod}~{NAMESPACE}.svc.cluster.local"
-            metadata = {"NAMESPACE": NAMESPACE, "INTERCEPTION_MODE": "REDIRECT"}
-            lines.append(json.dumps({"id": node_id, "metadata": metadata}) + "\n")
+            lines.append(_node_line(node_id, NAMESPACE))
         return "".join(lines)
+
+    @staticmethod
+    def front_nodes(count: int) -> str:
+        """Sidecars of namespace front (their Pods not in the file: the namespace's flavor)."""
+        ids = (f"sidecar~10.250.{j // 256}.{j % 256}~c-{j}.{FRONT}~{FRONT}" for j in range(count))
+        return "".join(_node_line(f"{node_id}.svc.cluster.local", FRONT) for node_id in ids)
+
+
+def _node_line(node_id: str, namespace: str) -> str:
+    metadata = {
+        "NAMESPACE": namespace,
+        "SERVICE_ACCOUNT": "default",
+        "INTERCEPTION_MODE": "REDIRECT",
+    }
+    return json.dumps({"id": node_id, "metadata": metadata}) + "\n"
 
 
 @dataclass
@@ -214,6 +252,7 @@ class Config:
     sidecars: int
     changes: int
     processes: int
+    front: int = 0  # sidecars of namespace front, besides `sidecars`
 
 
 async def _start_clients(config: Config, grpc_port: int, nodes: Path, workdir: Path) -> list[Child]:
@@ -241,10 +280,14 @@ async def _synced(children: list[Child]) -> None:
 class Run:
     """pilot, its file, the clients, and what they received."""
 
-    def __init__(self, mesh: Mesh, path: Path, pilot: Child, children: list[Child]) -> None:
-        self.mesh, self.path, self.pilot, self.children = mesh, path, pilot, children
-        self.pids = [pilot.pid, *(c.pid for c in children)]
-        self.seen: list[Counter[str]] = [Counter() for _ in children]
+    def __init__(
+        self, mesh: Mesh, path: Path, pilot: Child, children: list[Child], front: Child | None
+    ) -> None:
+        self.mesh, self.path, self.pilot = mesh, path, pilot
+        self.children = [*children, *([front] if front is not None else [])]
+        self.front = front
+        self.pids = [pilot.pid, *(c.pid for c in self.children)]
+        self.seen: list[Counter[str]] = [Counter() for _ in self.children]
         self._log_lines = 0
 
     def responses(self) -> Counter[str]:
@@ -253,12 +296,19 @@ class Run:
             total.update(counts)
         return total
 
-    async def change(self, series: Series, type_url: str, name: str) -> None:
-        """Write the mesh as it is now; time it to `name`'s arrival at every sidecar."""
+    async def change(
+        self, series: Series, type_url: str, name: str, front_only: bool = False
+    ) -> None:
+        """Write the mesh as it is now; time it to `name`'s arrival at every sidecar (of
+        front, `front_only`)."""
         written, wall = time.monotonic(), time.time()
         write_whole(self.path, self.mesh.text())
+        waited = [self.front] if front_only and self.front is not None else self.children
+        seen = [self.seen[self.children.index(c)] for c in waited]
         async with asyncio.timeout(WAIT):
-            last, size = await _updated(self.children, type_url, name, self.seen)
+            last, size = await _updated(waited, type_url, name, seen)
+        for child, counts in zip(waited, seen, strict=True):
+            self.seen[self.children.index(child)] = counts
         series.latencies.append(last - written)
         series.sizes.append(size)
         loaded = self._loaded_at()
@@ -278,11 +328,13 @@ class Run:
         return found
 
 
-async def _series(run: Run, changes: int) -> tuple[Series, Series]:
-    weights, endpoints = Series(), Series()
+async def _series(run: Run, changes: int) -> tuple[Series, Series, Series]:
+    weights, endpoints, scoped = Series(), Series(), Series()
     for k in range(changes):
         await wait_idle(run.pids, window=0.2, limit=30)
-        i = (k * 7919) % run.mesh.services
+        # Never svc-0000: front's sidecars route it by their own VirtualService, so its
+        # shared weights change nothing they read (and they would report no update).
+        i = 1 + (k * 7919) % (run.mesh.services - 1) if run.mesh.services > 1 else 0
         run.mesh.weights[i] = 80 if run.mesh.weights[i] == 50 else 50
         await run.change(weights, types.ROUTE, str(PORT))
     await wait_idle(run.pids, window=0.2, limit=30)
@@ -296,10 +348,19 @@ async def _series(run: Run, changes: int) -> tuple[Series, Series]:
         await run.change(endpoints, types.ENDPOINT, f"outbound|{PORT}||{host}")
     await wait_idle(run.pids, window=0.2, limit=30)
     endpoints.responses = run.responses() - before
-    return weights, endpoints
+    if run.front is None:
+        return weights, endpoints, scoped
+    before = run.responses()
+    for _ in range(changes):
+        await wait_idle(run.pids, window=0.2, limit=30)
+        run.mesh.front_weight = 80 if run.mesh.front_weight == 50 else 50
+        await run.change(scoped, types.ROUTE, str(PORT), front_only=True)
+    await wait_idle(run.pids, window=0.2, limit=30)
+    scoped.responses = run.responses() - before
+    return weights, endpoints, scoped
 
 
-async def measure(config: Config, workdir: Path) -> tuple[Series, Series, float]:
+async def measure(config: Config, workdir: Path) -> tuple[Series, Series, Series, float]:
     mesh = Mesh(config.services)
     path = workdir / "mesh.json"
     write_whole(path, mesh.text())
@@ -309,36 +370,51 @@ async def measure(config: Config, workdir: Path) -> tuple[Series, Series, float]
     argv += ["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", *newer_flags(workdir)]
     pilot = await spawn("pilot", argv, workdir / "pilot.log")
     children: list[Child] = []
+    front: Child | None = None
     try:
         async with asyncio.timeout(WAIT):
             grpc_port, _ = serving_ports(await log_match(pilot, SERVING))
         started = time.monotonic()
         children = await _start_clients(config, grpc_port, nodes, workdir)
-        await _synced(children)
+        if config.front:
+            front_nodes = workdir / "front.jsonl"
+            front_nodes.write_text(Mesh.front_nodes(config.front))
+            front = await _front_client(config, grpc_port, front_nodes, workdir)
+        await _synced([*children, *([front] if front is not None else [])])
         sync = time.monotonic() - started
-        run = Run(mesh, path, pilot, children)
-        weights, endpoints = await _series(run, config.changes)
-        return weights, endpoints, sync
+        run = Run(mesh, path, pilot, children, front)
+        weights, endpoints, scoped = await _series(run, config.changes)
+        return weights, endpoints, scoped, sync
     except BaseException:
         print(f"pilot's log ends:\n{pilot.log_tail(40)}", file=sys.stderr)
         raise
     finally:
-        for child in children:
+        for child in [*children, *([front] if front is not None else [])]:
             await child.stop()
         await pilot.stop()
+
+
+async def _front_client(config: Config, grpc_port: int, nodes: Path, workdir: Path) -> Child:
+    argv = [PYTHON, "-m", "bench.clients", "--target", f"127.0.0.1:{grpc_port}"]
+    argv += ["--streams", str(config.front), "--nodes", str(nodes), "--retries", "5"]
+    return await spawn(
+        "clients-front", argv, workdir / "clients-front.log", stdin=True, stdout=True
+    )
 
 
 def _short(type_url: str) -> str:
     return types.short_name(type_url)
 
 
-def render(config: Config, weights: Series, endpoints: Series, sync: float) -> str:
+def render(config: Config, weights: Series, endpoints: Series, scoped: Series, sync: float) -> str:
+    everyone = config.sidecars + config.front
+
     def row(name: str, series: Series) -> str:
         ms = [latency * 1000 for latency in series.latencies]
         push = [latency * 1000 for latency in series.pushes]
         size = sum(series.sizes) / len(series.sizes) / 1024
         per_change = {
-            _short(t): n / (config.changes * config.sidecars) for t, n in series.responses.items()
+            _short(t): n / (config.changes * everyone) for t, n in series.responses.items()
         }
         sent = ", ".join(f"{t} {n:.2f}" for t, n in sorted(per_change.items()))
         return (
@@ -347,10 +423,16 @@ def render(config: Config, weights: Series, endpoints: Series, sync: float) -> s
             f" | {size:.2f} KiB | {sent} |"
         )
 
+    scoped_row = (
+        [row(f"weight, exported to one namespace ({config.front} sidecars)", scoped)]
+        if config.front
+        else []
+    )
     return "\n".join(
         [
             f"S={config.services} services, each with a DestinationRule (2 subsets) and a"
-            f" VirtualService (50/50); N={config.sidecars} sidecars; K={config.changes}"
+            f" VirtualService (50/50); N={config.sidecars} sidecars of their namespace,"
+            f" F={config.front} of namespace front; K={config.changes}"
             f" changes of each kind; initial sync {sync:.1f} s.",
             "",
             "| change | from the write p50 / p99 | from the file loaded p50 / p99"
@@ -358,6 +440,7 @@ def render(config: Config, weights: Series, endpoints: Series, sync: float) -> s
             "|---|---|---|---|---|",
             row("weight (VirtualService)", weights),
             row("endpoint (EndpointSlice)", endpoints),
+            *scoped_row,
         ]
     )
 
@@ -368,15 +451,18 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser.add_argument("--sidecars", type=int, default=1000)
     parser.add_argument("--changes", type=int, default=20, help="of each kind")
     parser.add_argument("--processes", type=int, default=2, help="client processes")
+    parser.add_argument(
+        "--front", type=int, default=100, help="sidecars of namespace front (0: no such series)"
+    )
     args = parser.parse_args(argv)
-    return Config(args.services, args.sidecars, args.changes, args.processes)
+    return Config(args.services, args.sidecars, args.changes, args.processes, args.front)
 
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-route-push-") as workdir:
-        weights, endpoints, sync = asyncio.run(measure(config, Path(workdir)))
-    print(render(config, weights, endpoints, sync))
+        weights, endpoints, scoped, sync = asyncio.run(measure(config, Path(workdir)))
+    print(render(config, weights, endpoints, scoped, sync))
     return 0
 
 
