@@ -21,7 +21,9 @@ stream that proved none reads the shared routes: a claimed namespace would read
 another namespace's private routes), its labels those of the one Pod of that
 namespace at the IP of its node id whose service account is its identity's (none,
 several, or another account's: no labels, so no `sourceLabels` route; the namespace
-flavor still applies). What a node claims beyond its IP picks nothing.
+flavor still applies). What a node claims beyond its IP picks nothing. Its table is
+that of its first stream's interception mode; a later stream of the same proxy
+declaring another mode reads the shared routes of that mode.
 
 Bounded: a table lives while a sidecar reads it (dropped with the last one, as EDS's
 locality variants), so there are at most as many as connected sidecars with a
@@ -211,7 +213,7 @@ class ClientRoutes:
             return before
         table = self._table((client, sidecar.mode))
         table.readers.add(proxy)
-        self._cache.set_overlay(proxy, types.ROUTE, table.flavor, {types.ROUTE: sidecar.mode})
+        self._cache.set_overlay(proxy, types.ROUTE, table.flavor, {types.ROUTE: sidecar.mode.value})
         return before | set(self._cache.shared_table(types.ROUTE, table.flavor))
 
     def _names(self, sidecar: _Sidecar) -> set[str]:
