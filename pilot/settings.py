@@ -121,11 +121,14 @@ def _env_count(env: Mapping[str, str], name: str, default: int) -> int:
 
 
 def outbound_from_env(env: Mapping[str, str] | None = None) -> OutboundSettings:
-    """PILOT_OUTBOUND_TRAFFIC_POLICY: ALLOW_ANY (Istio's default) or REGISTRY_ONLY."""
+    """PILOT_OUTBOUND_TRAFFIC_POLICY: ALLOW_ANY (Istio's default) or REGISTRY_ONLY;
+    PILOT_MAX_ROUTE_FLAVORS: route configuration flavors held for sidecars at once."""
     env = os.environ if env is None else env
     raw = env.get("PILOT_OUTBOUND_TRAFFIC_POLICY", TrafficPolicy.ALLOW_ANY.value)
+    defaults = OutboundSettings()
+    flavors = _env_count(env, "PILOT_MAX_ROUTE_FLAVORS", defaults.max_route_flavors)
     try:
-        return OutboundSettings(TrafficPolicy(raw.strip().upper()))
+        return OutboundSettings(TrafficPolicy(raw.strip().upper()), flavors)
     except ValueError:
         raise SettingsError(
             f"PILOT_OUTBOUND_TRAFFIC_POLICY: expected ALLOW_ANY or REGISTRY_ONLY, got {raw[:64]!r}"

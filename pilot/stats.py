@@ -27,6 +27,8 @@ class XdsStats:
     # Route configuration flavors held for sidecars whose routes depend on who they are
     # (a gauge: the RDS generator keeps it, `reset` leaves it).
     route_flavors: int = 0
+    # Sidecars that read the shared routes because PILOT_MAX_ROUTE_FLAVORS was reached.
+    route_flavors_refused: int = 0
 
     def reset(self) -> None:
         self.serializations.clear()

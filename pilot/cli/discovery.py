@@ -37,6 +37,8 @@ environment:
   PILOT_OUTBOUND_TRAFFIC_POLICY  where sidecars send traffic to unknown hosts: ALLOW_ANY
                              (PassthroughCluster) or REGISTRY_ONLY (BlackHoleCluster)
                              (default ALLOW_ANY)
+  PILOT_MAX_ROUTE_FLAVORS    route configurations built for sidecars whose routes depend
+                             on their namespace or labels (default 1000; beyond: shared)
   PILOT_EVENT_LOOP           asyncio or uvloop (pip install 'pilot[uvloop]') (default asyncio)
   CA_ADDR                    the CA that signs workload certificates (default: pilot's own)
   CA_ROOT_CERT               with CA_ADDR: the root its chains must lead to (required)

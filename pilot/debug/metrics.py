@@ -186,6 +186,12 @@ class PilotCollector(Collector):
             value=stats.route_flavors,
         )
         yield CounterMetricFamily(
+            "pilot_route_flavors_refused",
+            "Times a sidecar whose routes depend on who it is was given the shared routes:"
+            " PILOT_MAX_ROUTE_FLAVORS flavors were held.",
+            value=stats.route_flavors_refused,
+        )
+        yield CounterMetricFamily(
             "pilot_inbound_failed_closed",
             "Sidecar inbound shapes given the strictest modes workload PeerAuthentications"
             " could give, their Pod not known.",

@@ -28,7 +28,9 @@ declaring another mode reads the shared routes of that mode.
 Bounded: a table lives while a sidecar reads it (dropped with the last one, as EDS's
 locality variants), so there are at most as many as connected sidecars with a
 proven identity, and no more than the distinct (namespace, matched selectors, mode)
-the registry's VirtualServices give them; a table holds only the ports whose
+the registry's VirtualServices give them, and `PILOT_MAX_ROUTE_FLAVORS` (each is
+rebuilt on a change of the ports it holds): a sidecar that would need one more
+reads the shared routes, counted and said. A table holds only the ports whose
 configuration differs from the shared one. When no VirtualService depends on the
 client, no sidecar is looked at.
 
@@ -60,6 +62,7 @@ from pilot.xds.proxy import ProxyKey
 from pilot.xds.resource import Resource
 
 log = logging.getLogger("pilot.xds")
+MAX_REFUSALS_LOGGED = 16  # sidecars refused a flavor that are said
 
 TableKey = tuple[RouteClient, Interception]
 Owned = dict[ProxyKey, dict[str, set[str]]]
@@ -121,12 +124,16 @@ class ClientRoutes:
         mesh: MeshRoutes,
         source: RouteSource,
         stats: XdsStats,
+        *,
+        max_flavors: int = 1000,
     ) -> None:
         self._index = index
         self._cache = cache
         self._mesh = mesh
         self._source = source
         self._stats = stats
+        self._max_flavors = max_flavors
+        self._refusals_logged = 0
         self._ids = itertools.count(1)
         self._sidecars: dict[ProxyKey, _Sidecar] = {}
         self._at_ip: dict[str, set[ProxyKey]] = {}
@@ -207,6 +214,8 @@ class ClientRoutes:
         """Make `proxy` read `client`'s flavor; returns the names whose bytes may move."""
         before = self._names(sidecar)
         self._unread(proxy, sidecar)
+        if client and (client, sidecar.mode) not in self._tables and self._full(proxy):
+            client = ANY_CLIENT
         sidecar.client = client
         if not client:
             self._cache.set_overlay(proxy, types.ROUTE, None)
@@ -215,6 +224,22 @@ class ClientRoutes:
         table.readers.add(proxy)
         self._cache.set_overlay(proxy, types.ROUTE, table.flavor, {types.ROUTE: sidecar.mode.value})
         return before | set(self._cache.shared_table(types.ROUTE, table.flavor))
+
+    def _full(self, proxy: ProxyKey) -> bool:
+        """Whether no new table may be made (counted, said for the first few)."""
+        if len(self._tables) < self._max_flavors:
+            return False
+        self._stats.route_flavors_refused += 1
+        if self._refusals_logged < MAX_REFUSALS_LOGGED:
+            self._refusals_logged += 1
+            log.warning(
+                "%s: pilot already builds %d route flavors (PILOT_MAX_ROUTE_FLAVORS);"
+                " it reads the shared routes, without those meant for its namespace or"
+                " labels",
+                proxy,
+                len(self._tables),
+            )
+        return True
 
     def _names(self, sidecar: _Sidecar) -> set[str]:
         table = self._tables.get((sidecar.client, sidecar.mode)) if sidecar.client else None

@@ -83,7 +83,9 @@ class RouteGenerator:
         self._stats = stats
         self._routes: ServiceClaims[int, HostRoute] = ServiceClaims()  # by HTTP port
         self._logged: set[str] = set()  # shared domains logged once each
-        self._clients = ClientRoutes(index, cache, self._mesh, self, stats)
+        self._clients = ClientRoutes(
+            index, cache, self._mesh, self, stats, max_flavors=settings.max_route_flavors
+        )
 
     @property
     def flavors(self) -> int:

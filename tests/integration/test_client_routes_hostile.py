@@ -8,15 +8,20 @@
   metadata under `--xds-auth none`) gives, and a stream that proved none reads the
   shared routes, whatever namespace its node id names: neither gets a namespace's
   private routes by naming it.
+- Beyond `PILOT_MAX_ROUTE_FLAVORS`, a sidecar that would need a flavor of its own
+  reads the shared routes, counted and said once.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
+import pytest
 from envoy.config.route.v3 import route_pb2
 
+from pilot.builders.outbound import OutboundSettings
 from pilot.xds import types
 from tests.support.envoy_process import wait_until
 from tests.support.mesh import Ep, endpoint_slice, pod, service
@@ -126,3 +131,27 @@ async def test_a_claimed_namespace_reads_nothing_of_that_namespace(tmp_path: Pat
         assert subsets(await route_config(client.delta_ads(claimer))) == [""]
         assert subsets(await route_config(client.delta_ads(unproven))) == [""]
         assert pilot.discovery.stats.route_flavors == 1
+
+
+async def test_beyond_the_flavor_bound_a_sidecar_reads_the_shared_routes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PILOT_MAX_ROUTE_FLAVORS at 1: front's sidecar gets front's flavor, back's would
+    need a second and reads the shared routes, counted and said with the setting's name."""
+    objects = [*reviews()]
+    for namespace, subset in (("front", "v3"), ("back", "v2")):
+        private = {"hosts": [HOST], "exportTo": ["."], "http": [{"route": [to(subset)]}]}
+        objects.append(virtual_service("own", namespace, private))
+    caplog.set_level(logging.WARNING, "pilot.xds")
+    async with (
+        running_pilot(tmp_path, objects, outbound=OutboundSettings(max_route_flavors=1)) as pilot,
+        XdsClient(pilot.grpc_target) as client,
+    ):
+        stats = pilot.discovery.stats
+        front = sidecar_node("10.46.0.1", "front", {"NAMESPACE": "front", "SERVICE_ACCOUNT": "a"})
+        back = sidecar_node("10.46.0.2", "back", {"NAMESPACE": "back", "SERVICE_ACCOUNT": "a"})
+        assert subsets(await route_config(client.delta_ads(front))) == ["v3"]
+        assert subsets(await route_config(client.delta_ads(back))) == [""]
+        assert (stats.route_flavors, stats.route_flavors_refused) == (1, 1)
+    said = [r.getMessage() for r in caplog.records if "PILOT_MAX_ROUTE_FLAVORS" in r.getMessage()]
+    assert len(said) == 1 and "back" in said[0], said

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
 from envoy.config.route.v3 import route_pb2
 
@@ -21,6 +22,7 @@ from pilot.registry.traffic_config import TrafficConfig
 from pilot.registry.updater import IndexUpdater
 from pilot.registry.virtual_service import parse_virtual_service
 from pilot.security.identity import Identity
+from pilot.settings import SettingsError, outbound_from_env
 from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
@@ -58,7 +60,7 @@ def sidecar(ip: str, namespace: str, account: str = "app", claimed: str = "") ->
 class Mesh:
     """reviews (shop) and ratings (front) on 9080, the RDS generator, pods by hand."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_flavors: int = 1000) -> None:
         self.index, self.cache, stats = EndpointIndex(), ResourceCache(), XdsStats()
         self.pending: list[PushRequest] = []
         self.updater = IndexUpdater(
@@ -67,7 +69,7 @@ class Mesh:
         self.routes = RouteGenerator(
             self.index,
             self.cache,
-            OutboundSettings(TrafficPolicy.ALLOW_ANY),
+            OutboundSettings(TrafficPolicy.ALLOW_ANY, max_route_flavors=max_flavors),
             BuildSettings(),
             stats,
             traffic=self.updater.traffic,
@@ -263,3 +265,21 @@ def test_nothing_client_dependent_makes_no_flavor_and_changes_go_to_readers() ->
     assert changes.owned == {front: {types.ROUTE: {"9080"}}}
     assert mesh.subsets(front) == ["v3"]
     assert mesh.subsets(shop) == ["v1"]
+
+
+def test_the_flavor_bound_is_a_setting_checked_at_start() -> None:
+    assert outbound_from_env({}).max_route_flavors == 1000
+    assert outbound_from_env({"PILOT_MAX_ROUTE_FLAVORS": "0"}).max_route_flavors == 0
+    with pytest.raises(SettingsError, match="PILOT_MAX_ROUTE_FLAVORS"):
+        outbound_from_env({"PILOT_MAX_ROUTE_FLAVORS": "-1"})
+
+
+def test_with_no_flavor_allowed_every_sidecar_reads_the_shared_routes() -> None:
+    mesh = Mesh(max_flavors=0)
+    private = {"hosts": [REVIEWS], "exportTo": ["."], "http": [{"route": [to("v2")]}]}
+    mesh.updater.upsert_config(vs("own", private, namespace="front"))
+    mesh.push()
+    front = sidecar("10.0.0.2", "front")
+    mesh.routes.client_joined(front, REDIRECT)
+    assert mesh.subsets(front) == ["-"]
+    assert mesh.routes.flavors == 0
