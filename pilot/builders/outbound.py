@@ -60,7 +60,7 @@ class OutboundSettings:
     traffic_policy: TrafficPolicy = TrafficPolicy.ALLOW_ANY
     # Route configuration flavors for sidecars whose routes depend on who they are
     # (PILOT_MAX_ROUTE_FLAVORS): a sidecar beyond it reads the shared routes.
-    max_route_flavors: int = 1000
+    max_route_flavors: int = 256
 
     @property
     def fallback_cluster(self) -> str:

@@ -38,7 +38,7 @@ environment:
                              (PassthroughCluster) or REGISTRY_ONLY (BlackHoleCluster)
                              (default ALLOW_ANY)
   PILOT_MAX_ROUTE_FLAVORS    route configurations built for sidecars whose routes depend
-                             on their namespace or labels (default 1000; beyond: shared)
+                             on their namespace or labels (default 256; beyond: shared)
   PILOT_EVENT_LOOP           asyncio or uvloop (pip install 'pilot[uvloop]') (default asyncio)
   CA_ADDR                    the CA that signs workload certificates (default: pilot's own)
   CA_ROOT_CERT               with CA_ADDR: the root its chains must lead to (required)

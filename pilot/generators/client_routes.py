@@ -125,7 +125,7 @@ class ClientRoutes:
         source: RouteSource,
         stats: XdsStats,
         *,
-        max_flavors: int = 1000,
+        max_flavors: int = 256,
     ) -> None:
         self._index = index
         self._cache = cache

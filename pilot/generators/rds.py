@@ -35,8 +35,10 @@ from pilot.builders.naming import outbound_cluster_name
 from pilot.builders.outbound import OutboundSettings, outbound_ports
 from pilot.builders.routes import (
     HostRoute,
+    candidate_domains,
     fallback_host,
     shared_domains,
+    virtual_host,
     virtual_hosts,
 )
 from pilot.builders.settings import BuildSettings
@@ -83,6 +85,9 @@ class RouteGenerator:
         self._stats = stats
         self._routes: ServiceClaims[int, HostRoute] = ServiceClaims()  # by HTTP port
         self._logged: set[str] = set()  # shared domains logged once each
+        # Each port's shared virtual hosts, in order, as last built: a client's flavor
+        # copies those its routes do not change.
+        self._shared_hosts: dict[int, list[route_pb2.VirtualHost]] = {}
         self._clients = ClientRoutes(
             index, cache, self._mesh, self, stats, max_flavors=settings.max_route_flavors
         )
@@ -144,14 +149,33 @@ class RouteGenerator:
         return changed
 
     def _hosts(self, port: int, client: RouteClient) -> list[route_pb2.VirtualHost] | None:
-        """The virtual hosts of configuration `port` for `client` (None: no HTTP service)."""
-        routes = list(self._routes.of(port).values())
+        """The virtual hosts of configuration `port` for `client` (None: no HTTP service).
+        A client's reuses the shared ones where its routes do not differ from them."""
+        routes = sorted(self._routes.of(port).values(), key=lambda r: r.key)
         if not routes:
+            self._shared_hosts.pop(port, None)
             return None
         shared = shared_domains(routes, port)
         if not client:
             self._log_shared(str(port), shared)
-        return virtual_hosts(routes, port, shared, lambda r: self._mesh.routes(r, port, client))
+            hosts = virtual_hosts(routes, port, shared, lambda r: self._mesh.routes(r, port))
+            self._shared_hosts[port] = hosts
+            return hosts
+        base = self._shared_hosts.get(port)
+        if base is None or len(base) != len(routes):
+            return virtual_hosts(routes, port, shared, lambda r: self._mesh.routes(r, port, client))
+        return [
+            self._client_host(route, port, shared, client)
+            if self._mesh.differs(route, port, client)
+            else host
+            for route, host in zip(routes, base, strict=True)
+        ]
+
+    def _client_host(
+        self, route: HostRoute, port: int, shared: set[str], client: RouteClient
+    ) -> route_pb2.VirtualHost:
+        domains = [d for d in candidate_domains(route, port) if d not in shared]
+        return virtual_host(route, port, domains, self._mesh.routes(route, port, client))
 
     def config(self, port: int, mode: Interception, client: RouteClient) -> Resource | None:
         """Route configuration `port` for sidecars of `mode` reading as `client` (None: no

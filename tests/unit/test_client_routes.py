@@ -116,6 +116,13 @@ def test_a_virtual_service_exported_to_its_own_namespace_routes_its_sidecars_alo
     assert mesh.subsets(shop) == ["v2"]
     assert mesh.subsets(front) == ["-"]  # the default route
     assert mesh.config().SerializeToString() == before  # the shared bytes, unchanged
+
+    # Every other virtual host of shop's flavor is the shared one, byte for byte.
+    def others(config: route_pb2.RouteConfiguration) -> list[bytes]:
+        return [h.SerializeToString() for h in config.virtual_hosts if REVIEWS not in h.name]
+
+    assert others(mesh.config(shop)) == others(mesh.config())
+    assert len(others(mesh.config())) == 2  # ratings, and the fallback host
     assert mesh.routes.flavors == 1
 
 
@@ -268,7 +275,7 @@ def test_nothing_client_dependent_makes_no_flavor_and_changes_go_to_readers() ->
 
 
 def test_the_flavor_bound_is_a_setting_checked_at_start() -> None:
-    assert outbound_from_env({}).max_route_flavors == 1000
+    assert outbound_from_env({}).max_route_flavors == 256
     assert outbound_from_env({"PILOT_MAX_ROUTE_FLAVORS": "0"}).max_route_flavors == 0
     with pytest.raises(SettingsError, match="PILOT_MAX_ROUTE_FLAVORS"):
         outbound_from_env({"PILOT_MAX_ROUTE_FLAVORS": "-1"})
