@@ -290,3 +290,14 @@ def test_with_no_flavor_allowed_every_sidecar_reads_the_shared_routes() -> None:
     mesh.routes.client_joined(front, REDIRECT)
     assert mesh.subsets(front) == ["-"]
     assert mesh.routes.flavors == 0
+
+
+def test_one_for_another_namespaces_host_exported_elsewhere_routes_no_one() -> None:
+    mesh = Mesh()
+    spec = {"hosts": [REVIEWS], "exportTo": ["other"], "http": [{"route": [to("v3")]}]}
+    mesh.updater.upsert_config(vs("steal", spec, namespace="front"))
+    mesh.push()
+    other, front = sidecar("10.0.0.3", "other"), sidecar("10.0.0.2", "front")
+    for proxy in (other, front):
+        mesh.routes.client_joined(proxy, REDIRECT)
+    assert mesh.subsets(other) == mesh.subsets(front) == ["-"]
