@@ -46,6 +46,8 @@ def candidate_domains(route: HostRoute, port: int) -> list[str]:
 def default_route(route: HostRoute) -> rc_pb2.Route:
     """Every path to the service's cluster (no route timeout, Istio's default retries)."""
     action = rc_pb2.RouteAction(cluster=route.cluster, timeout=duration_pb2.Duration(seconds=0))
+    # No timeout for gRPC either unless its grpc-timeout header sets one, as istiod.
+    action.max_grpc_timeout.CopyFrom(action.timeout)
     action.retry_policy.CopyFrom(outbound_retry_policy())
     return rc_pb2.Route(name="default", match=rc_pb2.RouteMatch(prefix="/"), route=action)
 
@@ -69,7 +71,9 @@ def fallback_host(settings: OutboundSettings) -> rc_pb2.VirtualHost:
             name="allow_any",
             match=rc_pb2.RouteMatch(prefix="/"),
             route=rc_pb2.RouteAction(
-                cluster=settings.fallback_cluster, timeout=duration_pb2.Duration(seconds=0)
+                cluster=settings.fallback_cluster,
+                timeout=duration_pb2.Duration(seconds=0),
+                max_grpc_timeout=duration_pb2.Duration(seconds=0),
             ),
         )
         return rc_pb2.VirtualHost(
