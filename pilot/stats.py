@@ -24,6 +24,9 @@ class XdsStats:
     # AuthorizationPolicies (or parts of them) enforced stricter than written, because
     # pilot cannot translate them: each arrival of such a policy counts once.
     authz_failed_closed: int = 0
+    # Route configuration flavors held for sidecars whose routes depend on who they are
+    # (a gauge: the RDS generator keeps it, `reset` leaves it).
+    route_flavors: int = 0
 
     def reset(self) -> None:
         self.serializations.clear()

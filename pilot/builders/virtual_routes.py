@@ -6,9 +6,11 @@ messages, for one route configuration (one port) of the calling sidecar:
 - each `match` of a route becomes one Envoy route, in order (Envoy takes the first
   that matches, as Istio's first match wins); a route without `match` matches `/`;
   a match naming another `port` is left out of this port's configuration;
-- a match naming `sourceLabels` or `sourceNamespace` depends on who asks: the
-  shared configuration every sidecar reads leaves it out (Istio leaves it out for
-  every proxy it does not select), so no sidecar is sent a route meant for another;
+- a match naming `sourceLabels` or `sourceNamespace` depends on who asks: it is kept
+  only in the configuration built for a `RouteClient` it selects (its namespace, the
+  sourceLabels selectors its pod matches), as Istio keeps it only for the proxies it
+  selects; the shared configuration every other sidecar reads leaves it out, so no
+  sidecar is sent a route meant for another;
 - destinations go to `outbound|PORT|SUBSET|FQDN`, several as weighted clusters; a
   subset no DestinationRule defines still names its cluster (Envoy answers 503);
 - no `retries`: Istio's default policy (`pilot.builders.istio_defaults`); `attempts:
@@ -20,6 +22,7 @@ messages, for one route configuration (one port) of the calling sidecar:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
@@ -43,6 +46,7 @@ from pilot.registry.virtual_service import (
     Headers,
     HttpMatch,
     HttpRoute,
+    Pairs,
     Redirect,
     Retries,
     RouteDestination,
@@ -63,6 +67,22 @@ _SET = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 # (destination) -> its cluster's name, for this route configuration's port.
 ClusterOf = Callable[[Destination], str]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteClient:
+    """Whom a route configuration is built for: a namespace ("": none in particular) and
+    the `sourceLabels` selectors (sorted pairs) its pods carry every label of."""
+
+    namespace: str = ""
+    selectors: frozenset[Pairs] = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.namespace or self.selectors)
+
+
+# What every sidecar shares: no source-dependent match selects it.
+ANY_CLIENT = RouteClient()
 
 
 def _duration(seconds: float) -> duration_pb2.Duration:
@@ -141,15 +161,23 @@ def depends_on_client(match: HttpMatch) -> bool:
     return bool(match.source_labels or match.source_namespace)
 
 
-def matches_for_port(route: HttpRoute, port: int) -> list[HttpMatch | None]:
-    """The route's matches this port's shared configuration keeps (None: match all).
+def selects(match: HttpMatch, client: RouteClient) -> bool:
+    """Whether a match's source conditions take `client`, as Istio's `sourceMatchHTTP`:
+    its namespace is the one named, and its pod carries every label of the selector."""
+    if match.source_namespace and match.source_namespace != client.namespace:
+        return False
+    return not match.source_labels or match.source_labels in client.selectors
+
+
+def matches_for_port(
+    route: HttpRoute, port: int, client: RouteClient = ANY_CLIENT
+) -> list[HttpMatch | None]:
+    """The route's matches this port's configuration for `client` keeps (None: match all).
 
     A route whose every match is left out is left out (it selects no request here)."""
     if not route.matches:
         return [None]
-    return [
-        m for m in route.matches if (m.port is None or m.port == port) and not depends_on_client(m)
-    ]
+    return [m for m in route.matches if (m.port is None or m.port == port) and selects(m, client)]
 
 
 # -- the action -------------------------------------------------------------------
@@ -370,9 +398,12 @@ def envoy_route(route: HttpRoute, match: HttpMatch | None, cluster_of: ClusterOf
 
 
 def envoy_routes(
-    routes: tuple[HttpRoute, ...], port: int, cluster_of: ClusterOf
+    routes: tuple[HttpRoute, ...],
+    port: int,
+    cluster_of: ClusterOf,
+    client: RouteClient = ANY_CLIENT,
 ) -> Iterator[rc_pb2.Route]:
-    """Every Envoy route of these http routes on `port`, in order."""
+    """Every Envoy route of these http routes on `port` for `client`, in order."""
     for route in routes:
-        for match in matches_for_port(route, port):
+        for match in matches_for_port(route, port, client):
             yield envoy_route(route, match, cluster_of)

@@ -179,6 +179,12 @@ class PilotCollector(Collector):
             "Distinct inbound listeners held for connected sidecars (each shared by shape).",
             value=self._sources.inbound_shapes(),
         )
+        yield GaugeMetricFamily(
+            "pilot_route_flavors",
+            "Route configuration flavors held for sidecars whose routes depend on their"
+            " namespace or labels (each shared by every sidecar reading alike).",
+            value=stats.route_flavors,
+        )
         yield CounterMetricFamily(
             "pilot_inbound_failed_closed",
             "Sidecar inbound shapes given the strictest modes workload PeerAuthentications"

@@ -45,3 +45,7 @@ class ServiceClaims(Generic[K, V]):
             self._by_key.pop(key, None)
             return {}
         return claimants
+
+    def keys(self) -> list[K]:
+        """Every key some service claims."""
+        return [key for key, claimants in self._by_key.items() if claimants]

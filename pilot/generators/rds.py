@@ -18,7 +18,11 @@ original destination is Envoy itself, so that flavor has neither: an unknown
 host gets 404. Routes depend on services and VirtualServices only (a VirtualService's
 change comes as its hosts' services in `PushRequest.routes`, which no other generator
 reads; `pilot.generators.mesh_routes` picks the one each host follows): an endpoint
-change builds nothing.
+change builds nothing. A sidecar whose routes depend on who it is (a VirtualService
+exported to its namespace alone, a `sourceLabels` match its Pod satisfies) reads a
+flavor of the configurations that differ, built once per client and mode
+(`pilot.generators.client_routes`); its Pod changing moves it to another (a
+`workloads` change).
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ from pilot.builders.routes import (
     virtual_hosts,
 )
 from pilot.builders.settings import BuildSettings
+from pilot.builders.virtual_routes import ANY_CLIENT, RouteClient
 from pilot.generators.claims import ServiceClaims
+from pilot.generators.client_routes import ClientRoutes
 from pilot.generators.mesh_routes import MeshRoutes
 from pilot.push.request import Changes, PushRequest
 from pilot.registry.index import EndpointIndex
@@ -47,6 +53,7 @@ from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 from pilot.xds.interception import Interception
+from pilot.xds.proxy import ProxyKey
 from pilot.xds.resource import Resource
 
 log = logging.getLogger("pilot.xds")
@@ -77,9 +84,23 @@ class RouteGenerator:
         self._stats = stats
         self._routes: ServiceClaims[int, HostRoute] = ServiceClaims()  # by HTTP port
         self._logged: set[str] = set()  # shared domains logged once each
+        self._clients = ClientRoutes(index, cache, self._mesh, self, stats)
+
+    @property
+    def flavors(self) -> int:
+        """Route flavors held for sidecars whose routes depend on who they are."""
+        return self._clients.flavors
+
+    def client_joined(self, proxy: ProxyKey, interception: Interception) -> None:
+        """The first stream of `proxy` joined: it reads its own flavor, if it has one."""
+        self._clients.join(proxy, interception)
+
+    def client_left(self, proxy: ProxyKey) -> None:
+        self._clients.leave(proxy)
 
     def build(self, request: PushRequest) -> Changes:
-        """Rebuild the route configurations of the ports the changed services had or have."""
+        """Rebuild the route configurations of the ports the changed services had or have,
+        the shared ones and the flavors of sidecars whose routes depend on who they are."""
         affected: set[int] = set()
         changed_services = request.registry.full | request.routes
         if changed_services:
@@ -89,7 +110,9 @@ class RouteGenerator:
         changed: set[str] = set()
         for port in sorted(affected):
             changed |= self._rebuild(port)
-        return Changes(shared={types.ROUTE: changed}) if changed else Changes()
+        owned = self._clients.rebuild(affected, bool(changed_services), request.registry.workloads)
+        shared = {types.ROUTE: changed} if changed else {}
+        return Changes(shared=shared, owned=owned)
 
     def _reclaim(self, key: ServiceKey) -> set[int]:
         """Move a service's routes to the HTTP ports it has now; returns every port touched."""
@@ -109,27 +132,51 @@ class RouteGenerator:
 
     def _rebuild(self, port: int) -> set[str]:
         name = str(port)
-        routes = list(self._routes.of(port).values())
-        if not routes:
-            return {
-                n
-                for mode in Interception
-                for n in self._cache.update(types.ROUTE, [], [name], flavor=mode.value)
-            }
-        shared = shared_domains(routes)
-        self._log_shared(name, shared)
-        hosts = virtual_hosts(routes, port, shared, lambda r: self._mesh.routes(r, port))
+        hosts = self._hosts(port, ANY_CLIENT)
         changed: set[str] = set()
         for mode in Interception:
-            config = route_pb2.RouteConfiguration(
-                name=name, virtual_hosts=hosts, ignore_port_in_host_matching=True
-            )
-            if mode is Interception.REDIRECT:
-                config.virtual_hosts.append(fallback_host(self._settings))
-            resource = Resource.from_message(types.ROUTE, name, config)
-            self._stats.serializations[types.ROUTE] += 1
+            if hosts is None:
+                changed |= self._cache.update(types.ROUTE, [], [name], flavor=mode.value)
+                continue
+            resource = self._encode(port, mode, hosts)
             changed |= self._cache.update(types.ROUTE, [resource], flavor=mode.value)
         return changed
+
+    def _hosts(self, port: int, client: RouteClient) -> list[route_pb2.VirtualHost] | None:
+        """The virtual hosts of configuration `port` for `client` (None: no HTTP service)."""
+        routes = list(self._routes.of(port).values())
+        if not routes:
+            return None
+        shared = shared_domains(routes)
+        if not client:
+            self._log_shared(str(port), shared)
+        return virtual_hosts(routes, port, shared, lambda r: self._mesh.routes(r, port, client))
+
+    def config(self, port: int, mode: Interception, client: RouteClient) -> Resource | None:
+        """Route configuration `port` for sidecars of `mode` reading as `client` (None: no
+        HTTP service on that port)."""
+        hosts = self._hosts(port, client)
+        return self._encode(port, mode, hosts) if hosts is not None else None
+
+    def _encode(
+        self, port: int, mode: Interception, hosts: list[route_pb2.VirtualHost]
+    ) -> Resource:
+        name = str(port)
+        config = route_pb2.RouteConfiguration(
+            name=name, virtual_hosts=hosts, ignore_port_in_host_matching=True
+        )
+        if mode is Interception.REDIRECT:
+            config.virtual_hosts.append(fallback_host(self._settings))
+        self._stats.serializations[types.ROUTE] += 1
+        return Resource.from_message(types.ROUTE, name, config)
+
+    def ports(self) -> list[int]:
+        """Every port with a route configuration."""
+        return self._routes.keys()
+
+    def differs(self, port: int, client: RouteClient) -> bool:
+        """Whether configuration `port` for `client` may differ from the shared one."""
+        return any(self._mesh.differs(r, port, client) for r in self._routes.of(port).values())
 
     def _log_shared(self, name: str, shared: set[str]) -> None:
         for domain in sorted(shared - self._logged):

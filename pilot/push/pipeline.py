@@ -25,7 +25,10 @@ generators that give proxies resources of their own inside a wildcard type
 (`ProxyGenerator`: a sidecar's inbound listener and clusters) `attach` it, the
 last to leave `detach` it; what they build for it reaches only its streams
 (`Changes.owned`), through an overlay the cache lays over the shared table
-(`ResourceCache.set_overlay`). Nothing here touches gRPC.
+(`ResourceCache.set_overlay`). Generators whose resources depend on who a proxy is
+and on its interception mode (`ClientGenerator`: route configurations of sidecars
+that VirtualServices single out) are told of its first stream's mode and of its
+last stream leaving, and lay theirs the same way. Nothing here touches gRPC.
 
 A new resource type plugs in as a generator (its `type_urls` and `build`)
 handed to the pipeline by the composition root.
@@ -153,6 +156,24 @@ class ProxyGenerator(Generator, Protocol):
         ...
 
 
+@runtime_checkable
+class ClientGenerator(Generator, Protocol):
+    """A generator some of whose resources depend on who a proxy is (its proven namespace,
+    its Pod's labels) and on its interception mode: route configurations.
+
+    It lays them over the shared table for that proxy and reports changes to them as the
+    proxy's own, as a `ProxyGenerator` does.
+    """
+
+    def client_joined(self, proxy: ProxyKey, interception: Interception) -> None:
+        """The first stream of `proxy` joined, declaring `interception`."""
+        ...
+
+    def client_left(self, proxy: ProxyKey) -> None:
+        """The last stream of `proxy` left."""
+        ...
+
+
 class PipelineMetrics(Protocol):
     """What the pipeline reports as it runs."""
 
@@ -227,6 +248,7 @@ class Pipeline:
         }
         self._localized = [g for g in generators if isinstance(g, LocalityGenerator)]
         self._per_proxy = [g for g in generators if isinstance(g, ProxyGenerator)]
+        self._per_client = [g for g in generators if isinstance(g, ClientGenerator)]
         self._localities = LocalityBudget(
             self.settings.max_localities, self.settings.max_unverified_localities
         )
@@ -340,6 +362,8 @@ class Pipeline:
         if len(self._subscribers.streams_of(subscriber.proxy)) == 1:
             for attaching in self._per_proxy:
                 attaching.attach(subscriber.proxy)
+            for joining in self._per_client:
+                joining.client_joined(subscriber.proxy, subscriber.interception)
         locality = subscriber.locality
         proven = subscriber.proxy.identity is not None
         if locality:
@@ -416,6 +440,8 @@ class Pipeline:
         if not self._subscribers.streams_of(subscriber.proxy):
             for detaching in self._per_proxy:
                 detaching.detach(subscriber.proxy)
+            for leaving in self._per_client:
+                leaving.client_left(subscriber.proxy)
         for type_url, names in subscriptions:
             self._unwatch_owned(subscriber.proxy, type_url, names)
 

@@ -364,6 +364,15 @@ class EndpointIndex:
                 found.append(dict(labels))
         return found
 
+    def pods_in(self, namespace: str, ip: str) -> list[Pod]:
+        """The pods of `namespace` at `ip`, in any cluster (never another namespace's)."""
+        return [
+            self._pods[key]
+            for cluster in sorted(self._pod_clusters)
+            for key in self._pods_at.get((cluster, ip), ())
+            if key.namespace == namespace
+        ]
+
     def pod_for(self, key: EndpointSetKey, ip: str, pod_name: str | None) -> Pod | None:
         """The pod of set `key`'s endpoint at `ip` whose targetRef names `pod_name`
         (`Endpoint.pod_name`), if pilot knows it: see the module's rules."""
