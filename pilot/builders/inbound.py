@@ -190,6 +190,9 @@ def _http_manager(
     action = route_components_pb2.RouteAction(
         cluster=cluster, timeout=duration_pb2.Duration(seconds=0)
     )
+    # No stream limit, and a gRPC client's grpc-timeout header honoured, as istiod's.
+    action.max_stream_duration.max_stream_duration.SetInParent()
+    action.max_stream_duration.grpc_timeout_header_max.SetInParent()
     if retry:
         action.retry_policy.CopyFrom(inbound_retry_policy())
     route = route_components_pb2.Route(

@@ -34,18 +34,21 @@ class HostRoute:
     cluster_ip: str
 
 
-def candidate_domains(route: HostRoute, port: int) -> list[str]:
+def candidate_domains(route: HostRoute) -> list[str]:
     """Istio's domains for a service port, before shared ones are left out."""
     name, namespace = route.key.name, route.key.namespace
     bare = [route.hostname, f"{name}.{namespace}.svc", f"{name}.{namespace}", name]
     if route.cluster_ip:
         bare.append(route.cluster_ip if ":" not in route.cluster_ip else f"[{route.cluster_ip}]")
-    return [domain for host in bare for domain in (host, f"{host}:{port}")]
+    # No `host:P` forms: the route configuration ignores the port in Host, as istiod's.
+    return bare
 
 
 def default_route(route: HostRoute) -> rc_pb2.Route:
     """Every path to the service's cluster (no route timeout, Istio's default retries)."""
     action = rc_pb2.RouteAction(cluster=route.cluster, timeout=duration_pb2.Duration(seconds=0))
+    # No timeout for gRPC either unless its grpc-timeout header sets one, as istiod.
+    action.max_grpc_timeout.CopyFrom(action.timeout)
     action.retry_policy.CopyFrom(outbound_retry_policy())
     return rc_pb2.Route(name="default", match=rc_pb2.RouteMatch(prefix="/"), route=action)
 
@@ -69,7 +72,9 @@ def fallback_host(settings: OutboundSettings) -> rc_pb2.VirtualHost:
             name="allow_any",
             match=rc_pb2.RouteMatch(prefix="/"),
             route=rc_pb2.RouteAction(
-                cluster=settings.fallback_cluster, timeout=duration_pb2.Duration(seconds=0)
+                cluster=settings.fallback_cluster,
+                timeout=duration_pb2.Duration(seconds=0),
+                max_grpc_timeout=duration_pb2.Duration(seconds=0),
             ),
         )
         return rc_pb2.VirtualHost(
@@ -85,9 +90,9 @@ def fallback_host(settings: OutboundSettings) -> rc_pb2.VirtualHost:
     )
 
 
-def shared_domains(routes: list[HostRoute], port: int) -> set[str]:
+def shared_domains(routes: list[HostRoute]) -> set[str]:
     """Domains more than one of these services would claim."""
-    counts = Counter(domain for route in routes for domain in candidate_domains(route, port))
+    counts = Counter(domain for route in routes for domain in candidate_domains(route))
     return {domain for domain, count in counts.items() if count > 1}
 
 
@@ -101,7 +106,7 @@ def virtual_hosts(
     """One virtual host per service, in a stable order, no domain in two of them."""
     hosts = []
     for route in sorted(routes, key=lambda r: r.key):
-        domains = [d for d in candidate_domains(route, port) if d not in shared]
+        domains = [d for d in candidate_domains(route) if d not in shared]
         own = routes_of(route) if routes_of is not None else None
         hosts.append(virtual_host(route, port, domains, own))
     return hosts

@@ -132,8 +132,8 @@ def _path(route_match: rc_pb2.RouteMatch, match: HttpMatch) -> None:
         route_match.prefix = uri.value
     else:
         route_match.safe_regex.regex = uri.value
-    if match.ignore_uri_case:
-        route_match.case_sensitive.value = False
+    # Written out either way, as istiod does for a route that has a match.
+    route_match.case_sensitive.value = not match.ignore_uri_case
 
 
 def route_match(match: HttpMatch) -> rc_pb2.RouteMatch:
@@ -294,7 +294,11 @@ def cors_config(cors: Cors) -> cors_pb2.CorsPolicy:
         allow_methods=",".join(cors.allow_methods),
         allow_headers=",".join(cors.allow_headers),
         expose_headers=",".join(cors.expose_headers),
+        forward_not_matching_preflights=wrappers_pb2.BoolValue(
+            value=cors.forward_unmatched_preflights
+        ),
     )
+    config.filter_enabled.default_value.numerator = 100  # HUNDRED, as istiod
     if cors.max_age is not None:
         config.max_age = str(int(cors.max_age))
     if cors.allow_credentials is not None:
@@ -325,6 +329,9 @@ def _action(
 ) -> rc_pb2.RouteAction:
     """The rest of a route's action, its destinations set."""
     action.timeout.CopyFrom(_duration(route.timeout or 0.0))
+    # gRPC's grpc-timeout header is honoured up to the route's timeout (none: any), as
+    # istiod; without it Envoy ignores the header.
+    action.max_grpc_timeout.CopyFrom(action.timeout)
     policy = retry_policy(route.retries)
     if policy is not None:
         action.retry_policy.CopyFrom(policy)
@@ -338,7 +345,13 @@ def _action(
         if rewrite.authority:
             action.host_rewrite_literal = rewrite.authority
     if route.mirror is not None:
-        mirror = action.request_mirror_policies.add(cluster=cluster_of(route.mirror))
+        mirror = action.request_mirror_policies.add(
+            cluster=cluster_of(route.mirror),
+            # Mirrored requests keep their Host (no `-shadow` suffix) and are not traced,
+            # as istiod sends them.
+            trace_sampled=wrappers_pb2.BoolValue(value=False),
+            disable_shadow_host_suffix_append=True,
+        )
         mirror.runtime_fraction.default_value.CopyFrom(_million(route.mirror_percent))
     return action
 
@@ -366,7 +379,7 @@ def envoy_route(route: HttpRoute, match: HttpMatch | None, cluster_of: ClusterOf
     """One Envoy route: one match of one http route of a VirtualService."""
     found = rc_pb2.Route(
         name=_route_name(route, match),
-        match=route_match(match if match is not None else HttpMatch()),
+        match=route_match(match) if match is not None else rc_pb2.RouteMatch(prefix="/"),
     )
     if route.redirect is not None:
         found.redirect.CopyFrom(redirect_action(route.redirect))

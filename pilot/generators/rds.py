@@ -2,7 +2,8 @@
 
 Route configuration `P` holds a virtual host `HOST:P` for each service with an
 HTTP port P, routing to `outbound|P||HOST`, with Istio's domains: the FQDN,
-`name.ns.svc`, `name.ns`, `name`, the ClusterIP, each with and without `:P`.
+`name.ns.svc`, `name.ns`, `name`, the ClusterIP; the port in a request's Host is
+ignored (`ignore_port_in_host_matching`), as istiod's.
 Envoy refuses a route configuration in which two virtual hosts share a
 domain, so a domain two services would share (a short name used in two
 namespaces, one ClusterIP given twice) is left out of both, and logged once:
@@ -155,7 +156,7 @@ class RouteGenerator:
         if not routes:
             self._shared_hosts.pop(port, None)
             return None
-        shared = shared_domains(routes, port)
+        shared = shared_domains(routes)
         if not client:
             self._log_shared(str(port), shared)
             hosts = virtual_hosts(routes, port, shared, lambda r: self._mesh.routes(r, port))
@@ -187,7 +188,9 @@ class RouteGenerator:
         self, port: int, mode: Interception, hosts: list[route_pb2.VirtualHost]
     ) -> Resource:
         name = str(port)
-        config = route_pb2.RouteConfiguration(name=name, virtual_hosts=hosts)
+        config = route_pb2.RouteConfiguration(
+            name=name, virtual_hosts=hosts, ignore_port_in_host_matching=True
+        )
         if mode is Interception.REDIRECT:
             config.virtual_hosts.append(fallback_host(self._settings))
         self._stats.serializations[types.ROUTE] += 1

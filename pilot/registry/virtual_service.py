@@ -27,7 +27,8 @@ refuse the object with one line naming it and the field. Its shape:
                 abort_percent) | None
       mirror    Destination | None, mirror_percent (100 when not written)
       cors      Cors(allow_origins: (StringMatch, ...), allow_methods, allow_headers,
-                expose_headers, max_age, allow_credentials) | None
+                expose_headers, max_age, allow_credentials,
+                forward_unmatched_preflights) | None
       headers   Headers(request, response: HeaderOps(set, add, remove))
     StringMatch(kind: exact | prefix | regex | present, value)
     TcpRoute(matches: (TcpMatch(port, source_labels, source_namespace,
@@ -162,7 +163,6 @@ _NOT_BUILT = frozenset(
         "statPrefix",
         "exponentialDelay",
         "http2Error",
-        "unmatchedPreflights",
         "sourceSubnet",
     }
 )
@@ -262,6 +262,8 @@ class Cors:
     expose_headers: tuple[str, ...] = ()
     max_age: float | None = None
     allow_credentials: bool | None = None
+    # unmatchedPreflights: FORWARD (the default) or IGNORE.
+    forward_unmatched_preflights: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -523,7 +525,15 @@ class _Service(Reader):
             self.strings(spec.get("exposeHeaders"), f"{where}.exposeHeaders", 256),
             self.duration(spec.get("maxAge"), f"{where}.maxAge"),
             None if credentials is None else self.boolean(credentials, f"{where}.allowCredentials"),
+            self._unmatched_preflights(spec.get("unmatchedPreflights"), where),
         )
+
+    def _unmatched_preflights(self, value: Any, where: str) -> bool:
+        """Whether preflights no origin matches go on to the app (FORWARD, the default)."""
+        if value is None:
+            return True
+        where = f"{where}.unmatchedPreflights"
+        return self.enum(value, where, ("UNSPECIFIED", "FORWARD", "IGNORE")) != "IGNORE"
 
     def http_match(self, value: Any, where: str) -> HttpMatch:
         spec = self.known(value, where, _MATCH)

@@ -4,9 +4,10 @@ The same API server, Service and Pod, no DestinationRule or VirtualService: isti
 (tools/istiod/build: Go and the Go module proxy; skipped without Go) and pilot each
 serve one sidecar of the namespace. The service's cluster balances and limits as
 istiod's does (LB policy, circuit breakers, connect timeout), and its route in route
-configuration 80 retries as istiod's (the whole retry policy, Istio's default) and
-sends the attempt count. The panic threshold is left out: istiod turns it off
-because it sends unready endpoints, which pilot leaves out (docs/sidecar.md).
+configuration 80 says what istiod's does (the whole action: Istio's default retry
+policy, no timeout, the grpc-timeout header honoured) and sends the attempt count.
+The panic threshold is left out: istiod turns it off because it sends unready
+endpoints, which pilot leaves out (docs/sidecar.md).
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ CLUSTER_FIELDS = ("lb_policy", "circuit_breakers", "connect_timeout", "type")
 
 
 def _route_of(config: route_pb2.RouteConfiguration, host: str) -> dict[str, Any]:
-    """What the service's virtual host and its one route say of retries."""
+    """What the service's virtual host and its one route say: its whole action (cluster,
+    timeouts, retries) and the attempt count."""
     [virtual_host] = [h for h in config.virtual_hosts if host in h.domains]
     [route] = virtual_host.routes
     return {
+        "action": str(route.route),
         "retry_policy": str(route.route.retry_policy),
         "include_request_attempt_count": virtual_host.include_request_attempt_count,
-        "cluster": route.route.cluster,
     }
 
 

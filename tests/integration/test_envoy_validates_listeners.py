@@ -101,7 +101,9 @@ async def test_envoy_validates_what_pilot_generates_from_a_hostile_registry(
     domains = [d for host in held[types.ROUTE]["9080"].virtual_hosts for d in host.domains]
     assert len(domains) == len(set(domains)), "no domain twice"
     assert "reviews" not in domains, "a short name two namespaces use names neither"
-    assert "reviews.other:9080" in domains
+    assert "reviews.other" in domains
+    assert not any(d.endswith(":9080") for d in domains), "the port is ignored, as istiod"
+    assert held[types.ROUTE]["9080"].ignore_port_in_host_matching
     reviews = held[types.CLUSTER]["outbound|9080||reviews.default.svc.cluster.local"]
     assert [m.name for m in reviews.transport_socket_matches] == [
         "tlsMode-istio",

@@ -4,15 +4,17 @@ The pods of tests/integration/bookinfo_pods.py: productpage's app (curl) behind 
 sidecar calls reviews, whose pods v1, v2 and v3 answer with their version. Each test
 writes the registry file with the task's YAML as istio.io gives it (the reviews
 DestinationRule of samples/bookinfo/networking/destination-rule-all.yaml, then the
-task's VirtualService or DestinationRule), waits for productpage's Envoy to hold it,
-and sends real requests. Where a task's object is for a service this mesh does not
-have (ratings, httpbin), its YAML is applied to reviews, changed in its host only.
-After each, productpage's Envoy has rejected nothing.
+task's VirtualService or DestinationRule, kept as files in traffic_tasks/), waits
+for productpage's Envoy to hold it, and sends real requests. Where a task's object
+is for a service this mesh does not have (ratings, httpbin), its YAML is applied to
+reviews, changed in its host only. After each, productpage's Envoy has rejected
+nothing.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,180 +35,23 @@ from tests.support.envoy_process import wait_until
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.envoy]
 
 bookinfo = module_bookinfo("traffic-tasks")
+TASKS = Path(__file__).parent / "traffic_tasks"
 
-# samples/bookinfo/networking/virtual-service-all-v1.yaml, reviews' part.
-ALL_V1 = """
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata:
-  name: reviews
-spec:
-  hosts:
-  - reviews
-  http:
-  - route:
-    - destination:
-        host: reviews
-        subset: v1
-"""
-# samples/bookinfo/networking/virtual-service-reviews-test-v2.yaml
-JASON_V2 = """
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata:
-  name: reviews
-spec:
-  hosts:
-    - reviews
-  http:
-  - match:
-    - headers:
-        end-user:
-          exact: jason
-    route:
-    - destination:
-        host: reviews
-        subset: v2
-  - route:
-    - destination:
-        host: reviews
-        subset: v1
-"""
-# samples/bookinfo/networking/virtual-service-reviews-50-v3.yaml
-FIFTY_V3 = """
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata:
-  name: reviews
-spec:
-  hosts:
-    - reviews
-  http:
-  - route:
-    - destination:
-        host: reviews
-        subset: v1
-      weight: 50
-    - destination:
-        host: reviews
-        subset: v3
-      weight: 50
-"""
-# samples/bookinfo/networking/virtual-service-reviews-80-20.yaml
-EIGHTY_TWENTY = """
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata:
-  name: reviews
-spec:
-  hosts:
-    - reviews
-  http:
-  - route:
-    - destination:
-        host: reviews
-        subset: v1
-      weight: 80
-    - destination:
-        host: reviews
-        subset: v2
-      weight: 20
-"""
-# samples/bookinfo/networking/virtual-service-ratings-test-abort.yaml, for reviews.
-ABORT_FOR_JASON = """
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata:
-  name: reviews
-spec:
-  hosts:
-  - reviews
-  http:
-  - match:
-    - headers:
-        end-user:
-          exact: jason
-    fault:
-      abort:
-        percentage:
-          value: 100.0
-        httpStatus: 500
-    route:
-    - destination:
-        host: reviews
-        subset: v1
-  - route:
-    - destination:
-        host: reviews
-        subset: v1
-"""
-# The request-timeouts task: reviews to v2 with `timeout: 0.5s` (its 2 s delay is what
-# v2 takes to answer here: the backend sleeps, as ratings' injected delay made it).
-TIMEOUT_V2 = """
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata:
-  name: reviews
-spec:
-  hosts:
-  - reviews
-  http:
-  - route:
-    - destination:
-        host: reviews
-        subset: v2
-    timeout: 0.5s
-"""
-# The retries of istio.io's VirtualService reference, retrying the 503 it names.
-RETRIES_V1 = """
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata:
-  name: reviews
-spec:
-  hosts:
-  - reviews
-  http:
-  - route:
-    - destination:
-        host: reviews
-        subset: v1
-    retries:
-      attempts: 3
-      perTryTimeout: 2s
-      retryOn: connect-failure,refused-stream,503
-"""
-# The circuit-breaking task's DestinationRule (for httpbin there), with reviews' subsets.
-CIRCUIT_BREAKER = """
-apiVersion: networking.istio.io/v1
-kind: DestinationRule
-metadata:
-  name: reviews
-spec:
-  host: reviews
-  trafficPolicy:
-    connectionPool:
-      tcp:
-        maxConnections: 1
-      http:
-        http1MaxPendingRequests: 1
-        maxRequestsPerConnection: 1
-    outlierDetection:
-      consecutive5xxErrors: 1
-      interval: 1s
-      baseEjectionTime: 3m
-      maxEjectionPercent: 100
-  subsets:
-  - name: v1
-    labels:
-      version: v1
-  - name: v2
-    labels:
-      version: v2
-  - name: v3
-    labels:
-      version: v3
-"""
+
+def _task(name: str) -> str:
+    """The YAML of a task's object, as istio.io gives it (tests/integration/traffic_tasks)."""
+    return (TASKS / f"{name}.yaml").read_text()
+
+
+ALL_V1 = _task("virtual-service-all-v1")
+JASON_V2 = _task("virtual-service-reviews-test-v2")
+FIFTY_V3 = _task("virtual-service-reviews-50-v3")
+EIGHTY_TWENTY = _task("virtual-service-reviews-80-20")
+ABORT_FOR_JASON = _task("virtual-service-reviews-test-abort")
+TIMEOUT_V2 = _task("virtual-service-reviews-timeout")
+RETRIES_V1 = _task("virtual-service-reviews-retries")
+CIRCUIT_BREAKER = _task("destination-rule-reviews-circuit-breaker")
+MISSING_SUBSET = _task("virtual-service-reviews-missing-subset")
 
 
 def _subsets_plus(text: str) -> list[dict[str, Any]]:
@@ -365,7 +210,7 @@ async def test_outlier_detection_ejects_a_failing_v3(bookinfo: Bookinfo) -> None
                 main, "outlier_detection.ejections_enforced_total"
             )
 
-            await wait_until(ejected, 20.0, "v3 ejected", until=lambda n: n >= 1)
+        await wait_until(ejected, 20.0, "v3 ejected", until=lambda n: n >= 1)
 
         counts = await bookinfo.versions(60)
         # Without the ejection v3 would answer a third. A request or two may still meet it
@@ -419,31 +264,6 @@ async def test_proxy_config_routes_shows_the_match_weights_timeout_and_retries(
         r["destination"] for r in json.loads(out) if r["vhost_name"].startswith(REVIEWS_HOST)
     ]
     assert shift == f"Clusters: {subset_cluster('v1')}=80,{subset_cluster('v2')}=20"
-
-
-# A subset reviews' DestinationRule does not define.
-MISSING_SUBSET = """
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata:
-  name: reviews
-spec:
-  hosts:
-  - reviews
-  http:
-  - match:
-    - headers:
-        end-user:
-          exact: jason
-    route:
-    - destination:
-        host: reviews
-        subset: v9
-  - route:
-    - destination:
-        host: reviews
-        subset: v1
-"""
 
 
 async def test_a_subset_no_rule_defines_answers_503_and_envoy_rejects_nothing(

@@ -191,6 +191,8 @@ def test_rewrite_redirect_headers_mirror_and_cors() -> None:
         "86400",
         True,
     )
+    assert cors.forward_not_matching_preflights.value is True  # FORWARD, Istio's default
+    assert mirror.disable_shadow_host_suffix_append and not mirror.trace_sampled.value
     redirect = redirected.redirect
     assert (redirect.path_redirect, redirect.host_redirect) == ("/v1/reviews", "new")
     assert redirect.response_code == rc_pb2.RedirectAction.PERMANENT_REDIRECT
@@ -223,3 +225,27 @@ def test_header_values_are_literal_a_percent_is_escaped_for_envoy() -> None:
     )
     [option] = route.request_headers_to_add
     assert option.header.value == "%%2F and %%HOSTNAME%%"
+
+
+def test_unmatched_preflights_ignore_stops_them_at_envoy() -> None:
+    [route] = routes_of(
+        [
+            {
+                "corsPolicy": {
+                    "allowOrigins": [{"exact": "https://example.com"}],
+                    "unmatchedPreflights": "IGNORE",
+                },
+                "route": [to("v1")],
+            }
+        ]
+    )
+    cors = cors_pb2.CorsPolicy()
+    assert route.typed_per_filter_config[CORS_FILTER].Unpack(cors)
+    assert cors.forward_not_matching_preflights.value is False
+
+
+def test_a_routes_timeout_caps_grpc_timeouts_and_none_leaves_them_to_the_client() -> None:
+    timed, untimed = routes_of([{"route": [to("v1")], "timeout": "3s"}, {"route": [to("v2")]}])
+    assert timed.route.max_grpc_timeout.ToSeconds() == 3
+    assert untimed.route.HasField("max_grpc_timeout")
+    assert untimed.route.max_grpc_timeout.ToSeconds() == 0

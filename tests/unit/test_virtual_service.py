@@ -119,6 +119,18 @@ def test_a_regex_envoys_re2_refuses_is_refused(pattern: str) -> None:
                 "http": [
                     {
                         "route": [{"destination": {"host": "r"}}],
+                        "corsPolicy": {"unmatchedPreflights": "SOMETIMES"},
+                    }
+                ],
+            },
+            "spec.http[0].corsPolicy.unmatchedPreflights",
+        ),
+        (
+            {
+                "hosts": ["r"],
+                "http": [
+                    {
+                        "route": [{"destination": {"host": "r"}}],
                         "retries": {"attempts": 1, "retryOn": "sometimes"},
                     }
                 ],
