@@ -175,7 +175,7 @@ class RouteGenerator:
     def _client_host(
         self, route: HostRoute, port: int, shared: set[str], client: RouteClient
     ) -> route_pb2.VirtualHost:
-        domains = [d for d in candidate_domains(route, port) if d not in shared]
+        domains = [d for d in candidate_domains(route) if d not in shared]
         return virtual_host(route, port, domains, self._mesh.routes(route, port, client))
 
     def config(self, port: int, mode: Interception, client: RouteClient) -> Resource | None:
