@@ -156,7 +156,10 @@ def test_operations_and_conditions() -> None:
         "string_match": {"exact": "Reviews.shop", "ignore_case": True},
     }
     assert method["header"]["string_match"] == {"exact": "GET"}
-    assert paths["not_rule"]["url_path"]["path"] == {"prefix": "/admin"}
+    # An ALLOW's notPaths are widened (pilot.builders.path_matchers): /ADMIN, //admin too.
+    assert paths["not_rule"]["url_path"]["path"] == {
+        "safe_regex": {"regex": r"(?i)(?:[/\\]|%2f|%5c)+admin.*"}
+    }
     assert port == {"destination_port": 9080}
     inside, outside = policy["principals"][0]["and_ids"]["ids"]
     assert inside["direct_remote_ip"] == {"address_prefix": "10.0.0.0", "prefix_len": 8}
