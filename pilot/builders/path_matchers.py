@@ -11,7 +11,9 @@ same resource. So a path is matched in one of two ways, whichever denies more:
   the value matches a run of `/`, `\\`, `%2F` or `%5C` (either case) and a trailing
   run of them may follow; literal parts escaped. `/admin/*` keeps its meaning (what
   lies under `/admin/`), `*.php` too (what ends so), `*` is any path. `{*}` is one
-  segment (anything but a slash), `{**}` anything.
+  segment (anything but a slash), `{**}` anything. And any path with a `..` segment
+  beside an escaped slash or a backslash (`/x/..%2Fdeny`, left so by the
+  normalization) matches every widened path: an app that decodes it could land on any.
 - *exact*, where matching more allows more (an ALLOW policy's `paths`, a DENY
   policy's `notPaths`): Istio's own matcher (exact, prefix, suffix; case and
   spelling as written), and a prefix, suffix or template form never matches a path
@@ -56,6 +58,10 @@ _EXACT_ANY = f"[{_PCHAR}/]*"
 _ODD_SLASH = r".*(?:%2[fF]|%5[cC]|\\).*"
 # Characters of one literal token (ASCII, other): any token fits the bound alone.
 _LITERAL_PIECE = (16, 6)
+# A `..` segment the normalization left because a separator next to it is escaped (or a
+# backslash): an app that decodes it resolves it to a path nobody can tell, so every
+# widened path matches it (`/x/..%2Fdeny` is `/deny` to such an app).
+TRAVERSAL = r"(?i).*[/\\]?(?:%2f|%5c|\\)\.\.(?:[/\\]|%2f|%5c|$).*|.*[/\\]\.\.(?:%2f|%5c|\\).*"
 _TEMPLATE = re.compile(r"(\{\*\*\}|\{\*\})")
 
 
@@ -250,6 +256,10 @@ def _exact(value: str) -> rbac_pb2.Permission:
 def path_permission(value: str, widened: bool) -> rbac_pb2.Permission:
     """The permission of one `paths` value, widened or exact (see the module's doc);
     raises PathTooComplex for an exact template Envoy would refuse."""
-    if widened:
-        return _all([_url_path(_regex(r)) for r in widened_regexes(value)])
-    return _exact(value)
+    if not widened:
+        return _exact(value)
+    spellings = _all([_url_path(_regex(r)) for r in widened_regexes(value)])
+    if value == "*":
+        return spellings
+    traversal = _url_path(_regex(TRAVERSAL))
+    return rbac_pb2.Permission(or_rules=rbac_pb2.Permission.Set(rules=[spellings, traversal]))

@@ -75,6 +75,17 @@ def test_a_widened_path_matches_every_spelling_of_it_and_no_other_path() -> None
         assert not widened("/deny", path), path
 
 
+def test_a_dot_dot_segment_beside_an_escaped_slash_matches_every_widened_path() -> None:
+    """The normalization resolves `/x/../deny` itself; `/x/..%2Fdeny` it leaves, and an
+    app that decodes %2F then lands on /deny (or anywhere): widened paths match it."""
+    for path in ("/x/..%2Fdeny", "/x%2F..%2Fdeny", "/x/..%5cdeny", "/x\\..\\deny", "/x%2f.."):
+        assert widened("/deny", path) and widened("/admin/*", path), path
+        assert not exact("/public/*", path.replace("/x", "/public/x")), path
+    for path in ("/a..b/c", "/x/...y", "/deny..", "/x/..y%2F"):
+        assert not widened("/deny", path), path
+    assert widened("*", "/x/..%2Fdeny")
+
+
 def test_an_exact_path_matches_only_as_written() -> None:
     assert exact("/deny", "/deny") and exact("/deny", "/deny?x=1")
     for path in DENY_SPELLINGS[1:] + OTHER_PATHS:
