@@ -97,3 +97,25 @@ def test_an_exact_template_too_long_for_envoy_fails_closed_and_says_so() -> None
     assert not deny.fail_closed
     (rules,) = rbac_rules(AppliedPolicies((deny,)), tcp=False)
     assert list(rules.policies) == ["ns[shop]-policy[paths]-rule[0]"]
+
+
+@pytest.mark.parametrize(
+    "paths",
+    [["/deny\x00"], ["/deny\nx"], ["/deny\r"], ["/" + "a" * 100_000], ["/p"] * 1025],
+    ids=["nul", "newline", "carriage-return", "100k-characters", "1025-entries"],
+)
+def test_hostile_paths_make_the_object_invalid_never_ignored(paths: list[str]) -> None:
+    """Refused in one line; what stands in denies every request to the namespace."""
+    for action in ("ALLOW", "DENY"):
+        obj = policy(action, "paths", *paths)
+        with pytest.raises(ConfigError) as refused:
+            parse_authorization_policy(obj)
+        assert "\n" not in str(refused.value) and len(str(refused.value)) < 1000
+        stand_in = refused_policy(obj, refused.value)
+        assert stand_in is not None and stand_in.deny_all
+
+
+def test_a_thousand_paths_are_read() -> None:
+    paths = [f"/api/{i}/{{*}}" for i in range(1024)]
+    parsed = parse_authorization_policy(policy("DENY", "paths", *paths))
+    assert not parsed.deny_all and not parsed.fail_closed
