@@ -63,6 +63,7 @@ _LITERAL_PIECE = (16, 6)
 # widened path matches it (`/x/..%2Fdeny` is `/deny` to such an app).
 TRAVERSAL = r"(?i).*[/\\]?(?:%2f|%5c|\\)\.\.(?:[/\\]|%2f|%5c|$).*|.*[/\\]\.\.(?:%2f|%5c|\\).*"
 _TEMPLATE = re.compile(r"(\{\*\*\}|\{\*\})")
+_FOLDED = {c: f"(?-i:[{c.lower()}{c.upper()}])" for c in "kKsS"}
 
 
 class PathTooComplex(ValueError):
@@ -80,9 +81,11 @@ def quote_meta(text: str) -> str:
 
 
 def _quote_folded(text: str) -> str:
-    """`text` as a literal for a case-insensitive regex: letters other than ASCII keep
-    their case (their folding sets can make one character a large program)."""
-    return "".join(c if c.isascii() else f"(?-i:{c})" for c in quote_meta(text))
+    """`text` as a literal for a case-insensitive regex, each letter matching its ASCII
+    cases only: `k` and `s` would fold to the Kelvin sign and the long s too (four
+    instructions each), letters other than ASCII keep their case (their folding sets
+    can make one character a large program)."""
+    return "".join(_FOLDED.get(c, c) if c.isascii() else f"(?-i:{c})" for c in quote_meta(text))
 
 
 def program_size(pattern: str) -> int:
@@ -153,16 +156,13 @@ def _fixed_cost(token: str) -> int:
 
 def _cost(token: str) -> int:
     """About what `token` adds to a program: the fixed tokens measured once; a literal an
-    instruction a byte, more for `k` and `s` (they fold to the Kelvin sign and the long
-    s), doubled when it is not ASCII. The pieces are compiled once made, and cut again
-    where this was wrong."""
+    instruction a character (`(?-i:[kK])` is one too), doubled a byte when not ASCII.
+    The pieces are compiled once made, and cut again where this was wrong."""
     if token in _FIXED:
         return _fixed_cost(token)
-    size = len(token.encode())
     if not token.isascii():
-        return 2 * size
-    lowered = token.lower()
-    return size + 3 * lowered.count("k") + 2 * lowered.count("s")
+        return 2 * len(token.encode())
+    return len(token) - 9 * token.count("(?-i:[")
 
 
 def _estimated_runs(tokens: Sequence[str], limit: int) -> list[list[str]]:

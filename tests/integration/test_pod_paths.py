@@ -38,8 +38,8 @@ ADMIN_SPELLINGS = [
     "/%61dmin/x", "/admin\\x",
 ]  # fmt: skip
 # Other paths get through, and the app receives them as Envoy's BASE normalization
-# leaves them (dot segments resolved, unreserved percent-encodings decoded; case,
-# doubled slashes and %2F kept).
+# leaves them (dot segments resolved, unreserved percent-encodings decoded, a backslash made
+# `/`; case, doubled slashes, %2F and %5C kept).
 PASSED = {
     "/allowed": "/allowed",
     "/denyx": "/denyx",  # another resource: exact paths, as Istio
@@ -50,6 +50,8 @@ PASSED = {
     "/%61llowed": "/allowed",
     "//allowed": "//allowed",
     "/Allowed%2Fx": "/Allowed%2Fx",
+    "/allowed%5Cx": "/allowed%5Cx",
+    "/allowed\\x": "/allowed/x",  # a backslash becomes a slash
     "/allowed?q=/deny": "/allowed?q=/deny",
 }
 
