@@ -119,3 +119,24 @@ def test_a_thousand_paths_are_read() -> None:
     paths = [f"/api/{i}/{{*}}" for i in range(1024)]
     parsed = parse_authorization_policy(policy("DENY", "paths", *paths))
     assert not parsed.deny_all and not parsed.fail_closed
+
+
+@pytest.mark.parametrize(
+    ("action", "field", "widened"),
+    [
+        ("DENY", "paths", True),
+        ("AUDIT", "paths", True),  # AUDIT as DENY
+        ("ALLOW", "notPaths", True),
+        ("ALLOW", "paths", False),
+        ("DENY", "notPaths", False),
+        ("AUDIT", "notPaths", False),
+    ],
+)
+def test_paths_are_widened_where_matching_more_denies_more(
+    action: str, field: str, widened: bool
+) -> None:
+    parsed = parse_authorization_policy(policy(action, field, "/admin"))
+    (rules,) = rbac_rules(AppliedPolicies((parsed,)), tcp=False)
+    text = str(rules.policies["ns[shop]-policy[paths]-rule[0]"])
+    assert ("(?i)" in text) is widened, text
+    assert ('exact: "/admin"' in text) is not widened, text
