@@ -335,7 +335,14 @@ async def _build(core: Core, undo: contextlib.AsyncExitStack) -> Parts:
     webhook = await _start_webhook(core, security, api_client)
     if webhook is not None:
         undo.push_async_callback(webhook.stop)
-    inbound = InboundGenerator(core.index, core.cache, core.policies, core.stats, core.authz)
+    inbound = InboundGenerator(
+        core.index,
+        core.cache,
+        core.policies,
+        core.stats,
+        core.authz,
+        normalization=settings.build.path_normalization,
+    )
     pipeline = _pipeline(core, security, inbound)
     tls = _tls(settings, security)
     grpc = GrpcServer(

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pilot.builders.outbound import OutboundSettings, TrafficPolicy
+from pilot.builders.path_normalization import PathNormalization
 from pilot.builders.settings import BuildSettings
 from pilot.cluster_ids import RULE, is_cluster_id, quoted
 from pilot.durations import parse_duration
@@ -133,6 +134,27 @@ def outbound_from_env(env: Mapping[str, str] | None = None) -> OutboundSettings:
         raise SettingsError(
             f"PILOT_OUTBOUND_TRAFFIC_POLICY: expected ALLOW_ANY or REGISTRY_ONLY, got {raw[:64]!r}"
         ) from None
+
+
+def path_normalization_from_env(env: Mapping[str, str] | None = None) -> PathNormalization:
+    """PILOT_PATH_NORMALIZATION: BASE (Istio's default), MERGE_SLASHES or
+    DECODE_AND_MERGE_SLASHES; Istio's NONE is refused (authorization paths would be
+    matched against paths as the client wrote them)."""
+    env = os.environ if env is None else env
+    raw = env.get("PILOT_PATH_NORMALIZATION", PathNormalization.BASE.value)
+    try:
+        return PathNormalization(raw.strip().upper())
+    except ValueError:
+        pass
+    choices = ", ".join(m.value for m in PathNormalization)
+    why = (
+        ": pilot never matches authorization paths against unnormalized ones"
+        if raw.strip().upper() == "NONE"
+        else ""
+    )
+    raise SettingsError(
+        f"PILOT_PATH_NORMALIZATION: expected {choices}, got {raw[:64]!r}{why}"
+    ) from None
 
 
 def informer_from_env(env: Mapping[str, str] | None = None) -> InformerSettings:

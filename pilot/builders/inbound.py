@@ -72,6 +72,7 @@ from pilot.builders.istio_defaults import inbound_retry_policy, lift_circuit_bre
 from pilot.builders.listeners import router_filter, socket_address, tcp_proxy_filter, typed
 from pilot.builders.mtls import sds_config
 from pilot.builders.outbound import ANY_ADDRESS, BLACKHOLE_CLUSTER
+from pilot.builders.path_normalization import PathNormalization, normalize_paths
 from pilot.builders.protocols import PortProtocol, protocol_of
 from pilot.builders.proxy_ports import VIRTUAL_INBOUND_PORT, reserved
 from pilot.builders.rbac import applied_names, http_rbac_filters, network_rbac_filters
@@ -181,12 +182,16 @@ def _tls_socket(http: bool) -> base_pb2.TransportSocket:
 
 
 def _http_manager(
-    stat_prefix: str, cluster: str, retry: bool, authz: AppliedPolicies
+    stat_prefix: str,
+    cluster: str,
+    retry: bool,
+    authz: AppliedPolicies,
+    normalization: PathNormalization,
 ) -> listener_components_pb2.Filter:
     """Every request to `cluster` that the RBAC filters let through (sent again if the app
     reset it unsent, unless gRPC, as Istio); XFCC replaced by the peer certificate's URI;
-    paths normalized as istiod's default (BASE: RFC 3986 normalization, slashes and
-    escaped slashes kept) before anything matches them."""
+    paths normalized as istiod does for `normalization` (`pilot.builders.path_normalization`)
+    before anything matches them."""
     action = route_components_pb2.RouteAction(
         cluster=cluster, timeout=duration_pb2.Duration(seconds=0)
     )
@@ -205,14 +210,13 @@ def _http_manager(
         stat_prefix=stat_prefix,
         route_config=route_pb2.RouteConfiguration(name=cluster, virtual_hosts=[host]),
         http_filters=[*http_rbac_filters(authz), router_filter()],
-        normalize_path=wrappers_pb2.BoolValue(value=True),
-        path_with_escaped_slashes_action=hcm_pb2.HttpConnectionManager.KEEP_UNCHANGED,
         forward_client_cert_details=hcm_pb2.HttpConnectionManager.SANITIZE_SET,
         set_current_client_cert_details=hcm_pb2.HttpConnectionManager.SetCurrentClientCertDetails(
             uri=True
         ),
         use_remote_address=wrappers_pb2.BoolValue(value=False),
     )
+    normalize_paths(manager, normalization)
     return listener_components_pb2.Filter(
         name="envoy.filters.network.http_connection_manager", typed_config=typed(manager)
     )
@@ -226,6 +230,7 @@ def _chain(
     cluster: str,
     *,
     authz: AppliedPolicies = NO_POLICIES,
+    normalization: PathNormalization = PathNormalization.BASE,
 ) -> listener_components_pb2.FilterChain:
     """One chain: matched by port (None: any), TLS or plaintext, HTTP or TCP."""
     http = protocol is not InboundProtocol.TCP
@@ -243,7 +248,7 @@ def _chain(
     stat_prefix = cluster
     if http:
         retry = protocol is not InboundProtocol.GRPC
-        filters = [_http_manager(stat_prefix, cluster, retry, authz)]
+        filters = [_http_manager(stat_prefix, cluster, retry, authz, normalization)]
     else:
         filters = [
             *network_rbac_filters(authz),
@@ -258,17 +263,24 @@ def _chain(
 
 
 def _port_chains(
-    shape: InboundShape, port: int, protocol: InboundProtocol
+    shape: InboundShape, port: int, protocol: InboundProtocol, normalization: PathNormalization
 ) -> list[listener_components_pb2.FilterChain]:
     cluster = inbound_cluster_name(port)
     mode = shape.mode_at(port)
     chains = []
-    if takes_mtls(mode):
-        chains.append(_chain(f"{cluster}-mtls", port, True, protocol, cluster, authz=shape.authz))
-    if takes_plaintext(mode):
-        chains.append(
-            _chain(f"{cluster}-plaintext", port, False, protocol, cluster, authz=shape.authz)
-        )
+    for tls, suffix in ((True, "mtls"), (False, "plaintext")):
+        if takes_mtls(mode) if tls else takes_plaintext(mode):
+            chains.append(
+                _chain(
+                    f"{cluster}-{suffix}",
+                    port,
+                    tls,
+                    protocol,
+                    cluster,
+                    authz=shape.authz,
+                    normalization=normalization,
+                )
+            )
     return chains
 
 
@@ -322,11 +334,14 @@ def _http_inspector(shape: InboundShape) -> listener_components_pb2.ListenerFilt
     return inspector
 
 
-def virtual_inbound(shape: InboundShape) -> listener_pb2.Listener:
-    """15006: every captured inbound connection, by original destination port."""
+def virtual_inbound(
+    shape: InboundShape, normalization: PathNormalization = PathNormalization.BASE
+) -> listener_pb2.Listener:
+    """15006: every captured inbound connection, by original destination port (HTTP paths
+    normalized as `normalization` says)."""
     chains = [_blackhole_chain()]
     for port, protocol in shape.ports:
-        chains += _port_chains(shape, port, protocol)
+        chains += _port_chains(shape, port, protocol, normalization)
     for port, mode in shape.passthrough_ports:
         chains += _passthrough_chains(f"{VIRTUAL_INBOUND}|{port}", port, mode, shape.authz)
     chains += _passthrough_chains(VIRTUAL_INBOUND, None, shape.mode, shape.authz)

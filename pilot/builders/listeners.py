@@ -31,6 +31,7 @@ from pilot.builders.outbound import (
     OutboundSettings,
     listener_name,
 )
+from pilot.builders.path_normalization import PathNormalization, normalize_paths
 from pilot.builders.proxy_ports import VIRTUAL_OUTBOUND_PORT
 from pilot.registry.model import ServiceKey
 from pilot.xds.interception import Interception
@@ -100,8 +101,11 @@ def tcp_proxy_chain(
     )
 
 
-def http_chain(stat_prefix: str, port: int) -> listener_components_pb2.FilterChain:
-    """A filter chain whose HTTP connection manager reads route configuration `port` (ADS)."""
+def http_chain(
+    stat_prefix: str, port: int, normalization: PathNormalization = PathNormalization.BASE
+) -> listener_components_pb2.FilterChain:
+    """A filter chain whose HTTP connection manager reads route configuration `port` (ADS),
+    paths normalized as istiod does for `normalization` (on outbound managers too)."""
     source = config_source_pb2.ConfigSource(resource_api_version=config_source_pb2.V3)
     source.ads.SetInParent()
     manager = hcm_pb2.HttpConnectionManager(
@@ -109,6 +113,7 @@ def http_chain(stat_prefix: str, port: int) -> listener_components_pb2.FilterCha
         rds=hcm_pb2.Rds(config_source=source, route_config_name=str(port)),
         http_filters=[*route_filters(), router_filter()],
     )
+    normalize_paths(manager, normalization)
     return listener_components_pb2.FilterChain(
         filters=[
             listener_components_pb2.Filter(
@@ -159,12 +164,13 @@ def outbound_listener(
     http: bool,
     *,
     weighted: Weighted = (),
+    normalization: PathNormalization = PathNormalization.BASE,
 ) -> listener_pb2.Listener:
     """One outbound listener: HTTP by routes, or TCP to one cluster (or a VirtualService's
     tcp route's, `weighted`)."""
     name = listener_name(address, port)
     chain = (
-        http_chain(f"outbound_{name}", port)
+        http_chain(f"outbound_{name}", port, normalization)
         if http
         else tcp_proxy_chain(cluster, cluster, weighted)
     )

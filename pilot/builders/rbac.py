@@ -19,9 +19,14 @@ after the connection manager's normalization; ports) and the destination-side
 `when` keys. A plaintext caller has no certificate, so it matches no principal
 rule (and every `notPrincipals` one).
 
+Paths are matched after the connection manager's normalization, and widened to
+their other spellings where that denies more, exact where it would allow more
+(`pilot.builders.path_matchers`; path templates too).
+
 Failing closed: a condition that cannot be checked here (HTTP fields on a TCP
 chain, as Istio; `requestPrincipals` and `request.auth.*` until
-RequestAuthentication exists; an unknown `when` key; a path template) makes its
+RequestAuthentication exists; an unknown `when` key; an exact path template too
+long for Envoy's RE2) makes its
 rule match nothing in an ALLOW or AUDIT policy, and is left out of a DENY
 policy's rule (which then denies regardless of it). A policy pilot cannot
 translate at all (`AuthorizationPolicy.deny_all`, CUSTOM) denies everything.
@@ -42,9 +47,10 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
 from envoy.extensions.filters.network.rbac.v3 import rbac_pb2 as network_rbac_pb2
-from envoy.type.matcher.v3 import path_pb2, regex_pb2, string_pb2
+from envoy.type.matcher.v3 import regex_pb2, string_pb2
 
 from pilot.builders.listeners import typed
+from pilot.builders.path_matchers import PathTooComplex, path_permission, quote_meta
 from pilot.registry.authorization_policy import (
     HEADER_KEY,
     Action,
@@ -61,17 +67,11 @@ SPIFFE = "spiffe://"
 RULES_CACHED = 16  # (policies, chain kind) translations kept: a listener's chains share them
 HTTP_RBAC = "envoy.filters.http.rbac"
 NETWORK_RBAC = "envoy.filters.network.rbac"
-_REGEX_SPECIALS = frozenset("\\.+*?()|[]{}^$")
 _HTTP_ONLY = frozenset({"hosts", "notHosts", "methods", "notMethods", "paths", "notPaths"})
 
 
 class _Unchecked(Exception):
     """A condition this chain cannot check (its rule fails closed)."""
-
-
-def quote_meta(text: str) -> str:
-    """`text` as a literal in an RE2 regex (Go's regexp.QuoteMeta's set)."""
-    return "".join("\\" + c if c in _REGEX_SPECIALS else c for c in text)
 
 
 def _regex(pattern: str) -> string_pb2.StringMatcher:
@@ -140,10 +140,11 @@ def _header(name: str, value: str, ignore_case: bool = False) -> route_component
     )
 
 
-def _path(value: str) -> rbac_pb2.Permission:
-    if "{" in value:
-        raise _Unchecked
-    return rbac_pb2.Permission(url_path=path_pb2.PathMatcher(path=string_matcher(value)))
+def _path(value: str, widened: bool) -> rbac_pb2.Permission:
+    try:
+        return path_permission(value, widened)
+    except PathTooComplex:  # an exact template Envoy would refuse: its rule fails closed
+        raise _Unchecked from None
 
 
 def _source_principal(name: str, value: str, namespace: str, tcp: bool) -> rbac_pb2.Principal:
@@ -165,8 +166,11 @@ def _source_principal(name: str, value: str, namespace: str, tcp: bool) -> rbac_
     raise _Unchecked  # requestPrincipals, request.auth.*, headers on TCP
 
 
-def _operation_permission(name: str, value: str, tcp: bool) -> rbac_pb2.Permission:
-    """One value of one operation field (or destination-side `when` key)."""
+def _operation_permission(
+    name: str, value: str, tcp: bool, widened: bool = False
+) -> rbac_pb2.Permission:
+    """One value of one operation field (or destination-side `when` key); `widened`: a
+    path matches its other spellings too (`pilot.builders.path_matchers`)."""
     if name in ("ports", "destination.port"):
         return rbac_pb2.Permission(destination_port=int(value))
     if name == "destination.ip":
@@ -180,7 +184,7 @@ def _operation_permission(name: str, value: str, tcp: bool) -> rbac_pb2.Permissi
     if name == "methods":
         return rbac_pb2.Permission(header=_header(":method", value))
     if name == "paths":
-        return _path(value)
+        return _path(value, widened)
     raise _Unchecked
 
 
@@ -227,6 +231,7 @@ class _RuleBuilder:
         self.namespace = policy.namespace
         self.tcp = tcp
         self.lenient = policy.action is Action.DENY  # an unchecked part is left out
+        self.denies = policy.action in (Action.DENY, Action.AUDIT)  # AUDIT as DENY
 
     def principal(self, name: str, values: Sequence[str]) -> rbac_pb2.Principal | None:
         try:
@@ -237,9 +242,14 @@ class _RuleBuilder:
             raise
         return _any_principal(found)
 
-    def permission(self, name: str, values: Sequence[str]) -> rbac_pb2.Permission | None:
+    def permission(
+        self, name: str, values: Sequence[str], negated: bool = False
+    ) -> rbac_pb2.Permission | None:
+        # Paths are widened where matching more denies more: a DENY's (or AUDIT's)
+        # `paths`, an ALLOW's `notPaths`; exact where it would allow more.
+        widened = self.denies != negated
         try:
-            found = [_operation_permission(name, v, self.tcp) for v in values]
+            found = [_operation_permission(name, v, self.tcp, widened) for v in values]
         except _Unchecked:
             if self.lenient:
                 return None
@@ -269,7 +279,7 @@ class _RuleBuilder:
                 continue
             negated = name.startswith("not")
             base = name[3].lower() + name[4:] if negated else name
-            made = self.permission(base, values)
+            made = self.permission(base, values, negated)
             if made is not None:
                 parts.append(rbac_pb2.Permission(not_rule=made) if negated else made)
         return _all_permissions(parts)

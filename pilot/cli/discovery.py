@@ -39,6 +39,9 @@ environment:
                              (default ALLOW_ANY)
   PILOT_MAX_ROUTE_FLAVORS    route configurations built for sidecars whose routes depend
                              on their namespace or labels (default 256; beyond: shared)
+  PILOT_PATH_NORMALIZATION   how sidecars normalize HTTP paths before authorization and
+                             routing: BASE, MERGE_SLASHES or DECODE_AND_MERGE_SLASHES
+                             (default BASE; Istio's NONE is refused)
   PILOT_EVENT_LOOP           asyncio or uvloop (pip install 'pilot[uvloop]') (default asyncio)
   CA_ADDR                    the CA that signs workload certificates (default: pilot's own)
   CA_ROOT_CERT               with CA_ADDR: the root its chains must lead to (required)

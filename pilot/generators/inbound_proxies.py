@@ -64,6 +64,7 @@ from pilot.builders.inbound import (
     inbound_protocol,
     virtual_inbound,
 )
+from pilot.builders.path_normalization import PathNormalization
 from pilot.builders.proxy_ports import reserved
 from pilot.logs import clipped
 from pilot.push.request import Changes, PushRequest
@@ -151,8 +152,11 @@ class InboundGenerator:
         policies: PeerAuthentications,
         stats: XdsStats,
         authz: AuthorizationPolicies | None = None,
+        *,
+        normalization: PathNormalization = PathNormalization.BASE,
     ) -> None:
         self._index = index
+        self._normalization = normalization
         self._cache = cache
         self._policies = policies
         self._authz = authz if authz is not None else AuthorizationPolicies()
@@ -363,7 +367,7 @@ class InboundGenerator:
         table = self._listeners.get(shape)
         if table is None:
             table = self._listeners[shape] = _Table(f"inbound-listeners#{next(self._ids)}")
-            listener = virtual_inbound(shape)
+            listener = virtual_inbound(shape, self._normalization)
             resource = Resource.from_message(types.LISTENER, VIRTUAL_INBOUND, listener)
             self._stats.serializations[types.LISTENER] += 1
             self._cache.update(types.LISTENER, [resource], flavor=table.flavor)

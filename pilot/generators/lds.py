@@ -79,6 +79,7 @@ class ListenerGenerator:
         self._cache = cache
         self._settings = settings
         self._domain = build.cluster_domain
+        self._normalization = build.path_normalization
         self._stats = stats
         self._claims: ServiceClaims[ListenerKey, tuple[str, bool]] = ServiceClaims()
         self._conflicts: set[ListenerKey] = set()  # logged once each
@@ -138,7 +139,15 @@ class ListenerGenerator:
                 key, cluster, http = winner(claims)
                 self._note_conflict(listener, claims)
                 weighted = () if http else self._tcp_route(key, port)
-                message = outbound_listener(mode, address, port, cluster, http, weighted=weighted)
+                message = outbound_listener(
+                    mode,
+                    address,
+                    port,
+                    cluster,
+                    http,
+                    weighted=weighted,
+                    normalization=self._normalization,
+                )
                 built.append(Resource.from_message(types.LISTENER, message.name, message))
             changed |= self._store(mode, built, gone)
         return changed

@@ -363,19 +363,21 @@ class Mesh:
             assert starts == 1, f"pod {sidecar.pod.name}: Envoy started {starts} times"
 
 
-async def _pilot(stack: AsyncExitStack, pod: Pod, folder: Path, kubeconfig: Path) -> PilotProcess:
+async def _pilot(
+    stack: AsyncExitStack, pod: Pod, folder: Path, kubeconfig: Path, settings: dict[str, str]
+) -> PilotProcess:
     ca = write_plugged_in(folder / "plugged-in-ca")
     source = ["--kubeconfig", str(kubeconfig)]
     tls = ["--grpc-tls-addr", f"{pod.address}:{PILOT_TLS_PORT}"]
     command = pod.command(*discovery_command(folder, source, ca.directory, *tls))
-    env = pilot_environment(folder, {"POD_NAMESPACE": "istio-system"})
+    env = pilot_environment(folder, {"POD_NAMESPACE": "istio-system"} | settings)
     pilot = await start_command(folder, command, env=env, root_pem=ca.root.cert_pem.encode())
     stack.push_async_callback(pilot.stop)
     return pilot
 
 
-async def _backend(stack: AsyncExitStack, pod: Pod) -> Backend:
-    argv = [sys.executable, "-m", "tests.integration.http_backend", "--host", "0.0.0.0"]
+async def _backend(stack: AsyncExitStack, pod: Pod, app: str) -> Backend:
+    argv = [sys.executable, "-m", app, "--host", "0.0.0.0"]
     process = await stack.enter_async_context(
         running_in(pod, [*argv, "--port", str(PORT)], "serving on", uid=APP_UID, cwd=REPO)
     )
@@ -410,8 +412,15 @@ async def _ready(sidecar: PodEnvoy) -> None:
 
 
 @asynccontextmanager
-async def mesh_pods(folder: Path) -> AsyncIterator[Mesh]:
-    """The whole mesh, up and synced; every process, namespace and rule gone afterwards."""
+async def mesh_pods(
+    folder: Path,
+    *,
+    pilot_settings: dict[str, str] | None = None,
+    app: str = "tests.integration.http_backend",
+) -> AsyncIterator[Mesh]:
+    """The whole mesh, up and synced; every process, namespace and rule gone afterwards.
+    `pilot_settings`: environment variables `pilot discovery` starts with; `app`: the
+    module the pods' backends run (one that prints http_backend's `seen` lines)."""
     async with pod_network(POD_NAMES, hosts=_hosts()) as network, AsyncExitStack() as stack:
         if shutil.which("curl") is None:  # after pod_network: it skips where pods cannot be
             pytest.fail("no curl, the pods' app and admin client (Debian: apt-get install curl)")
@@ -422,8 +431,10 @@ async def mesh_pods(folder: Path) -> AsyncIterator[Mesh]:
                   for w in (FRONTEND, REVIEWS)}  # fmt: skip
         for obj in initial_objects():
             api.apply(obj)
-        pilot = await _pilot(stack, network["istiod"], folder, kubeconfig)
-        backends = {name: await _backend(stack, network[name]) for name in ("b", "c", "d", "e")}
+        pilot = await _pilot(stack, network["istiod"], folder, kubeconfig, pilot_settings or {})
+        backends = {
+            name: await _backend(stack, network[name], app) for name in ("b", "c", "d", "e")
+        }
         frontend = await _sidecar(stack, network["a"], FRONTEND, pilot, tokens[FRONTEND])
         reviews = await _sidecar(stack, network["b"], REVIEWS, pilot, tokens[REVIEWS])
         for sidecar in (frontend, reviews):

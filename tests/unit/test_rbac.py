@@ -12,6 +12,7 @@ from typing import Any
 from envoy.config.rbac.v3 import rbac_pb2
 from google.protobuf import json_format
 
+from pilot.builders.path_matchers import TRAVERSAL
 from pilot.builders.rbac import quote_meta, rbac_rules
 from pilot.registry.authorization_policy import (
     AppliedPolicies,
@@ -156,7 +157,12 @@ def test_operations_and_conditions() -> None:
         "string_match": {"exact": "Reviews.shop", "ignore_case": True},
     }
     assert method["header"]["string_match"] == {"exact": "GET"}
-    assert paths["not_rule"]["url_path"]["path"] == {"prefix": "/admin"}
+    # An ALLOW's notPaths are widened (pilot.builders.path_matchers): /ADMIN, //admin too.
+    spellings, traversal = paths["not_rule"]["or_rules"]["rules"]
+    assert spellings["url_path"]["path"] == {
+        "safe_regex": {"regex": r"(?i)(?:[/\\]|%2f|%5c)+admin.*"}
+    }
+    assert traversal["url_path"]["path"]["safe_regex"]["regex"] == TRAVERSAL
     assert port == {"destination_port": 9080}
     inside, outside = policy["principals"][0]["and_ids"]["ids"]
     assert inside["direct_remote_ip"] == {"address_prefix": "10.0.0.0", "prefix_len": 8}
