@@ -19,9 +19,14 @@ after the connection manager's normalization; ports) and the destination-side
 `when` keys. A plaintext caller has no certificate, so it matches no principal
 rule (and every `notPrincipals` one).
 
+`requestPrincipals` and the `request.auth.*` keys are matched on the JWT payload the
+`jwt_authn` filter leaves in its metadata, split against the issuers of the
+RequestAuthentications that apply to the workload (`pilot.builders.jwt_principals`).
+
 Failing closed: a condition that cannot be checked here (HTTP fields on a TCP
-chain, as Istio; `requestPrincipals` and `request.auth.*` until
-RequestAuthentication exists; an unknown `when` key; a path template) makes its
+chain, as Istio; `requestPrincipals` and `request.auth.*` on a TCP chain or on a
+workload no RequestAuthentication applies to, which has no request principal; an
+unknown `when` key; a path template) makes its
 rule match nothing in an ALLOW or AUDIT policy, and is left out of a DENY
 policy's rule (which then denies regardless of it). A policy pilot cannot
 translate at all (`AuthorizationPolicy.deny_all`, CUSTOM) denies everything.
@@ -44,6 +49,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 from envoy.extensions.filters.network.rbac.v3 import rbac_pb2 as network_rbac_pb2
 from envoy.type.matcher.v3 import path_pb2, regex_pb2, string_pb2
 
+from pilot.builders.jwt_principals import auth_condition, request_principal
 from pilot.builders.listeners import typed
 from pilot.registry.authorization_policy import (
     HEADER_KEY,
@@ -54,6 +60,7 @@ from pilot.registry.authorization_policy import (
     Operation,
     Rule,
     Source,
+    is_auth_key,
     is_checked_key,
 )
 
@@ -223,14 +230,25 @@ class _RuleBuilder:
     """One rule's principals and permissions; an unchecked condition is dropped (DENY)
     or makes the rule match nothing (ALLOW, AUDIT: `_Unchecked` propagates)."""
 
-    def __init__(self, policy: AuthorizationPolicy, tcp: bool) -> None:
+    def __init__(self, policy: AuthorizationPolicy, tcp: bool, issuers: tuple[str, ...]) -> None:
         self.namespace = policy.namespace
         self.tcp = tcp
         self.lenient = policy.action is Action.DENY  # an unchecked part is left out
+        # Whom a request principal can come from: none on TCP chains (no JWT there).
+        self.issuers = () if tcp else issuers
+
+    def _one_principal(self, name: str, value: str) -> rbac_pb2.Principal:
+        if name == "requestPrincipals" or is_auth_key(name):
+            if not self.issuers:
+                raise _Unchecked  # no request principal here: fail closed
+            if name == "requestPrincipals":
+                return request_principal(value, self.issuers)
+            return auth_condition(name, value, self.issuers)
+        return _source_principal(name, value, self.namespace, self.tcp)
 
     def principal(self, name: str, values: Sequence[str]) -> rbac_pb2.Principal | None:
         try:
-            found = [_source_principal(name, v, self.namespace, self.tcp) for v in values]
+            found = [self._one_principal(name, v) for v in values]
         except _Unchecked:
             if self.lenient:
                 return None
@@ -253,10 +271,6 @@ class _RuleBuilder:
                 continue
             negated = name.startswith("not")
             base = name[3].lower() + name[4:] if negated else name
-            if base == "requestPrincipals":
-                if self.lenient:
-                    continue
-                raise _Unchecked
             made = self.principal(base, values)
             if made is not None:
                 parts.append(rbac_pb2.Principal(not_id=made) if negated else made)
@@ -279,11 +293,14 @@ class _RuleBuilder:
     ) -> tuple[rbac_pb2.Principal | None, rbac_pb2.Permission | None]:
         """A `when` entry: on the principal side (source.*, remote.ip, headers) or the
         permission side (destination.*, connection.sni); (None, None): left out."""
-        if not is_checked_key(condition.key) or (self.tcp and condition.key.startswith(HEADER_KEY)):
+        auth = is_auth_key(condition.key)
+        if (not auth and not is_checked_key(condition.key)) or (
+            self.tcp and condition.key.startswith(HEADER_KEY)
+        ):
             if self.lenient:
                 return None, None
             raise _Unchecked
-        if condition.key in _PRINCIPAL_SIDE or condition.key.startswith(HEADER_KEY):
+        if auth or condition.key in _PRINCIPAL_SIDE or condition.key.startswith(HEADER_KEY):
             return self._principal_condition(condition), None
         return None, self._permission_condition(condition)
 
@@ -338,11 +355,13 @@ def policy_name(policy: AuthorizationPolicy, rule: int | str) -> str:
     return f"ns[{policy.namespace}]-policy[{policy.name}]-rule[{rule}]"
 
 
-def _policies(policy: AuthorizationPolicy, tcp: bool) -> dict[str, rbac_pb2.Policy]:
+def _policies(
+    policy: AuthorizationPolicy, tcp: bool, issuers: tuple[str, ...] = ()
+) -> dict[str, rbac_pb2.Policy]:
     """One AuthorizationPolicy's Envoy policies on one kind of chain."""
     if policy.deny_all or policy.action is Action.CUSTOM:
         return {policy_name(policy, "all"): _deny_everything()}
-    builder = _RuleBuilder(policy, tcp)
+    builder = _RuleBuilder(policy, tcp, issuers)
     found = {}
     for i, rule in enumerate(policy.rules):
         try:
@@ -369,11 +388,13 @@ _ALLOW: int = rbac_pb2.RBAC.ALLOW
 _ORDER = (_DENY, _LOG, _ALLOW)
 
 
-def rbac_rules(applied: AppliedPolicies, tcp: bool) -> list[rbac_pb2.RBAC]:
+def rbac_rules(
+    applied: AppliedPolicies, tcp: bool, issuers: tuple[str, ...] = ()
+) -> list[rbac_pb2.RBAC]:
     """The RBAC rule sets of one chain, in the order Envoy must evaluate them (a copy of
-    what is built once per (policies, chain kind): every chain of a listener shares them,
-    and a big policy costs hundreds of milliseconds to translate)."""
-    built = _built_rules(applied, tcp)
+    what is built once per (policies, chain kind, issuers): every chain of a listener
+    shares them, and a big policy costs hundreds of milliseconds to translate)."""
+    built = _built_rules(applied, tcp, issuers)
     copies = []
     for rules in built:
         copy = rbac_pb2.RBAC()
@@ -383,12 +404,14 @@ def rbac_rules(applied: AppliedPolicies, tcp: bool) -> list[rbac_pb2.RBAC]:
 
 
 @functools.lru_cache(maxsize=RULES_CACHED)
-def _built_rules(applied: AppliedPolicies, tcp: bool) -> tuple[rbac_pb2.RBAC, ...]:
+def _built_rules(
+    applied: AppliedPolicies, tcp: bool, issuers: tuple[str, ...] = ()
+) -> tuple[rbac_pb2.RBAC, ...]:
     by_action: dict[int, rbac_pb2.RBAC] = {}
     for policy in applied.policies:
         action = _action_of(policy)
         rules = by_action.setdefault(action, rbac_pb2.RBAC(action=action))
-        for name, made in _policies(policy, tcp).items():
+        for name, made in _policies(policy, tcp, issuers).items():
             rules.policies[name].CopyFrom(made)
     if applied.allow_uncertain:
         by_action.setdefault(rbac_pb2.RBAC.ALLOW, rbac_pb2.RBAC(action=rbac_pb2.RBAC.ALLOW))
@@ -400,11 +423,14 @@ def _suffix(action: int) -> str:
 
 
 @functools.lru_cache(maxsize=RULES_CACHED)
-def http_rbac_filters(applied: AppliedPolicies) -> tuple[hcm_pb2.HttpFilter, ...]:
+def http_rbac_filters(
+    applied: AppliedPolicies, issuers: tuple[str, ...] = ()
+) -> tuple[hcm_pb2.HttpFilter, ...]:
     """The HTTP RBAC filters of an HTTP chain (none when no policy applies): built and
-    packed once for every chain of the policies (callers copy them into their chains)."""
+    packed once for every chain of the policies (callers copy them into their chains);
+    `issuers` are those of the RequestAuthentications that apply (request principals)."""
     filters = []
-    for rules in _built_rules(applied, tcp=False):
+    for rules in _built_rules(applied, False, issuers):
         config = http_rbac_pb2.RBAC()
         config.rules.CopyFrom(rules)
         config.rules.SetInParent()
