@@ -10,9 +10,10 @@ plaintext (bookinfo is PERMISSIVE). Tokens are signed by the test
 each test waits until b's Envoy holds them, and deletes them after.
 
 Shown on the real Envoy: a valid token passes and is removed before the app (unless
-forwardOriginalToken), its payload header reaches the app; forged, expired, wrong
-audience (403, as Envoy answers it), `alg: none`, HS256 signed with the RSA public key, a `kid` naming the key
-but signed by another, and a bad token beside a good one are each refused with 401;
+forwardOriginalToken), its payload header reaches the app; forged, expired, `alg:
+none`, HS256 signed with the RSA public key, a `kid` naming the key but signed by
+another, and a bad token beside a good one are each refused with 401 (a wrong
+audience with 403, as Envoy answers it);
 no token passes with no principal; an ALLOW on `requestPrincipals` lets in only that
 token; inline jwks, fromHeaders and fromParams; a JWKS URL that does not answer
 refuses good tokens.
