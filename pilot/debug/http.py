@@ -193,7 +193,7 @@ def debug_routes(state: DebugState) -> list[web.RouteDef]:
         return _json(views.configz(state.traffic, state.index))
 
     async def authorizationz(_request: web.Request) -> web.Response:
-        return _json(views.authorizationz(state.authz, state.proxies, state.index))
+        return _json(views.authorizationz(state.authz, state.proxies, state.index, state.jwt))
 
     async def config_dump(request: web.Request) -> web.Response:
         proxy_id = request.query.get("proxyID")
