@@ -79,7 +79,7 @@ def _principal_under(issuer: str, value: str) -> list[rbac_pb2.Principal]:
         suffix = value[1:]
         found = [_sub(issuer, string_pb2.StringMatcher(suffix=suffix))]
         # `iss/sub` may end with `suffix` partly in the issuer: sub is then its rest.
-        for k in range(1, len(suffix)):
+        for k in range(1, min(len(suffix), len(head) + 1)):
             if head.endswith(suffix[:k]):
                 found.append(_sub(issuer, string_pb2.StringMatcher(exact=suffix[k:])))
         if head.endswith(suffix):

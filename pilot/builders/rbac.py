@@ -25,9 +25,9 @@ RequestAuthentications that apply to the workload (`pilot.builders.jwt_principal
 
 Failing closed: a condition that cannot be checked here (HTTP fields on a TCP
 chain, as Istio; `requestPrincipals` and `request.auth.*` on a TCP chain or on a
-workload no RequestAuthentication applies to, which has no request principal; an
-unknown `when` key; a path template) makes its
-rule match nothing in an ALLOW or AUDIT policy, and is left out of a DENY
+workload no RequestAuthentication applies to, which has no request principal, or
+past `MAX_JWT_WORK` splits of its values against the issuers; an unknown `when` key;
+a path template) makes its rule match nothing in an ALLOW or AUDIT policy, and is left out of a DENY
 policy's rule (which then denies regardless of it). A policy pilot cannot
 translate at all (`AuthorizationPolicy.deny_all`, CUSTOM) denies everything.
 """
@@ -65,6 +65,7 @@ from pilot.registry.authorization_policy import (
 )
 
 SPIFFE = "spiffe://"
+MAX_JWT_WORK = 200_000  # issuer x value (x suffix length) splits of one policy
 RULES_CACHED = 16  # (policies, chain kind) translations kept: a listener's chains share them
 HTTP_RBAC = "envoy.filters.http.rbac"
 NETWORK_RBAC = "envoy.filters.network.rbac"
@@ -236,11 +237,17 @@ class _RuleBuilder:
         self.lenient = policy.action is Action.DENY  # an unchecked part is left out
         # Whom a request principal can come from: none on TCP chains (no JWT there).
         self.issuers = () if tcp else issuers
+        self.jwt_work = 0  # matchers the JWT values of this policy make, roughly
 
     def _one_principal(self, name: str, value: str) -> rbac_pb2.Principal:
         if name == "requestPrincipals" or is_auth_key(name):
             if not self.issuers:
                 raise _Unchecked  # no request principal here: fail closed
+            # Each value is split against every issuer (a suffix at each of its places):
+            # past a budget the policy's JWT parts fail closed instead of costing the loop.
+            self.jwt_work += len(self.issuers) * (len(value) if value.startswith("*") else 1)
+            if self.jwt_work > MAX_JWT_WORK:
+                raise _Unchecked
             if name == "requestPrincipals":
                 return request_principal(value, self.issuers)
             return auth_condition(name, value, self.issuers)
