@@ -13,10 +13,10 @@ Shown on the real Envoy: a valid token passes and is removed before the app (unl
 forwardOriginalToken), its payload header reaches the app; forged, expired, `alg:
 none`, HS256 signed with the RSA public key, a `kid` naming the key but signed by
 another, and a bad token beside a good one are each refused with 401 (a wrong
-audience with 403, as Envoy answers it);
-no token passes with no principal; an ALLOW on `requestPrincipals` lets in only that
-token; inline jwks, fromHeaders and fromParams; a JWKS URL that does not answer
-refuses good tokens.
+audience with 403, as Envoy answers it); no token passes with no principal; an ALLOW
+on `requestPrincipals` lets in only that token; inline jwks, fromHeaders, fromParams
+and fromCookies; outputClaimToHeaders (replacing a header the client sent); a JWKS URL
+that does not answer refuses good tokens.
 """
 
 from __future__ import annotations
@@ -167,7 +167,15 @@ async def test_valid_token_passes_and_bad_ones_get_401(mesh: Mesh) -> None:
     ra = obj(
         "RequestAuthentication",
         "jwt",
-        {"selector": REVIEWS_SELECTOR, "jwtRules": [jwt_rule(outputPayloadToHeader="x-payload")]},
+        {
+            "selector": REVIEWS_SELECTOR,
+            "jwtRules": [
+                jwt_rule(
+                    outputPayloadToHeader="x-payload",
+                    outputClaimToHeaders=[{"header": "x-sub", "claim": "sub"}],
+                )
+            ],
+        },
     )
     await applied(mesh, ra)
     try:
@@ -176,6 +184,10 @@ async def test_valid_token_passes_and_bad_ones_get_401(mesh: Mesh) -> None:
         assert status == 200
         assert "authorization" not in seen["headers"], "the token reached the app"
         assert "x-payload" in seen["headers"], "outputPayloadToHeader did not reach the app"
+        assert seen["headers"].get("x-sub") == "alice", "outputClaimToHeaders"
+        # A client's own x-sub beside the token is replaced by the claim, not joined to it.
+        status, seen = await call(mesh, "/spoof", [*bearer(good), "x-sub: admin"])
+        assert status == 200 and seen["headers"].get("x-sub") == "alice"
         status, seen = await call(mesh, "/none")
         assert status == 200 and "x-payload" not in seen["headers"]
         hostile = {
@@ -253,6 +265,7 @@ async def test_inline_jwks_from_headers_and_params(mesh: Mesh) -> None:
         "jwks": KEY.jwks(),
         "fromHeaders": [{"name": "x-token", "prefix": "Token "}],
         "fromParams": ["tok"],
+        "fromCookies": ["session"],
         "forwardOriginalToken": True,
     }
     ra = obj("RequestAuthentication", "inline", {"selector": REVIEWS_SELECTOR, "jwtRules": [rule]})
@@ -264,6 +277,8 @@ async def test_inline_jwks_from_headers_and_params(mesh: Mesh) -> None:
         assert (await call(mesh, "/h", [f"x-token: Token {forged}"]))[0] == 401
         assert (await call(mesh, f"/p?tok={good}"))[0] == 200
         assert (await call(mesh, f"/p?tok={forged}"))[0] == 401
+        assert (await call(mesh, "/c", [f"Cookie: a=b; session={good}"]))[0] == 200
+        assert (await call(mesh, "/c", [f"Cookie: session={forged}"]))[0] == 401
         # Only the places named are read: Authorization is the app's business now.
         status, seen = await call(mesh, "/a", bearer(forged))
         assert status == 200 and seen["headers"]["authorization"] == f"Bearer {forged}"
