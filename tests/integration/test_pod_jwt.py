@@ -16,7 +16,8 @@ another, and a bad token beside a good one are each refused with 401 (a wrong
 audience with 403, as Envoy answers it); no token passes with no principal; an ALLOW
 on `requestPrincipals` lets in only that token; inline jwks, fromHeaders, fromParams
 and fromCookies; outputClaimToHeaders (replacing a header the client sent); a JWKS URL
-that does not answer refuses good tokens.
+that does not answer, or answers over TLS with a certificate no system root trusts,
+refuses good tokens.
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from tests.integration.agent_process import REPO
 from tests.integration.mesh_pods import (
@@ -39,6 +43,7 @@ from tests.integration.mesh_pods import (
     mesh_pods,
     pod_address,
 )
+from tests.support.ca import issue_leaf, new_ca, pem
 from tests.support.envoy_process import wait_until
 from tests.support.jwt_tokens import (
     AUDIENCE,
@@ -56,6 +61,7 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.envoy]
 ECHO_PORT = 9090  # b's app that says what it received (Service `echo`)
 JWKS_PORT = 8080  # c's key server
 SILENT_PORT = 8081  # nothing listens there on c
+TLS_PORT = 8443  # c's key server over TLS, its certificate from a root no system trusts
 KEY = SigningKey()
 OTHER_KEY = SigningKey(kid="other-key")
 REVIEWS_SELECTOR = {"matchLabels": {"app": "reviews"}}
@@ -67,7 +73,9 @@ async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
     folder = tmp_path_factory.mktemp("pod-jwt")
     jwks = folder / "jwks.json"
     jwks.write_text(KEY.jwks())  # a public key: nothing secret
+    cert, key = _untrusted_certificate(folder, pod_address("c"))
     app = [sys.executable, "-m", "tests.integration.jwt_app"]
+    tls = ["--tls-cert", str(cert), "--tls-key", str(key)]
     async with (
         mesh_pods(folder) as running,
         running_in(
@@ -76,6 +84,12 @@ async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
         running_in(
             running.pod("c"),
             [*app, "--port", str(JWKS_PORT), "--jwks", str(jwks)],
+            "serving on",
+            cwd=REPO,
+        ),
+        running_in(
+            running.pod("c"),
+            [*app, "--port", str(TLS_PORT), "--jwks", str(jwks), *tls],
             "serving on",
             cwd=REPO,
         ),
@@ -93,6 +107,26 @@ async def mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Mesh]:
         # Every listener pilot sent with jwt_authn was taken: b's Envoy rejected none.
         assert await running.reviews.stat("listener_manager.lds.update_rejected") in (0, None)
         assert await running.reviews.stat("cluster_manager.cds.update_rejected") in (0, None)
+
+
+def _untrusted_certificate(folder: Path, address: str) -> tuple[Path, Path]:
+    """A server certificate for `address` from a root of the test's own (no system trusts
+    it); its key written 0600."""
+    root = new_ca("jwks test root")
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    leaf = issue_leaf(root, server_key.public_key(), hosts=[address])
+    cert = folder / "jwks-server.pem"
+    cert.write_text(pem(leaf) + root.cert_pem)
+    key = folder / "jwks-server.key"
+    key.touch(mode=0o600)
+    key.write_bytes(
+        server_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert, key
 
 
 def obj(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -297,5 +331,24 @@ async def test_a_jwks_url_that_does_not_answer_refuses_every_token(mesh: Mesh) -
     try:
         assert (await call(mesh, "/good", bearer(KEY.sign(claims()))))[0] == 401
         assert (await call(mesh, "/none"))[0] == 200
+    finally:
+        await removed(mesh, ra)
+
+
+async def test_an_https_jwks_server_no_system_root_trusts_gives_no_keys(mesh: Mesh) -> None:
+    """The key server answers over TLS with a certificate for its address, but from a root
+    of its own: Envoy checks it against the system's roots, so it takes no keys from it."""
+    uri = f"https://{pod_address('c')}:{TLS_PORT}/jwks.json"
+    ra = obj(
+        "RequestAuthentication",
+        "tls",
+        {"selector": REVIEWS_SELECTOR, "jwtRules": [jwt_rule(jwksUri=uri)]},
+    )
+    await applied(mesh, ra)
+    try:
+        assert (await call(mesh, "/good", bearer(KEY.sign(claims()))))[0] == 401
+        cluster = f"jwks|https|{pod_address('c')}|{TLS_PORT}"
+        failures = await mesh.reviews.stat(f"cluster.{cluster}.ssl.fail_verify_error")
+        assert failures, "the fetch failed, but not on the certificate"
     finally:
         await removed(mesh, ra)
