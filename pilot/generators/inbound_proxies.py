@@ -39,10 +39,11 @@ namespace: at most one shape per connected sidecar, and at most
 the empty one) x (the distinct modes the policies give) in all.
 
 What a change touches: an endpoint set whose addresses or ports moved, the
-ports of a service (its IPs), a pod's labels (its IPs), a namespace's policies.
-Only the proxies at those IPs or in those namespaces are reconsidered, and only
-those whose shape changed get anything (`Changes.owned`: LDS, CDS when the port
-set changed). While no sidecar is attached, a change is only noted (which
+ports of a service (its IPs), a pod's labels (its IPs), a namespace's policies
+(PeerAuthentication, AuthorizationPolicy, RequestAuthentication). Only the proxies
+at those IPs or in those namespaces are reconsidered, and only those whose shape
+changed get anything (`Changes.owned`: LDS, CDS when the port set or the `jwksUri`
+clusters changed: those are the shape's cluster table too). While no sidecar is attached, a change is only noted (which
 services), and followed when the first one attaches.
 """
 

@@ -148,11 +148,7 @@ class JwksUri:
 
     @property
     def is_ip(self) -> bool:
-        try:
-            ipaddress.ip_address(self.host)
-        except ValueError:
-            return False
-        return True
+        return _is_ip(self.host)
 
 
 def _port(parts: SplitResult) -> int:

@@ -277,9 +277,6 @@ class AppliedAuthentications:
         """The distinct JWKS URIs (one cluster each; sorted)."""
         return tuple(sorted({r.jwks_uri for r in self.rules if r.jwks_uri is not None}))
 
-    def names(self) -> str:
-        return ",".join(f"{o.namespace}/{o.name}" for o in self.objects)
-
 
 NO_AUTHENTICATIONS = AppliedAuthentications()
 
