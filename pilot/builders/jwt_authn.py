@@ -13,10 +13,16 @@ On every inbound HTTP chain of a workload some RequestAuthentication applies to,
   payload in the filter's dynamic metadata under the issuer's name
   (`payload_in_metadata`), where the RBAC filters read the request principal
   (`iss/sub`) and `request.auth.*` (`pilot.builders.rbac`);
-- one requirement for every path: any of the providers, or no token at all
-  (`requires_any` with `allow_missing`). A request with a token that fails (bad
-  signature, expired, wrong audience, keys not fetched) is refused with 401; one
-  without a token passes, with no request principal, and AuthorizationPolicy decides.
+- one requirement for every path, istiod's: with one provider, its token or none
+  (`requires_any` of it and `allow_missing`); with several, any one provider's token,
+  or every provider's token valid where it is given (`requires_all` of each one's
+  `requires_any` with `allow_missing`), so that a token is never ignored because
+  another was good. A request with a token that fails (bad signature, expired, keys
+  not fetched) is refused with 401, a wrong audience with 403; one without a token
+  passes, with no request principal, and AuthorizationPolicy decides;
+- the claims `scope` and `permission` (and `spaceDelimitedClaims`) split at spaces
+  in the metadata (`normalize_payload_in_metadata`), as Istio's, so a `when` on
+  `request.auth.claims[scope]` matches one word of it; keys are cached five minutes.
 
 Keys: an inline `jwks` is `local_jwks`; a `jwksUri` is `remote_jwks`, fetched by
 Envoy through a cluster pilot adds for the URI's scheme, host and port
@@ -47,6 +53,8 @@ from pilot.registry.jwks import JwksUri
 from pilot.registry.request_authentication import AppliedAuthentications, JwtRule
 
 JWT_AUTHN = "envoy.filters.http.jwt_authn"
+SPACE_DELIMITED_CLAIMS = ("permission", "scope")  # always, as Istio's
+JWKS_CACHE_SECONDS = 300  # Istio's
 # The roots an https jwksUri's certificate is checked against: the system bundle where
 # Istio's proxy image (Ubuntu) keeps it. Envoy's own `system_root_certs` does not count
 # as a trusted CA for its SAN check, which refuses a name check without one.
@@ -72,6 +80,7 @@ def _keys(rule: JwtRule, provider: jwt_pb2.JwtProvider) -> None:
             uri=rule.jwks_uri.uri, cluster=rule.jwks_uri.cluster, timeout=_duration(rule.timeout)
         )
     )
+    provider.remote_jwks.cache_duration.seconds = JWKS_CACHE_SECONDS
 
 
 def _provider(rule: JwtRule) -> jwt_pb2.JwtProvider:
@@ -84,6 +93,9 @@ def _provider(rule: JwtRule) -> jwt_pb2.JwtProvider:
         from_cookies=list(rule.from_cookies),
         forward_payload_header=rule.output_payload_to_header,
         payload_in_metadata=rule.issuer,
+        normalize_payload_in_metadata=jwt_pb2.JwtProvider.NormalizePayload(
+            space_delimited_claims=sorted({*rule.space_delimited_claims, *SPACE_DELIMITED_CLAIMS})
+        ),
         claim_to_headers=[
             jwt_pb2.JwtClaimToHeader(header_name=h, claim_name=c)
             for h, c in rule.output_claim_to_headers
@@ -93,11 +105,33 @@ def _provider(rule: JwtRule) -> jwt_pb2.JwtProvider:
     return provider
 
 
-def _requirement(count: int) -> jwt_pb2.JwtRequirement:
-    """Any provider's token, or none at all (a failing one is refused)."""
-    options = [jwt_pb2.JwtRequirement(provider_name=provider_name(i)) for i in range(count)]
-    options.append(jwt_pb2.JwtRequirement(allow_missing=empty_pb2.Empty()))
+def _any(options: list[jwt_pb2.JwtRequirement]) -> jwt_pb2.JwtRequirement:
     return jwt_pb2.JwtRequirement(requires_any=jwt_pb2.JwtRequirementOrList(requirements=options))
+
+
+def _provider_or_none(index: int) -> jwt_pb2.JwtRequirement:
+    """The provider's token valid, or none where it looks."""
+    return _any(
+        [
+            jwt_pb2.JwtRequirement(provider_name=provider_name(index)),
+            jwt_pb2.JwtRequirement(allow_missing=empty_pb2.Empty()),
+        ]
+    )
+
+
+def _requirement(count: int) -> jwt_pb2.JwtRequirement:
+    """istiod's: one provider, its token or none; several, any one's token (they may share
+    a place), or each one's token valid or missing (a failing one is refused)."""
+    if count == 1:
+        return _provider_or_none(0)
+    each = jwt_pb2.JwtRequirement(
+        requires_all=jwt_pb2.JwtRequirementAndList(
+            requirements=[_provider_or_none(i) for i in range(count)]
+        )
+    )
+    return _any(
+        [*(jwt_pb2.JwtRequirement(provider_name=provider_name(i)) for i in range(count)), each]
+    )
 
 
 def jwt_authn_config(applied: AppliedAuthentications) -> jwt_pb2.JwtAuthentication:

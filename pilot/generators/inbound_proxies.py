@@ -43,8 +43,9 @@ ports of a service (its IPs), a pod's labels (its IPs), a namespace's policies
 (PeerAuthentication, AuthorizationPolicy, RequestAuthentication). Only the proxies
 at those IPs or in those namespaces are reconsidered, and only those whose shape
 changed get anything (`Changes.owned`: LDS, CDS when the port set or the `jwksUri`
-clusters changed: those are the shape's cluster table too). While no sidecar is attached, a change is only noted (which
-services), and followed when the first one attaches.
+clusters changed: those are the shape's cluster table too). While no sidecar is
+attached, a change is only noted (which services), and followed when the first one
+attaches.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ Istio's `security.istio.io/v1` (and `v1beta1`) kind `RequestAuthentication`:
 the token is (`fromHeaders` name and prefix, `fromParams`, `fromCookies`; none:
 Envoy's default, `Authorization: Bearer` and the `access_token` parameter), what
 reaches the app (`outputPayloadToHeader`, `outputClaimToHeaders`,
-`forwardOriginalToken`) and `timeout` (of the JWKS fetch). Every field is checked
+`forwardOriginalToken`), `timeout` (of the JWKS fetch) and `spaceDelimitedClaims`
+(claims whose space-separated words match one by one, beside Istio's `scope` and
+`permission`). Every field is checked
 against Istio's API (an unknown one is an error), every list and string against a
 bound; control characters (NUL, newlines) are refused everywhere.
 
@@ -68,6 +70,7 @@ _RULE_FIELDS = frozenset(
         "outputClaimToHeaders",
         "forwardOriginalToken",
         "timeout",
+        "spaceDelimitedClaims",
     }
 )
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,256}")
@@ -91,6 +94,7 @@ class JwtRule:
     output_claim_to_headers: tuple[tuple[str, str], ...] = ()  # (header, claim)
     forward_original_token: bool = False
     timeout: float = DEFAULT_TIMEOUT
+    space_delimited_claims: tuple[str, ...] = ()  # beside Istio's own, scope and permission
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +211,9 @@ def _rule(reader: Reader, raw: Any, where: str) -> JwtRule:
             body.get("forwardOriginalToken"), f"{where}.forwardOriginalToken"
         ),
         timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
+        space_delimited_claims=_strings(
+            reader, body.get("spaceDelimitedClaims"), f"{where}.spaceDelimitedClaims"
+        ),
     )
 
 

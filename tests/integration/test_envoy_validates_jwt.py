@@ -93,6 +93,7 @@ def test_envoy_takes_every_field(tmp_path: Path) -> None:
                         "outputPayloadToHeader": "x-jwt-payload",
                         "outputClaimToHeaders": [{"header": "x-sub", "claim": "sub"}],
                         "forwardOriginalToken": True,
+                        "spaceDelimitedClaims": ["roles"],
                     },
                     {
                         "issuer": "https",
@@ -153,6 +154,7 @@ _fields = st.fixed_dictionaries(
             st.fixed_dictionaries({"header": _header, "claim": _value}), max_size=2
         ),
         "forwardOriginalToken": st.booleans(),
+        "spaceDelimitedClaims": _values,
     },
 )
 _jwt_rule = st.builds(lambda fields, keys: fields | keys, _fields, _key_source)

@@ -352,3 +352,54 @@ async def test_an_https_jwks_server_no_system_root_trusts_gives_no_keys(mesh: Me
         assert failures, "the fetch failed, but not on the certificate"
     finally:
         await removed(mesh, ra)
+
+
+async def test_two_issuers_each_token_given_must_be_valid(mesh: Mesh) -> None:
+    """Two rules in two places, istiod's requirement: a bad token alone is refused; beside
+    a good token of the other issuer it is let through, as Istio lets it (the good one
+    satisfies the requirement), yet gives no principal; a scope claim matches word by
+    word (space-delimited)."""
+    other_issuer = "https://other.example.com"
+    second = {
+        "issuer": other_issuer,
+        "jwks": OTHER_KEY.jwks(),
+        "fromHeaders": [{"name": "x-other-token"}],
+    }
+    ra = obj(
+        "RequestAuthentication",
+        "two",
+        {"selector": REVIEWS_SELECTOR, "jwtRules": [jwt_rule(), second]},
+    )
+    scoped = {"when": [{"key": "request.auth.claims[scope]", "values": ["write"]}]}
+    allow = obj("AuthorizationPolicy", "writers", {"selector": REVIEWS_SELECTOR, "rules": [scoped]})
+    await applied(mesh, ra, allow)
+    try:
+        first = KEY.sign(claims(scope="read write"))
+        other = OTHER_KEY.sign(claims(issuer=other_issuer, scope="read write"))
+        forged_other = KEY.sign(claims(issuer=other_issuer))
+        assert (await call(mesh, "/one", bearer(first)))[0] == 200
+        assert (await call(mesh, "/other", [f"x-other-token: {other}"]))[0] == 200
+        both_good = [*bearer(first), f"x-other-token: {other}"]
+        assert (await call(mesh, "/both", both_good))[0] == 200
+        assert (await call(mesh, "/forged", [f"x-other-token: {forged_other}"]))[0] == 401
+        one_bad = [*bearer(first), f"x-other-token: {forged_other}"]
+        assert (await call(mesh, "/beside", one_bad))[0] == 200
+        only_other = {"from": [{"source": {"requestPrincipals": [f"{other_issuer}/*"]}}]}
+        others = obj(
+            "AuthorizationPolicy", "others", {"selector": REVIEWS_SELECTOR, "rules": [only_other]}
+        )
+        await applied(mesh, others)
+        try:
+            # No scope to write: only a principal of the other issuer lets it in.
+            plain = KEY.sign(claims())
+            beside = [*bearer(plain), f"x-other-token: {forged_other}"]
+            assert (await call(mesh, "/beside", beside))[0] == 403, "a forged token's principal"
+            with_other = [*bearer(plain), f"x-other-token: {other}"]
+            assert (await call(mesh, "/other", with_other))[0] == 200
+        finally:
+            mesh.api.delete("AuthorizationPolicy", APP_NAMESPACE, "others")
+        reader = KEY.sign(claims(scope="read"))
+        await wait_inbound(mesh, lambda text: "bookinfo/others" not in text, "no others")
+        assert (await call(mesh, "/read", bearer(reader)))[0] == 403
+    finally:
+        await removed(mesh, ra, allow)

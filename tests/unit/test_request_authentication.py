@@ -59,6 +59,7 @@ def test_every_field_of_istios_api_is_read() -> None:
                         outputClaimToHeaders=[{"header": "x-sub", "claim": "sub"}],
                         forwardOriginalToken=True,
                         timeout="2.5s",
+                        spaceDelimitedClaims=["roles"],
                     ),
                     {"issuer": "other", "jwksUri": "https://keys.example.com:8443/jwks.json"},
                 ],
@@ -73,6 +74,7 @@ def test_every_field_of_istios_api_is_read() -> None:
     assert first.output_payload_to_header == "x-jwt-payload"
     assert first.output_claim_to_headers == (("x-sub", "sub"),)
     assert first.forward_original_token and first.timeout == 2.5
+    assert first.space_delimited_claims == ("roles",)
     assert second.jwks_uri is not None and second.jwks_uri.host == "keys.example.com"
     assert (second.jwks_uri.port, second.jwks_uri.tls) == (8443, True)
     assert not second.forward_original_token and second.timeout == DEFAULT_TIMEOUT
