@@ -59,6 +59,7 @@ from pilot.push.request import RequestSink
 from pilot.registry.authorization_policy import AuthorizationPolicies
 from pilot.registry.index import EndpointIndex
 from pilot.registry.peer_authentication import PeerAuthentications
+from pilot.registry.request_authentication import RequestAuthentications
 from pilot.registry.traffic_config import TrafficConfig
 from pilot.registry.updater import IndexUpdater
 from pilot.runtime import collector, event_loop
@@ -123,6 +124,7 @@ class Core:
         self.cache = ResourceCache()
         self.policies = PeerAuthentications()  # mTLS modes per workload, read by inbound
         self.authz = AuthorizationPolicies()  # RBAC per workload, read by inbound
+        self.jwt = RequestAuthentications()  # JWT verification per workload, read by inbound
         # DestinationRules and VirtualServices, read by the cluster and endpoint generators
         self.traffic = TrafficConfig(settings.build.cluster_domain)
         self.connections: LiveStreams[Connection] = LiveStreams()
@@ -136,7 +138,7 @@ class Core:
             settings.http_addr,
             self.is_ready,
             self.metrics,
-            DebugState(self.proxies, self.index, self.pushes, self.traffic, self.authz),
+            DebugState(self.proxies, self.index, self.pushes, self.traffic, self.authz, self.jwt),
             settings.debug_addr,
             ready_detail=self.cluster_lines,
             xds_ports=self.xds_ports,
@@ -341,6 +343,7 @@ async def _build(core: Core, undo: contextlib.AsyncExitStack) -> Parts:
         core.policies,
         core.stats,
         core.authz,
+        jwt=core.jwt,
         normalization=settings.build.path_normalization,
     )
     pipeline = _pipeline(core, security, inbound)
@@ -360,6 +363,7 @@ async def _build(core: Core, undo: contextlib.AsyncExitStack) -> Parts:
         core.policies,
         core.traffic,
         authz=core.authz,
+        jwt=core.jwt,
     )
     source, cluster_source = _source(core, updater, api_client, api_server)
     await source.start()

@@ -33,6 +33,11 @@ meets the blackhole; 15001 is passed to the pod's 15001 from 127.0.0.6 (never
 captured again), where `virtualOutbound`'s own blackhole ends it; 15000 is
 refused (the admin API listens on 127.0.0.1 only).
 
+HTTP chains of a workload some RequestAuthentication applies to verify JWTs first
+(`pilot.builders.jwt_authn`: a failing token is refused with 401), before the RBAC
+filters, which match request principals on what it verified. Each `jwksUri` gets a
+cluster of its own beside the inbound ones (`jwks_clusters`).
+
 HTTP chains run a connection manager whose one route sends everything to
 `inbound|P||` (with Istio's inbound retry, `pilot.builders.istio_defaults`,
 except on gRPC ports), and replace `x-forwarded-client-cert` with the peer's SPIFFE
@@ -69,6 +74,7 @@ from google.protobuf.message import Message
 
 from pilot.builders.cds import CONNECT_TIMEOUT_SECONDS, HTTP_OPTIONS_KEY, http2_options
 from pilot.builders.istio_defaults import inbound_retry_policy, lift_circuit_breakers
+from pilot.builders.jwt_authn import jwks_cluster, jwt_authn_filters
 from pilot.builders.listeners import router_filter, socket_address, tcp_proxy_filter, typed
 from pilot.builders.mtls import sds_config
 from pilot.builders.outbound import ANY_ADDRESS, BLACKHOLE_CLUSTER
@@ -79,12 +85,15 @@ from pilot.builders.rbac import applied_names, http_rbac_filters, network_rbac_f
 from pilot.registry.authorization_policy import NO_POLICIES, AppliedPolicies
 from pilot.registry.model import ServicePort
 from pilot.registry.peer_authentication import MtlsMode
+from pilot.registry.request_authentication import NO_AUTHENTICATIONS, AppliedAuthentications
 
 VIRTUAL_INBOUND = "virtualInbound"
+HTTP_CONNECTION_MANAGER = "envoy.filters.network.http_connection_manager"
 # Which AuthorizationPolicies a chain's RBAC filters come from (for proxy-config): on
 # the chains, not the listener, whose own change would make Envoy drain all of it.
 METADATA_KEY = "pilot"
 AUTHZ_METADATA = "authorization_policies"
+JWT_METADATA = "request_authentications"
 INBOUND_PASSTHROUGH_CLUSTER = "InboundPassthroughCluster"
 INBOUND_SOURCE_ADDRESS = "127.0.0.6"  # Envoy's source toward the app; the capture rules RETURN it
 WORKLOAD_SECRET = "default"
@@ -128,6 +137,8 @@ class InboundShape:
     port_modes: tuple[tuple[int, MtlsMode], ...] = ()  # sorted; only where not `mode`
     # The AuthorizationPolicies that apply to the workload (RBAC filters on every chain).
     authz: AppliedPolicies = NO_POLICIES
+    # The RequestAuthentications that apply to it (jwt_authn on its HTTP chains).
+    jwt: AppliedAuthentications = NO_AUTHENTICATIONS
 
     def mode_at(self, port: int) -> MtlsMode:
         return dict(self.port_modes).get(port, self.mode)
@@ -186,9 +197,11 @@ def _http_manager(
     cluster: str,
     retry: bool,
     authz: AppliedPolicies,
+    *,
     normalization: PathNormalization,
+    jwt: AppliedAuthentications = NO_AUTHENTICATIONS,
 ) -> listener_components_pb2.Filter:
-    """Every request to `cluster` that the RBAC filters let through (sent again if the app
+    """Every request to `cluster` that the JWT and RBAC filters let through (sent again if the app
     reset it unsent, unless gRPC, as Istio); XFCC replaced by the peer certificate's URI;
     paths normalized as istiod does for `normalization` (`pilot.builders.path_normalization`)
     before anything matches them."""
@@ -209,7 +222,11 @@ def _http_manager(
     manager = hcm_pb2.HttpConnectionManager(
         stat_prefix=stat_prefix,
         route_config=route_pb2.RouteConfiguration(name=cluster, virtual_hosts=[host]),
-        http_filters=[*http_rbac_filters(authz), router_filter()],
+        http_filters=[
+            *jwt_authn_filters(jwt),
+            *http_rbac_filters(authz, jwt.issuers),
+            router_filter(),
+        ],
         forward_client_cert_details=hcm_pb2.HttpConnectionManager.SANITIZE_SET,
         set_current_client_cert_details=hcm_pb2.HttpConnectionManager.SetCurrentClientCertDetails(
             uri=True
@@ -231,6 +248,7 @@ def _chain(
     *,
     authz: AppliedPolicies = NO_POLICIES,
     normalization: PathNormalization = PathNormalization.BASE,
+    jwt: AppliedAuthentications = NO_AUTHENTICATIONS,
 ) -> listener_components_pb2.FilterChain:
     """One chain: matched by port (None: any), TLS or plaintext, HTTP or TCP."""
     http = protocol is not InboundProtocol.TCP
@@ -248,7 +266,9 @@ def _chain(
     stat_prefix = cluster
     if http:
         retry = protocol is not InboundProtocol.GRPC
-        filters = [_http_manager(stat_prefix, cluster, retry, authz, normalization)]
+        filters = [
+            _http_manager(stat_prefix, cluster, retry, authz, normalization=normalization, jwt=jwt)
+        ]
     else:
         filters = [
             *network_rbac_filters(authz),
@@ -279,6 +299,7 @@ def _port_chains(
                     cluster,
                     authz=shape.authz,
                     normalization=normalization,
+                    jwt=shape.jwt,
                 )
             )
     return chains
@@ -349,6 +370,13 @@ def virtual_inbound(
         named = applied_names(shape.authz)
         for chain in chains[1:]:  # every chain but the blackhole runs RBAC filters
             chain.metadata.filter_metadata[METADATA_KEY].update({AUTHZ_METADATA: named})
+    if shape.jwt:
+        verified = [f"{o.namespace}/{o.name}" for o in shape.jwt.objects]
+        for chain in chains[1:]:
+            if any(
+                f.name == "envoy.filters.network.http_connection_manager" for f in chain.filters
+            ):
+                chain.metadata.filter_metadata[METADATA_KEY].update({JWT_METADATA: verified})
     listener = listener_pb2.Listener(
         name=VIRTUAL_INBOUND,
         address=socket_address(ANY_ADDRESS, VIRTUAL_INBOUND_PORT),
@@ -387,6 +415,11 @@ def inbound_cluster(port: int, protocol: InboundProtocol) -> cluster_pb2.Cluster
     if protocol in (InboundProtocol.HTTP2, InboundProtocol.GRPC):
         cluster.typed_extension_protocol_options[HTTP_OPTIONS_KEY].CopyFrom(http2_options())
     return cluster
+
+
+def jwks_clusters(jwt: AppliedAuthentications) -> list[cluster_pb2.Cluster]:
+    """The clusters Envoy fetches the workload's remote JWKS through."""
+    return [jwks_cluster(uri) for uri in jwt.jwks_uris]
 
 
 def inbound_passthrough_cluster() -> cluster_pb2.Cluster:

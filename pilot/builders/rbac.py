@@ -23,11 +23,16 @@ Paths are matched after the connection manager's normalization, and widened to
 their other spellings where that denies more, exact where it would allow more
 (`pilot.builders.path_matchers`; path templates too).
 
+`requestPrincipals` and the `request.auth.*` keys are matched on the JWT payload the
+`jwt_authn` filter leaves in its metadata, split against the issuers of the
+RequestAuthentications that apply to the workload (`pilot.builders.jwt_principals`).
+
 Failing closed: a condition that cannot be checked here (HTTP fields on a TCP
-chain, as Istio; `requestPrincipals` and `request.auth.*` until
-RequestAuthentication exists; an unknown `when` key; an exact path template too
-long for Envoy's RE2) makes its
-rule match nothing in an ALLOW or AUDIT policy, and is left out of a DENY
+chain, as Istio; `requestPrincipals` and `request.auth.*` on a TCP chain or on a
+workload no RequestAuthentication applies to, which has no request principal, or
+past `MAX_JWT_WORK` splits of its values against the issuers; an unknown `when` key;
+an exact path template too long for Envoy's RE2) makes its rule match nothing in an
+ALLOW or AUDIT policy, and is left out of a DENY
 policy's rule (which then denies regardless of it). A policy pilot cannot
 translate at all (`AuthorizationPolicy.deny_all`, CUSTOM) denies everything.
 """
@@ -49,6 +54,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 from envoy.extensions.filters.network.rbac.v3 import rbac_pb2 as network_rbac_pb2
 from envoy.type.matcher.v3 import regex_pb2, string_pb2
 
+from pilot.builders.jwt_principals import auth_condition, request_principal
 from pilot.builders.listeners import typed
 from pilot.builders.path_matchers import PathTooComplex, path_permission, quote_meta
 from pilot.registry.authorization_policy import (
@@ -60,10 +66,12 @@ from pilot.registry.authorization_policy import (
     Operation,
     Rule,
     Source,
+    is_auth_key,
     is_checked_key,
 )
 
 SPIFFE = "spiffe://"
+MAX_JWT_WORK = 200_000  # issuer x value (x suffix length) splits of one policy
 RULES_CACHED = 16  # (policies, chain kind) translations kept: a listener's chains share them
 HTTP_RBAC = "envoy.filters.http.rbac"
 NETWORK_RBAC = "envoy.filters.network.rbac"
@@ -227,15 +235,32 @@ class _RuleBuilder:
     """One rule's principals and permissions; an unchecked condition is dropped (DENY)
     or makes the rule match nothing (ALLOW, AUDIT: `_Unchecked` propagates)."""
 
-    def __init__(self, policy: AuthorizationPolicy, tcp: bool) -> None:
+    def __init__(self, policy: AuthorizationPolicy, tcp: bool, issuers: tuple[str, ...]) -> None:
         self.namespace = policy.namespace
         self.tcp = tcp
         self.lenient = policy.action is Action.DENY  # an unchecked part is left out
         self.denies = policy.action in (Action.DENY, Action.AUDIT)  # AUDIT as DENY
+        # Whom a request principal can come from: none on TCP chains (no JWT there).
+        self.issuers = () if tcp else issuers
+        self.jwt_work = 0  # matchers the JWT values of this policy make, roughly
+
+    def _one_principal(self, name: str, value: str) -> rbac_pb2.Principal:
+        if name == "requestPrincipals" or is_auth_key(name):
+            if not self.issuers:
+                raise _Unchecked  # no request principal here: fail closed
+            # Each value is split against every issuer (a suffix at each of its places):
+            # past a budget the policy's JWT parts fail closed instead of costing the loop.
+            self.jwt_work += len(self.issuers) * (len(value) if value.startswith("*") else 1)
+            if self.jwt_work > MAX_JWT_WORK:
+                raise _Unchecked
+            if name == "requestPrincipals":
+                return request_principal(value, self.issuers)
+            return auth_condition(name, value, self.issuers)
+        return _source_principal(name, value, self.namespace, self.tcp)
 
     def principal(self, name: str, values: Sequence[str]) -> rbac_pb2.Principal | None:
         try:
-            found = [_source_principal(name, v, self.namespace, self.tcp) for v in values]
+            found = [self._one_principal(name, v) for v in values]
         except _Unchecked:
             if self.lenient:
                 return None
@@ -263,10 +288,6 @@ class _RuleBuilder:
                 continue
             negated = name.startswith("not")
             base = name[3].lower() + name[4:] if negated else name
-            if base == "requestPrincipals":
-                if self.lenient:
-                    continue
-                raise _Unchecked
             made = self.principal(base, values)
             if made is not None:
                 parts.append(rbac_pb2.Principal(not_id=made) if negated else made)
@@ -289,11 +310,14 @@ class _RuleBuilder:
     ) -> tuple[rbac_pb2.Principal | None, rbac_pb2.Permission | None]:
         """A `when` entry: on the principal side (source.*, remote.ip, headers) or the
         permission side (destination.*, connection.sni); (None, None): left out."""
-        if not is_checked_key(condition.key) or (self.tcp and condition.key.startswith(HEADER_KEY)):
+        auth = is_auth_key(condition.key)
+        if (not auth and not is_checked_key(condition.key)) or (
+            self.tcp and condition.key.startswith(HEADER_KEY)
+        ):
             if self.lenient:
                 return None, None
             raise _Unchecked
-        if condition.key in _PRINCIPAL_SIDE or condition.key.startswith(HEADER_KEY):
+        if auth or condition.key in _PRINCIPAL_SIDE or condition.key.startswith(HEADER_KEY):
             return self._principal_condition(condition), None
         return None, self._permission_condition(condition)
 
@@ -348,11 +372,13 @@ def policy_name(policy: AuthorizationPolicy, rule: int | str) -> str:
     return f"ns[{policy.namespace}]-policy[{policy.name}]-rule[{rule}]"
 
 
-def _policies(policy: AuthorizationPolicy, tcp: bool) -> dict[str, rbac_pb2.Policy]:
+def _policies(
+    policy: AuthorizationPolicy, tcp: bool, issuers: tuple[str, ...] = ()
+) -> dict[str, rbac_pb2.Policy]:
     """One AuthorizationPolicy's Envoy policies on one kind of chain."""
     if policy.deny_all or policy.action is Action.CUSTOM:
         return {policy_name(policy, "all"): _deny_everything()}
-    builder = _RuleBuilder(policy, tcp)
+    builder = _RuleBuilder(policy, tcp, issuers)
     found = {}
     for i, rule in enumerate(policy.rules):
         try:
@@ -379,11 +405,13 @@ _ALLOW: int = rbac_pb2.RBAC.ALLOW
 _ORDER = (_DENY, _LOG, _ALLOW)
 
 
-def rbac_rules(applied: AppliedPolicies, tcp: bool) -> list[rbac_pb2.RBAC]:
+def rbac_rules(
+    applied: AppliedPolicies, tcp: bool, issuers: tuple[str, ...] = ()
+) -> list[rbac_pb2.RBAC]:
     """The RBAC rule sets of one chain, in the order Envoy must evaluate them (a copy of
-    what is built once per (policies, chain kind): every chain of a listener shares them,
-    and a big policy costs hundreds of milliseconds to translate)."""
-    built = _built_rules(applied, tcp)
+    what is built once per (policies, chain kind, issuers): every chain of a listener
+    shares them, and a big policy costs hundreds of milliseconds to translate)."""
+    built = _built_rules(applied, tcp, issuers)
     copies = []
     for rules in built:
         copy = rbac_pb2.RBAC()
@@ -393,12 +421,14 @@ def rbac_rules(applied: AppliedPolicies, tcp: bool) -> list[rbac_pb2.RBAC]:
 
 
 @functools.lru_cache(maxsize=RULES_CACHED)
-def _built_rules(applied: AppliedPolicies, tcp: bool) -> tuple[rbac_pb2.RBAC, ...]:
+def _built_rules(
+    applied: AppliedPolicies, tcp: bool, issuers: tuple[str, ...] = ()
+) -> tuple[rbac_pb2.RBAC, ...]:
     by_action: dict[int, rbac_pb2.RBAC] = {}
     for policy in applied.policies:
         action = _action_of(policy)
         rules = by_action.setdefault(action, rbac_pb2.RBAC(action=action))
-        for name, made in _policies(policy, tcp).items():
+        for name, made in _policies(policy, tcp, issuers).items():
             rules.policies[name].CopyFrom(made)
     if applied.allow_uncertain:
         by_action.setdefault(rbac_pb2.RBAC.ALLOW, rbac_pb2.RBAC(action=rbac_pb2.RBAC.ALLOW))
@@ -410,11 +440,14 @@ def _suffix(action: int) -> str:
 
 
 @functools.lru_cache(maxsize=RULES_CACHED)
-def http_rbac_filters(applied: AppliedPolicies) -> tuple[hcm_pb2.HttpFilter, ...]:
+def http_rbac_filters(
+    applied: AppliedPolicies, issuers: tuple[str, ...] = ()
+) -> tuple[hcm_pb2.HttpFilter, ...]:
     """The HTTP RBAC filters of an HTTP chain (none when no policy applies): built and
-    packed once for every chain of the policies (callers copy them into their chains)."""
+    packed once for every chain of the policies (callers copy them into their chains);
+    `issuers` are those of the RequestAuthentications that apply (request principals)."""
     filters = []
-    for rules in _built_rules(applied, tcp=False):
+    for rules in _built_rules(applied, False, issuers):
         config = http_rbac_pb2.RBAC()
         config.rules.CopyFrom(rules)
         config.rules.SetInParent()

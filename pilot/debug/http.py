@@ -42,6 +42,7 @@ from pilot.logs import clipped
 from pilot.push.history import PushHistory
 from pilot.registry.authorization_policy import AuthorizationPolicies
 from pilot.registry.index import EndpointIndex
+from pilot.registry.request_authentication import RequestAuthentications
 from pilot.registry.traffic_config import TrafficConfig
 from pilot.settings import is_loopback_host, split_host_port
 
@@ -59,6 +60,7 @@ class DebugState:
     pushes: PushHistory
     traffic: TrafficConfig = field(default_factory=TrafficConfig)
     authz: AuthorizationPolicies = field(default_factory=AuthorizationPolicies)
+    jwt: RequestAuthentications = field(default_factory=RequestAuthentications)
 
 
 def _is_loopback(remote: str | None) -> bool:
@@ -191,7 +193,7 @@ def debug_routes(state: DebugState) -> list[web.RouteDef]:
         return _json(views.configz(state.traffic, state.index))
 
     async def authorizationz(_request: web.Request) -> web.Response:
-        return _json(views.authorizationz(state.authz, state.proxies, state.index))
+        return _json(views.authorizationz(state.authz, state.proxies, state.index, state.jwt))
 
     async def config_dump(request: web.Request) -> web.Response:
         proxy_id = request.query.get("proxyID")

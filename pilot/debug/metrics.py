@@ -238,7 +238,8 @@ class PilotCollector(Collector):
     def _config(self) -> Iterator[Metric]:
         rejected = CounterMetricFamily(
             "pilot_config_rejected",
-            "Istio objects (DestinationRule, VirtualService) refused as invalid, by kind:"
+            "Istio objects (DestinationRule, VirtualService, RequestAuthentication) refused as"
+            " invalid, by kind:"
             " the last good version of each keeps serving.",
             labels=["kind"],
         )

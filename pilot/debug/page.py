@@ -56,7 +56,8 @@ ENDPOINTS = (
     ("/debug/configz", "Istio objects held (DestinationRule, VirtualService, unsupported kinds)"),
     (
         "/debug/authorizationz",
-        "AuthorizationPolicies held: scope, what fails closed, the sidecars each applies to",
+        "AuthorizationPolicies and RequestAuthentications held: scope, what fails closed,"
+        " the sidecars each applies to",
     ),
     ("/debug/config_dump", "one proxy's resources, secrets redacted: linked per proxy above"),
     ("/debug/tasks", "every asyncio task and the awaits it sits in"),

@@ -141,28 +141,35 @@ def chain_destination(chain: listener_components_pb2.FilterChain) -> str:
 
 
 _RBAC_FILTERS = frozenset({"envoy.filters.network.rbac", "envoy.filters.http.rbac"})
+_JWT_FILTERS = frozenset({"envoy.filters.http.jwt_authn"})
 
 
-def _has_rbac(chain: listener_components_pb2.FilterChain) -> bool:
+def _runs(chain: listener_components_pb2.FilterChain, names: frozenset[str]) -> bool:
     for network_filter in chain.filters:
-        if network_filter.name in _RBAC_FILTERS:
+        if network_filter.name in names:
             return True
         manager = unpacked(network_filter.typed_config, hcm_pb2.HttpConnectionManager)
-        if manager is not None and any(f.name in _RBAC_FILTERS for f in manager.http_filters):
+        if manager is not None and any(f.name in names for f in manager.http_filters):
             return True
     return False
 
 
-def chain_authz(chain: listener_components_pb2.FilterChain) -> str | None:
-    """The AuthorizationPolicies whose RBAC filters a chain runs (from its metadata, where
-    pilot names them); None when it runs none."""
-    if not _has_rbac(chain):
-        return None
+def _named(chain: listener_components_pb2.FilterChain, key: str) -> list[str] | None:
     held = chain.metadata.filter_metadata.get("pilot")
-    names = held.fields.get("authorization_policies") if held is not None else None
-    if names is None:
-        return "RBAC"
-    return "; ".join(v.string_value for v in names.list_value.values)
+    names = held.fields.get(key) if held is not None else None
+    return None if names is None else [v.string_value for v in names.list_value.values]
+
+
+def chain_authz(chain: listener_components_pb2.FilterChain) -> str | None:
+    """The RequestAuthentications whose JWTs a chain verifies (`JWT ns/name`) and the
+    AuthorizationPolicies whose RBAC filters it runs (from its metadata, where pilot names
+    them); None when it runs neither."""
+    parts = []
+    if _runs(chain, _JWT_FILTERS):
+        parts += [f"JWT {name}" for name in _named(chain, "request_authentications") or ["?"]]
+    if _runs(chain, _RBAC_FILTERS):
+        parts += _named(chain, "authorization_policies") or ["RBAC"]
+    return "; ".join(parts) if parts else None
 
 
 # --- routes ------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from pilot.registry.authorization_policy import AuthorizationPolicies, Authoriza
 from pilot.registry.destination_rule import DestinationRule
 from pilot.registry.index import EndpointIndex
 from pilot.registry.istio_config import ConfigKey
+from pilot.registry.request_authentication import RequestAuthentication, RequestAuthentications
 from pilot.registry.traffic_config import TrafficConfig
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
@@ -236,7 +237,7 @@ def configz(traffic: TrafficConfig, index: EndpointIndex) -> Json:
     }
 
 
-def _scope(policy: AuthorizationPolicy, root_namespace: str) -> str:
+def _scope(policy: AuthorizationPolicy | RequestAuthentication, root_namespace: str) -> str:
     if policy.selector:
         return "workloads selected" + (
             " in every namespace" if policy.namespace == root_namespace else ""
@@ -245,10 +246,15 @@ def _scope(policy: AuthorizationPolicy, root_namespace: str) -> str:
 
 
 def authorizationz(
-    authz: AuthorizationPolicies, proxies: LiveProxies, index: EndpointIndex
+    authz: AuthorizationPolicies,
+    proxies: LiveProxies,
+    index: EndpointIndex,
+    jwt: RequestAuthentications | None = None,
 ) -> Json:
-    """The AuthorizationPolicies held, each with its scope, what fails closed in it and the
-    connected sidecars it applies to; and per connected sidecar, the policies applying."""
+    """The AuthorizationPolicies and RequestAuthentications held, each with its scope (and
+    for a policy what fails closed in it) and the connected sidecars it applies to; and per
+    connected sidecar, those applying."""
+    jwt = jwt if jwt is not None else RequestAuthentications()
     applying: dict[str, list[str]] = {}
     per_proxy = []
     for status in proxies.statuses():
@@ -257,16 +263,18 @@ def authorizationz(
             continue
         ip, claimed = where
         namespace = namespace_of(status.proxy, claimed)
-        applied = authz.policies_for(namespace, index.pod_labels_in(namespace, ip))
-        names = applied_names(applied)
-        for policy in applied.policies:
-            applying.setdefault(str(policy.key), []).append(status.proxy.node_id)
+        workloads = index.pod_labels_in(namespace, ip)
+        applied = authz.policies_for(namespace, workloads)
+        verified = jwt.applied(namespace, workloads)
+        for key in [p.key for p in applied.policies] + [ra.key for ra in verified.objects]:
+            applying.setdefault(str(key), []).append(status.proxy.node_id)
         per_proxy.append(
             {
                 "proxy": status.proxy.node_id,
                 "identity": status.proxy.identity,
-                "policies": names,
+                "policies": applied_names(applied),
                 "podUnknownAllowsNothingMore": applied.allow_uncertain,
+                "requestAuthentications": [f"{o.namespace}/{o.name}" for o in verified.objects],
             }
         )
     policies = [
@@ -283,4 +291,21 @@ def authorizationz(
         }
         for policy in authz.objects()
     ]
-    return {"policies": policies, "proxies": per_proxy}
+    authentications = [
+        {
+            "namespace": ra.namespace,
+            "name": ra.name,
+            "scope": _scope(ra, jwt.root_namespace),
+            "selector": dict(ra.selector),
+            "issuers": sorted({rule.issuer for rule in ra.rules}),
+            "jwksUris": sorted({r.jwks_uri.uri for r in ra.rules if r.jwks_uri is not None}),
+            "appliesToNoSidecar": "targetRef(s)" if ra.targeted else None,
+            "appliesTo": applying.get(str(ra.key), []),
+        }
+        for ra in jwt.objects()
+    ]
+    return {
+        "policies": policies,
+        "requestAuthentications": authentications,
+        "proxies": per_proxy,
+    }

@@ -39,11 +39,13 @@ namespace: at most one shape per connected sidecar, and at most
 the empty one) x (the distinct modes the policies give) in all.
 
 What a change touches: an endpoint set whose addresses or ports moved, the
-ports of a service (its IPs), a pod's labels (its IPs), a namespace's policies.
-Only the proxies at those IPs or in those namespaces are reconsidered, and only
-those whose shape changed get anything (`Changes.owned`: LDS, CDS when the port
-set changed). While no sidecar is attached, a change is only noted (which
-services), and followed when the first one attaches.
+ports of a service (its IPs), a pod's labels (its IPs), a namespace's policies
+(PeerAuthentication, AuthorizationPolicy, RequestAuthentication). Only the proxies
+at those IPs or in those namespaces are reconsidered, and only those whose shape
+changed get anything (`Changes.owned`: LDS, CDS when the port set or the `jwksUri`
+clusters changed: those are the shape's cluster table too). While no sidecar is
+attached, a change is only noted (which services), and followed when the first one
+attaches.
 """
 
 from __future__ import annotations
@@ -64,14 +66,20 @@ from pilot.builders.inbound import (
     inbound_protocol,
     virtual_inbound,
 )
+from pilot.builders.jwt_authn import jwks_cluster
 from pilot.builders.path_normalization import PathNormalization
 from pilot.builders.proxy_ports import reserved
 from pilot.logs import clipped
 from pilot.push.request import Changes, PushRequest
 from pilot.registry.authorization_policy import AppliedPolicies, AuthorizationPolicies
 from pilot.registry.index import EndpointIndex
+from pilot.registry.jwks import JwksUri
 from pilot.registry.model import EndpointPort, EndpointSet, EndpointSetKey, ServiceKey
 from pilot.registry.peer_authentication import Labels, PeerAuthentications, WorkloadModes
+from pilot.registry.request_authentication import (
+    AppliedAuthentications,
+    RequestAuthentications,
+)
 from pilot.security.identity import Identity
 from pilot.stats import XdsStats
 from pilot.xds import types
@@ -90,6 +98,8 @@ SIDECAR_PREFIX = "sidecar~"
 _LISTENERS_WHEN = {types.LISTENER: Interception.REDIRECT.value}
 _CLUSTERS_WHEN = {types.CLUSTER: ADS_WITH_LISTENERS, types.LISTENER: Interception.REDIRECT.value}
 Ports = tuple[tuple[int, InboundProtocol], ...]
+# What a sidecar's inbound clusters are made of: its ports and its remote JWKS URIs.
+ClusterKey = tuple[Ports, tuple[JwksUri, ...]]
 # An endpoint set's addresses, each with the ports of the group(s) listing it.
 AddressPorts = dict[str, tuple[EndpointPort, ...]]
 
@@ -140,6 +150,10 @@ class _Sidecar:
     shape: InboundShape
 
 
+def _clusters_of(shape: InboundShape) -> ClusterKey:
+    return shape.ports, shape.jwt.jwks_uris
+
+
 class InboundGenerator:
     """Per-proxy inbound listener and clusters, shared by shape."""
 
@@ -154,20 +168,22 @@ class InboundGenerator:
         authz: AuthorizationPolicies | None = None,
         *,
         normalization: PathNormalization = PathNormalization.BASE,
+        jwt: RequestAuthentications | None = None,
     ) -> None:
         self._index = index
         self._normalization = normalization
         self._cache = cache
         self._policies = policies
         self._authz = authz if authz is not None else AuthorizationPolicies()
+        self._jwt = jwt if jwt is not None else RequestAuthentications()
         self._stats = stats
         self._ids = itertools.count(1)
         self._sidecars: dict[ProxyKey, _Sidecar] = {}
         self._at_ip: dict[str, set[ProxyKey]] = {}  # attached proxies, by IP
         self._listeners: dict[InboundShape, _Table] = {}
-        self._clusters: dict[Ports, _Table] = {}
+        self._clusters: dict[ClusterKey, _Table] = {}
         # Each inbound cluster, serialized once, with how many cluster tables hold it.
-        self._cluster_resources: dict[tuple[int, InboundProtocol] | None, _Held] = {}
+        self._cluster_resources: dict[tuple[int, InboundProtocol] | JwksUri | None, _Held] = {}
         # Where each endpoint set's addresses are, as last seen (the same object: unchanged).
         self._sets: dict[EndpointSetKey, tuple[EndpointSet, AddressPorts]] = {}
         self._sets_of: dict[ServiceKey, set[EndpointSetKey]] = {}
@@ -181,6 +197,7 @@ class InboundGenerator:
         # namespace's policy change costs its distinct workloads, not its proxies.
         self._modes_seen: dict[tuple[str, tuple[Labels, ...]], WorkloadModes] = {}
         self._authz_seen: dict[tuple[str, tuple[Labels, ...]], AppliedPolicies] = {}
+        self._jwt_seen: dict[tuple[str, tuple[Labels, ...]], AppliedAuthentications] = {}
 
     # -- what the pipeline asks ------------------------------------------------
 
@@ -199,6 +216,7 @@ class InboundGenerator:
         sidecar = _Sidecar(ip, namespace, self._shape(ip, namespace, proxy))
         self._modes_seen.clear()
         self._authz_seen.clear()
+        self._jwt_seen.clear()
         self._sidecars[proxy] = sidecar
         self._at_ip.setdefault(ip, set()).add(proxy)
         self._read(proxy, None, sidecar.shape)
@@ -241,6 +259,7 @@ class InboundGenerator:
         finally:
             self._modes_seen.clear()  # the policies may change before the next build
             self._authz_seen.clear()
+            self._jwt_seen.clear()
         return changes
 
     # -- shapes --------------------------------------------------------------------
@@ -276,7 +295,15 @@ class InboundGenerator:
         authz = self._applied(namespace, workloads)
         if authz.allow_uncertain:
             self._fail_closed(ip, namespace, proxy, "AuthorizationPolicies select workloads")
-        return InboundShape(tuple(sorted(ports.items())), modes.mode, modes.ports, authz)
+        jwt = self._verified(namespace, workloads)
+        return InboundShape(tuple(sorted(ports.items())), modes.mode, modes.ports, authz, jwt)
+
+    def _verified(self, namespace: str, workloads: list[dict[str, str]]) -> AppliedAuthentications:
+        key = (namespace, tuple(tuple(sorted(labels.items())) for labels in workloads))
+        applied = self._jwt_seen.get(key)
+        if applied is None:
+            applied = self._jwt_seen[key] = self._jwt.applied(namespace, workloads)
+        return applied
 
     def _applied(self, namespace: str, workloads: list[dict[str, str]]) -> AppliedPolicies:
         key = (namespace, tuple(tuple(sorted(labels.items())) for labels in workloads))
@@ -332,13 +359,13 @@ class InboundGenerator:
         listeners.readers += 1
         if self._cache.set_overlay(proxy, types.LISTENER, listeners.flavor, _LISTENERS_WHEN):
             moved[types.LISTENER] = {VIRTUAL_INBOUND}
-        if old is None or old.ports != new.ports:
-            clusters = self._cluster_table(new.ports)
+        if old is None or _clusters_of(old) != _clusters_of(new):
+            clusters = self._cluster_table(_clusters_of(new))
             clusters.readers += 1
             self._cache.set_overlay(proxy, types.CLUSTER, clusters.flavor, _CLUSTERS_WHEN)
             names = set(self._cache.shared_table(types.CLUSTER, clusters.flavor))
             if old is not None:
-                names |= self._cluster_names(old.ports)
+                names |= self._cluster_names(_clusters_of(old))
             moved[types.CLUSTER] = names
         if old is not None:
             self._unread(proxy, old, new)
@@ -353,13 +380,13 @@ class InboundGenerator:
             self._cache.drop_flavor(types.LISTENER, table.flavor)
         if new is None:
             self._cache.set_overlay(proxy, types.LISTENER, None)
-        if new is None or new.ports != old.ports:
-            clusters = self._clusters[old.ports]
+        if new is None or _clusters_of(new) != _clusters_of(old):
+            clusters = self._clusters[_clusters_of(old)]
             clusters.readers -= 1
             if not clusters.readers:
-                del self._clusters[old.ports]
+                del self._clusters[_clusters_of(old)]
                 self._cache.drop_flavor(types.CLUSTER, clusters.flavor)
-                self._release_clusters(old.ports)
+                self._release_clusters(_clusters_of(old))
             if new is None:
                 self._cache.set_overlay(proxy, types.CLUSTER, None)
 
@@ -373,36 +400,49 @@ class InboundGenerator:
             self._cache.update(types.LISTENER, [resource], flavor=table.flavor)
         return table
 
-    def _cluster_table(self, ports: Ports) -> _Table:
-        table = self._clusters.get(ports)
+    def _cluster_table(self, key: ClusterKey) -> _Table:
+        table = self._clusters.get(key)
         if table is None:
-            table = self._clusters[ports] = _Table(f"inbound-clusters#{next(self._ids)}")
-            resources = [self._cluster(None), *(self._cluster(p) for p in ports)]
+            table = self._clusters[key] = _Table(f"inbound-clusters#{next(self._ids)}")
+            ports, uris = key
+            resources = [
+                self._cluster(None),
+                *(self._cluster(p) for p in ports),
+                *(self._cluster(u) for u in uris),
+            ]
             self._cache.update(types.CLUSTER, resources, flavor=table.flavor)
         return table
 
-    def _cluster(self, port: tuple[int, InboundProtocol] | None) -> Resource:
-        """One inbound cluster, serialized once for every table that holds it."""
+    def _cluster(self, port: tuple[int, InboundProtocol] | JwksUri | None) -> Resource:
+        """One inbound (or JWKS) cluster, serialized once for every table that holds it."""
         held = self._cluster_resources.get(port)
         if held is None:
-            message = inbound_passthrough_cluster() if port is None else inbound_cluster(*port)
+            if port is None:
+                message = inbound_passthrough_cluster()
+            elif isinstance(port, JwksUri):
+                message = jwks_cluster(port)
+            else:
+                message = inbound_cluster(*port)
             resource = Resource.from_message(types.CLUSTER, message.name, message)
             self._stats.serializations[types.CLUSTER] += 1
             held = self._cluster_resources[port] = _Held(resource)
         held.tables += 1
         return held.resource
 
-    def _release_clusters(self, ports: Ports) -> None:
+    def _release_clusters(self, key: ClusterKey) -> None:
         """A cluster table went: forget the clusters no other table holds."""
-        for port in (None, *ports):
+        ports, uris = key
+        for port in (None, *ports, *uris):
             held = self._cluster_resources[port]
             held.tables -= 1
             if not held.tables:
                 del self._cluster_resources[port]
 
     @staticmethod
-    def _cluster_names(ports: Ports) -> set[str]:
-        return {INBOUND_PASSTHROUGH_CLUSTER, *(inbound_cluster_name(p) for p, _ in ports)}
+    def _cluster_names(key: ClusterKey) -> set[str]:
+        ports, uris = key
+        names = {INBOUND_PASSTHROUGH_CLUSTER, *(inbound_cluster_name(p) for p, _ in ports)}
+        return names | {uri.cluster for uri in uris}
 
     # -- where addresses are ---------------------------------------------------------
 

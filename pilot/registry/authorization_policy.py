@@ -24,10 +24,11 @@ Failing closed, never open:
 - an object that is not valid (it reached pilot through the API server or a file
   anyway) becomes *deny everything* for its namespace: ignoring it would drop
   what it denied;
-- a condition pilot cannot check (`requestPrincipals` until
-  RequestAuthentication exists, `request.auth.*`, an unknown `when` key, an exact
-  path template too long for Envoy's RE2) makes its rule match nothing in an ALLOW
-  policy and match regardless in a DENY policy (`pilot.builders.rbac`).
+- a condition pilot cannot check (an unknown `when` key, an exact path template too
+  long for Envoy's RE2) makes its rule match nothing in an ALLOW policy and match
+  regardless in a DENY policy (`pilot.builders.rbac`); so do `requestPrincipals`
+  and `request.auth.*` on a workload no RequestAuthentication applies to (it has no
+  request principal) and on TCP chains.
 
 Paths and path templates (`{*}`, `{**}`) are checked as Istio's validation checks
 them: a `{` or `}` other than a whole `{*}` or `{**}` segment, anything after
@@ -119,6 +120,26 @@ WHEN_KEYS = frozenset(
     }
 )
 HEADER_KEY = "request.headers"  # request.headers[NAME]
+# `when` keys on the request's JWT (checked where a RequestAuthentication applies).
+AUTH_KEYS = frozenset(
+    {"request.auth.principal", "request.auth.audiences", "request.auth.presenter"}
+)
+_CLAIM_KEY = re.compile(r"request\.auth\.claims((?:\[[^\[\]]+\])+)")
+MAX_CLAIM_DEPTH = 16
+
+
+def claim_path(key: str) -> list[str] | None:
+    """`request.auth.claims[a][b]` -> ["a", "b"]; None if `key` is not one."""
+    match = _CLAIM_KEY.fullmatch(key)
+    if match is None:
+        return None
+    path = match.group(1)[1:-1].split("][")
+    return path if len(path) <= MAX_CLAIM_DEPTH else None
+
+
+def is_auth_key(key: str) -> bool:
+    """Whether a `when` key is on the request's JWT (`request.auth.*` that pilot knows)."""
+    return key in AUTH_KEYS or claim_path(key) is not None
 
 
 class Action(StrEnum):
@@ -438,10 +459,6 @@ def _unchecked(policy: AuthorizationPolicy) -> Iterable[str]:
         return
     effect = "matches nothing" if policy.action is not Action.DENY else "denies regardless of it"
     for rule in policy.rules:
-        for source in rule.sources or ():
-            for name, _ in source.fields:
-                if name in ("requestPrincipals", "notRequestPrincipals"):
-                    yield f"{name} needs RequestAuthentication (not implemented): its rule {effect}"
         for operation in rule.operations or ():
             for name, values in operation.fields:
                 exact = (name == "paths") != (policy.action in (Action.DENY, Action.AUDIT))
@@ -451,12 +468,13 @@ def _unchecked(policy: AuthorizationPolicy) -> Iterable[str]:
                     except PathTooComplex as error:
                         yield f"{error}: its rule {effect}"
         for condition in rule.conditions:
-            if not is_checked_key(condition.key):
+            if not is_checked_key(condition.key) and not is_auth_key(condition.key):
                 yield f"when key {condition.key[:64]!r} is not supported: its rule {effect}"
 
 
 def is_checked_key(key: str) -> bool:
-    """Whether pilot checks a `when` key (request.auth.* and unknown keys: no)."""
+    """Whether pilot checks a `when` key everywhere (request.auth.*: where a
+    RequestAuthentication applies, `is_auth_key`; unknown keys: no)."""
     if key in WHEN_KEYS:
         return True
     return key.startswith(HEADER_KEY + "[") and key.endswith("]") and len(key) > len(HEADER_KEY) + 2
@@ -583,6 +601,7 @@ __all__ = [
     "Operation",
     "Rule",
     "Source",
+    "is_auth_key",
     "is_checked_key",
     "parse_authorization_policy",
     "refused_policy",

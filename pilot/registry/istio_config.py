@@ -41,7 +41,6 @@ UNSUPPORTED_KINDS = (
     "EnvoyFilter",
     "Gateway",
     "ProxyConfig",
-    "RequestAuthentication",
     "ServiceEntry",
     "Sidecar",
     "Telemetry",

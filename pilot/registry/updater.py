@@ -32,6 +32,7 @@ from pilot.registry.peer_authentication import (
     PeerAuthenticationKey,
     PeerAuthentications,
 )
+from pilot.registry.request_authentication import RequestAuthentication, RequestAuthentications
 from pilot.registry.traffic_config import Config, TrafficConfig
 from pilot.stats import XdsStats
 
@@ -97,6 +98,19 @@ class RegistryUpdater(Protocol):
         """The AuthorizationPolicies are now exactly these (a file reload)."""
         ...
 
+    def upsert_request_authentication(self, ra: RequestAuthentication) -> None:
+        """A RequestAuthentication (of the local cluster, or the file) was added or changed."""
+        ...
+
+    def delete_request_authentication(self, key: ConfigKey) -> None: ...
+
+    def replace_request_authentications(
+        self, objects: Iterable[RequestAuthentication], refused: Iterable[ConfigKey]
+    ) -> None:
+        """The RequestAuthentications are now these, plus the last good version of each
+        refused one (a file reload)."""
+        ...
+
     def upsert_config(self, config: Config) -> None:
         """A DestinationRule or VirtualService was added or changed."""
         ...
@@ -148,6 +162,7 @@ class IndexUpdater:
         traffic: TrafficConfig | None = None,
         *,
         authz: AuthorizationPolicies | None = None,
+        jwt: RequestAuthentications | None = None,
     ) -> None:
         self._index = index
         self._sink = sink
@@ -155,6 +170,7 @@ class IndexUpdater:
         self.policies = policies if policies is not None else PeerAuthentications()
         self.traffic = traffic if traffic is not None else TrafficConfig()
         self.authz = authz if authz is not None else AuthorizationPolicies()
+        self.jwt = jwt if jwt is not None else RequestAuthentications()
 
     def upsert_service(self, service: Service) -> None:
         self._changed(self._index.upsert_service(service))
@@ -227,6 +243,40 @@ class IndexUpdater:
     def _authz_moved(self, namespaces: frozenset[str]) -> None:
         if namespaces:
             self._stats.inbound_updates["authorizationpolicy"] += len(namespaces)
+            self._sink.policies_changed(namespaces)
+
+    def upsert_request_authentication(self, ra: RequestAuthentication) -> None:
+        moved = self.jwt.upsert(ra)
+        if moved:
+            self._warn_targeted([ra])
+        self._jwt_moved(moved)
+
+    def delete_request_authentication(self, key: ConfigKey) -> None:
+        self._jwt_moved(self.jwt.delete(key))
+
+    def replace_request_authentications(
+        self, objects: Iterable[RequestAuthentication], refused: Iterable[ConfigKey]
+    ) -> None:
+        objects, refused = list(objects), list(refused)
+        for key in refused:
+            self.config_refused(key)
+        before = {ra.key: ra for ra in self.jwt.objects()}
+        self._warn_targeted(ra for ra in objects if before.get(ra.key) != ra)
+        self._jwt_moved(self.jwt.replace_all(objects, refused))
+
+    @staticmethod
+    def _warn_targeted(objects: Iterable[RequestAuthentication]) -> None:
+        for ra in objects:
+            if ra.targeted:
+                log.warning(
+                    "%s names targetRef(s) (a gateway or waypoint): it applies to no sidecar,"
+                    " and its issuers give no request principal",
+                    ra.key,
+                )
+
+    def _jwt_moved(self, namespaces: frozenset[str]) -> None:
+        if namespaces:
+            self._stats.inbound_updates["requestauthentication"] += len(namespaces)
             self._sink.policies_changed(namespaces)
 
     def upsert_config(self, config: Config) -> None:

@@ -137,6 +137,9 @@ class FileSource:
         for message in state.config_errors:  # one line each; the rest of the file applies
             log.warning("%s; its last good version (if any) keeps serving", message)
         self._updater.replace_traffic(state.traffic, state.unsupported, state.refused)
+        self._updater.replace_request_authentications(
+            state.request_authentications, state.jwt_refused
+        )
 
     def _reject(self, message: str, reason: str) -> None:
         """Report a version that is not applied (an empty one as a warning: it is a write

@@ -11,6 +11,10 @@ which it also is); anything else, or JSON that does not parse, as YAML. Errors a
 naming the file and the document and object, or the line and column where the
 text stops being JSON or YAML.
 
+RequestAuthentications (`security.istio.io/v1` or `v1beta1`) are read as
+DestinationRules are: one that is not valid is named in `config_errors` and
+`jwt_refused` (its last good version keeps applying).
+
 AuthorizationPolicies (`security.istio.io/v1` or `v1beta1`) are read too; one that
 is not valid does not refuse the file either: it stands in as *deny everything* for
 its namespace's sidecars (said in one warning line when it is applied)
@@ -78,6 +82,12 @@ from pilot.registry.peer_authentication import (
     PolicyError,
     parse_peer_authentication,
 )
+from pilot.registry.request_authentication import KIND as REQUEST_AUTHENTICATION
+from pilot.registry.request_authentication import (
+    RequestAuthentication,
+    parse_request_authentication,
+    refusal_of,
+)
 from pilot.registry.traffic_config import Config
 from pilot.registry.virtual_service import KIND as VIRTUAL_SERVICE
 from pilot.registry.virtual_service import parse_virtual_service
@@ -122,6 +132,8 @@ class RegistryState:
     unsupported: tuple[ConfigKey, ...] = ()  # objects of Istio kinds pilot does not build
     # Valid ones, and a deny-everything stand-in for each that is not (see above).
     authorization_policies: tuple[AuthorizationPolicy, ...] = ()
+    request_authentications: tuple[RequestAuthentication, ...] = ()  # the valid ones
+    jwt_refused: tuple[ConfigKey, ...] = ()  # those that are not (their last good stays)
 
 
 def _loaded(text: str, origin: str) -> list[Any]:
@@ -245,6 +257,23 @@ class _Traffic:
         self.errors: list[str] = []
         self.unsupported: list[ConfigKey] = []
         self.authz: dict[ConfigKey, AuthorizationPolicy] = {}
+        self.jwt: dict[ConfigKey, RequestAuthentication] = {}
+        self.jwt_refused: list[ConfigKey] = []
+
+    def take_request_authentication(self, where: str, obj: Mapping[str, Any]) -> None:
+        """A valid one as written; one that is not is named (its last good version stays)."""
+        key = key_of(REQUEST_AUTHENTICATION, obj)
+        try:
+            ra = parse_request_authentication(obj)
+        except _CONFIG_PARSE_ERRORS as error:
+            self.jwt_refused.append(key)
+            self.errors.append(f"{where}: {refusal_of(obj, error)}")
+            return
+        if ra.key in self.jwt:
+            self.jwt_refused.append(key)
+            self.errors.append(f"{where}: {key} is already in the file")
+            return
+        self.jwt[ra.key] = ra
 
     def take_authorization_policy(self, where: str, obj: Mapping[str, Any]) -> None:
         """A valid one as written; one that is not, as its deny-everything stand-in."""
@@ -299,6 +328,9 @@ def parse_registry(
         if kind == AUTHORIZATION_POLICY and istio_kind(obj) is not None:
             traffic.take_authorization_policy(where, obj)
             continue
+        if kind == REQUEST_AUTHENTICATION and istio_kind(obj) is not None:
+            traffic.take_request_authentication(where, obj)
+            continue
         if kind in UNSUPPORTED_KINDS and istio_kind(obj) is not None:
             traffic.unsupported.append(key_of(kind, obj))
             continue
@@ -332,6 +364,8 @@ def parse_registry(
         config_errors=tuple(traffic.errors),
         unsupported=tuple(traffic.unsupported),
         authorization_policies=tuple(traffic.authz.values()),
+        request_authentications=tuple(traffic.jwt.values()),
+        jwt_refused=tuple(traffic.jwt_refused),
     )
 
 

@@ -116,6 +116,9 @@ async def _unpickled(output: bytes) -> RegistryState:
     refused, errors, unsupported = pickle.load(reader)
     (authz_chunks,) = pickle.load(reader)
     authz = await _load_chunks(reader, authz_chunks)
+    (jwt_chunks,) = pickle.load(reader)
+    jwt = await _load_chunks(reader, jwt_chunks)
+    jwt_refused = pickle.load(reader)
     return RegistryState(
         tuple(services),
         tuple(endpoint_sets),
@@ -126,6 +129,8 @@ async def _unpickled(output: bytes) -> RegistryState:
         config_errors=errors,
         unsupported=unsupported,
         authorization_policies=tuple(authz),
+        request_authentications=tuple(jwt),
+        jwt_refused=jwt_refused,
     )
 
 
@@ -175,6 +180,11 @@ def main(argv: list[str]) -> int:
     pickle.dump((len(authz),), out)
     for chunk in authz:
         pickle.dump(chunk, out, protocol=pickle.HIGHEST_PROTOCOL)
+    jwt = _chunks(state.request_authentications)
+    pickle.dump((len(jwt),), out)
+    for chunk in jwt:
+        pickle.dump(chunk, out, protocol=pickle.HIGHEST_PROTOCOL)
+    pickle.dump(state.jwt_refused, out, protocol=pickle.HIGHEST_PROTOCOL)
     out.flush()
     return 0
 

@@ -37,6 +37,7 @@ _KINDS = {
     "VirtualService": ("/apis/networking.istio.io/v1", "virtualservices", True),
     "Gateway": ("/apis/networking.istio.io/v1", "gateways", True),
     "AuthorizationPolicy": ("/apis/security.istio.io/v1", "authorizationpolicies", True),
+    "RequestAuthentication": ("/apis/security.istio.io/v1", "requestauthentications", True),
     "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),

@@ -38,7 +38,15 @@ from tests.support.pilot import RunningPilot, running_kube_pilot
 
 ADS_EXAMPLES = ["envoy-ads-sotw.yaml", "envoy-ads-delta.yaml"]
 # Every informer pilot runs against this server.
-KINDS = ("Service", "EndpointSlice", "Node", "Pod", "PeerAuthentication", "AuthorizationPolicy")
+KINDS = (
+    "Service",
+    "EndpointSlice",
+    "Node",
+    "Pod",
+    "PeerAuthentication",
+    "AuthorizationPolicy",
+    "RequestAuthentication",
+)
 API_DOWN_FOR = 2.0  # seconds the API server stays away (holding a fault, not waiting)
 FAILED_LISTS = 6  # list attempts each informer makes against failing lists
 

@@ -66,6 +66,8 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     ResourceType("PeerAuthentication", "peerauthentications", "security.istio.io", "v1beta1"),
     ResourceType("AuthorizationPolicy", "authorizationpolicies", "security.istio.io", "v1"),
     ResourceType("AuthorizationPolicy", "authorizationpolicies", "security.istio.io", "v1beta1"),
+    ResourceType("RequestAuthentication", "requestauthentications", "security.istio.io", "v1"),
+    ResourceType("RequestAuthentication", "requestauthentications", "security.istio.io", "v1beta1"),
 )
 
 _BY_NAME: dict[str, ResourceType] = {}

@@ -120,6 +120,9 @@ def test_target_refs_and_custom_deny_everything_with_a_reason() -> None:
 
 
 def test_unchecked_conditions_are_said() -> None:
+    """Request principals and request.auth claims are checked now (on the JWT payload,
+    where a RequestAuthentication applies); a request.auth key Istio has not, and a
+    path template, still fail closed and are said."""
     parsed = parse_authorization_policy(
         policy(
             "jwt",
@@ -127,7 +130,11 @@ def test_unchecked_conditions_are_said() -> None:
                 "rules": [
                     {
                         "from": [{"source": {"requestPrincipals": ["*"]}}],
-                        "when": [{"key": "request.auth.claims[iss]", "values": ["x"]}],
+                        "to": [{"operation": {"paths": ["/{x}"]}}],
+                        "when": [
+                            {"key": "request.auth.claims[iss]", "values": ["x"]},
+                            {"key": "request.auth.unknown", "values": ["x"]},
+                        ],
                     }
                 ]
             },
@@ -136,6 +143,7 @@ def test_unchecked_conditions_are_said() -> None:
     assert not parsed.deny_all
     assert len(parsed.fail_closed) == 2
     assert all("matches nothing" in reason for reason in parsed.fail_closed)
+    assert not any("claims" in r or "requestPrincipals" in r for r in parsed.fail_closed)
 
 
 def _store(*specs: tuple[str, str, dict[str, Any]]) -> AuthorizationPolicies:

@@ -49,6 +49,7 @@ from pilot.registry.kubernetes_objects import (
 from pilot.registry.model import DEFAULT_CLUSTER_ID, EndpointSetKey, NodeKey, PodKey, ServiceKey
 from pilot.registry.peer_authentication import KIND as PEER_AUTHENTICATION
 from pilot.registry.peer_authentication import ROOT_NAMESPACE
+from pilot.registry.request_authentication import KIND as REQUEST_AUTHENTICATION
 from pilot.registry.updater import RegistryUpdater
 from pilot.runtime.supervisor import SupervisedTask, describe
 from pilot.sources.kubernetes.authorization_policies import PLURAL as AUTHZ_PLURAL
@@ -67,6 +68,8 @@ from pilot.sources.kubernetes.peer_authentications import (
     path_of,
     served_version,
 )
+from pilot.sources.kubernetes.request_authentications import PLURAL as JWT_PLURAL
+from pilot.sources.kubernetes.request_authentications import RequestAuthenticationHandler
 
 log = logging.getLogger("pilot.sources.kubernetes")
 
@@ -297,7 +300,7 @@ class ClusterSource:
             )
             for ns in self._policy_namespaces()
         ]
-        return informers + await self._authz_informers()
+        return informers + await self._authz_informers() + await self._jwt_informers()
 
     def _policy_namespaces(self) -> list[str | None]:
         """The watched namespaces (None: all), and the root one, whose policies are mesh's."""
@@ -322,6 +325,27 @@ class ClusterSource:
             self._informer(
                 AUTHORIZATION_POLICY,
                 objects_at(self._api_client, path_of(version, ns, AUTHZ_PLURAL)),
+                handler,
+            )
+            for ns in self._policy_namespaces()
+        ]
+
+    async def _jwt_informers(self) -> list[Informer]:
+        """RequestAuthentication informers, in the same namespaces."""
+        version = await served_version(self._api_client, JWT_PLURAL)
+        if version is None:
+            log.warning(
+                "cluster %s: the API server serves no %s (Istio's CRDs are not installed):"
+                " there are none to enforce",
+                self.cluster,
+                REQUEST_AUTHENTICATION,
+            )
+            return []
+        handler = RequestAuthenticationHandler(self._updater, self.cluster, self._watching.faults)
+        return [
+            self._informer(
+                REQUEST_AUTHENTICATION,
+                objects_at(self._api_client, path_of(version, ns, JWT_PLURAL)),
                 handler,
             )
             for ns in self._policy_namespaces()

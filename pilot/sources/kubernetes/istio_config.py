@@ -38,7 +38,6 @@ log = logging.getLogger("pilot.sources.kubernetes")
 _DISCOVERY_BYTES = 1 << 20
 _PARSE_ERRORS = (ConfigError, TypeError, ValueError, KeyError, AttributeError, RecursionError)
 _NETWORKING = ("networking.istio.io", ("v1", "v1beta1", "v1alpha3"))
-_SECURITY = ("security.istio.io", ("v1", "v1beta1"))
 _TELEMETRY = ("telemetry.istio.io", ("v1", "v1alpha1"))
 _EXTENSIONS = ("extensions.istio.io", ("v1alpha1",))
 _NETWORKING_ALPHA = ("networking.istio.io", ("v1beta1", "v1alpha3"))
@@ -63,7 +62,6 @@ KINDS = (
     IstioKind("WorkloadGroup", "workloadgroups", *_NETWORKING),
     IstioKind("EnvoyFilter", "envoyfilters", *_NETWORKING_ALPHA),
     IstioKind("ProxyConfig", "proxyconfigs", "networking.istio.io", ("v1beta1",)),
-    IstioKind("RequestAuthentication", "requestauthentications", *_SECURITY),
     IstioKind("Telemetry", "telemetries", *_TELEMETRY),
     IstioKind("WasmPlugin", "wasmplugins", *_EXTENSIONS),
 )
