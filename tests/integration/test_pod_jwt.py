@@ -153,12 +153,38 @@ async def wait_inbound(mesh: Mesh, holds: Any, what: str) -> None:
     )  # fmt: skip
 
 
+UPDATES = r"^listener_manager\.(listener_in_place_updated|listener_modified)$"
+DRAINING = r"^listener_manager\.total_(filter_chains|listeners)_draining$"
+
+
+async def _updates(mesh: Mesh) -> int:
+    return sum((await mesh.reviews.stats(UPDATES)).values())
+
+
+async def _workers_took(mesh: Mesh, updates_before: int) -> None:
+    """Until b's workers serve the listener its config dump shows: the dump changes on
+    Envoy's main thread just before the workers take the new chains, and the old ones
+    start draining (for the agent's 5 s drain time) once every worker has."""
+
+    async def state() -> tuple[int, int]:
+        draining = sum((await mesh.reviews.stats(DRAINING)).values())
+        return await _updates(mesh), draining
+
+    await wait_until(
+        state, CONVERGE_TIMEOUT, "b's workers to take the new listener",
+        until=lambda s: s[0] > updates_before and s[1] > 0, context=mesh.reviews.agent.tail,
+    )  # fmt: skip
+
+
 async def applied(mesh: Mesh, *objects: dict[str, Any]) -> None:
-    """Apply the objects; until b's Envoy holds each (by a marker of its own)."""
+    """Apply the objects; until b's Envoy holds each (by a marker of its own) and its
+    workers serve them."""
+    before = await _updates(mesh)
     for o in objects:
         mesh.api.apply(o)
     names = [o["metadata"]["name"] for o in objects]
     await wait_inbound(mesh, lambda text: all(_holds(text, o) for o in objects), f"{names}")
+    await _workers_took(mesh, before)
 
 
 def _holds(text: str, o: dict[str, Any]) -> bool:
@@ -176,6 +202,15 @@ async def removed(mesh: Mesh, *objects: dict[str, Any]) -> None:
     await wait_inbound(
         mesh, lambda text: "jwt_authn" not in text and "rbac" not in text, "no JWT or RBAC"
     )
+
+
+async def settled(mesh: Mesh, path: str, headers: Sequence[str], status: int) -> None:
+    """`call` until it answers `status`: b's config dump shows a new listener just before
+    its workers take it, so the first request after a change may meet the old chains."""
+    await wait_until(
+        lambda: call(mesh, path, headers), CONVERGE_TIMEOUT, f"{path} to answer {status}",
+        until=lambda answer: answer[0] == status, context=mesh.reviews.agent.tail,
+    )  # fmt: skip
 
 
 async def call(
@@ -395,7 +430,8 @@ async def test_two_issuers_each_token_given_must_be_valid(mesh: Mesh) -> None:
             beside = [*bearer(plain), f"x-other-token: {forged_other}"]
             assert (await call(mesh, "/beside", beside))[0] == 403, "a forged token's principal"
             with_other = [*bearer(plain), f"x-other-token: {other}"]
-            assert (await call(mesh, "/other", with_other))[0] == 200
+            # Envoy's workers take the new chains just after its config dump shows them.
+            await settled(mesh, "/other", with_other, 200)
         finally:
             mesh.api.delete("AuthorizationPolicy", APP_NAMESPACE, "others")
         reader = KEY.sign(claims(scope="read"))
