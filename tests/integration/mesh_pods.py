@@ -64,6 +64,7 @@ from tests.support.pods import Pod, PodNetwork, leftovers, pod_network, socket_i
 
 Obj = dict[str, Any]
 
+HTTP_APP = "tests.integration.http_backend"  # the module a pod's backend runs by default
 APP_NAMESPACE = "bookinfo"
 FRONTEND = Workload("frontend", "frontend", "frontend-6b7f9-a1a1a")
 REVIEWS = Workload(APP_NAMESPACE, "reviews", "reviews-v1-5d8f7-b2b2b")
@@ -376,7 +377,7 @@ async def _pilot(
     return pilot
 
 
-async def _backend(stack: AsyncExitStack, pod: Pod, app: str) -> Backend:
+async def _backend(stack: AsyncExitStack, pod: Pod, app: str = HTTP_APP) -> Backend:
     argv = [sys.executable, "-m", app, "--host", "0.0.0.0"]
     process = await stack.enter_async_context(
         running_in(pod, [*argv, "--port", str(PORT)], "serving on", uid=APP_UID, cwd=REPO)
@@ -416,7 +417,7 @@ async def mesh_pods(
     folder: Path,
     *,
     pilot_settings: dict[str, str] | None = None,
-    app: str = "tests.integration.http_backend",
+    app: str = HTTP_APP,
 ) -> AsyncIterator[Mesh]:
     """The whole mesh, up and synced; every process, namespace and rule gone afterwards.
     `pilot_settings`: environment variables `pilot discovery` starts with; `app`: the

@@ -82,6 +82,8 @@ CLUSTER_GRANTS = {
     # And AuthorizationPolicies (pilot/sources/kubernetes/authorization_policies.py).
     ("security.istio.io", "authorizationpolicies", "list"),
     ("security.istio.io", "authorizationpolicies", "watch"),
+    ("security.istio.io", "requestauthentications", "list"),
+    ("security.istio.io", "requestauthentications", "watch"),
     # Endpoint locality: the Nodes' topology labels (pilot/sources/kubernetes/cluster_source.py).
     ("", "nodes", "list"),
     ("", "nodes", "watch"),
