@@ -32,6 +32,7 @@ import pytest
 
 from tests.integration.envoy_listener_client import free_port
 from tests.integration.http_backend import Answer, Backend
+from tests.support.cli import run_pilot
 from tests.support.envoy_process import EnvoyProcess, load_example_bootstrap, wait_until
 from tests.support.envoy_view import assert_nothing_rejected_or_warming
 from tests.support.mesh import Ep, endpoint_slice, service, write_mesh
@@ -112,7 +113,9 @@ FAILOVER = rule(
 
 
 @asynccontextmanager
-async def mesh(tmp_path: Path, failing: str = "") -> AsyncIterator[tuple[Web, EnvoyProcess]]:
+async def mesh(
+    tmp_path: Path, failing: str = ""
+) -> AsyncIterator[tuple[Web, EnvoyProcess, PilotProcess]]:
     """The backends (the one at `failing` answering 503), pilot on the file, and the Envoy."""
     target = free_port()
     web = Web(free_port(), target, tmp_path / "mesh.yaml")
@@ -128,7 +131,7 @@ async def mesh(tmp_path: Path, failing: str = "") -> AsyncIterator[tuple[Web, En
         envoy = await stack.enter_async_context(
             EnvoyProcess(bootstrap, tmp_path / "envoy", "locality", log_level="warning")
         )
-        yield web, envoy
+        yield web, envoy, pilot
         await assert_nothing_rejected_or_warming(envoy)
 
 
@@ -156,8 +159,22 @@ async def web_localities(envoy: EnvoyProcess, web: Web) -> dict[str, tuple[int, 
     return found
 
 
+async def shown_by_proxy_config(pilot: PilotProcess, web: Web) -> None:
+    """`pilot proxy-config endpoints|clusters`: each locality's priority and weight, and
+    the cluster balancing by them."""
+    name = f"outbound|{web.port}||{HOST}"
+    target = ["--addr", pilot.target(tls=False), "-o", "json"]
+    endpoints = await run_pilot("proxy-config", "endpoints", NODE_ID, *target)
+    rows = {(r["locality"], r["priority"], r["weight"]) for r in endpoints.records()
+            if r["cluster"] == name}  # fmt: skip
+    assert rows == {(f"{LOCAL}/zone-a", 0, 80), (f"{LOCAL}/zone-b", 0, 20)}
+    clusters = await run_pilot("proxy-config", "clusters", NODE_ID, *target)
+    (row,) = [r for r in clusters.records() if r["name"] == name]
+    assert "locality-weighted" in row["policy"]
+
+
 async def test_without_a_rule_every_locality_gets_requests(tmp_path: Path) -> None:
-    async with mesh(tmp_path) as (web, envoy):
+    async with mesh(tmp_path) as (web, envoy, _):
         flat = {name: (0, 0, 1) for name in ADDRESSES}
         await wait_until(lambda: web_localities(envoy, web), TIMEOUT, "all at 0", until=flat.__eq__)
         seen = await answered(web.port, 200)
@@ -165,7 +182,7 @@ async def test_without_a_rule_every_locality_gets_requests(tmp_path: Path) -> No
 
 
 async def test_distribute_80_20_within_a_few_per_cent(tmp_path: Path) -> None:
-    async with mesh(tmp_path) as (web, envoy):
+    async with mesh(tmp_path) as (web, envoy, pilot):
         web.write(DISTRIBUTE)
         # west and east are sent with no endpoint (as istiod sends them): Envoy drops them.
         weighted = {"zone-a": (0, 80, 1), "zone-b": (0, 20, 1)}
@@ -174,12 +191,13 @@ async def test_distribute_80_20_within_a_few_per_cent(tmp_path: Path) -> None:
         )
         seen = await answered(web.port, REQUESTS)
         assert set(seen) <= {"zone-a", "zone-b"}, f"no other region: {seen}"
+        await shown_by_proxy_config(pilot, web)
         assert abs(seen["zone-a"] / REQUESTS - 0.8) <= TOLERANCE, seen
         assert abs(seen["zone-b"] / REQUESTS - 0.2) <= TOLERANCE, seen
 
 
 async def test_failover_to_the_named_region_when_local_hosts_are_ejected(tmp_path: Path) -> None:
-    async with mesh(tmp_path, failing="zone-a") as (web, envoy):
+    async with mesh(tmp_path, failing="zone-a") as (web, envoy, _):
         web.write(FAILOVER, places=("zone-a", "west", "east"))
         ordered = {"zone-a": (0, 1, 1), "west": (1, 1, 1), "east": (2, 1, 1)}
         await wait_until(
