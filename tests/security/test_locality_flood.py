@@ -4,8 +4,9 @@ Each proxy locality in use costs a variant of every assignment, rebuilt on every
 endpoint change. With PILOT_MAX_LOCALITIES at 2, two honest proxies in two zones
 get their endpoints in priorities (web's DestinationRule sets outlier detection,
 which turns Istio's locality failover on); thirty streams each declaring a made-up
-locality, and then an honest third zone, get the endpoints without priorities,
-are logged (a bounded number of lines), and one endpoint change still builds
+locality, and then an honest third zone, get the endpoints without priorities
+(those of proxies without a locality), are logged (a bounded number of lines), and
+one endpoint change still builds
 three assignments (the shared one and the two localities'), not thirty-four.
 When a locality's last proxy leaves, its slot is free for the next one.
 
