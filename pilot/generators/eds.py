@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pilot.builders.cds import cluster_names
-from pilot.builders.eds import encode_groups, group_hosts
-from pilot.builders.locality_lb import locality_rule
+from pilot.builders.eds import LocalityGroups, encode_groups, group_hosts
+from pilot.builders.locality_lb import LocalityRule, locality_rule
 from pilot.builders.settings import BuildSettings
 from pilot.generators.per_service import PerServiceGenerator
 from pilot.push.request import Changes, PushRequest
@@ -90,31 +90,47 @@ class EndpointGenerator(PerServiceGenerator):
         built: dict[str, list[Resource]] = {flavor: [] for flavor in variants or self._variants}
         if service is not None:
             endpoint_sets = self._index.endpoint_sets(key)
-            members = self._members(endpoint_sets, subsets.values()) if subsets else {}
+            members: dict[str, list[EndpointSet]] | None = None
             for name, (i, subset) in names.items():
                 port = service.ports[i]
+                locality_lb = locality_rule(policy_for(rule, port.port, subset))
+                shared = self._cache.get(types.ENDPOINT, name) if variants else None
+                if shared is not None and not locality_lb.by_locality:
+                    for resources in built.values():  # a new locality reads the shared bytes
+                        resources.append(shared)
+                    continue
+                if subset and members is None:
+                    members = self._members(endpoint_sets, subsets.values())
                 groups = group_hosts(
                     port,
-                    members[subset] if subset else endpoint_sets,
+                    members[subset] if subset and members is not None else endpoint_sets,
                     self._index.locality_of,
                     self._index.runs_sidecar,
                 )
-                locality_lb = locality_rule(policy_for(rule, port.port, subset))
-                encoded: dict[Locality, Resource] = {}  # one encoding per distinct answer
-                shared = self._cache.get(types.ENDPOINT, name) if variants else None
-                if shared is not None and not locality_lb.by_locality:
-                    encoded[NOWHERE] = shared  # a new locality reads the shared bytes
-                for flavor, locality in (variants or self._variants).items():
-                    asked = locality if locality_lb.by_locality else NOWHERE
-                    if asked not in encoded:
-                        assignment = encode_groups(name, groups, asked, locality_lb)
-                        encoded[asked] = Resource.from_payload(types.ENDPOINT, name, assignment)
-                        self._stats.serializations[types.ENDPOINT] += 1
-                    built[flavor].append(encoded[asked])
+                self._encode(name, groups, locality_lb, variants or self._variants, built)
         changed: set[str] = set()
         for flavor, resources in built.items():
             changed |= self._cache.update(types.ENDPOINT, resources, stale, flavor=flavor)
         return changed
+
+    def _encode(
+        self,
+        name: str,
+        groups: LocalityGroups,
+        locality_lb: LocalityRule,
+        variants: dict[str, Locality],
+        built: dict[str, list[Resource]],
+    ) -> None:
+        """One cluster's assignment into each variant: encoded once per distinct answer
+        (once in all where its rule ignores the proxy's locality)."""
+        encoded: dict[Locality, Resource] = {}
+        for flavor, locality in variants.items():
+            asked = locality if locality_lb.by_locality else NOWHERE
+            if asked not in encoded:
+                assignment = encode_groups(name, groups, asked, locality_lb)
+                encoded[asked] = Resource.from_payload(types.ENDPOINT, name, assignment)
+                self._stats.serializations[types.ENDPOINT] += 1
+            built[flavor].append(encoded[asked])
 
     def _members(
         self, endpoint_sets: list[EndpointSet], subsets: Iterable[Subset]
