@@ -15,10 +15,11 @@ it (`pilot.builders.mtls`), and plaintext for the others.
 
 An endpoint's locality (region, zone) comes from `locate` (the endpoint index
 resolves it from the endpoint's Node; without one, only the slice's zone).
-For a proxy that declared a locality, each locality's group carries the
-priority `pilot.xds.locality.priorities` gives it; a proxy without one gets
-every group in priority 0. The hosts are grouped once (`group_hosts`) and each
-proxy locality's variant is encoded from the groups (`encode_groups`).
+Each locality's group is placed as the cluster's locality rule says for the
+calling proxy (`pilot.builders.locality_lb`): by default all in priority 0; with
+failover, in priorities by proximity; with `distribute`, with locality weights.
+The hosts are grouped once (`group_hosts`) and each proxy locality's variant is
+encoded from the groups (`encode_groups`).
 
 The assignment is encoded by hand from each endpoint's encoded `LbEndpoint`,
 kept in a bounded cache: one endpoint of 5,000 changing re-encodes one, not
@@ -34,8 +35,9 @@ from collections.abc import Callable, Iterable
 from envoy.config.core.v3 import health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 
+from pilot.builders.locality_lb import FLAT, LocalityRule, placements
 from pilot.registry.model import Endpoint, EndpointSet, EndpointSetKey, Health, ServicePort
-from pilot.xds.locality import NOWHERE, Locality, priorities
+from pilot.xds.locality import NOWHERE, Locality
 from pilot.xds.resource import length_delimited, varint_field
 
 ENCODED_ENDPOINTS = 1 << 16  # LbEndpoints kept encoded (~150 bytes each)
@@ -56,6 +58,7 @@ CLUSTER_ID_FIELD = "cluster_id"
 TRANSPORT_SOCKET_MATCH_KEY = "envoy.transport_socket_match"
 TLS_MODE_FIELD = "tlsMode"
 ISTIO_TLS_MODE = "istio"
+_WEIGHT_FIELD = 3  # LocalityLbEndpoints.load_balancing_weight (a UInt32Value)
 _PRIORITY_FIELD = 5  # LocalityLbEndpoints.priority
 
 
@@ -152,14 +155,24 @@ def _encoded_locality(locality: Locality) -> bytes:
     return length_delimited(1, b"".join(fields))
 
 
-def encode_groups(cluster_name: str, groups: LocalityGroups, proxy: Locality = NOWHERE) -> bytes:
-    """The assignment as a proxy in `proxy` gets it: localities in priorities by proximity."""
-    priority = priorities(proxy, groups)
+def encode_groups(
+    cluster_name: str,
+    groups: LocalityGroups,
+    proxy: Locality = NOWHERE,
+    rule: LocalityRule = FLAT,
+) -> bytes:
+    """The assignment as a proxy in `proxy` gets it: localities placed by `rule`."""
+    placed = placements(rule, proxy, {locality: len(hosts) for locality, hosts in groups.items()})
     parts = [length_delimited(1, cluster_name.encode())] if cluster_name else []
     for locality in sorted(groups):
-        body = _encoded_locality(locality) + b"".join(groups[locality])
-        if priority[locality]:
-            body += varint_field(_PRIORITY_FIELD, priority[locality])
+        place = placed[locality]
+        body = _encoded_locality(locality)
+        if not place.dropped:
+            body += b"".join(groups[locality])
+        if place.weight is not None:
+            body += length_delimited(_WEIGHT_FIELD, varint_field(1, place.weight))
+        if place.priority:
+            body += varint_field(_PRIORITY_FIELD, place.priority)
         parts.append(length_delimited(2, body))
     return b"".join(parts)
 
@@ -168,21 +181,28 @@ def encode_load_assignment(
     cluster_name: str,
     port: ServicePort,
     endpoint_sets: Iterable[EndpointSet],
+    *,
     proxy: Locality = NOWHERE,
     locate: Locate = zone_only,
+    rule: LocalityRule = FLAT,
 ) -> bytes:
     """The assignment for one Service port, serialized; empty (not absent) with no endpoints."""
-    return encode_groups(cluster_name, group_hosts(port, endpoint_sets, locate), proxy)
+    groups = group_hosts(port, endpoint_sets, locate)
+    return encode_groups(cluster_name, groups, proxy, rule)
 
 
 def build_load_assignment(
     cluster_name: str,
     port: ServicePort,
     endpoint_sets: Iterable[EndpointSet],
+    *,
     proxy: Locality = NOWHERE,
     locate: Locate = zone_only,
+    rule: LocalityRule = FLAT,
 ) -> endpoint_pb2.ClusterLoadAssignment:
     """The same assignment as a message (for reading it: debug views, tests)."""
     return endpoint_pb2.ClusterLoadAssignment.FromString(
-        encode_load_assignment(cluster_name, port, endpoint_sets, proxy, locate)
+        encode_load_assignment(
+            cluster_name, port, endpoint_sets, proxy=proxy, locate=locate, rule=rule
+        )
     )

@@ -15,6 +15,9 @@ policy one port (or subset) gets (`pilot.registry.destination_rule.policy_for`):
 - outlierDetection: consecutive 5xx and gateway errors each enforced at 100% when
   given above 0 (0% at 0), success-rate ejection off, interval, baseEjectionTime,
   maxEjectionPercent, and minHealthPercent as the healthy panic threshold.
+- loadBalancer.localityLbSetting: locality-weighted balancing where the rule weights
+  localities (`pilot.builders.locality_lb`; the weights and priorities themselves
+  are the assignments').
 
 TLS (only the sidecars' clusters carry it, as auto mTLS): DISABLE is plaintext,
 SIMPLE `simple_tls`, ISTIO_MUTUAL the mTLS socket auto mTLS uses (the rule's sni
@@ -35,6 +38,7 @@ from google.protobuf import duration_pb2, wrappers_pb2
 
 from pilot.builders.cds import HTTP_OPTIONS_KEY
 from pilot.builders.istio_defaults import UNLIMITED
+from pilot.builders.locality_lb import apply_locality_rule, locality_rule
 from pilot.builders.mtls import TLS_SOCKET
 from pilot.registry.destination_rule import (
     ClientTls,
@@ -58,13 +62,16 @@ def duration(seconds: float) -> duration_pb2.Duration:
 
 
 def apply_policy(cluster: cluster_pb2.Cluster, policy: PortPolicy) -> None:
-    """Change `cluster` by the load balancer, connection pool and outlier detection."""
+    """Change `cluster` by the load balancer, connection pool, outlier detection and
+    locality load balancing."""
     if policy.load_balancer is not None:
         _load_balancer(cluster, policy.load_balancer)
     if policy.connection_pool is not None:
         _connection_pool(cluster, policy.connection_pool)
     if policy.outlier_detection is not None:
         _outlier_detection(cluster, policy.outlier_detection)
+    if cluster.type != cluster_pb2.Cluster.ORIGINAL_DST:  # no endpoints of pilot's to weigh
+        apply_locality_rule(cluster, locality_rule(policy))
 
 
 def _load_balancer(cluster: cluster_pb2.Cluster, lb: LoadBalancer) -> None:

@@ -31,7 +31,7 @@ environment:
   PILOT_ENABLE_EDS_DEBOUNCE  debounce endpoint-only changes too (default true)
   PILOT_PUSH_THROTTLE        responses built and written at once (default 100)
   PILOT_XDS_SEND_TIMEOUT     close a stream whose Envoy stops reading (default 10s, 0: never)
-  PILOT_MAX_LOCALITIES       proxy localities served endpoints in priorities (default 100)
+  PILOT_MAX_LOCALITIES       proxy localities with assignment variants of their own (default 100)
   PILOT_MAX_UNVERIFIED_LOCALITIES  the same for streams that proved no identity, a
                              budget of their own (default 10)
   PILOT_OUTBOUND_TRAFFIC_POLICY  where sidecars send traffic to unknown hosts: ALLOW_ANY

@@ -12,7 +12,11 @@ from pilot.debug import proxy_config, tables
 
 _PROXY_CONFIG_KINDS = (
     ("clusters", ("cluster", "c"), "a row per cluster: name, type, state, version"),
-    ("endpoints", ("endpoint", "ep"), "a row per endpoint: address, health, cluster, locality"),
+    (
+        "endpoints",
+        ("endpoint", "ep"),
+        "a row per endpoint: address, health, cluster, locality, priority, weight",
+    ),
     (
         "listeners",
         ("listener", "l"),

@@ -4,7 +4,8 @@ What a DestinationRule changes in a cluster beside its LB policy (a column of it
 read back from the cluster itself: a ring hash's size (`ring>=N`), circuit breakers (only the
 limits that are not Istio's unlimited default), connect timeout, per-connection
 request limit and idle timeout, outlier detection and the healthy panic threshold,
-and its TLS (`tls=auto` for auto mTLS's socket matches, `tls=TLS` for one socket).
+its TLS (`tls=auto` for auto mTLS's socket matches, `tls=TLS` for one socket), and
+`locality-weighted` where it balances by its localities' weights (a localityLbSetting).
 """
 
 from __future__ import annotations
@@ -87,4 +88,6 @@ def cluster_policy(cluster: cluster_pb2.Cluster) -> str:
     if cluster.HasField("connect_timeout"):
         parts.append(f"connect={_seconds(cluster.connect_timeout)}")
     parts += _limits(cluster) + _http_options(cluster) + _outlier(cluster) + _tls(cluster)
+    if cluster.common_lb_config.HasField("locality_weighted_lb_config"):
+        parts.append("locality-weighted")
     return "; ".join(parts)

@@ -13,9 +13,9 @@ version, for clusters), ERROR what the proxy said when it rejected it (CSDS
 `error_state`: Envoy's words for that resource when its NACK named it, else
 for the whole update; cut short in `-o table`), and what its contents hold
 where CSDS sent them (a cluster's subset, LB and the rest of its traffic policy,
-POLICY; a route's retries, RETRIES, and timeout, TIMEOUT; `routing_rows` words
-listeners and routes as istioctl
-does). A resource CSDS sent no contents of (or none that decode) is one row of
+POLICY; an endpoint's locality, with its PRIORITY and WEIGHT for this proxy; a
+route's retries, RETRIES, and timeout, TIMEOUT; `routing_rows` words listeners and
+routes as istioctl does). A resource CSDS sent no contents of (or none that decode) is one row of
 its name and state.
 Secrets come from CSDS with their private keys already redacted
 (`proxy_status.packed`); `secrets` reads only the certificates, and only
@@ -203,16 +203,22 @@ def _endpoint_records(generic: csds_pb2.ClientConfig.GenericXdsConfig) -> Iterat
                 "status": health_check_pb2.HealthStatus.Name(lb_endpoint.health_status),
                 "cluster": assignment.cluster_name or generic.name,
                 "locality": _locality(locality.locality),
+                "priority": locality.priority,
+                # A locality's share where its cluster balances by locality weight.
+                "weight": locality.load_balancing_weight.value
+                if locality.HasField("load_balancing_weight")
+                else None,
                 "error": _error(generic),
             }
 
 
 def endpoints(config: csds_pb2.ClientConfig) -> Table:
-    """A row per endpoint of every cluster: address:port, health, cluster, locality."""
+    """A row per endpoint of every cluster: address:port, health, cluster, locality, and its
+    locality's priority and weight for this proxy."""
     records = [
         record for generic in _held(config, types.ENDPOINT) for record in _endpoint_records(generic)
     ]
-    headers = ("ENDPOINT", "STATUS", "CLUSTER", "LOCALITY", "ERROR")
+    headers = ("ENDPOINT", "STATUS", "CLUSTER", "LOCALITY", "PRIORITY", "WEIGHT", "ERROR")
     return Table.of(headers, records, ERROR_CHARS)
 
 

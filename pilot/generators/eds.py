@@ -7,8 +7,11 @@ then says which names really changed, and that is what gets pushed.
 Assignments come in variants, one per proxy locality in use (`add_locality`,
 `drop_locality`, driven by the pipeline as proxies come and go) besides the shared
 one for proxies without a locality: a service's endpoints are grouped once, then
-encoded once per variant, into that variant's cache flavor. Assignments mark the
-endpoints whose pod runs a sidecar (the index knows).
+encoded once per (proxy locality, what the cluster's locality rule asks,
+`pilot.builders.locality_lb`): a cluster whose rule ignores the proxy's locality
+(the default: no DestinationRule, or one without outlier detection or
+`distribute`) is encoded once and the same bytes go into every variant's cache
+flavor. Assignments mark the endpoints whose pod runs a sidecar (the index knows).
 
 A subset of the service's DestinationRule has an assignment of its own per port
 (`outbound|PORT|SUBSET|HOST`): the endpoints whose pod (found as auto mTLS finds it,
@@ -21,11 +24,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pilot.builders.cds import cluster_names
-from pilot.builders.eds import encode_groups, group_hosts
+from pilot.builders.eds import LocalityGroups, encode_groups, group_hosts
+from pilot.builders.locality_lb import LocalityRule, locality_rule
 from pilot.builders.settings import BuildSettings
 from pilot.generators.per_service import PerServiceGenerator
 from pilot.push.request import Changes, PushRequest
-from pilot.registry.destination_rule import Subset
+from pilot.registry.destination_rule import Subset, policy_for
 from pilot.registry.index import EndpointIndex, IndexChange
 from pilot.registry.model import Endpoint, EndpointGroup, EndpointSet, ServiceKey
 from pilot.registry.traffic_config import TrafficConfig
@@ -86,22 +90,47 @@ class EndpointGenerator(PerServiceGenerator):
         built: dict[str, list[Resource]] = {flavor: [] for flavor in variants or self._variants}
         if service is not None:
             endpoint_sets = self._index.endpoint_sets(key)
-            members = self._members(endpoint_sets, subsets.values()) if subsets else {}
+            members: dict[str, list[EndpointSet]] | None = None
             for name, (i, subset) in names.items():
+                port = service.ports[i]
+                locality_lb = locality_rule(policy_for(rule, port.port, subset))
+                shared = self._cache.get(types.ENDPOINT, name) if variants else None
+                if shared is not None and not locality_lb.by_locality:
+                    for resources in built.values():  # a new locality reads the shared bytes
+                        resources.append(shared)
+                    continue
+                if subset and members is None:
+                    members = self._members(endpoint_sets, subsets.values())
                 groups = group_hosts(
-                    service.ports[i],
-                    members[subset] if subset else endpoint_sets,
+                    port,
+                    members[subset] if subset and members is not None else endpoint_sets,
                     self._index.locality_of,
                     self._index.runs_sidecar,
                 )
-                for flavor, locality in (variants or self._variants).items():
-                    assignment = encode_groups(name, groups, locality)
-                    built[flavor].append(Resource.from_payload(types.ENDPOINT, name, assignment))
+                self._encode(name, groups, locality_lb, variants or self._variants, built)
         changed: set[str] = set()
         for flavor, resources in built.items():
-            self._stats.serializations[types.ENDPOINT] += len(resources)
             changed |= self._cache.update(types.ENDPOINT, resources, stale, flavor=flavor)
         return changed
+
+    def _encode(
+        self,
+        name: str,
+        groups: LocalityGroups,
+        locality_lb: LocalityRule,
+        variants: dict[str, Locality],
+        built: dict[str, list[Resource]],
+    ) -> None:
+        """One cluster's assignment into each variant: encoded once per distinct answer
+        (once in all where its rule ignores the proxy's locality)."""
+        encoded: dict[Locality, Resource] = {}
+        for flavor, locality in variants.items():
+            asked = locality if locality_lb.by_locality else NOWHERE
+            if asked not in encoded:
+                assignment = encode_groups(name, groups, asked, locality_lb)
+                encoded[asked] = Resource.from_payload(types.ENDPOINT, name, assignment)
+                self._stats.serializations[types.ENDPOINT] += 1
+            built[flavor].append(encoded[asked])
 
     def _members(
         self, endpoint_sets: list[EndpointSet], subsets: Iterable[Subset]

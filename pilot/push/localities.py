@@ -10,7 +10,8 @@ token TokenReview accepted, a client certificate from pilot's CA, or with
 - streams that proved nothing (Kubernetes mode's plaintext port asks nothing)
   share `PILOT_MAX_UNVERIFIED_LOCALITIES`, a small separate budget, and never
   take a slot of the proven one: a flood of made-up localities on the
-  plaintext port cannot cost an authenticated proxy its priorities.
+  plaintext port cannot cost an authenticated proxy its variant (its priorities
+  and weights, where a DestinationRule asks for locality load balancing).
 
 A variant that exists is shared by every stream of its locality, whoever made
 it. It is charged to the proven budget while a proven stream reads it (moved
@@ -35,7 +36,7 @@ class Joined(Enum):
 
     NEW = "new"  # a variant of its own, to build now
     SHARED = "shared"  # the variant another stream there already reads
-    REFUSED = "refused"  # no slot left in its budget: the shared assignments, no priorities
+    REFUSED = "refused"  # no slot left in its budget: the assignments without a locality
 
 
 @dataclass

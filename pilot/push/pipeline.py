@@ -390,7 +390,7 @@ class Pipeline:
         )
         log.warning(
             "proxy %s declares locality %r: pilot already builds assignments for %d"
-            " localities (%s); it gets them without priorities",
+            " localities (%s); it gets those of proxies without a locality",
             subscriber.proxy,
             str(locality)[:200],
             self._localities.charged(proven),

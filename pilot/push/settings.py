@@ -17,7 +17,7 @@ class DebounceSettings:
 @dataclass(frozen=True, slots=True)
 class PushSettings:
     """PILOT_PUSH_THROTTLE (writes in flight at once), PILOT_XDS_SEND_TIMEOUT (0: none),
-    PILOT_MAX_LOCALITIES (proxy localities with assignments in priorities of their own,
+    PILOT_MAX_LOCALITIES (proxy localities with assignment variants of their own,
     for streams that proved an identity) and PILOT_MAX_UNVERIFIED_LOCALITIES (the same,
     a separate budget for streams that proved none)."""
 

@@ -10,7 +10,8 @@ Istio's `networking.istio.io` kind `DestinationRule`, read strictly
     PortPolicy(load_balancer, connection_pool, outlier_detection, tls), each None when
       not written:
       LoadBalancer(simple, consistent_hash: ConsistentHash(header | cookie | source_ip |
-        query_parameter, ring size; the route's hash policy is the routes' to build))
+        query_parameter, ring size; the route's hash policy is the routes' to build),
+        locality: LocalityLbSetting (`pilot.registry.locality_lb`))
       ConnectionPool(max_connections, connect_timeout, http1_max_pending_requests,
         http2_max_requests, max_requests_per_connection, max_retries, idle_timeout)
       OutlierDetection(consecutive_5xx_errors, consecutive_gateway_errors, interval,
@@ -23,7 +24,8 @@ Istio's `MergeTrafficPolicy` merges it: the rule's port-level settings for that
 port replace all four of the rule's fields, then the subset's fields replace
 the rule's one by one, and the subset's own port-level settings replace all four.
 
-Fields of Istio's API that pilot does not implement (localityLbSetting, warmup,
+Fields of Istio's API that pilot does not implement (localityLbSetting's
+failoverPriority, warmup,
 tunnel, proxyProtocol, TCP keepalive, ...) refuse the object with a message
 naming the field: an object is applied as written or not at all. TLS that pilot
 cannot build (MUTUAL, a `credentialName`, client certificates, a `caCertificates` file)
@@ -48,6 +50,7 @@ from pilot.registry.istio_config import (
     metadata,
     resolve_host,
 )
+from pilot.registry.locality_lb import LocalityLbSetting, read_locality_lb
 
 KIND = "DestinationRule"
 SIMPLE_POLICIES = (
@@ -144,7 +147,6 @@ _NOT_BUILT = frozenset(
         "tunnel",
         "proxyProtocol",
         "retryBudget",
-        "localityLbSetting",
         "warmupDurationSecs",
         "warmup",
         "maglev",
@@ -182,6 +184,7 @@ class ConsistentHash:
 class LoadBalancer:
     simple: str = "UNSPECIFIED"
     consistent_hash: ConsistentHash | None = None
+    locality: LocalityLbSetting | None = None  # localityLbSetting (None: the mesh's default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,10 +339,18 @@ class _Rule(Reader):
         hashing = spec.get("consistentHash")
         if simple is not None and hashing is not None:
             raise self.fail(where, "gives both simple and consistentHash")
+        setting = spec.get("localityLbSetting")
+        locality = (
+            None
+            if setting is None
+            else read_locality_lb(self, setting, f"{where}.localityLbSetting")
+        )
         if hashing is not None:
-            return LoadBalancer(consistent_hash=self.hash(hashing, f"{where}.consistentHash"))
+            return LoadBalancer(
+                consistent_hash=self.hash(hashing, f"{where}.consistentHash"), locality=locality
+            )
         name = "UNSPECIFIED" if simple is None else simple
-        return LoadBalancer(self.enum(name, f"{where}.simple", SIMPLE_POLICIES))
+        return LoadBalancer(self.enum(name, f"{where}.simple", SIMPLE_POLICIES), locality=locality)
 
     def hash(self, value: Any, where: str) -> ConsistentHash:
         spec = self.known(value, where, _HASH)

@@ -2,10 +2,12 @@
 
 Three Nodes labelled as a cloud labels them (topology.kubernetes.io/region and /zone:
 eu/a, eu/b, us/c) and a Pod of `shop` on each, run there by the test kubelet; the real
-EndpointSlice controller names each endpoint's Node and zone. An Envoy declaring eu/a
-holds the eu/a host at priority 0, eu/b at 1, us/c at 2; an Envoy declaring no
-locality holds all three at 0. The us Node relabelled into region eu moves its host to
-priority 1 (same region, another zone). The Nodes are the test's and removed after it.
+EndpointSlice controller names each endpoint's Node and zone. As Istio, pilot fails
+over by locality only where a DestinationRule sets outlier detection: before one, an
+Envoy declaring eu/a holds all three hosts at priority 0; with one, eu/a at 0, eu/b at
+1, us/c at 2, and an Envoy declaring no locality all three at 0. The us Node relabelled
+into region eu moves its host to priority 1 (same region, another zone). The Nodes are
+the test's and removed after it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ from tests.support.mesh import cluster_name
 REGION, ZONE = "topology.kubernetes.io/region", "topology.kubernetes.io/zone"
 PLACES = {"eu-a": ("eu", "a"), "eu-b": ("eu", "b"), "us-c": ("us", "c")}
 TIMEOUT = 20.0
+FAILOVER = {  # outlier detection: Istio's locality failover on
+    "apiVersion": "networking.istio.io/v1",
+    "kind": "DestinationRule",
+    "spec": {"host": "shop", "trafficPolicy": {"outlierDetection": {"consecutive5xxErrors": 5}}},
+}
 
 
 @asynccontextmanager
@@ -82,6 +89,8 @@ async def test_envoy_host_priorities_follow_node_topology(
         nowhere = await stack.enter_async_context(
             running_envoy(pilot, tmp_path, "envoy-ads-delta.yaml", "nowhere")
         )
+        await wait_priorities(near, shop, dict.fromkeys(ips.values(), 0), "no rule: all 0")
+        await kube.create(FAILOVER | {"metadata": {"name": "shop", "namespace": namespace}})
         await wait_priorities(
             near, shop, {ips["eu-a"]: 0, ips["eu-b"]: 1, ips["us-c"]: 2},
             "same zone 0, same region 1, elsewhere 2",

@@ -10,7 +10,8 @@ controller publishes the Pods the test kubelet runs; a real Envoy reads what pil
 
 * A Service in both clusters is one Envoy cluster with the endpoints of both, each
   naming its cluster (`istio` / `cluster_id`) and placed at its Node's region and zone;
-  a proxy in the primary's zone gets the remote's endpoints one priority down. A change
+  with a DestinationRule asking for locality failover (outlier detection, Istio's
+  rule), a proxy in the primary's zone gets the remote's endpoints one priority down. A change
   in the remote reaches Envoy; deleting the Secret takes the remote's endpoints away and
   leaves the local ones.
 * Without topology labels an endpoint's region is its cluster id (Istio's fallback).
@@ -145,6 +146,27 @@ async def pilot_and_envoy(
 
 
 @asynccontextmanager
+async def failing_over(plane: ControlPlane, namespace: str) -> AsyncIterator[None]:
+    """A DestinationRule for alpha with outlier detection (which turns Istio's locality
+    failover on), on the primary (the config cluster), deleted on the way out."""
+    rule = {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "DestinationRule",
+        "metadata": {"name": "alpha", "namespace": namespace},
+        "spec": {
+            "host": "alpha",
+            "trafficPolicy": {"outlierDetection": {"consecutive5xxErrors": 5}},
+        },
+    }
+    async with admin(plane) as kube:
+        await kube.create(rule)
+        try:
+            yield
+        finally:
+            await kube.delete(rule)
+
+
+@asynccontextmanager
 async def joined(plane: ControlPlane, kubeconfigs: Mapping[str, str]) -> AsyncIterator[Kube]:
     """The remote Secret holding `kubeconfigs` (cluster id -> kubeconfig) in pilot's
     namespace on the primary, deleted on the way out; an admin session there."""
@@ -212,6 +234,7 @@ async def test_a_service_in_both_clusters_has_both_clusters_endpoints(
         await workload(local, ns, "alpha", {"alpha-0": "10.36.1.1"}, "rk-eu", topology=EU)
         await workload(remote, ns, "alpha", {"alpha-0": "10.36.2.1"}, "rk-us", topology=US)
         async with (
+            failing_over(deployed, ns),
             joined(deployed, {"west": west_kubeconfig}) as primary,
             pilot_and_envoy(deployed, tmp_path, {"region": EU[0], "zone": EU[1]}) as (
                 pilot, envoy,
@@ -244,10 +267,12 @@ async def test_without_topology_labels_an_endpoints_region_is_its_cluster_id(
     tmp_path: Path,
 ) -> None:
     """Nodes without topology labels: each endpoint's region is its cluster's id, so an
-    Envoy declaring the local cluster's id as its region fails over to the remote."""
+    Envoy declaring the local cluster's id as its region fails over to the remote (where
+    a DestinationRule asks for failover)."""
     ns = shared_namespace
     await alpha_in_both(deployed, remote_plane, ns)
     async with (
+        failing_over(deployed, ns),
         joined(deployed, {"west": west_kubeconfig}),
         pilot_and_envoy(deployed, tmp_path, {"region": LOCAL}) as (_pilot, envoy),
     ):

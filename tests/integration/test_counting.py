@@ -7,9 +7,11 @@ only the streams subscribed to that cluster. With a Kubernetes source, a
 burst of 1,000 endpoint events inside one debounce window is one push per
 affected stream. With every service in a second cluster too, a change in that
 cluster costs the same: one assignment, with the endpoints of both. With proxies
-in several localities, one change builds one assignment per locality in use,
-never one per proxy. (What a Pod's label, status and service account cost, on the
-real API server: tests/cluster/test_pod_tls_mode.py.)
+in several localities, one change builds one assignment per locality in use where
+the service's DestinationRule asks for locality failover, never one per proxy, and
+one for all of them where nothing does (Istio's default). (What a Pod's label,
+status and service account cost, on the real API server:
+tests/cluster/test_pod_tls_mode.py.)
 """
 
 from __future__ import annotations
@@ -193,9 +195,10 @@ def delta_priorities(payloads: set[bytes]) -> dict[str, int]:
 
 # -- locality variants ---------------------------------------------------------------
 
-# Proxies in two localities and one without: svc-007 has an endpoint in each zone,
-# so the three variants of its assignment differ (the file has no Nodes: region is
-# the cluster id, Kubernetes).
+# Proxies in two localities and one without: svc-007 has an endpoint in each zone and a
+# DestinationRule with outlier detection (locality failover, as Istio gives it), so the
+# three variants of its assignment differ (the file has no Nodes: region is the cluster
+# id, Kubernetes). svc-008 has no rule: one assignment, the same for every locality.
 LOCALITIES = {
     "zone-a": base_pb2.Locality(region="Kubernetes", zone="zone-a"),
     "zone-b": base_pb2.Locality(region="Kubernetes", zone="zone-b", sub_zone="rack-1"),
@@ -204,10 +207,22 @@ LOCALITIES = {
 PER_LOCALITY = 2  # streams on svc-007's assignment; one more per locality watches svc-008
 
 
-def _zoned_mesh(generation: int = 0) -> list[dict[str, Any]]:
-    zoned = [Ep(_ip(7, generation), zone="zone-a"), Ep(_ip(107, generation), zone="zone-b")]
-    mesh = [obj for i in range(20) if i != 7 for obj in _objects(i)]
-    return [*mesh, service(_name(7)), endpoint_slice(_name(7), zoned, name=f"{_name(7)}-1")]
+FAILOVER = {
+    "apiVersion": "networking.istio.io/v1",
+    "kind": "DestinationRule",
+    "metadata": {"name": _name(7), "namespace": "default"},
+    "spec": {"host": _name(7), "trafficPolicy": {"outlierDetection": {"consecutive5xxErrors": 5}}},
+}
+
+
+def _zoned_mesh(generation: int = 0, moved: int = 7) -> list[dict[str, Any]]:
+    zoned = [
+        Ep(_ip(moved, generation), zone="zone-a"),
+        Ep(_ip(100 + moved, generation), zone="zone-b"),
+    ]
+    mesh = [obj for i in range(20) if i != moved for obj in _objects(i)]
+    slice_ = endpoint_slice(_name(moved), zoned, name=f"{_name(moved)}-1")
+    return [*mesh, service(_name(moved)), slice_, FAILOVER]
 
 
 def _located_node(where: str, n: int) -> base_pb2.Node:
@@ -253,6 +268,26 @@ async def test_one_change_builds_one_assignment_per_locality_in_use(tmp_path: Pa
         zone_a = delta_priorities(payloads["zone-a"])
         assert zone_a == {_ip(7, 1): 0, _ip(107, 1): 1}
         assert delta_priorities(payloads["none"]) == {_ip(7, 1): 0, _ip(107, 1): 0}
+
+
+async def test_without_a_rule_one_assignment_serves_every_locality(tmp_path: Path) -> None:
+    async with (
+        running_pilot(tmp_path, _zoned_mesh(moved=8)) as pilot,
+        XdsClient(pilot.grpc_target) as client,
+    ):
+        streams = [client.delta_ads(_located_node(where, n)) for n, where in enumerate(LOCALITIES)]
+        await asyncio.gather(*(_located_sync(s, 8) for s in streams))
+        stats = pilot.discovery.stats
+        stats.reset()
+        pilot.write(_zoned_mesh(1, moved=8))
+        payloads = set()
+        for stream in streams:
+            response = await stream.next_response(TIMEOUT)
+            payloads.add(response.resources[0].resource.value)
+            await stream.ack(response)
+        assert dict(stats.serializations) == {types.ENDPOINT: 1}, "one for every locality"
+        (payload,) = payloads
+        assert delta_priorities({payload}) == {_ip(8, 1): 0, _ip(108, 1): 0}
 
 
 # -- listeners and routes -------------------------------------------------------------

@@ -178,7 +178,8 @@ def _envoy_endpoints(clusters: dict[str, Any]) -> set[tuple[str, str, str, str |
 
 async def test_endpoints_are_the_meshs_as_envoy_holds_them(mesh: Mesh) -> None:
     outputs = await mesh.proxy_config("endpoints")
-    records = assert_formats_agree(outputs, ["ENDPOINT", "STATUS", "CLUSTER", "LOCALITY", "ERROR"])
+    headers = ["ENDPOINT", "STATUS", "CLUSTER", "LOCALITY", "PRIORITY", "WEIGHT", "ERROR"]
+    records = assert_formats_agree(outputs, headers)
     shown_rows = {(r["cluster"], r["endpoint"], r["status"], r["locality"]) for r in records}
     assert len(shown_rows) == len(records), "an endpoint printed twice"
     assert shown_rows == ENDPOINTS

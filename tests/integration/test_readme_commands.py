@@ -263,6 +263,8 @@ NOT_HERE = {
     " VirtualServices": _BENCH,
     "python -m bench.route_push --services 1000 --sidecars 1000  # a weight change's RDS push"
     " beside an endpoint change's": _BENCH,
+    "python -m bench.locality_variants --services 10000       # proxy localities' cost to EDS,"
+    " by DestinationRule": _BENCH,
     "docker build -t registry.example/pilot:0.1.0 .": (
         "tagged for an example registry; tests/integration/test_container.py builds the"
         " same Dockerfile with a plain docker build and runs the image"

@@ -2,9 +2,11 @@
 
 Each proxy locality in use costs a variant of every assignment, rebuilt on every
 endpoint change. With PILOT_MAX_LOCALITIES at 2, two honest proxies in two zones
-get their endpoints in priorities; thirty streams each declaring a made-up
-locality, and then an honest third zone, get the endpoints without priorities,
-are logged (a bounded number of lines), and one endpoint change still builds
+get their endpoints in priorities (web's DestinationRule sets outlier detection,
+which turns Istio's locality failover on); thirty streams each declaring a made-up
+locality, and then an honest third zone, get the endpoints without priorities
+(those of proxies without a locality), are logged (a bounded number of lines), and
+one endpoint change still builds
 three assignments (the shared one and the two localities'), not thirty-four.
 When a locality's last proxy leaves, its slot is free for the next one.
 
@@ -39,11 +41,21 @@ LIARS = 30
 A, B, C = "10.0.0.1", "10.0.0.2", "10.0.0.3"  # in zone-a, zone-b, zone-c
 
 
+# Outlier detection turns locality failover on (Istio's rule): each locality's own
+# priorities, so each variant differs.
+FAILOVER = {
+    "apiVersion": "networking.istio.io/v1",
+    "kind": "DestinationRule",
+    "metadata": {"name": "web", "namespace": "default"},
+    "spec": {"host": "web", "trafficPolicy": {"outlierDetection": {"consecutive5xxErrors": 5}}},
+}
+
+
 def _mesh(generation: int) -> list[dict[str, Any]]:
     """web's endpoints in three zones, plus one in zone-b that each generation moves."""
     moved = Ep(_moved(generation), zone="zone-b")
     zoned = [Ep(A, zone="zone-a"), Ep(B, zone="zone-b"), Ep(C, zone="zone-c"), moved]
-    return [service("web"), endpoint_slice("web", zoned, name="web-1")]
+    return [service("web"), endpoint_slice("web", zoned, name="web-1"), FAILOVER]
 
 
 def _moved(generation: int) -> str:

@@ -125,9 +125,11 @@ def test_localities_are_written_as_istio_writes_them(
         "status": "UNKNOWN",
         "cluster": "c",
         "locality": shown,
+        "priority": 0,
+        "weight": None,
         "error": None,
     }
-    assert formatted(proxy_config.endpoints(config), "table").splitlines()[1].split()[-2] == (
+    assert formatted(proxy_config.endpoints(config), "table").splitlines()[1].split()[-4] == (
         shown or "-"
     )
 

@@ -13,12 +13,14 @@ from hypothesis import strategies as st
 
 from pilot.builders.cds import build_cluster
 from pilot.builders.eds import build_load_assignment, collect_hosts, encode_load_assignment
+from pilot.builders.locality_lb import FLAT, LocalityRule, Placement, placements
 from pilot.registry.kubernetes_objects import (
     ObjectError,
     parse_endpoint_slice,
     parse_endpoints,
     parse_service,
 )
+from pilot.registry.locality_lb import Distribute
 from pilot.registry.model import (
     Endpoint,
     EndpointGroup,
@@ -190,9 +192,8 @@ def test_grpc_ports_get_http2_upstreams() -> None:
 
 
 def _oracle_priorities(proxy: Locality, localities: set[Locality]) -> dict[Locality, int]:
-    """Istio's failover order, written out: zone 0, region 1, elsewhere 2, gaps closed."""
-    if not (proxy.region or proxy.zone):
-        return dict.fromkeys(localities, 0)
+    """Istio's failover order, written out: zone 0, region 1, elsewhere 2, gaps closed (a
+    proxy with no locality is Istio's empty one, nearest to endpoints with none)."""
 
     def level(locality: Locality) -> int:
         if locality.region != proxy.region:
@@ -203,7 +204,20 @@ def _oracle_priorities(proxy: Locality, localities: set[Locality]) -> dict[Local
     return {locality: used.index(level(locality)) for locality in localities}
 
 
-def _protobuf_assignment(name: str, hosts: dict[Any, Any], proxy: Locality = NOWHERE) -> bytes:
+def _oracle_placements(
+    rule: LocalityRule, proxy: Locality, sizes: dict[Locality, int]
+) -> dict[Locality, Placement]:
+    """Default failover from the oracle above; the other rules' placements as computed
+    (their arithmetic is held to istiod's by tests/cluster/test_locality_lb_istiod.py):
+    this test is about the bytes."""
+    if rule == LocalityRule(failover=True):
+        return {loc: Placement(p) for loc, p in _oracle_priorities(proxy, set(sizes)).items()}
+    return placements(rule, proxy, sizes)
+
+
+def _protobuf_assignment(
+    name: str, hosts: dict[Any, Any], proxy: Locality = NOWHERE, rule: LocalityRule = FLAT
+) -> bytes:
     """The assignment as protobuf itself serializes it: the oracle for the hand encoder."""
     by_locality: dict[Locality, list[endpoint_components_pb2.LbEndpoint]] = {}
     statuses = {
@@ -220,15 +234,16 @@ def _protobuf_assignment(name: str, hosts: dict[Any, Any], proxy: Locality = NOW
             lb.metadata.filter_metadata["envoy.transport_socket_match"].update({"tlsMode": "istio"})
         by_locality.setdefault(locality, []).append(lb)
     message = endpoint_pb2.ClusterLoadAssignment(cluster_name=name)
-    priority = _oracle_priorities(proxy, set(by_locality))
+    placed = _oracle_placements(rule, proxy, {k: len(v) for k, v in by_locality.items()})
     for locality in sorted(by_locality):
-        message.endpoints.append(
-            endpoint_components_pb2.LocalityLbEndpoints(
-                locality=base_pb2.Locality(region=locality.region, zone=locality.zone),
-                lb_endpoints=by_locality[locality],
-                priority=priority[locality],
-            )
+        group = endpoint_components_pb2.LocalityLbEndpoints(
+            locality=base_pb2.Locality(region=locality.region, zone=locality.zone),
+            lb_endpoints=[] if placed[locality].dropped else by_locality[locality],
+            priority=placed[locality].priority,
         )
+        if placed[locality].weight is not None:
+            group.load_balancing_weight.value = placed[locality].weight or 0
+        message.endpoints.append(group)
     return bytes(message.SerializeToString(deterministic=True))
 
 
@@ -245,6 +260,15 @@ _ENDPOINTS = st.lists(
     max_size=12,
 )
 _NAMES = st.sampled_from(["", "a", "zone-b", "é", "us-east"])
+_RULES = st.sampled_from(
+    [
+        FLAT,
+        LocalityRule(failover=True),
+        LocalityRule(failover=True, failover_to=(("a", "us-east"), ("é", "a"))),
+        LocalityRule(distribute=(Distribute("a/*", (("us-east", 20), ("a/zone-b", 80))),)),
+        LocalityRule(distribute=(Distribute("*", (("é/*", 30), ("a", 70))),)),
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -255,6 +279,7 @@ _NAMES = st.sampled_from(["", "a", "zone-b", "é", "us-east"])
     cluster=st.sampled_from(["", "Kubernetes", "east-1", "é"]),
     node_regions=st.fixed_dictionaries({"node-1": _NAMES, "node-2": _NAMES}),
     proxy=st.builds(Locality, region=_NAMES, zone=_NAMES),
+    rule=_RULES,
 )
 def test_hand_encoded_assignments_are_protobufs_own_bytes(
     *,
@@ -264,9 +289,11 @@ def test_hand_encoded_assignments_are_protobufs_own_bytes(
     cluster: str,
     node_regions: dict[str, str],
     proxy: Locality,
+    rule: LocalityRule,
 ) -> None:
     """Versions are content hashes: the hand encoder must give protobuf's exact bytes,
-    for every proxy locality (priorities) and endpoint regions and zones."""
+    for every proxy locality and locality rule (priorities, weights, localities
+    `distribute` sends nothing) and endpoint regions and zones."""
     group = EndpointGroup((EndpointPort("http", number),), tuple(endpoints))
     endpoint_set = EndpointSet(
         EndpointSetKey("EndpointSlice", "shop", "web-1", cluster),
@@ -279,5 +306,7 @@ def test_hand_encoded_assignments_are_protobufs_own_bytes(
 
     port = ServicePort("http", 80)
     hosts = collect_hosts(port, [endpoint_set], locate)
-    encoded = encode_load_assignment(name, port, [endpoint_set], proxy, locate)
-    assert encoded == _protobuf_assignment(name, hosts, proxy)
+    encoded = encode_load_assignment(
+        name, port, [endpoint_set], proxy=proxy, locate=locate, rule=rule
+    )
+    assert encoded == _protobuf_assignment(name, hosts, proxy, rule)
