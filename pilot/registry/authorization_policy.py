@@ -59,7 +59,7 @@ from pilot.builders.path_matchers import (
 )
 from pilot.registry.istio_config import ConfigError, ConfigKey, Reader, key_of, metadata
 from pilot.registry.peer_authentication import Labels
-from pilot.registry.scoped_store import ScopedStore
+from pilot.registry.scoped_store import Scoped, ScopedStore, read_selector
 
 KIND = "AuthorizationPolicy"
 GROUP = "security.istio.io"
@@ -68,7 +68,6 @@ API_VERSIONS = frozenset(f"{GROUP}/{v}" for v in VERSIONS)
 MAX_RULES = 512  # rules of one policy
 MAX_VALUES = 1024  # entries of one list (principals, paths, ...)
 MAX_VALUE = 1024  # characters of one value
-MAX_SELECTOR_LABELS = 4096
 # Values (principals, paths, ...) of one policy in all: what one object can cost the
 # translation, which runs on the event loop once per shape that holds it.
 MAX_TOTAL_VALUES = 16384
@@ -189,7 +188,7 @@ class Rule:
 
 
 @dataclass(frozen=True, slots=True)
-class AuthorizationPolicy:
+class AuthorizationPolicy(Scoped):
     """What pilot keeps of one AuthorizationPolicy."""
 
     key: ConfigKey
@@ -201,17 +200,6 @@ class AuthorizationPolicy:
     deny_all: str = ""
     # Why parts of it fail closed (one line each), for the warning when it arrives.
     fail_closed: tuple[str, ...] = field(default=(), compare=False)
-
-    @property
-    def name(self) -> str:
-        return self.key.name
-
-    @property
-    def namespace(self) -> str:
-        return self.key.namespace
-
-    def selects(self, labels: Mapping[str, str]) -> bool:
-        return all(labels.get(key) == value for key, value in self.selector)
 
 
 def _values(reader: Reader, raw: Any, where: str) -> Values:
@@ -351,14 +339,6 @@ def _rules(reader: Reader, raw: Any) -> tuple[Rule, ...]:
     return tuple(rules)
 
 
-def _selector(reader: Reader, raw: Any) -> Labels:
-    selector = reader.mapping(raw, "spec.selector", frozenset({"matchLabels"}))
-    labels = selector.get("matchLabels")
-    if isinstance(labels, Mapping) and len(labels) > MAX_SELECTOR_LABELS:
-        raise reader.fail("spec.selector.matchLabels", f"has {len(labels)} labels")
-    return reader.string_map(labels, "spec.selector.matchLabels") if labels else ()
-
-
 def _check_api_version(reader: Reader, obj: Mapping[str, Any]) -> None:
     version = obj.get("apiVersion")
     if version is not None and version not in API_VERSIONS:
@@ -389,7 +369,7 @@ def parse_authorization_policy(obj: Mapping[str, Any]) -> AuthorizationPolicy:
         key,
         action,
         created,
-        _selector(reader, spec.get("selector")),
+        read_selector(reader, spec.get("selector")),
         _rules(reader, spec.get("rules")),
     )
     total = _values_in(policy)

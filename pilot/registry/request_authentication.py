@@ -44,7 +44,7 @@ from typing import Any
 from pilot.registry.istio_config import ConfigError, ConfigKey, Reader, key_of, metadata
 from pilot.registry.jwks import JwksError, JwksUri, check_jwks, parse_jwks_uri
 from pilot.registry.peer_authentication import Labels
-from pilot.registry.scoped_store import ScopedStore
+from pilot.registry.scoped_store import Scoped, ScopedStore, read_selector
 
 KIND = "RequestAuthentication"
 GROUP = "security.istio.io"
@@ -54,7 +54,6 @@ MAX_JWT_RULES = 64  # jwtRules of one object
 MAX_ENTRIES = 64  # fromHeaders, fromParams, fromCookies, outputClaimToHeaders of a rule
 MAX_AUDIENCES = 1024
 MAX_VALUE = 1024  # characters of an issuer, an audience, a prefix, a claim
-MAX_SELECTOR_LABELS = 4096
 DEFAULT_TIMEOUT = 5.0  # seconds: Istio's JWKS fetch timeout
 MAX_TIMEOUT = 3600.0
 _SPEC_FIELDS = frozenset({"selector", "targetRef", "targetRefs", "jwtRules"})
@@ -99,7 +98,7 @@ class JwtRule:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestAuthentication:
+class RequestAuthentication(Scoped):
     """What pilot keeps of one RequestAuthentication."""
 
     key: ConfigKey
@@ -108,17 +107,6 @@ class RequestAuthentication:
     # It names targetRef(s): it applies to no sidecar (the warning says so).
     targeted: bool = False
     created: str = field(default="", compare=False)
-
-    @property
-    def name(self) -> str:
-        return self.key.name
-
-    @property
-    def namespace(self) -> str:
-        return self.key.namespace
-
-    def selects(self, labels: Mapping[str, str]) -> bool:
-        return all(labels.get(key) == value for key, value in self.selector)
 
 
 def _header_name(reader: Reader, raw: Any, where: str, output: bool = False) -> str:
@@ -218,14 +206,6 @@ def _rule(reader: Reader, raw: Any, where: str) -> JwtRule:
     )
 
 
-def _selector(reader: Reader, raw: Any) -> Labels:
-    selector = reader.mapping(raw, "spec.selector", frozenset({"matchLabels"}))
-    labels = selector.get("matchLabels")
-    if isinstance(labels, Mapping) and len(labels) > MAX_SELECTOR_LABELS:
-        raise reader.fail("spec.selector.matchLabels", f"has {len(labels)} labels")
-    return reader.string_map(labels, "spec.selector.matchLabels") if labels else ()
-
-
 def parse_request_authentication(obj: Mapping[str, Any]) -> RequestAuthentication:
     """One RequestAuthentication (a dict, as the API server or a file gives it).
 
@@ -248,7 +228,7 @@ def parse_request_authentication(obj: Mapping[str, Any]) -> RequestAuthenticatio
     rules = tuple(_rule(reader, entry, f"spec.jwtRules[{i}]") for i, entry in enumerate(entries))
     targeted = spec.get("targetRef") is not None or spec.get("targetRefs") is not None
     return RequestAuthentication(
-        key, _selector(reader, spec.get("selector")), rules, targeted, created
+        key, read_selector(reader, spec.get("selector")), rules, targeted, created
     )
 
 

@@ -3,18 +3,49 @@
 AuthorizationPolicy and RequestAuthentication are kept alike: each object by its
 ConfigKey and by namespace; every change says which namespaces' proxies to
 reconsider; a proxy of a namespace reads that namespace's objects, then the root
-namespace's (mesh-wide, or selecting workloads of every namespace). What applies
-to a workload, and how, is each kind's own (`AuthorizationPolicies`,
+namespace's (mesh-wide, or selecting workloads of every namespace). Each object
+names its workloads alike (`spec.selector.matchLabels`: `read_selector`, `Scoped`).
+What applies to a workload, and how, is each kind's own (`AuthorizationPolicies`,
 `RequestAuthentications` subclass this).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import Generic, Protocol, TypeVar
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Generic, Protocol, TypeVar
 
-from pilot.registry.istio_config import ConfigKey
-from pilot.registry.peer_authentication import ROOT_NAMESPACE
+from pilot.registry.istio_config import ConfigKey, Reader
+from pilot.registry.peer_authentication import ROOT_NAMESPACE, Labels
+
+MAX_SELECTOR_LABELS = 4096  # matchLabels of one object (Istio's CRD's maxProperties)
+
+
+def read_selector(reader: Reader, raw: Any) -> Labels:
+    """`spec.selector`, checked: its matchLabels, sorted; () selects the whole namespace."""
+    selector = reader.mapping(raw, "spec.selector", frozenset({"matchLabels"}))
+    labels = selector.get("matchLabels")
+    if isinstance(labels, Mapping) and len(labels) > MAX_SELECTOR_LABELS:
+        raise reader.fail("spec.selector.matchLabels", f"has {len(labels)} labels")
+    return reader.string_map(labels, "spec.selector.matchLabels") if labels else ()
+
+
+class Scoped:
+    """An object's name, namespace and selection, from its `key` and `selector`."""
+
+    __slots__ = ()
+    key: ConfigKey
+    selector: Labels
+
+    @property
+    def name(self) -> str:
+        return self.key.name
+
+    @property
+    def namespace(self) -> str:
+        return self.key.namespace
+
+    def selects(self, labels: Mapping[str, str]) -> bool:
+        return all(labels.get(key) == value for key, value in self.selector)
 
 
 class Keyed(Protocol):
