@@ -58,7 +58,8 @@ from pilot.builders.path_matchers import (
     is_template,
 )
 from pilot.registry.istio_config import ConfigError, ConfigKey, Reader, key_of, metadata
-from pilot.registry.peer_authentication import ROOT_NAMESPACE, Labels
+from pilot.registry.peer_authentication import Labels
+from pilot.registry.scoped_store import Scoped, ScopedStore, read_selector
 
 KIND = "AuthorizationPolicy"
 GROUP = "security.istio.io"
@@ -67,7 +68,6 @@ API_VERSIONS = frozenset(f"{GROUP}/{v}" for v in VERSIONS)
 MAX_RULES = 512  # rules of one policy
 MAX_VALUES = 1024  # entries of one list (principals, paths, ...)
 MAX_VALUE = 1024  # characters of one value
-MAX_SELECTOR_LABELS = 4096
 # Values (principals, paths, ...) of one policy in all: what one object can cost the
 # translation, which runs on the event loop once per shape that holds it.
 MAX_TOTAL_VALUES = 16384
@@ -188,7 +188,7 @@ class Rule:
 
 
 @dataclass(frozen=True, slots=True)
-class AuthorizationPolicy:
+class AuthorizationPolicy(Scoped):
     """What pilot keeps of one AuthorizationPolicy."""
 
     key: ConfigKey
@@ -200,17 +200,6 @@ class AuthorizationPolicy:
     deny_all: str = ""
     # Why parts of it fail closed (one line each), for the warning when it arrives.
     fail_closed: tuple[str, ...] = field(default=(), compare=False)
-
-    @property
-    def name(self) -> str:
-        return self.key.name
-
-    @property
-    def namespace(self) -> str:
-        return self.key.namespace
-
-    def selects(self, labels: Mapping[str, str]) -> bool:
-        return all(labels.get(key) == value for key, value in self.selector)
 
 
 def _values(reader: Reader, raw: Any, where: str) -> Values:
@@ -350,14 +339,6 @@ def _rules(reader: Reader, raw: Any) -> tuple[Rule, ...]:
     return tuple(rules)
 
 
-def _selector(reader: Reader, raw: Any) -> Labels:
-    selector = reader.mapping(raw, "spec.selector", frozenset({"matchLabels"}))
-    labels = selector.get("matchLabels")
-    if isinstance(labels, Mapping) and len(labels) > MAX_SELECTOR_LABELS:
-        raise reader.fail("spec.selector.matchLabels", f"has {len(labels)} labels")
-    return reader.string_map(labels, "spec.selector.matchLabels") if labels else ()
-
-
 def _check_api_version(reader: Reader, obj: Mapping[str, Any]) -> None:
     version = obj.get("apiVersion")
     if version is not None and version not in API_VERSIONS:
@@ -388,7 +369,7 @@ def parse_authorization_policy(obj: Mapping[str, Any]) -> AuthorizationPolicy:
         key,
         action,
         created,
-        _selector(reader, spec.get("selector")),
+        read_selector(reader, spec.get("selector")),
         _rules(reader, spec.get("rules")),
     )
     total = _values_in(policy)
@@ -508,19 +489,8 @@ class AppliedPolicies:
 NO_POLICIES = AppliedPolicies()
 
 
-class AuthorizationPolicies:
+class AuthorizationPolicies(ScopedStore[AuthorizationPolicy]):
     """Every AuthorizationPolicy known, and those that apply to each workload."""
-
-    def __init__(self, root_namespace: str = ROOT_NAMESPACE) -> None:
-        self.root_namespace = root_namespace
-        self._objects: dict[ConfigKey, AuthorizationPolicy] = {}
-        self._in: dict[str, dict[str, AuthorizationPolicy]] = {}
-
-    def __len__(self) -> int:
-        return len(self._objects)
-
-    def objects(self) -> list[AuthorizationPolicy]:
-        return [self._objects[k] for k in sorted(self._objects)]
 
     def policies_for(
         self, namespace: str, workloads: Sequence[Mapping[str, str]]
@@ -531,62 +501,26 @@ class AuthorizationPolicies:
         not known, or not one): every CUSTOM, DENY and AUDIT policy that could select it,
         and of the ALLOW ones only the namespace- and mesh-wide (`allow_uncertain`).
         """
-        scopes = [self._in.get(namespace, {})]
-        if namespace != self.root_namespace:
-            scopes.append(self._in.get(self.root_namespace, {}))
         found: list[AuthorizationPolicy] = []
         uncertain = False
         certain = len(workloads) == 1
-        for scope in scopes:
-            for policy in scope.values():
-                if not policy.selector:
+        for policy in self.in_scope(namespace):
+            if not policy.selector:
+                found.append(policy)
+            elif certain:
+                if policy.selects(workloads[0]):
                     found.append(policy)
-                elif certain:
-                    if policy.selects(workloads[0]):
-                        found.append(policy)
-                elif policy.action is Action.ALLOW:
-                    uncertain = True
-                else:
-                    found.append(policy)
+            elif policy.action is Action.ALLOW:
+                uncertain = True
+            else:
+                found.append(policy)
         if uncertain and not any(p.action is Action.ALLOW for p in found):
             return AppliedPolicies(tuple(sorted(found, key=lambda p: p.key)), True)
         return AppliedPolicies(tuple(sorted(found, key=lambda p: p.key)), False)
 
     def has_selecting(self, namespace: str) -> bool:
         """Whether a policy with a selector could apply to a proxy of `namespace`."""
-        return any(
-            p.selector
-            for ns in {namespace, self.root_namespace}
-            for p in self._in.get(ns, {}).values()
-        )
-
-    def upsert(self, policy: AuthorizationPolicy) -> frozenset[str]:
-        """Add or change one; returns the namespaces whose proxies to reconsider."""
-        if self._objects.get(policy.key) == policy:
-            return frozenset()
-        self._objects[policy.key] = policy
-        self._in.setdefault(policy.namespace, {})[policy.name] = policy
-        return frozenset({policy.namespace})
-
-    def delete(self, key: ConfigKey) -> frozenset[str]:
-        if self._objects.pop(key, None) is None:
-            return frozenset()
-        here = self._in[key.namespace]
-        del here[key.name]
-        if not here:
-            del self._in[key.namespace]
-        return frozenset({key.namespace})
-
-    def replace_all(self, policies: Iterable[AuthorizationPolicy]) -> frozenset[str]:
-        """Make the store hold exactly these (a file reload)."""
-        wanted = {p.key: p for p in policies}
-        touched = {k.namespace for k in wanted.keys() ^ self._objects.keys()}
-        touched |= {k.namespace for k, p in wanted.items() if self._objects.get(k) != p}
-        self._objects = wanted
-        self._in = {}
-        for key, policy in wanted.items():
-            self._in.setdefault(key.namespace, {})[key.name] = policy
-        return frozenset(touched)
+        return any(p.selector for p in self.in_scope(namespace))
 
 
 __all__ = [

@@ -37,13 +37,14 @@ nothing in ALLOW policies.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pilot.registry.istio_config import ConfigError, ConfigKey, Reader, key_of, metadata
 from pilot.registry.jwks import JwksError, JwksUri, check_jwks, parse_jwks_uri
-from pilot.registry.peer_authentication import ROOT_NAMESPACE, Labels
+from pilot.registry.peer_authentication import Labels
+from pilot.registry.scoped_store import Scoped, ScopedStore, read_selector
 
 KIND = "RequestAuthentication"
 GROUP = "security.istio.io"
@@ -53,7 +54,6 @@ MAX_JWT_RULES = 64  # jwtRules of one object
 MAX_ENTRIES = 64  # fromHeaders, fromParams, fromCookies, outputClaimToHeaders of a rule
 MAX_AUDIENCES = 1024
 MAX_VALUE = 1024  # characters of an issuer, an audience, a prefix, a claim
-MAX_SELECTOR_LABELS = 4096
 DEFAULT_TIMEOUT = 5.0  # seconds: Istio's JWKS fetch timeout
 MAX_TIMEOUT = 3600.0
 _SPEC_FIELDS = frozenset({"selector", "targetRef", "targetRefs", "jwtRules"})
@@ -98,7 +98,7 @@ class JwtRule:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestAuthentication:
+class RequestAuthentication(Scoped):
     """What pilot keeps of one RequestAuthentication."""
 
     key: ConfigKey
@@ -107,17 +107,6 @@ class RequestAuthentication:
     # It names targetRef(s): it applies to no sidecar (the warning says so).
     targeted: bool = False
     created: str = field(default="", compare=False)
-
-    @property
-    def name(self) -> str:
-        return self.key.name
-
-    @property
-    def namespace(self) -> str:
-        return self.key.namespace
-
-    def selects(self, labels: Mapping[str, str]) -> bool:
-        return all(labels.get(key) == value for key, value in self.selector)
 
 
 def _header_name(reader: Reader, raw: Any, where: str, output: bool = False) -> str:
@@ -217,14 +206,6 @@ def _rule(reader: Reader, raw: Any, where: str) -> JwtRule:
     )
 
 
-def _selector(reader: Reader, raw: Any) -> Labels:
-    selector = reader.mapping(raw, "spec.selector", frozenset({"matchLabels"}))
-    labels = selector.get("matchLabels")
-    if isinstance(labels, Mapping) and len(labels) > MAX_SELECTOR_LABELS:
-        raise reader.fail("spec.selector.matchLabels", f"has {len(labels)} labels")
-    return reader.string_map(labels, "spec.selector.matchLabels") if labels else ()
-
-
 def parse_request_authentication(obj: Mapping[str, Any]) -> RequestAuthentication:
     """One RequestAuthentication (a dict, as the API server or a file gives it).
 
@@ -247,7 +228,7 @@ def parse_request_authentication(obj: Mapping[str, Any]) -> RequestAuthenticatio
     rules = tuple(_rule(reader, entry, f"spec.jwtRules[{i}]") for i, entry in enumerate(entries))
     targeted = spec.get("targetRef") is not None or spec.get("targetRefs") is not None
     return RequestAuthentication(
-        key, _selector(reader, spec.get("selector")), rules, targeted, created
+        key, read_selector(reader, spec.get("selector")), rules, targeted, created
     )
 
 
@@ -288,19 +269,8 @@ class AppliedAuthentications:
 NO_AUTHENTICATIONS = AppliedAuthentications()
 
 
-class RequestAuthentications:
+class RequestAuthentications(ScopedStore[RequestAuthentication]):
     """Every RequestAuthentication known, and those that apply to each workload."""
-
-    def __init__(self, root_namespace: str = ROOT_NAMESPACE) -> None:
-        self.root_namespace = root_namespace
-        self._objects: dict[ConfigKey, RequestAuthentication] = {}
-        self._in: dict[str, dict[str, RequestAuthentication]] = {}
-
-    def __len__(self) -> int:
-        return len(self._objects)
-
-    def objects(self) -> list[RequestAuthentication]:
-        return [self._objects[k] for k in sorted(self._objects)]
 
     def applied(
         self, namespace: str, workloads: Sequence[Mapping[str, str]]
@@ -310,51 +280,13 @@ class RequestAuthentications:
         Exactly one label set: those without a selector and those that select it. None or
         several (its Pod is not known, or not one): only those without a selector.
         """
-        scopes = [self._in.get(namespace, {})]
-        if namespace != self.root_namespace:
-            scopes.append(self._in.get(self.root_namespace, {}))
         certain = len(workloads) == 1
         found = [
             ra
-            for scope in scopes
-            for ra in scope.values()
+            for ra in self.in_scope(namespace)
             if not ra.targeted and (not ra.selector or (certain and ra.selects(workloads[0])))
         ]
         return AppliedAuthentications(tuple(sorted(found, key=lambda ra: ra.key)))
-
-    def upsert(self, ra: RequestAuthentication) -> frozenset[str]:
-        """Add or change one; returns the namespaces whose proxies to reconsider."""
-        if self._objects.get(ra.key) == ra:
-            return frozenset()
-        self._objects[ra.key] = ra
-        self._in.setdefault(ra.namespace, {})[ra.name] = ra
-        return frozenset({ra.namespace})
-
-    def delete(self, key: ConfigKey) -> frozenset[str]:
-        if self._objects.pop(key, None) is None:
-            return frozenset()
-        here = self._in[key.namespace]
-        del here[key.name]
-        if not here:
-            del self._in[key.namespace]
-        return frozenset({key.namespace})
-
-    def replace_all(
-        self, objects: Iterable[RequestAuthentication], refused: Iterable[ConfigKey] = ()
-    ) -> frozenset[str]:
-        """Hold exactly these (a file reload), plus the last good version of each refused
-        one; returns the namespaces whose proxies to reconsider."""
-        wanted = {ra.key: ra for ra in objects}
-        for key in refused:
-            if key not in wanted and key in self._objects:
-                wanted[key] = self._objects[key]
-        touched = {k.namespace for k in wanted.keys() ^ self._objects.keys()}
-        touched |= {k.namespace for k, ra in wanted.items() if self._objects.get(k) != ra}
-        self._objects = wanted
-        self._in = {}
-        for key, ra in wanted.items():
-            self._in.setdefault(key.namespace, {})[key.name] = ra
-        return frozenset(touched)
 
 
 __all__ = [

@@ -34,23 +34,11 @@ import pytest_asyncio
 
 from tests.integration.agent_process import PILOT, REPO
 from tests.integration.mesh_pods import PodEnvoy
-from tests.integration.sidecar_support import (
-    PROXY_UID,
-    Workload,
-    agent_argv,
-    agent_folder,
-    envoy_pid,
-    sidecar_env,
-)
-from tests.support.ca import write_plugged_in
+from tests.integration.pod_control_plane import PILOT_HOST, start_pilot, start_sidecar
+from tests.integration.sidecar_support import Workload, envoy_pid
 from tests.support.envoy_process import wait_until
 from tests.support.mesh import Ep, endpoint_slice, pod, service, write_mesh
-from tests.support.pilot_process import (
-    PilotProcess,
-    discovery_command,
-    pilot_environment,
-    start_command,
-)
+from tests.support.pilot_process import PilotProcess
 from tests.support.pod_process import running_in
 from tests.support.pods import Pod, PodNetwork, leftovers, pod_network
 
@@ -58,8 +46,6 @@ Obj = dict[str, Any]
 
 PORT = 9080
 APP_UID = 1000
-PILOT_HOST = "pilot.istio-system.svc"
-PILOT_TLS_PORT = 15012
 CONVERGE_TIMEOUT = 20.0
 REVIEWS_IP = "198.19.0.10"
 VERSIONS = ("v1", "v2", "v3")
@@ -200,7 +186,6 @@ class ClientMesh:
 
 
 async def _pilot(stack: AsyncExitStack, pod_: Pod, folder: Path) -> PilotProcess:
-    ca = write_plugged_in(folder / "plugged-in-ca")
     write_mesh(folder / "mesh.yaml", registry_objects())
     tokens = folder / "tokens.csv"
     lines = [f"{token(c)},system:serviceaccount:{ns}:{c}\n" for c, (ns, _) in CLIENTS.items()]
@@ -208,12 +193,7 @@ async def _pilot(stack: AsyncExitStack, pod_: Pod, folder: Path) -> PilotProcess
     tokens.chmod(0o600)
     source = ["--config", str(folder / "mesh.yaml"), "--xds-auth", "kubernetes"]
     source += ["--token-auth-file", str(tokens)]
-    tls = ["--grpc-tls-addr", f"{pod_.address}:{PILOT_TLS_PORT}"]
-    command = pod_.command(*discovery_command(folder, source, ca.directory, *tls))
-    env = pilot_environment(folder, {"POD_NAMESPACE": "istio-system"})
-    pilot = await start_command(folder, command, env=env, root_pem=ca.root.cert_pem.encode())
-    stack.push_async_callback(pilot.stop)
-    return pilot
+    return await start_pilot(stack, pod_, folder, source)
 
 
 async def _backend(stack: AsyncExitStack, pod_: Pod, version: str) -> None:
@@ -223,17 +203,7 @@ async def _backend(stack: AsyncExitStack, pod_: Pod, version: str) -> None:
 
 
 async def _sidecar(stack: AsyncExitStack, pod_: Pod, pilot: PilotProcess, client: str) -> PodEnvoy:
-    """Capture rules first (the init step, as root), then the agent as uid 1337."""
-    status, _, err = await pod_.run(str(PILOT), "agent", "iptables")
-    assert status == 0, f"pilot agent iptables: {err.strip()[:500]}"
-    folder = stack.enter_context(
-        agent_folder(pilot.root_pem.decode(), token(client), owner=PROXY_UID)
-    )
-    env = sidecar_env(pod_.address, workload(client))
-    argv = agent_argv(f"{PILOT_HOST}:{PILOT_TLS_PORT}")
-    agent = await stack.enter_async_context(
-        running_in(pod_, argv, "started Envoy", uid=PROXY_UID, cwd=folder, env=env)
-    )
+    agent = await start_sidecar(stack, pod_, workload(client), pilot, token(client))
     return PodEnvoy(pod_, agent, envoy_pid(agent))
 
 

@@ -39,26 +39,14 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.integration.agent_process import PILOT, REPO
+from tests.integration.agent_process import REPO
 from tests.integration.http_backend import Seen, parse_seen
-from tests.integration.sidecar_support import (
-    PROXY_UID,
-    Workload,
-    agent_argv,
-    agent_folder,
-    envoy_pid,
-    sidecar_env,
-)
+from tests.integration.pod_control_plane import PILOT_HOST, start_pilot, start_sidecar
+from tests.integration.sidecar_support import Workload, envoy_pid
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
-from tests.support.ca import write_plugged_in
 from tests.support.envoy_process import wait_until
 from tests.support.mesh import Ep, endpoint_slice, service
-from tests.support.pilot_process import (
-    PilotProcess,
-    discovery_command,
-    pilot_environment,
-    start_command,
-)
+from tests.support.pilot_process import PilotProcess
 from tests.support.pod_process import PodProcess, running_in
 from tests.support.pods import Pod, PodNetwork, leftovers, pod_network, socket_in
 
@@ -73,8 +61,6 @@ DETAILS = (
     Workload(APP_NAMESPACE, "details", "details-v1-4f6a2-d4d4d"),
     Workload(APP_NAMESPACE, "details", "details-v1-4f6a2-e5e5e"),
 )
-PILOT_HOST = "pilot.istio-system.svc"
-PILOT_TLS_PORT = 15012
 PORT = 9080  # every service's port and its pods' targetPort, named http
 APP_UID = 1000
 CONVERGE_TIMEOUT = 20.0
@@ -364,19 +350,6 @@ class Mesh:
             assert starts == 1, f"pod {sidecar.pod.name}: Envoy started {starts} times"
 
 
-async def _pilot(
-    stack: AsyncExitStack, pod: Pod, folder: Path, kubeconfig: Path, settings: dict[str, str]
-) -> PilotProcess:
-    ca = write_plugged_in(folder / "plugged-in-ca")
-    source = ["--kubeconfig", str(kubeconfig)]
-    tls = ["--grpc-tls-addr", f"{pod.address}:{PILOT_TLS_PORT}"]
-    command = pod.command(*discovery_command(folder, source, ca.directory, *tls))
-    env = pilot_environment(folder, {"POD_NAMESPACE": "istio-system"} | settings)
-    pilot = await start_command(folder, command, env=env, root_pem=ca.root.cert_pem.encode())
-    stack.push_async_callback(pilot.stop)
-    return pilot
-
-
 async def _backend(stack: AsyncExitStack, pod: Pod, app: str = HTTP_APP) -> Backend:
     argv = [sys.executable, "-m", app, "--host", "0.0.0.0"]
     process = await stack.enter_async_context(
@@ -388,14 +361,7 @@ async def _backend(stack: AsyncExitStack, pod: Pod, app: str = HTTP_APP) -> Back
 async def _sidecar(
     stack: AsyncExitStack, pod: Pod, workload: Workload, pilot: PilotProcess, token: str
 ) -> PodEnvoy:
-    """Capture rules first (the init step, as root), then the agent as uid 1337."""
-    await _checked(pod, [str(PILOT), "agent", "iptables"], "pilot agent iptables")
-    folder = stack.enter_context(agent_folder(pilot.root_pem.decode(), token, owner=PROXY_UID))
-    env = sidecar_env(pod.address, workload)
-    argv = agent_argv(f"{PILOT_HOST}:{PILOT_TLS_PORT}")
-    agent = await stack.enter_async_context(
-        running_in(pod, argv, "started Envoy", uid=PROXY_UID, cwd=folder, env=env)
-    )
+    agent = await start_sidecar(stack, pod, workload, pilot, token)
     return PodEnvoy(pod, agent, envoy_pid(agent))
 
 
@@ -432,7 +398,8 @@ async def mesh_pods(
                   for w in (FRONTEND, REVIEWS)}  # fmt: skip
         for obj in initial_objects():
             api.apply(obj)
-        pilot = await _pilot(stack, network["istiod"], folder, kubeconfig, pilot_settings or {})
+        source = ["--kubeconfig", str(kubeconfig)]
+        pilot = await start_pilot(stack, network["istiod"], folder, source, pilot_settings)
         backends = {
             name: await _backend(stack, network[name], app) for name in ("b", "c", "d", "e")
         }

@@ -19,86 +19,41 @@ from typing import Any
 
 from pilot.xds import types
 from tests.support.envoy_process import wait_until
-from tests.support.mesh import Ep, endpoint_slice, service
+from tests.support.inbound_counting import (
+    IN_SHOP,
+    SELECTED,
+    SIDECARS,
+    TIMEOUT,
+    in_shop,
+    next_change,
+    sidecar_id,
+    sync_inbound,
+    workloads,
+)
 from tests.support.pilot import responses_written, running_pilot
-from tests.support.xds_client import DeltaStream, XdsClient, delta_resources, node
-
-IN_SHOP = 20
-ELSEWHERE = 20
-TIMEOUT = 30.0
-SELECTED = 5
-
-
-def _ip(i: int) -> str:
-    return f"127.1.{i // 250}.{1 + i % 250}"
-
-
-def _namespace(i: int) -> str:
-    return "shop" if i < IN_SHOP else f"ns-{i}"
-
-
-def _sidecar(i: int) -> str:
-    ns = _namespace(i)
-    return f"sidecar~{_ip(i)}~pod-{i}.{ns}~{ns}.svc.cluster.local"
-
-
-def _policy(name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "security.istio.io/v1",
-        "kind": "AuthorizationPolicy",
-        "metadata": {"name": name, "namespace": "shop"},
-        "spec": spec,
-    }
+from tests.support.xds_client import XdsClient, node
 
 
 def _mesh(selecting: bool = False, wide: bool = False) -> list[dict[str, Any]]:
-    objects: list[dict[str, Any]] = []
-    for i in range(IN_SHOP + ELSEWHERE):
-        ns = _namespace(i)
-        objects += [
-            service(f"svc-{i:03d}", ns),
-            endpoint_slice(f"svc-{i:03d}", [Ep(_ip(i))], ns, name=f"svc-{i:03d}-1"),
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": f"pod-{i}", "namespace": ns, "labels": {"app": f"svc-{i}"}},
-                "spec": {"containers": [{"name": "app"}]},
-                "status": {"phase": "Running", "podIP": _ip(i)},
-            },
-        ]
+    objects = workloads()
     if selecting:
         selector = {"matchLabels": {"app": f"svc-{SELECTED}"}}
-        objects.append(_policy("one", {"selector": selector, "rules": [{}]}))
+        objects.append(in_shop("AuthorizationPolicy", "one", {"selector": selector, "rules": [{}]}))
     if wide:
-        objects.append(_policy("everyone", {"action": "DENY", "rules": [{"to": [{}]}]}))
+        deny = {"action": "DENY", "rules": [{"to": [{}]}]}
+        objects.append(in_shop("AuthorizationPolicy", "everyone", deny))
     return objects
-
-
-async def _sync(stream: DeltaStream) -> None:
-    await stream.subscribe(types.CLUSTER, ["*"])
-    await stream.subscribe(types.LISTENER, ["*"])
-    held: set[str] = set()
-    while not {"virtualInbound", "inbound|8080||"} <= held:
-        response = await stream.next_response(TIMEOUT)
-        held |= set(delta_resources(response))
-        await stream.ack(response)
-
-
-async def _next(stream: DeltaStream) -> tuple[str, set[str]]:
-    response = await stream.next_response(TIMEOUT)
-    await stream.ack(response)
-    return response.type_url, set(delta_resources(response))
 
 
 async def test_a_policy_change_reaches_the_sidecars_it_applies_to_only(tmp_path: Path) -> None:
     async with running_pilot(tmp_path, _mesh()) as pilot, XdsClient(pilot.grpc_target) as client:
-        streams = [client.delta_ads(node(_sidecar(i))) for i in range(IN_SHOP + ELSEWHERE)]
-        await asyncio.gather(*(_sync(s) for s in streams))
+        streams = [client.delta_ads(node(sidecar_id(i))) for i in range(SIDECARS)]
+        await asyncio.gather(*(sync_inbound(s) for s in streams))
         stats = pilot.discovery.stats
 
         stats.reset()
         pilot.write(_mesh(selecting=True))
-        assert await _next(streams[SELECTED]) == (types.LISTENER, {"virtualInbound"})
+        assert await next_change(streams[SELECTED]) == (types.LISTENER, {"virtualInbound"}, set())
         assert dict(stats.serializations) == {types.LISTENER: 1}
         await responses_written(stats, {types.LISTENER: 1})
         assert stats.streams_woken == 1
@@ -106,14 +61,14 @@ async def test_a_policy_change_reaches_the_sidecars_it_applies_to_only(tmp_path:
         stats.reset()
         pilot.write(_mesh(selecting=True, wide=True))
         for i in range(IN_SHOP):
-            assert await _next(streams[i]) == (types.LISTENER, {"virtualInbound"})
+            assert await next_change(streams[i]) == (types.LISTENER, {"virtualInbound"}, set())
         assert dict(stats.serializations) == {types.LISTENER: 2}
         await responses_written(stats, {types.LISTENER: IN_SHOP})
         assert stats.streams_woken == IN_SHOP
 
         stats.reset()
         pilot.write(_mesh(wide=True))
-        assert await _next(streams[SELECTED]) == (types.LISTENER, {"virtualInbound"})
+        assert await next_change(streams[SELECTED]) == (types.LISTENER, {"virtualInbound"}, set())
         await wait_until(lambda: stats.responses[types.LISTENER] == 1, TIMEOUT, "one response")
         assert dict(stats.serializations) == {}, "the shared listener was built already"
         await responses_written(stats, {types.LISTENER: 1})

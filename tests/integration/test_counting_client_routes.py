@@ -16,23 +16,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from envoy.config.route.v3 import route_pb2
-
 from pilot.xds import types
-from tests.support.mesh import Ep, endpoint_slice, pod, service
+from tests.integration.reviews_counting import (
+    HOST,
+    follow,
+    read_one,
+    reviews,
+    reviews_routes,
+    reviews_subsets,
+)
+from tests.support.mesh import pod
 from tests.support.pilot import responses_written, running_pilot
-from tests.support.xds_client import DeltaStream, XdsClient, delta_resources, node
+from tests.support.xds_client import XdsClient, node
 
-HOST = "reviews.shop.svc.cluster.local"
-PODS = {"10.44.1.1": "v1", "10.44.1.2": "v2", "10.44.1.3": "v3"}
 # ip -> (namespace, name, labels): the client sidecars' Pods.
 CLIENTS = {
     "10.44.0.7": ("shop", "web", {"app": "web"}),
     "10.44.0.8": ("shop", "tester", {"app": "tester"}),
     "10.44.0.9": ("front", "client", {"app": "client"}),
 }
-TIMEOUT = 30.0
-ASKED = "assignments asked for"
 
 
 def to(subset: str) -> dict[str, Any]:
@@ -61,65 +63,16 @@ def _vs(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 def mesh(
     *virtual_services: dict[str, Any], unready: str = "", relabel: str = ""
 ) -> list[dict[str, Any]]:
-    slice_ = [Ep(ip, ready=ip != unready, pod=f"reviews-{v}") for ip, v in PODS.items()]
-    subsets = [{"name": v, "labels": {"version": v}} for v in ("v1", "v2", "v3")]
     clients = [
         pod(name, ip, ns, service_account=name, labels={"app": "tester"} if ip == relabel else lb)
         for ip, (ns, name, lb) in CLIENTS.items()
     ]
-    return [
-        service("reviews", "shop", [("http", 9080)]),
-        endpoint_slice("reviews", slice_, "shop", [("http", 9080)]),
-        *(pod(f"reviews-{v}", ip, "shop", labels={"version": v}) for ip, v in PODS.items()),
-        *clients,
-        {
-            "apiVersion": "networking.istio.io/v1",
-            "kind": "DestinationRule",
-            "metadata": {"name": "reviews", "namespace": "shop"},
-            "spec": {"host": "reviews", "subsets": subsets},
-        },
-        *virtual_services,
-    ]
-
-
-async def read_one(stream: DeltaStream, held: dict[str, dict[str, Any]]) -> tuple[str, set[str]]:
-    """One response applied (new clusters' assignments asked for): its type and names."""
-    response = await stream.next_response(TIMEOUT)
-    got = delta_resources(response)
-    for name, resource in got.items():
-        held.setdefault(response.type_url, {})[name] = resource.message
-    await stream.ack(response)
-    asked = held.setdefault(ASKED, {})
-    eds = sorted(n for n in got if n.startswith("outbound|") and n not in asked)
-    if response.type_url == types.CLUSTER and eds:
-        asked.update(dict.fromkeys(eds))
-        await stream.subscribe(types.ENDPOINT, eds)
-    return response.type_url, set(got) | set(response.removed_resources)
-
-
-async def follow(stream: DeltaStream) -> dict[str, dict[str, Any]]:
-    """Subscribe as Envoy does, until the stream holds route configuration 9080 and the
-    assignment of every cluster it holds."""
-    held: dict[str, dict[str, Any]] = {}
-    await stream.subscribe(types.CLUSTER, ["*"])
-    await stream.subscribe(types.LISTENER, ["*"])
-    await stream.subscribe(types.ROUTE, ["9080"])
-
-    def done() -> bool:
-        clusters = {n for n in held.get(types.CLUSTER, {}) if n.startswith("outbound|")}
-        assignments = held.get(types.ENDPOINT, {}).keys()
-        return "9080" in held.get(types.ROUTE, {}) and bool(clusters) and clusters <= assignments
-
-    while not done():
-        await read_one(stream, held)
-    return held
+    return [*reviews(unready), *clients, reviews_subsets(), *virtual_services]
 
 
 def subsets(held: dict[str, dict[str, Any]]) -> list[str]:
     """The subset each route of reviews' virtual host sends to, in order."""
-    config: route_pb2.RouteConfiguration = held[types.ROUTE]["9080"]
-    [vhost] = [h for h in config.virtual_hosts if h.name == f"{HOST}:9080"]
-    return [r.route.cluster.split("|")[2] for r in vhost.routes]
+    return [r.route.cluster.split("|")[2] for r in reviews_routes(held)]
 
 
 async def test_client_dependent_changes_push_rds_to_the_sidecars_they_concern_alone(
@@ -139,7 +92,7 @@ async def test_client_dependent_changes_push_rds_to_the_sidecars_they_concern_al
             for ip, (ns, name, _) in CLIENTS.items()
         }
         web, tester, front = "10.44.0.7", "10.44.0.8", "10.44.0.9"
-        held = {ip: await follow(streams[ip]) for ip in CLIENTS}
+        held = {ip: await follow(streams[ip], ["9080"]) for ip in CLIENTS}
         assert subsets(held[web]) == ["v1"]
         assert subsets(held[tester]) == ["v3", "v1"]
         assert subsets(held[front]) == ["v2"]

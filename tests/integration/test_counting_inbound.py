@@ -20,9 +20,10 @@ from typing import Any
 
 from pilot.xds import types
 from tests.support.envoy_process import wait_until
+from tests.support.inbound_counting import next_change, sync_inbound
 from tests.support.mesh import Ep, endpoint_slice, service
 from tests.support.pilot import responses_written, running_pilot
-from tests.support.xds_client import DeltaStream, XdsClient, delta_resources, node
+from tests.support.xds_client import XdsClient, node
 
 SERVICES = 200
 SIDECARS = 40
@@ -65,26 +66,10 @@ def _mesh(
     return objects
 
 
-async def _sync(stream: DeltaStream) -> None:
-    await stream.subscribe(types.CLUSTER, ["*"])
-    await stream.subscribe(types.LISTENER, ["*"])
-    held: set[str] = set()  # the inbound clusters follow once the stream reads listeners
-    while not {"virtualInbound", "inbound|8080||"} <= held:
-        response = await stream.next_response(TIMEOUT)
-        held |= set(delta_resources(response))
-        await stream.ack(response)
-
-
-async def _next(stream: DeltaStream) -> tuple[str, set[str], set[str]]:
-    response = await stream.next_response(TIMEOUT)
-    await stream.ack(response)
-    return response.type_url, set(delta_resources(response)), set(response.removed_resources)
-
-
 async def test_one_pods_inbound_change_reaches_that_pod_only(tmp_path: Path) -> None:
     async with running_pilot(tmp_path, _mesh()) as pilot, XdsClient(pilot.grpc_target) as client:
         streams = [client.delta_ads(node(_sidecar(i))) for i in range(SIDECARS)]
-        await asyncio.gather(*(_sync(s) for s in streams))
+        await asyncio.gather(*(sync_inbound(s) for s in streams))
         stats = pilot.discovery.stats
 
         stats.reset()
@@ -95,8 +80,8 @@ async def test_one_pods_inbound_change_reaches_that_pod_only(tmp_path: Path) -> 
 
         stats.reset()
         pilot.write(_mesh(moved=SERVICES - 1, joined=True))
-        assert await _next(streams[JOINER]) == (types.CLUSTER, {"inbound|9000||"}, set())
-        assert await _next(streams[JOINER]) == (types.LISTENER, {"virtualInbound"}, set())
+        assert await next_change(streams[JOINER]) == (types.CLUSTER, {"inbound|9000||"}, set())
+        assert await next_change(streams[JOINER]) == (types.LISTENER, {"virtualInbound"}, set())
         assert dict(stats.serializations) == {
             types.ENDPOINT: 1,  # admin's assignment
             types.LISTENER: 1,  # one new shape: 8080 and 9000
@@ -107,7 +92,7 @@ async def test_one_pods_inbound_change_reaches_that_pod_only(tmp_path: Path) -> 
 
         stats.reset()
         pilot.write(_mesh(moved=SERVICES - 1, joined=True, strict=True))
-        assert await _next(streams[JOINER]) == (types.LISTENER, {"virtualInbound"}, set())
+        assert await next_change(streams[JOINER]) == (types.LISTENER, {"virtualInbound"}, set())
         assert dict(stats.serializations) == {types.LISTENER: 1}
         await responses_written(stats, {types.LISTENER: 1})
         assert stats.streams_woken == 1

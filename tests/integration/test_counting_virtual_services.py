@@ -18,23 +18,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from envoy.config.route.v3 import route_pb2
 
 from pilot.xds import types
+from tests.integration.reviews_counting import (
+    HOST,
+    TIMEOUT,
+    cluster,
+    follow,
+    read_one,
+    reviews,
+    reviews_routes,
+    reviews_subsets,
+)
 from tests.support.envoy_process import wait_until
-from tests.support.mesh import Ep, endpoint_slice, pod, service
+from tests.support.mesh import Ep, endpoint_slice, service
 from tests.support.pilot import responses_written, running_pilot
-from tests.support.xds_client import DeltaStream, XdsClient, delta_resources, node
+from tests.support.xds_client import XdsClient, node
 
-HOST = "reviews.shop.svc.cluster.local"
-PODS = {"10.44.1.1": "v1", "10.44.1.2": "v2", "10.44.1.3": "v3"}
 SIDECARS = {"10.44.0.7": ["9080", "8080"], "10.44.0.8": ["9080"], "10.44.0.9": ["8080"]}
-TIMEOUT = 30.0
-ASKED = "assignments asked for"  # in a stream's `held`: as Envoy, each asked for once
-
-
-def cluster(subset: str) -> str:
-    return f"outbound|9080|{subset}|{HOST}"
 
 
 def split(v1: int, v3: int) -> dict[str, Any]:
@@ -50,62 +51,18 @@ def split(v1: int, v3: int) -> dict[str, Any]:
 
 
 def mesh(*virtual_services: dict[str, Any], unready: str = "") -> list[dict[str, Any]]:
-    slice_ = [Ep(ip, ready=ip != unready, pod=f"reviews-{v}") for ip, v in PODS.items()]
-    subsets = [{"name": v, "labels": {"version": v}} for v in ("v1", "v2", "v3")]
     return [
-        service("reviews", "shop", [("http", 9080)]),
-        endpoint_slice("reviews", slice_, "shop", [("http", 9080)]),
-        *(pod(f"reviews-{v}", ip, "shop", labels={"version": v}) for ip, v in PODS.items()),
+        *reviews(unready),
         service("ratings", "shop", [("http", 8080)]),
         endpoint_slice("ratings", [Ep("10.44.3.1")], "shop", [("http", 8080)]),
-        {
-            "apiVersion": "networking.istio.io/v1",
-            "kind": "DestinationRule",
-            "metadata": {"name": "reviews", "namespace": "shop"},
-            "spec": {"host": "reviews", "subsets": subsets},
-        },
+        reviews_subsets(),
         *virtual_services,
     ]
 
 
-async def read_one(stream: DeltaStream, held: dict[str, dict[str, Any]]) -> tuple[str, set[str]]:
-    """One response applied (new clusters' assignments asked for): its type and names."""
-    response = await stream.next_response(TIMEOUT)
-    got = delta_resources(response)
-    for name, resource in got.items():
-        held.setdefault(response.type_url, {})[name] = resource.message
-    await stream.ack(response)
-    asked = held.setdefault(ASKED, {})
-    eds = sorted(n for n in got if n.startswith("outbound|") and n not in asked)
-    if response.type_url == types.CLUSTER and eds:
-        asked.update(dict.fromkeys(eds))
-        await stream.subscribe(types.ENDPOINT, eds)
-    return response.type_url, set(got) | set(response.removed_resources)
-
-
-async def follow(stream: DeltaStream, routes: list[str]) -> dict[str, dict[str, Any]]:
-    """Subscribe as Envoy does, until the stream holds its routes and the assignment of
-    every cluster it holds (the subsets' among them)."""
-    held: dict[str, dict[str, Any]] = {}
-    await stream.subscribe(types.CLUSTER, ["*"])
-    await stream.subscribe(types.LISTENER, ["*"])
-    await stream.subscribe(types.ROUTE, routes)
-    subsets = {cluster(v) for v in ("v1", "v2", "v3")}
-
-    def done() -> bool:
-        clusters = {n for n in held.get(types.CLUSTER, {}) if n.startswith("outbound|")}
-        assignments = held.get(types.ENDPOINT, {}).keys()
-        return set(routes) <= held.get(types.ROUTE, {}).keys() and subsets | clusters <= assignments
-
-    while not done():
-        await read_one(stream, held)
-    return held
-
-
 def weights(held: dict[str, dict[str, Any]]) -> dict[str, int]:
-    config: route_pb2.RouteConfiguration = held[types.ROUTE]["9080"]
-    [vhost] = [h for h in config.virtual_hosts if h.name == f"{HOST}:9080"]
-    return {c.name: c.weight.value for c in vhost.routes[0].route.weighted_clusters.clusters}
+    routes = reviews_routes(held)
+    return {c.name: c.weight.value for c in routes[0].route.weighted_clusters.clusters}
 
 
 async def test_a_weight_change_pushes_rds_alone_to_the_sidecars_holding_it(

@@ -16,32 +16,18 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from envoy.config.core.v3 import address_pb2
-from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.config.route.v3 import route_pb2
-from envoy.extensions.filters.network.http_connection_manager.v3 import (
-    http_connection_manager_pb2 as hcm_pb2,
-)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pilot.builders.listeners import route_filters, router_filter
-from pilot.xds import types
-from tests.integration.envoy_validation import bootstrap_of
-from tests.support.envoy_process import validate_bootstrap
-from tests.support.mesh import pod, service
-from tests.support.pilot import running_pilot
-from tests.support.xds_client import DeltaStream, XdsClient, delta_resources, node
+from tests.integration.route_validation import host, routed_service
+from tests.integration.route_validation import validated as validated_for
+from tests.support.mesh import pod
+from tests.support.xds_client import node
 
-TIMEOUT = 30.0
-ROUTE = "9080"
 CLIENT_IP = "10.44.0.5"
 CLIENT_ID = f"sidecar~{CLIENT_IP}~client.shop~shop.svc.cluster.local"
 CLIENT_META = {"NAMESPACE": "shop", "SERVICE_ACCOUNT": "client"}
-
-
-def host(i: int) -> str:
-    return f"svc{i}.shop.svc.cluster.local"
 
 
 def objects_for(labels: dict[str, str], specs: list[tuple[str, dict[str, Any]]]) -> list[Any]:
@@ -50,76 +36,16 @@ def objects_for(labels: dict[str, str], specs: list[tuple[str, dict[str, Any]]])
     objects: list[Any] = [pod("client", CLIENT_IP, "shop", service_account="client")]
     objects[0]["metadata"]["labels"] = labels
     for i, (namespace, spec) in enumerate(specs):
-        objects.append(service(f"svc{i}", "shop", [("http", 9080)]))
-        subsets = [{"name": v, "labels": {"version": v}} for v in ("v1", "v2", "v3")]
-        objects.append(
-            {
-                "apiVersion": "networking.istio.io/v1",
-                "kind": "DestinationRule",
-                "metadata": {"name": f"svc{i}", "namespace": "shop"},
-                "spec": {"host": f"svc{i}", "subsets": subsets},
-            }
-        )
-        objects.append(
-            {
-                "apiVersion": "networking.istio.io/v1",
-                "kind": "VirtualService",
-                "metadata": {"name": f"svc{i}", "namespace": namespace},
-                "spec": {"hosts": [host(i)], **spec},
-            }
-        )
+        objects += routed_service(i, spec, namespace, host(i))
     return objects
-
-
-async def fetch(stream: DeltaStream, hosts: int) -> dict[str, dict[str, Any]]:
-    """Clusters, listeners and route configuration 9080, once every subset cluster is in."""
-    held: dict[str, dict[str, Any]] = {t: {} for t in (types.CLUSTER, types.LISTENER, types.ROUTE)}
-    wanted = {f"outbound|9080|{v}|{host(i)}" for i in range(hosts) for v in ("v1", "v2", "v3")}
-    await stream.subscribe(types.CLUSTER, ["*"])
-    await stream.subscribe(types.LISTENER, ["*"])
-    await stream.subscribe(types.ROUTE, [ROUTE])
-    while not (wanted <= held[types.CLUSTER].keys() and ROUTE in held[types.ROUTE]):
-        response = await stream.next_response(TIMEOUT)
-        for name, resource in delta_resources(response).items():
-            held[response.type_url][name] = resource.message
-        await stream.ack(response)
-    return held
-
-
-def inline_listener(config: route_pb2.RouteConfiguration) -> listener_pb2.Listener:
-    """The route configuration inline, behind the filters pilot's outbound chains carry."""
-    manager = hcm_pb2.HttpConnectionManager(
-        stat_prefix="inline", route_config=config, http_filters=[*route_filters(), router_filter()]
-    )
-    manager.route_config.validate_clusters.value = True
-    chain = listener_components_pb2.FilterChain()
-    chain.filters.add(name="hcm").typed_config.Pack(manager)
-    address = address_pb2.SocketAddress(address="127.0.0.1", port_value=41000)
-    return listener_pb2.Listener(
-        name="inline-routes",
-        address=address_pb2.Address(socket_address=address),
-        filter_chains=[chain],
-    )
 
 
 async def validated(
     tmp_path: Path, labels: dict[str, str], specs: list[tuple[str, dict[str, Any]]]
 ) -> route_pb2.RouteConfiguration:
     """Route configuration 9080 as the client reads it, after Envoy validated it."""
-    async with (
-        running_pilot(tmp_path, objects_for(labels, specs)) as pilot,
-        XdsClient(pilot.grpc_target) as client,
-    ):
-        held = await fetch(client.delta_ads(node(CLIENT_ID, CLIENT_META)), len(specs))
-    routes = dict(held[types.ROUTE])
-    held[types.ROUTE] = {}
-    bootstrap = bootstrap_of(held)
-    bootstrap.static_resources.listeners.append(inline_listener(routes[ROUTE]))
-    path = tmp_path / "bootstrap.pb"
-    path.write_bytes(bootstrap.SerializeToString())
-    validate_bootstrap(path)
-    config: route_pb2.RouteConfiguration = routes[ROUTE]
-    return config
+    client = node(CLIENT_ID, CLIENT_META)
+    return await validated_for(tmp_path, objects_for(labels, specs), len(specs), client)
 
 
 # Label keys and values, now and then odd (Kubernetes would refuse some; pilot's file

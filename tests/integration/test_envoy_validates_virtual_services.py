@@ -16,106 +16,31 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from envoy.config.core.v3 import address_pb2
-from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
-from envoy.extensions.filters.network.http_connection_manager.v3 import (
-    http_connection_manager_pb2 as hcm_pb2,
-)
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pilot.builders.listeners import route_filters, router_filter
 from pilot.registry.istio_config import ConfigError
 from pilot.registry.virtual_service import parse_virtual_service
 from pilot.xds import types
-from tests.integration.envoy_validation import POD_ID, bootstrap_of
-from tests.support.envoy_process import validate_bootstrap
+from tests.integration.envoy_validation import POD_ID
+from tests.integration.route_validation import fetch, host, routed_service, validate_held
+from tests.integration.route_validation import validated as validated_for
 from tests.support.mesh import service
 from tests.support.pilot import running_pilot
-from tests.support.xds_client import DeltaStream, XdsClient, delta_resources, node
-
-TIMEOUT = 30.0
-ROUTE = "9080"
-
-
-def host(i: int) -> str:
-    return f"svc{i}.shop.svc.cluster.local"
+from tests.support.xds_client import XdsClient, node
 
 
 def objects_for(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A service, a DestinationRule (v1..v3) and the VirtualService `spec` per spec."""
-    objects: list[dict[str, Any]] = []
-    for i, spec in enumerate(specs):
-        objects.append(service(f"svc{i}", "shop", [("http", 9080)]))
-        subsets = [{"name": v, "labels": {"version": v}} for v in ("v1", "v2", "v3")]
-        objects.append(
-            {
-                "apiVersion": "networking.istio.io/v1",
-                "kind": "DestinationRule",
-                "metadata": {"name": f"svc{i}", "namespace": "shop"},
-                "spec": {"host": f"svc{i}", "subsets": subsets},
-            }
-        )
-        objects.append(
-            {
-                "apiVersion": "networking.istio.io/v1",
-                "kind": "VirtualService",
-                "metadata": {"name": f"svc{i}", "namespace": "shop"},
-                "spec": {"hosts": [f"svc{i}"], **spec},
-            }
-        )
-    return objects
-
-
-async def fetch(stream: DeltaStream, hosts: int) -> dict[str, dict[str, Any]]:
-    """Clusters, listeners and route configuration 9080, once every subset cluster is in."""
-    held: dict[str, dict[str, Any]] = {t: {} for t in (types.CLUSTER, types.LISTENER, types.ROUTE)}
-    wanted = {f"outbound|9080|{v}|{host(i)}" for i in range(hosts) for v in ("v1", "v2", "v3")}
-    await stream.subscribe(types.CLUSTER, ["*"])
-    await stream.subscribe(types.LISTENER, ["*"])
-    await stream.subscribe(types.ROUTE, [ROUTE])
-    while not (wanted <= held[types.CLUSTER].keys() and ROUTE in held[types.ROUTE]):
-        response = await stream.next_response(TIMEOUT)
-        for name, resource in delta_resources(response).items():
-            held[response.type_url][name] = resource.message
-        await stream.ack(response)
-    return held
-
-
-def inline_listener(config: route_pb2.RouteConfiguration) -> listener_pb2.Listener:
-    """The route configuration inline, behind the filters pilot's outbound chains carry."""
-    manager = hcm_pb2.HttpConnectionManager(
-        stat_prefix="inline", route_config=config, http_filters=[*route_filters(), router_filter()]
-    )
-    manager.route_config.validate_clusters.value = True
-    chain = listener_components_pb2.FilterChain()
-    chain.filters.add(name="hcm").typed_config.Pack(manager)
-    address = address_pb2.SocketAddress(address="127.0.0.1", port_value=41000)
-    return listener_pb2.Listener(
-        name="inline-routes",
-        address=address_pb2.Address(socket_address=address),
-        filter_chains=[chain],
-    )
+    return [obj for i, spec in enumerate(specs) for obj in routed_service(i, spec)]
 
 
 async def validated(tmp_path: Path, specs: list[dict[str, Any]]) -> route_pb2.RouteConfiguration:
     """Route configuration 9080 pilot serves for `specs`, after Envoy validated it."""
-    async with (
-        running_pilot(tmp_path, objects_for(specs)) as pilot,
-        XdsClient(pilot.grpc_target) as client,
-    ):
-        held = await fetch(client.delta_ads(node(POD_ID)), len(specs))
-    config: route_pb2.RouteConfiguration = held[types.ROUTE][ROUTE]
-    routes = dict(held[types.ROUTE])
-    held[types.ROUTE] = {}
-    bootstrap = bootstrap_of(held)
-    bootstrap.static_resources.listeners.append(inline_listener(routes[ROUTE]))
-    path = tmp_path / "bootstrap.pb"
-    path.write_bytes(bootstrap.SerializeToString())
-    validate_bootstrap(path)
-    return config
+    return await validated_for(tmp_path, objects_for(specs), len(specs), node(POD_ID))
 
 
 def dest(subset: str, weight: int | None = None) -> dict[str, Any]:
@@ -354,10 +279,4 @@ async def test_envoy_validates_a_tcp_route_shifting_weights(tmp_path: Path) -> N
         (f"outbound|9000|v1|{echo_host}", 80),
         (f"outbound|9000|v2|{echo_host}", 20),
     ]
-    routes = dict(held[types.ROUTE])
-    held[types.ROUTE] = {}
-    bootstrap = bootstrap_of(held)
-    bootstrap.static_resources.listeners.append(inline_listener(routes[ROUTE]))
-    path = tmp_path / "bootstrap.pb"
-    path.write_bytes(bootstrap.SerializeToString())
-    validate_bootstrap(path)
+    validate_held(tmp_path, held)

@@ -21,24 +21,24 @@ import logging
 
 from kubernetes_asyncio import client
 
-from pilot.kube.informer import Obj, Request, WatchFaults
+from pilot.kube.informer import Obj, Request
 from pilot.kube.metadata import raw_request
 from pilot.registry.peer_authentication import (
     GROUP,
     KIND,
     VERSIONS,
+    PeerAuthentication,
     PeerAuthenticationKey,
     PolicyError,
     parse_peer_authentication,
 )
-from pilot.registry.updater import RegistryUpdater
 from pilot.runtime.supervisor import describe
+from pilot.sources.kubernetes.policy_handler import PolicyHandler
 
 log = logging.getLogger("pilot.sources.kubernetes")
 
 PLURAL = "peerauthentications"
 _DISCOVERY_BYTES = 1 << 20
-_PARSE_ERRORS = (PolicyError, TypeError, ValueError, KeyError, AttributeError, RecursionError)
 
 
 def objects_at(api_client: client.ApiClient, path: str) -> Request:
@@ -80,23 +80,18 @@ async def served_version(api_client: client.ApiClient, plural: str = PLURAL) -> 
     return None
 
 
-class PeerAuthenticationHandler:
+class PeerAuthenticationHandler(PolicyHandler[PeerAuthentication]):
     """Parses each PeerAuthentication into the updater; a bad one is counted and skipped."""
 
-    def __init__(self, updater: RegistryUpdater, cluster: str, faults: WatchFaults) -> None:
-        self._updater = updater
-        self._cluster = cluster
-        self._faults = faults
+    def parse(self, obj: Obj) -> PeerAuthentication:
+        return parse_peer_authentication(obj)
 
-    def upsert(self, obj: Obj) -> None:
-        try:
-            policy = parse_peer_authentication(obj)
-        except _PARSE_ERRORS as error:
-            what = str(error) if isinstance(error, PolicyError) else describe(error)
-            self._faults.report(self._cluster, KIND, "invalid", f"an invalid {what}")
-            return
-        self._updater.upsert_peer_authentication(policy)
+    def refused(self, obj: Obj, error: BaseException) -> None:
+        what = str(error) if isinstance(error, PolicyError) else describe(error)
+        self._faults.report(self._cluster, KIND, "invalid", f"an invalid {what}")
 
-    def delete(self, namespace: str, name: str) -> None:
-        key = PeerAuthenticationKey(namespace or "default", name)
-        self._updater.delete_peer_authentication(key)
+    def apply(self, parsed: PeerAuthentication) -> None:
+        self._updater.upsert_peer_authentication(parsed)
+
+    def remove(self, namespace: str, name: str) -> None:
+        self._updater.delete_peer_authentication(PeerAuthenticationKey(namespace, name))

@@ -10,41 +10,37 @@ opens anything: its issuers then give no request principal).
 
 from __future__ import annotations
 
-from pilot.kube.informer import Obj, WatchFaults
-from pilot.registry.istio_config import ConfigError, ConfigKey, key_of
+from pilot.kube.informer import Obj
+from pilot.registry.istio_config import ConfigKey, key_of
 from pilot.registry.request_authentication import (
     KIND,
+    RequestAuthentication,
     parse_request_authentication,
     refusal_of,
 )
-from pilot.registry.updater import RegistryUpdater
+from pilot.sources.kubernetes.policy_handler import PolicyHandler
 
 PLURAL = "requestauthentications"
-_PARSE_ERRORS = (ConfigError, TypeError, ValueError, KeyError, AttributeError, RecursionError)
 
 
-class RequestAuthenticationHandler:
+class RequestAuthenticationHandler(PolicyHandler[RequestAuthentication]):
     """Parses each RequestAuthentication into the updater; a bad one is said and skipped."""
 
-    def __init__(self, updater: RegistryUpdater, cluster: str, faults: WatchFaults) -> None:
-        self._updater = updater
-        self._cluster = cluster
-        self._faults = faults
+    def parse(self, obj: Obj) -> RequestAuthentication:
+        return parse_request_authentication(obj)
 
-    def upsert(self, obj: Obj) -> None:
-        try:
-            ra = parse_request_authentication(obj)
-        except _PARSE_ERRORS as error:
-            self._updater.config_refused(key_of(KIND, obj))
-            self._faults.report(
-                self._cluster,
-                KIND,
-                "invalid",
-                f"an invalid {refusal_of(obj, error)}",
-                "skipped: its last good version (if any) keeps applying",
-            )
-            return
-        self._updater.upsert_request_authentication(ra)
+    def refused(self, obj: Obj, error: BaseException) -> None:
+        self._updater.config_refused(key_of(KIND, obj))
+        self._faults.report(
+            self._cluster,
+            KIND,
+            "invalid",
+            f"an invalid {refusal_of(obj, error)}",
+            "skipped: its last good version (if any) keeps applying",
+        )
 
-    def delete(self, namespace: str, name: str) -> None:
-        self._updater.delete_request_authentication(ConfigKey(KIND, namespace or "default", name))
+    def apply(self, parsed: RequestAuthentication) -> None:
+        self._updater.upsert_request_authentication(parsed)
+
+    def remove(self, namespace: str, name: str) -> None:
+        self._updater.delete_request_authentication(ConfigKey(KIND, namespace, name))
