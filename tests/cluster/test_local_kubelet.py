@@ -216,8 +216,11 @@ async def test_a_job_pod_ends_once_its_app_has_and_its_sidecar_is_stopped(
     assert run[0].output("app") == ["200"], "the app ran once the sidecar served"
     (helper,) = run[0].processes["helper"]
     assert helper.process.returncode == -signal.SIGTERM
-    status = await kube.get(path_of("Pod", namespace, "job"))
-    assert status["status"]["phase"] == "Succeeded"
+    # The kubelet's own phase moves before its status write reaches the API server.
+    await wait_until(
+        lambda: kube.get(path_of("Pod", namespace, "job")), 30, "the API server's Succeeded",
+        until=lambda pod: pod["status"].get("phase") == "Succeeded",
+    )  # fmt: skip
 
 
 SECRET_ENV = [{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
