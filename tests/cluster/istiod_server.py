@@ -2,8 +2,10 @@
 
 `running_istiod` runs it as bench/istiod.py does (its namespace made if need be, every
 listener on 127.0.0.1, Istio's defaults) and yields its plaintext xDS address once
-/ready; it skips the test where there is no Go to build it. `resources_of` asks a
-server (istiod or pilot) over delta ADS for the resources of one type a sidecar gets.
+/ready; it fails the test where there is no Go to build it. `side_by_side` sets up
+one Pod behind its Service with some Istio objects, and istiod and pilot both serving
+its sidecar. `resources_of` asks a server (istiod or pilot) over delta ADS for the
+resources of one type a sidecar gets.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import os
 import shutil
 import subprocess
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +25,16 @@ import pytest
 
 from bench import istiod
 from pilot.xds import types
-from tests.cluster.client import Kube, path_of
+from tests.cluster.client import Kube, admin, path_of
 from tests.cluster.control_plane import ControlPlane, free_port
+from tests.cluster.workloads import (
+    Kubelet,
+    address,
+    deployment,
+    ensure_account,
+    service,
+    watching_pilot,
+)
 from tests.support.envoy_process import wait_until
 from tests.support.xds_client import XdsClient, delta_resources, node
 
@@ -135,3 +146,44 @@ async def resources_of(
             await stream.ack(response)
             found |= {n: r.message for n, r in delta_resources(response).items() if n in names}
     return found
+
+
+@dataclass(frozen=True)
+class SideBySide:
+    """A sidecar's node id, and the xDS address of each server ("pilot", "istiod")."""
+
+    node_id: str
+    servers: dict[str, str]
+
+
+@asynccontextmanager
+async def side_by_side(
+    plane: ControlPlane,
+    namespace: str,
+    folder: Path,
+    name: str,
+    objects: Sequence[tuple[str, dict[str, Any]]] = (),
+) -> AsyncIterator[SideBySide]:
+    """One Pod of Deployment `name` behind Service `name`, the networking.istio.io
+    objects `objects` ((kind, spec), each named `name`), and istiod and pilot both
+    serving that Pod's sidecar."""
+    async with AsyncExitStack() as stack:
+        kube = await stack.enter_async_context(admin(plane))
+        await ensure_account(kube, namespace)
+        await kube.create(deployment(name, namespace, 1))
+        await kube.create(service(name, namespace))
+        (pod,) = await Kubelet(kube, namespace).run_replicas(name, 1)
+        for kind, spec in objects:
+            await kube.create(
+                {
+                    "apiVersion": "networking.istio.io/v1",
+                    "kind": kind,
+                    "metadata": {"name": name, "namespace": namespace},
+                    "spec": spec,
+                }
+            )
+        istiod_at = await stack.enter_async_context(running_istiod(plane, kube, folder))
+        pilot = await stack.enter_async_context(watching_pilot(kube, plane, folder, (namespace,)))
+        pod_name = pod["metadata"]["name"]
+        node_id = f"sidecar~{address(pod)}~{pod_name}.{namespace}~{namespace}.svc.cluster.local"
+        yield SideBySide(node_id, {"pilot": pilot.grpc_target, "istiod": istiod_at})

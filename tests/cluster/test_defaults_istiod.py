@@ -12,7 +12,6 @@ endpoints, which pilot leaves out (docs/sidecar.md).
 
 from __future__ import annotations
 
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +19,10 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.route.v3 import route_pb2
 
 from pilot.xds import types
-from tests.cluster.client import admin
 from tests.cluster.control_plane import ControlPlane
-from tests.cluster.istiod_server import clusters_of, resources_of, running_istiod
+from tests.cluster.istiod_server import clusters_of, resources_of, side_by_side
 from tests.cluster.workloads import (
     SERVICE_PORT,
-    Kubelet,
-    address,
-    deployment,
-    ensure_account,
-    service,
-    watching_pilot,
 )
 
 CLUSTER_FIELDS = ("lb_policy", "circuit_breakers", "connect_timeout", "type")
@@ -54,24 +46,13 @@ async def test_with_no_rule_the_cluster_and_route_are_istiods(
     host = f"ratings.{namespace}.svc.cluster.local"
     cluster = f"outbound|{SERVICE_PORT}||{host}"
     route = str(SERVICE_PORT)
-    async with AsyncExitStack() as stack:
-        kube = await stack.enter_async_context(admin(deployed))
-        await ensure_account(kube, namespace)
-        await kube.create(deployment("ratings", namespace, 1))
-        await kube.create(service("ratings", namespace))
-        (pod,) = await Kubelet(kube, namespace).run_replicas("ratings", 1)
-        theirs_at = await stack.enter_async_context(running_istiod(deployed, kube, tmp_path))
-        pilot = await stack.enter_async_context(
-            watching_pilot(kube, deployed, tmp_path, (namespace,))
-        )
-        name = pod["metadata"]["name"]
-        node_id = f"sidecar~{address(pod)}~{name}.{namespace}~{namespace}.svc.cluster.local"
-        servers = {"pilot": pilot.grpc_target, "istiod": theirs_at}
+    async with side_by_side(deployed, namespace, tmp_path, "ratings") as both:
+        servers = both.servers
         clusters = {
-            k: (await clusters_of(t, node_id, {cluster}))[cluster] for k, t in servers.items()
+            k: (await clusters_of(t, both.node_id, {cluster}))[cluster] for k, t in servers.items()
         }
         routes = {
-            k: (await resources_of(t, node_id, types.ROUTE, [route], {route}))[route]
+            k: (await resources_of(t, both.node_id, types.ROUTE, [route], {route}))[route]
             for k, t in servers.items()
         }
     ours, theirs = ({f: str(getattr(clusters[k], f)) for f in CLUSTER_FIELDS} for k in servers)

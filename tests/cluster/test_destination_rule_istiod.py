@@ -16,22 +16,14 @@ the rule's outlierDetection sets it.
 
 from __future__ import annotations
 
-from contextlib import AsyncExitStack
 from pathlib import Path
 
 from envoy.config.cluster.v3 import cluster_pb2
 
-from tests.cluster.client import admin
 from tests.cluster.control_plane import ControlPlane
-from tests.cluster.istiod_server import clusters_of, running_istiod
+from tests.cluster.istiod_server import clusters_of, side_by_side
 from tests.cluster.workloads import (
     SERVICE_PORT,
-    Kubelet,
-    address,
-    deployment,
-    ensure_account,
-    service,
-    watching_pilot,
 )
 
 # What a DestinationRule writes in a cluster.
@@ -101,28 +93,13 @@ async def test_pilots_clusters_for_a_rule_are_istiods(
 ) -> None:
     host = f"reviews.{namespace}.svc.cluster.local"
     names = {f"outbound|{SERVICE_PORT}|{s}|{host}" for s in ("", "v1", "hashed", "port")}
-    async with AsyncExitStack() as stack:
-        kube = await stack.enter_async_context(admin(deployed))
-        await ensure_account(kube, namespace)
-        await kube.create(deployment("reviews", namespace, 1))
-        await kube.create(service("reviews", namespace))
-        (pod,) = await Kubelet(kube, namespace).run_replicas("reviews", 1)
-        await kube.create(
-            {
-                "apiVersion": "networking.istio.io/v1",
-                "kind": "DestinationRule",
-                "metadata": {"name": "reviews", "namespace": namespace},
-                "spec": {"host": "reviews", "trafficPolicy": POLICY, "subsets": SUBSETS},
-            }
-        )
-        theirs_at = await stack.enter_async_context(running_istiod(deployed, kube, tmp_path))
-        pilot = await stack.enter_async_context(
-            watching_pilot(kube, deployed, tmp_path, (namespace,))
-        )
-        name = pod["metadata"]["name"]
-        node_id = f"sidecar~{address(pod)}~{name}.{namespace}~{namespace}.svc.cluster.local"
-        ours = await clusters_of(pilot.grpc_target, node_id, names)
-        theirs = await clusters_of(theirs_at, node_id, names)
+    spec = {"host": "reviews", "trafficPolicy": POLICY, "subsets": SUBSETS}
+    async with side_by_side(
+        deployed, namespace, tmp_path, "reviews", [("DestinationRule", spec)]
+    ) as both:
+        ours, theirs = [
+            await clusters_of(both.servers[k], both.node_id, names) for k in ("pilot", "istiod")
+        ]
     for cluster in sorted(names):
         assert written(ours[cluster]) == written(theirs[cluster]), cluster
     assert not ours[f"outbound|{SERVICE_PORT}|port|{host}"].HasField("outlier_detection")

@@ -20,7 +20,6 @@ What is left out of the comparison, with why:
 
 from __future__ import annotations
 
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +28,10 @@ from envoy.extensions.filters.http.cors.v3 import cors_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
 
 from pilot.xds import types
-from tests.cluster.client import admin
 from tests.cluster.control_plane import ControlPlane
-from tests.cluster.istiod_server import resources_of, running_istiod
+from tests.cluster.istiod_server import resources_of, side_by_side
 from tests.cluster.workloads import (
     SERVICE_PORT,
-    Kubelet,
-    address,
-    deployment,
-    ensure_account,
-    service,
-    watching_pilot,
 )
 
 SUBSETS = [{"name": v, "labels": {"app": "reviews"}} for v in ("v1", "v2", "v3")]
@@ -142,36 +134,16 @@ async def test_pilots_routes_for_a_virtual_service_are_istiods(
 ) -> None:
     host = f"reviews.{namespace}.svc.cluster.local"
     route = str(SERVICE_PORT)
-    async with AsyncExitStack() as stack:
-        kube = await stack.enter_async_context(admin(deployed))
-        await ensure_account(kube, namespace)
-        await kube.create(deployment("reviews", namespace, 1))
-        await kube.create(service("reviews", namespace))
-        (pod,) = await Kubelet(kube, namespace).run_replicas("reviews", 1)
-        for kind, spec in (
-            ("DestinationRule", {"host": "reviews", "subsets": SUBSETS}),
-            ("VirtualService", {"hosts": ["reviews"], "http": HTTP}),
-        ):
-            await kube.create(
-                {
-                    "apiVersion": "networking.istio.io/v1",
-                    "kind": kind,
-                    "metadata": {"name": "reviews", "namespace": namespace},
-                    "spec": spec,
-                }
-            )
-        theirs_at = await stack.enter_async_context(running_istiod(deployed, kube, tmp_path))
-        pilot = await stack.enter_async_context(
-            watching_pilot(kube, deployed, tmp_path, (namespace,))
-        )
-        name = pod["metadata"]["name"]
-        node_id = f"sidecar~{address(pod)}~{name}.{namespace}~{namespace}.svc.cluster.local"
-        servers = {"pilot": pilot.grpc_target, "istiod": theirs_at}
+    objects = [
+        ("DestinationRule", {"host": "reviews", "subsets": SUBSETS}),
+        ("VirtualService", {"hosts": ["reviews"], "http": HTTP}),
+    ]
+    async with side_by_side(deployed, namespace, tmp_path, "reviews", objects) as both:
         configs = {
-            k: (await resources_of(t, node_id, types.ROUTE, [route], {route}))[route]
-            for k, t in servers.items()
+            k: (await resources_of(t, both.node_id, types.ROUTE, [route], {route}))[route]
+            for k, t in both.servers.items()
         }
-    ours, theirs = (_routes_of(configs[k], host) for k in servers)
+    ours, theirs = (_routes_of(configs[k], host) for k in configs)
     assert len(ours) == len(HTTP) + 1  # the ignoreUriCase match is a route of its own
     for i, (mine, istiods) in enumerate(zip(ours, theirs, strict=True)):
         for field in COMPARED:
