@@ -71,6 +71,15 @@ class EndpointSource(Protocol):
     def shared_names(self, key: ServiceKey) -> set[str]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Builder:
+    """How one type's resources of a service are built under a rule, and the flavor of the
+    shared ones they are laid over."""
+
+    shared_flavor: str
+    build: Callable[[ServiceKey, DestinationRule | None], list[Resource]]
+
+
 @dataclass(slots=True)
 class _Table:
     """One flavor of one type: its cache table, what it holds per service, its readers."""
@@ -222,7 +231,7 @@ class ClientClusters:
         if table is None:
             table = self._cds[namespace] = _Table(f"clusters@{next(self._ids)}")
             self._fill(
-                types.CLUSTER, table, namespace, self._differ[namespace], self._cluster_builder
+                types.CLUSTER, table, namespace, self._differ[namespace], self._cluster_builder()
             )
         return table
 
@@ -234,21 +243,19 @@ class ClientClusters:
             self._fill(types.ENDPOINT, table, namespace, self._differ[namespace], build)
         return table
 
-    def _cluster_builder(self, key: ServiceKey, rule: DestinationRule | None) -> list[Resource]:
-        return self._clusters.sidecar_clusters(key, rule)
+    def _cluster_builder(self) -> Builder:
+        return Builder(ADS_WITH_LISTENERS, self._clusters.sidecar_clusters)
 
-    def _endpoint_builder(
-        self, locality: Locality
-    ) -> Callable[[ServiceKey, DestinationRule | None], list[Resource]]:
+    def _endpoint_builder(self, locality: Locality) -> Builder:
         def build(key: ServiceKey, rule: DestinationRule | None) -> list[Resource]:
             return self._endpoints.assignments(key, rule, locality)
 
-        return build
+        return Builder(locality.flavor, build)
 
     def _fill_clusters(self, namespace: str, keys: Collection[ServiceKey], owned: Owned) -> None:
         table = self._cds.get(namespace)
         if table is not None and keys:
-            changed = self._fill(types.CLUSTER, table, namespace, keys, self._cluster_builder)
+            changed = self._fill(types.CLUSTER, table, namespace, keys, self._cluster_builder())
             _own(owned, table.readers, types.CLUSTER, changed)
 
     def _fill_endpoints(self, namespace: str, keys: Collection[ServiceKey], owned: Owned) -> None:
@@ -266,29 +273,41 @@ class ClientClusters:
         table: _Table,
         namespace: str,
         keys: Iterable[ServiceKey],
-        build: Callable[[ServiceKey, DestinationRule | None], list[Resource]],
+        build: Builder,
     ) -> set[str]:
         """Rebuild `keys` in `table` under `namespace`'s rules (dropping those it no longer
-        differs on); returns the names whose bytes or visibility changed."""
-        source = self._clusters if type_url == types.CLUSTER else self._endpoints
+        differs on); returns the names whose bytes or visibility changed. A resource with
+        the shared bytes is not held (the shared one is read, and pushed as shared)."""
+        source, shared = self._shared(type_url, build.shared_flavor)
         differ = self._differ.get(namespace, set())
         upserts: list[Resource] = []
         removals: set[str] = set()
         for key in sorted(keys):
-            built = build(key, self._traffic.rule_for(key, namespace)) if key in differ else []
+            built = (
+                build.build(key, self._traffic.rule_for(key, namespace)) if key in differ else []
+            )
             names = {r.name for r in built}
-            removals |= table.built.pop(key, set()) - names
-            upserts += built
-            if names:
-                table.built[key] = names
+            own = [
+                r for r in built if (same := shared(r.name)) is None or same.version != r.version
+            ]
+            removals |= table.built.pop(key, set()) - {r.name for r in own}
+            upserts += own
+            if own:
+                table.built[key] = {r.name for r in own}
             hidden = source.shared_names(key) - names if key in differ else set()
             table.hidden.pop(key, None)
             if hidden:
                 table.hidden[key] = hidden
         changed = self._cache.update(type_url, upserts, removals, flavor=table.flavor)
-        return changed | self._cache.hide(
-            type_url, table.flavor, set().union(*table.hidden.values())
-        )
+        hidden = set().union(*table.hidden.values())
+        return changed | self._cache.hide(type_url, table.flavor, hidden)
+
+    def _shared(
+        self, type_url: str, flavor: str
+    ) -> tuple[ClusterSource | EndpointSource, Callable[[str], Resource | None]]:
+        """The generator of a type's shared resources, and the table the readers see."""
+        source = self._clusters if type_url == types.CLUSTER else self._endpoints
+        return source, self._cache.shared_table(type_url, flavor).get
 
 
 def _leave(tables: dict[K, _Table], key: K, proxy: ProxyKey) -> _Table | None:

@@ -139,6 +139,13 @@ class TrafficConfig:
     def destination_rules(self) -> list[DestinationRule]:
         return [o for o in self._objects.values() if isinstance(o, DestinationRule)]
 
+    def subsets_for(self, service: ServiceKey) -> bool:
+        """Whether a rule for `service` has subsets, for any client (its pods' labels
+        choose the endpoints of some sidecar's clusters)."""
+        host = service.hostname(self.cluster_domain)
+        rules = [*self._rules_by_host.get(host, ()), *self._wildcard_rules]
+        return any(r.subsets and host_matches(r.host, host) for r in rules)
+
     def has_subsets(self) -> bool:
         """Whether any rule held has subsets (else a pod's labels change no cluster)."""
         return self._with_subsets > 0
