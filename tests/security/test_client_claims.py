@@ -7,11 +7,11 @@ ns-b alone sends the Pod labelled `app: victim` (its sidecar at 10.0.0.2, accoun
 victim) to v3 and the rest of ns-b to v2, and a DestinationRule exported to ns-b alone
 defines those subsets with a connection limit. The victim, over TLS with its token, gets
 both routes and the rule's clusters. An attacker with its own token (ns-a) whose node
-id and metadata claim ns-b and the victim's IP gets the shared default route and the
-shared clusters (its metadata may not name ns-b at all): what it proved picks its routes and clusters, never its node, and a
-Pod of ns-b is no Pod of ns-a's. (A stream that proves nothing reads the
-shared routes too: tests/integration/test_client_routes_hostile.py; here every port
-asks for a token.)
+id claims ns-b and the victim's IP (its metadata may not: refused outright) gets the
+shared default route and the shared clusters: what it proved picks its routes and
+clusters, never its node, and a Pod of ns-b is no Pod of ns-a's. (A stream that
+proves nothing reads the shared routes too:
+tests/integration/test_client_routes_hostile.py; here every port asks for a token.)
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 
 from pilot.builders.settings import BuildSettings
+from pilot.debug.views import configz
 from pilot.generators.cds import ClusterGenerator
 from pilot.generators.client_clusters import ClientClusters
 from pilot.generators.eds import EndpointGenerator
@@ -252,3 +253,15 @@ def test_a_relabelled_pod_moves_between_the_flavors_subsets() -> None:
     mesh.updater.upsert_pod(pod)
     mesh.push()
     assert mesh.hosts(front, cluster(subset="v1")) == {"10.1.0.1", "10.1.0.3"}
+
+
+def test_the_debug_page_lists_the_namespaces_that_follow_each_rule() -> None:
+    mesh = Mesh()
+    mesh.updater.upsert_config(dr("mine", "front", "v1"))
+    mesh.updater.upsert_config(dr("reviews", "shop", "v2"))
+    listed = configz(mesh.updater.traffic, mesh.index)
+    found = {o["name"]: (o["appliedTo"], o["sidecarsOf"]) for o in listed["objects"]}
+    assert found == {
+        "mine": ([], {"front": ["shop/reviews"]}),
+        "reviews": (["shop/reviews"], {}),
+    }
