@@ -31,7 +31,6 @@ from collections.abc import Collection, Iterable
 
 from pilot.registry.destination_rule import DestinationRule
 from pilot.registry.istio_config import (
-    EXPORT_ALL,
     EXPORT_SELF,
     ConfigKey,
     exported_to_all,
@@ -67,6 +66,8 @@ class TrafficConfig:
         self._unsupported: set[ConfigKey] = set()
         self._rules_by_host: dict[str, list[DestinationRule]] = {}
         self._wildcard_rules: list[DestinationRule] = []
+        self._limited: list[DestinationRule] = []  # not exported to every namespace
+        self._rules_in: dict[str, list[DestinationRule]] = {}  # by the rule's namespace
         self._with_subsets = 0
         self._kinds_seen: set[str] = set()  # unsupported kinds already warned about
         self._routes_moved: set[str] = set()  # VirtualService hosts moved, not yet taken
@@ -113,31 +114,30 @@ class TrafficConfig:
     def client_namespaces(self) -> set[str]:
         """The namespaces whose sidecars may follow another rule than the shared one: those
         holding a rule, and those a rule's `exportTo` names."""
-        found: set[str] = set()
-        for rule in self.destination_rules():
-            found.add(rule.key.namespace)
-            found.update(n for n in rule.export_to if n not in (EXPORT_ALL, EXPORT_SELF))
+        found = set(self._rules_in)
+        for rule in self._limited:
+            found.update(n for n in rule.export_to if n != EXPORT_SELF)
         return found
 
     def differing(self, client: str, services: Collection[ServiceKey]) -> set[ServiceKey]:
         """The services (of `services`) whose clusters follow another rule for sidecars of
-        `client` than the shared one. Only another rule than the shared ones can make a
-        difference: one written in `client`, or one not exported to every namespace, that
-        `client` sees; the services those name are looked at."""
-        hosts = [
+        `client` than the shared one. Only a rule the shared clusters cannot take makes a
+        difference: one `client` sees that is not exported to every namespace, or one
+        written in `client` for another namespace's host; the services those name are
+        looked at."""
+        suffix = f".{client}.svc.{self.cluster_domain}"
+        hosts = [r.host for r in self._limited if _visible(r, client)]
+        hosts += [
             r.host
-            for r in self.destination_rules()
-            if _visible(r, client)
-            and (r.key.namespace == client or not exported_to_all(r.export_to))
+            for r in self._rules_in.get(client, ())
+            if exported_to_all(r.export_to)
+            and not (r.host.endswith(suffix) and r.host.count(".") == suffix.count(".") + 1)
         ]
         return {
             key
             for key in self.services_of(hosts, services)
             if self.rule_for(key, client) is not self.rule_for(key)
         }
-
-    def destination_rules(self) -> list[DestinationRule]:
-        return [o for o in self._objects.values() if isinstance(o, DestinationRule)]
 
     def subsets_for(self, service: ServiceKey) -> bool:
         """Whether a rule for `service` has subsets, for any client (its pods' labels
@@ -240,6 +240,11 @@ class TrafficConfig:
             else:
                 by_host.setdefault(config.host, []).append(config)
         self._rules_by_host, self._wildcard_rules = by_host, wildcard
+        rules = [*wildcard, *(r for found in by_host.values() for r in found)]
+        self._limited = [r for r in rules if not exported_to_all(r.export_to)]
+        self._rules_in = {}
+        for rule in rules:
+            self._rules_in.setdefault(rule.key.namespace, []).append(rule)
         self._with_subsets = sum(
             1 for c in self._objects.values() if isinstance(c, DestinationRule) and c.subsets
         )
