@@ -8,18 +8,20 @@ Each change answers which hosts' clusters it touched (a DestinationRule's; a
 VirtualService touches routes only), so the caller rebuilds only the clusters of
 those services.
 
-Which DestinationRule a service's clusters follow (`rule_for`), as Istio's sidecar
-scope picks it for a client in namespace C: a rule written in C that C sees
-(`exportTo` absent, `*`, `.` or naming C), else one in the service's namespace
-exported to C (absent, `*`, or naming C), else one in the root namespace
-(`istio-system`) exported to C; in each, an exact host before a wildcard one, the
-longest wildcard first, and of several the oldest (`creationTimestamp`, then
-name). The shared clusters, which every sidecar reads unless its namespace has its
-own, follow the rule for no client in particular: one exported to every namespace,
-from the service's namespace, else from the root. `client_namespaces` names the
-namespaces whose sidecars may see other rules (those that hold a rule, or that a
-rule's `exportTo` names), and `differing` the services whose rule is another for
-them (`pilot.generators.client_clusters` builds those clusters for them alone).
+Which DestinationRule a service's clusters follow (`rule_for`), as Istio's sidecar scope
+picks it for a client in namespace C: a rule written in C that C sees (`exportTo`
+absent, `*`, `.` or naming C), else one in the service's namespace exported to C
+(absent, `*`, or naming C), else one in the root namespace (`istio-system`) exported to
+C; in each, an exact host before a wildcard one, the longest wildcard first, and of
+several the oldest (`creationTimestamp`, then name), the rules of one namespace for one
+host with the same `exportTo` first merged as Istio merges them (into the oldest: its
+policy, else the next one's; every subset, a name given twice taken from the oldest).
+The shared clusters, which every sidecar reads unless its namespace has its own, follow
+the rule for no client in particular: one exported to every namespace, from the
+service's namespace, else from the root. `client_namespaces` names the namespaces whose
+sidecars may see other rules (those that hold a rule, or that a rule's `exportTo`
+names), and `differing` the services whose rule is another for them
+(`pilot.generators.client_clusters` builds those clusters for them alone).
 
 Unsupported kinds are kept by key only: counted by kind (`unsupported_counts`).
 """
@@ -28,8 +30,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Iterable
+from dataclasses import replace
 
-from pilot.registry.destination_rule import DestinationRule
+from pilot.registry.destination_rule import DestinationRule, Subset
 from pilot.registry.istio_config import (
     EXPORT_SELF,
     ConfigKey,
@@ -232,9 +235,7 @@ class TrafficConfig:
     def _reindex(self) -> None:
         by_host: dict[str, list[DestinationRule]] = {}
         wildcard: list[DestinationRule] = []
-        for config in self._objects.values():
-            if not isinstance(config, DestinationRule):
-                continue
+        for config in _merged(self._objects.values()):
             if config.host.startswith("*"):
                 wildcard.append(config)
             else:
@@ -270,6 +271,32 @@ class TrafficConfig:
                 if any(host_matches(p, host) for p in wild):
                     found.add(service)
         return found
+
+
+def _merged(objects: Iterable[Config]) -> list[DestinationRule]:
+    """The DestinationRules, those of one namespace for one host with the same `exportTo`
+    merged as Istio merges them: into the oldest, with its top-level policy (else the next
+    one's that has one) and the subsets of all, a name given twice taken from the
+    oldest."""
+    alike: dict[tuple[str, str, tuple[str, ...]], list[DestinationRule]] = {}
+    for config in objects:
+        if isinstance(config, DestinationRule):
+            alike.setdefault((config.key.namespace, config.host, config.export_to), []).append(
+                config
+            )
+    merged = []
+    for rules in alike.values():
+        rules.sort(key=lambda r: r.age)
+        if len(rules) == 1:
+            merged.append(rules[0])
+            continue
+        subsets: dict[str, Subset] = {}
+        for rule in rules:
+            for subset in rule.subsets:
+                subsets.setdefault(subset.name, subset)
+        policy = next((r.traffic_policy for r in rules if r.traffic_policy is not None), None)
+        merged.append(replace(rules[0], traffic_policy=policy, subsets=tuple(subsets.values())))
+    return merged
 
 
 def _visible(rule: DestinationRule, client: str | None) -> bool:
