@@ -203,9 +203,10 @@ class ClientClusters:
         """Make `proxy` read its namespace's tables; returns the names it now reads there."""
         cds = self._cluster_table(sidecar.namespace)
         eds = self._endpoint_table(sidecar.namespace, sidecar.locality)
+        # On every stream of the proxy that reads sidecars' clusters: its assignments are its
+        # first stream's locality's (a later stream of the same node declares the same one).
         when = {types.CLUSTER: ADS_WITH_LISTENERS}
         self._cache.set_overlay(proxy, types.CLUSTER, cds.flavor, when, layer=LAYER)
-        when = {**when, types.ENDPOINT: sidecar.locality.flavor}
         self._cache.set_overlay(proxy, types.ENDPOINT, eds.flavor, when, layer=LAYER)
         cds.readers.add(proxy)
         eds.readers.add(proxy)
