@@ -1,5 +1,5 @@
-"""Reviews and three client pods in two namespaces (tests/support/pods), for routes that
-depend on the client, set up once.
+"""Reviews and three client pods in two namespaces (tests/support/pods), for routes and
+clusters that depend on the client, set up once.
 
 The pods, each a network namespace on one bridge (198.18.0.0/15 only):
 
@@ -14,7 +14,9 @@ The pods, each a network namespace on one bridge (198.18.0.0/15 only):
 - `rv1`, `rv2`, `rv3`: the pods of Service `reviews` (namespace `default`, 9080, labels
   `version: v1` ...) with no sidecar, each answering with its version (`reviews-v2`).
 
-Names resolve by hosts entries (reviews, its FQDN -> its ClusterIP).
+Names resolve by hosts entries (reviews, its FQDN -> its ClusterIP). The Istio objects
+the tests write (`SUBSETS`, bookinfo's public rule for reviews) and what they assert of the
+answers (`only` one version, a `spread` over several, `nothing_rejected`) are here too.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ CLIENTS = {
 }
 REVIEWS_HOST = "reviews.default.svc.cluster.local"
 URL = f"http://{REVIEWS_HOST}:{PORT}/reviews/0"
+REQUESTS = 12  # the GETs `only` and `spread` send
 
 
 def pod_address(name: str) -> str:
@@ -73,12 +76,18 @@ def token(client: str) -> str:
 
 
 def registry_objects(labels: dict[str, dict[str, str]] | None = None) -> list[Obj]:
-    """reviews (three pods, no sidecar) and each client's own pod (a sidecar), a client's
-    labels replaced by `labels[client]` where given."""
+    """reviews (three pods, no sidecar) and each client's own pod (a sidecar), a pod's
+    labels replaced by `labels[pod]` where given (a client's all of them, a reviews pod's
+    `version`: `labels["rv3"] = {"version": "v2"}`)."""
     reviews = service("reviews", "default", (("http", PORT),))
     reviews["spec"]["clusterIP"] = REVIEWS_IP
     pods = [
-        pod(f"reviews-{v}", pod_address(f"r{v}"), "default", labels={"version": v})
+        pod(
+            f"reviews-{v}",
+            pod_address(f"r{v}"),
+            "default",
+            labels=(labels or {}).get(f"r{v}", {"version": v}),
+        )
         for v in VERSIONS
     ]
     endpoints = [Ep(pod_address(f"r{v}"), pod=f"reviews-{v}") for v in VERSIONS]
@@ -111,7 +120,7 @@ class ClientMesh:
     sidecars: dict[str, PodEnvoy]
 
     def apply(self, *objects: Obj, labels: dict[str, dict[str, str]] | None = None) -> None:
-        """The registry file is now the mesh (clients relabelled by `labels`) and `objects`."""
+        """The registry file is now the mesh (pods relabelled by `labels`) and `objects`."""
         write_mesh(self.folder / "mesh.yaml", [*registry_objects(labels), *objects])
 
     async def versions(self, client: str, count: int) -> Counter[str]:
@@ -183,6 +192,57 @@ class ClientMesh:
                 f"{name}: {k}": v for k, v in (await envoy.stats(r"update_rejected$")).items()
             }
         return found
+
+
+# ------------------------------------------------------------------ Istio objects, answers
+
+
+def istio_object(kind: str, name: str, namespace: str, spec: Obj) -> Obj:
+    """A `networking.istio.io/v1` object (VirtualService, DestinationRule) as written."""
+    return {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def virtual_service(name: str, namespace: str, spec: Obj) -> Obj:
+    return istio_object("VirtualService", name, namespace, spec)
+
+
+def destination_rule(name: str, namespace: str, spec: Obj) -> Obj:
+    return istio_object("DestinationRule", name, namespace, spec)
+
+
+def subsets(*versions: str) -> list[Obj]:
+    """A DestinationRule's subsets, one per version, each the pods labelled with it."""
+    return [{"name": v, "labels": {"version": v}} for v in versions]
+
+
+# The public rule of istio.io's bookinfo samples: reviews' subsets v1, v2 and v3.
+SUBSETS = destination_rule("reviews", "default", {"host": "reviews", "subsets": subsets(*VERSIONS)})
+
+
+def to(subset: str, host: str = "reviews") -> Obj:
+    return {"destination": {"host": host, "subset": subset}}
+
+
+async def nothing_rejected(mesh: ClientMesh) -> None:
+    counts = await mesh.rejected()
+    assert counts, "no rejection counters read"
+    assert {k: v for k, v in counts.items() if v} == {}
+
+
+async def only(mesh: ClientMesh, client: str, version: str) -> None:
+    assert await mesh.versions(client, REQUESTS) == {f"reviews-{version}": REQUESTS}
+
+
+async def spread(mesh: ClientMesh, client: str) -> None:
+    """The default route: round robin over every pod, so more than one version answers."""
+    answers = await mesh.versions(client, REQUESTS)
+    assert sum(answers.values()) == REQUESTS and len(answers) > 1, answers
+    assert set(answers) <= {"reviews-v1", "reviews-v2", "reviews-v3"}, answers
 
 
 async def _pilot(stack: AsyncExitStack, pod_: Pod, folder: Path) -> PilotProcess:

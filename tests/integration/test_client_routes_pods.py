@@ -13,56 +13,23 @@ has rejected anything.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from tests.integration.client_pods import REVIEWS_HOST, ClientMesh, module_client_pods
+from tests.integration.client_pods import (
+    REVIEWS_HOST,
+    SUBSETS,
+    ClientMesh,
+    module_client_pods,
+    nothing_rejected,
+    only,
+    spread,
+    to,
+    virtual_service,
+)
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.envoy]
 
 mesh = module_client_pods("client-routes")
-REQUESTS = 12
-
-SUBSETS: dict[str, Any] = {
-    "apiVersion": "networking.istio.io/v1",
-    "kind": "DestinationRule",
-    "metadata": {"name": "reviews", "namespace": "default"},
-    "spec": {
-        "host": "reviews",
-        "subsets": [{"name": v, "labels": {"version": v}} for v in ("v1", "v2", "v3")],
-    },
-}
-
-
-def to(subset: str, host: str = "reviews") -> dict[str, Any]:
-    return {"destination": {"host": host, "subset": subset}}
-
-
-def virtual_service(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "networking.istio.io/v1",
-        "kind": "VirtualService",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": spec,
-    }
-
-
-async def nothing_rejected(mesh: ClientMesh) -> None:
-    counts = await mesh.rejected()
-    assert counts, "no rejection counters read"
-    assert {k: v for k, v in counts.items() if v} == {}
-
-
-async def only(mesh: ClientMesh, client: str, version: str) -> None:
-    assert await mesh.versions(client, REQUESTS) == {f"reviews-{version}": REQUESTS}
-
-
-async def spread(mesh: ClientMesh, client: str) -> None:
-    """The default route: round robin over every pod, so more than one version answers."""
-    answers = await mesh.versions(client, REQUESTS)
-    assert sum(answers.values()) == REQUESTS and len(answers) > 1, answers
-    assert set(answers) <= {"reviews-v1", "reviews-v2", "reviews-v3"}, answers
 
 
 async def test_source_namespace_and_source_labels_pick_each_clients_version(
