@@ -46,6 +46,7 @@ from pilot.debug.http import DebugState, HttpServer
 from pilot.debug.metrics import Metrics, Sources, WatchCounts
 from pilot.debug.proxy_status import LiveProxies
 from pilot.generators.cds import ClusterGenerator
+from pilot.generators.client_clusters import ClientClusters
 from pilot.generators.eds import EndpointGenerator
 from pilot.generators.inbound_proxies import InboundGenerator
 from pilot.generators.lds import ListenerGenerator
@@ -432,9 +433,12 @@ async def _start_security(core: Core, api_client: client.ApiClient | None) -> Se
 
 def _pipeline(core: Core, security: Security, inbound: InboundGenerator) -> Pipeline:
     settings = core.settings
+    clusters = ClusterGenerator(core.index, core.cache, settings.build, core.stats, core.traffic)
+    endpoints = EndpointGenerator(core.index, core.cache, settings.build, core.stats, core.traffic)
     generators = (
-        ClusterGenerator(core.index, core.cache, settings.build, core.stats, core.traffic),
-        EndpointGenerator(core.index, core.cache, settings.build, core.stats, core.traffic),
+        clusters,
+        endpoints,
+        ClientClusters(core.index, core.cache, core.traffic, (clusters, endpoints), core.stats),
         ListenerGenerator(
             core.index,
             core.cache,

@@ -27,6 +27,7 @@ class XdsStats:
     # Route configuration flavors held for sidecars whose routes depend on who they are
     # (a gauge: the RDS generator keeps it, `reset` leaves it).
     route_flavors: int = 0
+    cluster_flavors: int = 0  # cluster and assignment tables of namespaces with rules of their own
     # Sidecars that read the shared routes because PILOT_MAX_ROUTE_FLAVORS was reached.
     route_flavors_refused: int = 0
 

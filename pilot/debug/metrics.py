@@ -185,6 +185,12 @@ class PilotCollector(Collector):
             " namespace or labels (each shared by every sidecar reading alike).",
             value=stats.route_flavors,
         )
+        yield GaugeMetricFamily(
+            "pilot_cluster_flavors",
+            "Cluster and assignment tables held for the sidecars of namespaces that follow"
+            " DestinationRules of their own (one per namespace, and per locality).",
+            value=stats.cluster_flavors,
+        )
         yield CounterMetricFamily(
             "pilot_route_flavors_refused",
             "Times a sidecar whose routes depend on who it is was given the shared routes:"

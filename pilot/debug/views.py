@@ -197,14 +197,28 @@ def _dump(status: ProxyStatus) -> Json:
     }
 
 
+def _clients_of_rules(traffic: TrafficConfig, index: EndpointIndex) -> dict[ConfigKey, Json]:
+    """Per rule, the namespaces whose sidecars follow it instead of the shared rule, and for
+    which services."""
+    found: dict[ConfigKey, dict[str, list[str]]] = {}
+    for namespace in sorted(traffic.client_namespaces()):
+        for key in sorted(traffic.differing(namespace, index.services.keys())):
+            rule = traffic.rule_for(key, namespace)
+            if rule is not None:
+                found.setdefault(rule.key, {}).setdefault(namespace, []).append(str(key))
+    return dict(found)
+
+
 def configz(traffic: TrafficConfig, index: EndpointIndex) -> Json:
     """The Istio objects held: each DestinationRule and VirtualService (with the services
-    whose clusters a rule shapes), and the objects of kinds pilot does not implement."""
+    whose shared clusters a rule shapes, and the namespaces whose sidecars follow it for
+    others), and the objects of kinds pilot does not implement."""
     applied: dict[ConfigKey, list[str]] = {}
     for key in sorted(index.services):
         rule = traffic.rule_for(key)
         if rule is not None:
             applied.setdefault(rule.key, []).append(str(key))
+    clients = _clients_of_rules(traffic, index)
     objects = []
     for config in traffic.objects():
         entry: Json = {
@@ -218,6 +232,7 @@ def configz(traffic: TrafficConfig, index: EndpointIndex) -> Json:
                 "host": config.host,
                 "subsets": [s.name for s in config.subsets],
                 "appliedTo": applied.get(config.key, []),
+                "sidecarsOf": clients.get(config.key, {}),
             }
         else:
             entry |= {

@@ -95,11 +95,7 @@ class ClusterGenerator(PerServiceGenerator):
             built, sidecars = [], []
             if service is not None:
                 for name, (i, subset) in names.items():
-                    cluster = build_cluster(
-                        name, service.ports[i], flavor, self._settings.xds_cluster_name
-                    )
-                    policy = policy_for(rule, service.ports[i].port, subset)
-                    apply_policy(cluster, policy)
+                    cluster, policy = self._cluster(name, service, i, subset, rule, flavor=flavor)
                     built.append(Resource.from_message(types.CLUSTER, name, cluster))
                     if flavor is Flavor.ADS:
                         self._with_tls(cluster, service, i, rule, policy)
@@ -111,6 +107,39 @@ class ClusterGenerator(PerServiceGenerator):
                     types.CLUSTER, sidecars, stale, flavor=ADS_WITH_LISTENERS
                 )
         return changed
+
+    def _cluster(
+        self,
+        name: str,
+        service: Service,
+        i: int,
+        subset: str,
+        rule: DestinationRule | None,
+        *,
+        flavor: Flavor,
+    ) -> tuple[cluster_pb2.Cluster, PortPolicy]:
+        """Cluster `name` of port `i` (of `subset`) in `flavor`, shaped by `rule`."""
+        cluster = build_cluster(name, service.ports[i], flavor, self._settings.xds_cluster_name)
+        policy = policy_for(rule, service.ports[i].port, subset)
+        apply_policy(cluster, policy)
+        return cluster, policy
+
+    def sidecar_clusters(self, key: ServiceKey, rule: DestinationRule | None) -> list[Resource]:
+        """The sidecars' clusters of `key` shaped by `rule` (for the sidecars of a namespace
+        that follow another rule than the shared one: `pilot.generators.client_clusters`)."""
+        service = self._index.services.get(key)
+        if service is None:
+            return []
+        subsets = [s.name for s in rule.subsets] if rule is not None else []
+        built = []
+        for name, (i, subset) in cluster_names(
+            service, subsets, self._settings.cluster_domain
+        ).items():
+            cluster, policy = self._cluster(name, service, i, subset, rule, flavor=Flavor.ADS)
+            self._with_tls(cluster, service, i, rule, policy)
+            built.append(Resource.from_message(types.CLUSTER, name, cluster))
+        self._stats.serializations[types.CLUSTER] += len(built)
+        return built
 
     def _with_tls(
         self,

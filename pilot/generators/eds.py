@@ -29,7 +29,7 @@ from pilot.builders.locality_lb import LocalityRule, locality_rule
 from pilot.builders.settings import BuildSettings
 from pilot.generators.per_service import PerServiceGenerator
 from pilot.push.request import Changes, PushRequest
-from pilot.registry.destination_rule import Subset, policy_for
+from pilot.registry.destination_rule import DestinationRule, Subset, policy_for
 from pilot.registry.index import EndpointIndex, IndexChange
 from pilot.registry.model import Endpoint, EndpointGroup, EndpointSet, ServiceKey
 from pilot.registry.traffic_config import TrafficConfig
@@ -87,14 +87,42 @@ class EndpointGenerator(PerServiceGenerator):
         subsets = {s.name: s for s in rule.subsets} if rule is not None else {}
         names = cluster_names(service, subsets, self._settings.cluster_domain)
         stale = self._retrack(key, names.keys()) if variants is None else set()
-        built: dict[str, list[Resource]] = {flavor: [] for flavor in variants or self._variants}
+        built = self._assignments(key, rule, variants or self._variants, reuse=bool(variants))
+        changed: set[str] = set()
+        for flavor, resources in built.items():
+            changed |= self._cache.update(types.ENDPOINT, resources, stale, flavor=flavor)
+        return changed
+
+    def assignments(
+        self, key: ServiceKey, rule: DestinationRule | None, locality: Locality
+    ) -> list[Resource]:
+        """The assignments of `key`'s clusters shaped by `rule`, for proxies in `locality`
+        (for the sidecars of a namespace that follow another rule than the shared one:
+        `pilot.generators.client_clusters`)."""
+        return self._assignments(key, rule, {SHARED: locality}, reuse=False)[SHARED]
+
+    def _assignments(
+        self,
+        key: ServiceKey,
+        rule: DestinationRule | None,
+        variants: dict[str, Locality],
+        *,
+        reuse: bool,
+    ) -> dict[str, list[Resource]]:
+        """Per variant, the assignments of `key`'s clusters shaped by `rule`; `reuse`: a
+        cluster whose rule ignores the proxy's locality takes the shared bytes (built
+        under the same rule)."""
+        service = self._index.services.get(key)
+        subsets = {s.name: s for s in rule.subsets} if rule is not None else {}
+        names = cluster_names(service, subsets, self._settings.cluster_domain)
+        built: dict[str, list[Resource]] = {flavor: [] for flavor in variants}
         if service is not None:
             endpoint_sets = self._index.endpoint_sets(key)
             members: dict[str, list[EndpointSet]] | None = None
             for name, (i, subset) in names.items():
                 port = service.ports[i]
                 locality_lb = locality_rule(policy_for(rule, port.port, subset))
-                shared = self._cache.get(types.ENDPOINT, name) if variants else None
+                shared = self._cache.get(types.ENDPOINT, name) if reuse else None
                 if shared is not None and not locality_lb.by_locality:
                     for resources in built.values():  # a new locality reads the shared bytes
                         resources.append(shared)
@@ -107,11 +135,8 @@ class EndpointGenerator(PerServiceGenerator):
                     self._index.locality_of,
                     self._index.runs_sidecar,
                 )
-                self._encode(name, groups, locality_lb, variants or self._variants, built)
-        changed: set[str] = set()
-        for flavor, resources in built.items():
-            changed |= self._cache.update(types.ENDPOINT, resources, stale, flavor=flavor)
-        return changed
+                self._encode(name, groups, locality_lb, variants, built)
+        return built
 
     def _encode(
         self,

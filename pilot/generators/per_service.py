@@ -31,6 +31,10 @@ class PerServiceGenerator:
         self._stats = stats
         self._names: dict[ServiceKey, set[str]] = {}
 
+    def shared_names(self, key: ServiceKey) -> set[str]:
+        """The names of the shared resources of `key`."""
+        return set(self._names.get(key, ()))
+
     def _retrack(self, key: ServiceKey, names: Iterable[str]) -> set[str]:
         """Record a service's current resource names; returns the ones it no longer has."""
         current = set(names)

@@ -55,6 +55,7 @@ from pilot.stats import XdsStats
 from pilot.xds import types
 from pilot.xds.cache import ResourceCache
 from pilot.xds.interception import Interception
+from pilot.xds.locality import NOWHERE, Locality
 from pilot.xds.proxy import ProxyKey
 from pilot.xds.resource import Resource
 
@@ -98,8 +99,12 @@ class RouteGenerator:
         """Route flavors held for sidecars whose routes depend on who they are."""
         return self._clients.flavors
 
-    def client_joined(self, proxy: ProxyKey, interception: Interception) -> None:
-        """The first stream of `proxy` joined: it reads its own flavor, if it has one."""
+    def client_joined(
+        self, proxy: ProxyKey, interception: Interception, locality: Locality = NOWHERE
+    ) -> None:
+        """The first stream of `proxy` joined: it reads its own flavor, if it has one (routes
+        are one for every locality)."""
+        del locality
         self._clients.join(proxy, interception)
 
     def client_left(self, proxy: ProxyKey) -> None:

@@ -27,8 +27,9 @@ last to leave `detach` it; what they build for it reaches only its streams
 (`Changes.owned`), through an overlay the cache lays over the shared table
 (`ResourceCache.set_overlay`). Generators whose resources depend on who a proxy is
 and on its interception mode (`ClientGenerator`: route configurations of sidecars
-that VirtualServices single out) are told of its first stream's mode and of its
-last stream leaving, and lay theirs the same way. Nothing here touches gRPC.
+that VirtualServices single out, clusters of namespaces with DestinationRules of
+their own) are told of its first stream's mode and locality and of its last
+stream leaving, and lay theirs the same way. Nothing here touches gRPC.
 
 A new resource type plugs in as a generator (its `type_urls` and `build`)
 handed to the pipeline by the composition root.
@@ -165,8 +166,11 @@ class ClientGenerator(Generator, Protocol):
     proxy's own, as a `ProxyGenerator` does.
     """
 
-    def client_joined(self, proxy: ProxyKey, interception: Interception) -> None:
-        """The first stream of `proxy` joined, declaring `interception`."""
+    def client_joined(
+        self, proxy: ProxyKey, interception: Interception, locality: Locality
+    ) -> None:
+        """The first stream of `proxy` joined, declaring `interception`, reading the
+        assignments of `locality` (NOWHERE: none of its own)."""
         ...
 
     def client_left(self, proxy: ProxyKey) -> None:
@@ -359,11 +363,10 @@ class Pipeline:
     def join(self, subscriber: Subscriber) -> None:
         """A stream identified its proxy (on its first request)."""
         self._subscribers.join(subscriber)
-        if len(self._subscribers.streams_of(subscriber.proxy)) == 1:
+        first = len(self._subscribers.streams_of(subscriber.proxy)) == 1
+        if first:
             for attaching in self._per_proxy:
                 attaching.attach(subscriber.proxy)
-            for joining in self._per_client:
-                joining.client_joined(subscriber.proxy, subscriber.interception)
         locality = subscriber.locality
         proven = subscriber.proxy.identity is not None
         if locality:
@@ -375,6 +378,8 @@ class Pipeline:
                 for generator in self._localized:
                     generator.add_locality(locality)
         self._joined[subscriber] = (locality, proven)
+        for joining in self._per_client if first else ():
+            joining.client_joined(subscriber.proxy, subscriber.interception, locality)
 
     def _refuse_locality(self, locality: Locality, subscriber: Subscriber, proven: bool) -> None:
         """Count and log a stream served no variant: a locality is whatever a proxy declares,

@@ -8,16 +8,18 @@ Each change answers which hosts' clusters it touched (a DestinationRule's; a
 VirtualService touches routes only), so the caller rebuilds only the clusters of
 those services.
 
-Which DestinationRule a service's clusters follow (`rule_for`): pilot builds one
-set of clusters for every sidecar, so only a rule that applies to every sidecar
-is taken: one exported to every namespace (`exportTo` absent or `*`), from the
-service's own namespace, else from the root namespace (`istio-system`); an exact
-host before a wildcard one, the longest wildcard first, and of several the oldest
-(`creationTimestamp`, then name). A rule exported to fewer namespaces, or written
-in a client's namespace for another namespace's service, is held and listed but
-applied to no cluster (Istio would give it to those clients alone): the clusters
-every sidecar shares never take a policy another namespace's owner wrote for
-itself.
+Which DestinationRule a service's clusters follow (`rule_for`), as Istio's sidecar
+scope picks it for a client in namespace C: a rule written in C that C sees
+(`exportTo` absent, `*`, `.` or naming C), else one in the service's namespace
+exported to C (absent, `*`, or naming C), else one in the root namespace
+(`istio-system`) exported to C; in each, an exact host before a wildcard one, the
+longest wildcard first, and of several the oldest (`creationTimestamp`, then
+name). The shared clusters, which every sidecar reads unless its namespace has its
+own, follow the rule for no client in particular: one exported to every namespace,
+from the service's namespace, else from the root. `client_namespaces` names the
+namespaces whose sidecars may see other rules (those that hold a rule, or that a
+rule's `exportTo` names), and `differing` the services whose rule is another for
+them (`pilot.generators.client_clusters` builds those clusters for them alone).
 
 Unsupported kinds are kept by key only: counted by kind (`unsupported_counts`).
 """
@@ -28,7 +30,12 @@ from collections import Counter
 from collections.abc import Collection, Iterable
 
 from pilot.registry.destination_rule import DestinationRule
-from pilot.registry.istio_config import ConfigKey, exported_to_all, host_matches
+from pilot.registry.istio_config import (
+    EXPORT_SELF,
+    ConfigKey,
+    exported_to_all,
+    host_matches,
+)
 from pilot.registry.model import ServiceKey
 from pilot.registry.virtual_service import VirtualService
 
@@ -59,9 +66,12 @@ class TrafficConfig:
         self._unsupported: set[ConfigKey] = set()
         self._rules_by_host: dict[str, list[DestinationRule]] = {}
         self._wildcard_rules: list[DestinationRule] = []
+        self._limited: list[DestinationRule] = []  # not exported to every namespace
+        self._rules_in: dict[str, list[DestinationRule]] = {}  # by the rule's namespace
         self._with_subsets = 0
         self._kinds_seen: set[str] = set()  # unsupported kinds already warned about
         self._routes_moved: set[str] = set()  # VirtualService hosts moved, not yet taken
+        self.rules_generation = 0  # rises with every change of the DestinationRules
 
     # -- reading -------------------------------------------------------------------
 
@@ -74,23 +84,67 @@ class TrafficConfig:
     def unsupported_counts(self) -> Counter[str]:
         return Counter(key.kind for key in self._unsupported)
 
-    def rule_for(self, service: ServiceKey) -> DestinationRule | None:
-        """The DestinationRule every sidecar's clusters of `service` follow (see above)."""
+    def rule_for(self, service: ServiceKey, client: str | None = None) -> DestinationRule | None:
+        """The DestinationRule the clusters of `service` follow for sidecars of namespace
+        `client` (None: the shared clusters; see above)."""
         host = service.hostname(self.cluster_domain)
-        for namespace in (service.namespace, self.root_namespace):
-            exact = self._applicable(self._rules_by_host.get(host, ()), namespace)
+        for namespace in self._tiers(service.namespace, client):
+            exact = self._applicable(self._rules_by_host.get(host, ()), namespace, client)
             if exact:
                 return exact[0]
             wild = [r for r in self._wildcard_rules if host_matches(r.host, host)]
-            wild = self._applicable(wild, namespace)
+            wild = self._applicable(wild, namespace, client)
             if wild:
                 return max(wild, key=lambda r: (len(r.host), _negated(r.age)))
         return None
 
+    def _tiers(self, owner: str, client: str | None) -> list[str]:
+        """The namespaces whose rules are looked at, in order (Istio skips the client's
+        own first when it is the root namespace)."""
+        tiers = [client] if client is not None and client != self.root_namespace else []
+        return [n for n in dict.fromkeys([*tiers, owner, self.root_namespace])]
+
     @staticmethod
-    def _applicable(rules: Iterable[DestinationRule], namespace: str) -> list[DestinationRule]:
-        found = [r for r in rules if r.key.namespace == namespace and exported_to_all(r.export_to)]
+    def _applicable(
+        rules: Iterable[DestinationRule], namespace: str, client: str | None
+    ) -> list[DestinationRule]:
+        found = [r for r in rules if r.key.namespace == namespace and _visible(r, client)]
         return sorted(found, key=lambda r: r.age)
+
+    def client_namespaces(self) -> set[str]:
+        """The namespaces whose sidecars may follow another rule than the shared one: those
+        holding a rule, and those a rule's `exportTo` names."""
+        found = set(self._rules_in)
+        for rule in self._limited:
+            found.update(n for n in rule.export_to if n != EXPORT_SELF)
+        return found
+
+    def differing(self, client: str, services: Collection[ServiceKey]) -> set[ServiceKey]:
+        """The services (of `services`) whose clusters follow another rule for sidecars of
+        `client` than the shared one. Only a rule the shared clusters cannot take makes a
+        difference: one `client` sees that is not exported to every namespace, or one
+        written in `client` for another namespace's host; the services those name are
+        looked at."""
+        suffix = f".{client}.svc.{self.cluster_domain}"
+        hosts = [r.host for r in self._limited if _visible(r, client)]
+        hosts += [
+            r.host
+            for r in self._rules_in.get(client, ())
+            if exported_to_all(r.export_to)
+            and not (r.host.endswith(suffix) and r.host.count(".") == suffix.count(".") + 1)
+        ]
+        return {
+            key
+            for key in self.services_of(hosts, services)
+            if self.rule_for(key, client) is not self.rule_for(key)
+        }
+
+    def subsets_for(self, service: ServiceKey) -> bool:
+        """Whether a rule for `service` has subsets, for any client (its pods' labels
+        choose the endpoints of some sidecar's clusters)."""
+        host = service.hostname(self.cluster_domain)
+        rules = [*self._rules_by_host.get(host, ()), *self._wildcard_rules]
+        return any(r.subsets and host_matches(r.host, host) for r in rules)
 
     def has_subsets(self) -> bool:
         """Whether any rule held has subsets (else a pod's labels change no cluster)."""
@@ -109,7 +163,7 @@ class TrafficConfig:
         self._objects[config.key] = config
         self._reindex()
         self._routes_moved |= _route_hosts_of(old) | _route_hosts_of(config)
-        return _hosts_of(old) | _hosts_of(config)
+        return self._rules_moved(_hosts_of(old) | _hosts_of(config))
 
     def delete(self, key: ConfigKey) -> set[str]:
         old = self._objects.pop(key, None)
@@ -118,7 +172,7 @@ class TrafficConfig:
             return set()
         self._reindex()
         self._routes_moved |= _route_hosts_of(old)
-        return _hosts_of(old)
+        return self._rules_moved(_hosts_of(old))
 
     def upsert_unsupported(self, key: ConfigKey) -> set[str]:
         """Note one object of a kind pilot does not build; returns its kind if that kind
@@ -167,7 +221,13 @@ class TrafficConfig:
                 self._routes_moved |= _route_hosts_of(old) | _route_hosts_of(new)
         self._objects = wanted
         self._reindex()
-        return moved
+        return self._rules_moved(moved)
+
+    def _rules_moved(self, hosts: set[str]) -> set[str]:
+        """Count a change of the DestinationRules (some `hosts` moved)."""
+        if hosts:
+            self.rules_generation += 1
+        return hosts
 
     def _reindex(self) -> None:
         by_host: dict[str, list[DestinationRule]] = {}
@@ -180,6 +240,11 @@ class TrafficConfig:
             else:
                 by_host.setdefault(config.host, []).append(config)
         self._rules_by_host, self._wildcard_rules = by_host, wildcard
+        rules = [*wildcard, *(r for found in by_host.values() for r in found)]
+        self._limited = [r for r in rules if not exported_to_all(r.export_to)]
+        self._rules_in = {}
+        for rule in rules:
+            self._rules_in.setdefault(rule.key.namespace, []).append(rule)
         self._with_subsets = sum(
             1 for c in self._objects.values() if isinstance(c, DestinationRule) and c.subsets
         )
@@ -205,6 +270,17 @@ class TrafficConfig:
                 if any(host_matches(p, host) for p in wild):
                     found.add(service)
         return found
+
+
+def _visible(rule: DestinationRule, client: str | None) -> bool:
+    """Whether sidecars of namespace `client` see `rule` (None: every namespace does)."""
+    if exported_to_all(rule.export_to):
+        return True
+    if client is None:
+        return False
+    return client in rule.export_to or (
+        EXPORT_SELF in rule.export_to and rule.key.namespace == client
+    )
 
 
 def _negated(age: tuple[str, str]) -> tuple[int, ...]:

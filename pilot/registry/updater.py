@@ -350,7 +350,7 @@ class IndexUpdater:
         touched = {
             service
             for service in self._index.services_at(change.workloads)
-            if (rule := self.traffic.rule_for(service)) is not None and rule.subsets
+            if self.traffic.subsets_for(service)
         }
         extra = frozenset(touched) - change.full - change.endpoints
         if not extra:

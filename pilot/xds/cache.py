@@ -18,7 +18,11 @@ whose names join the wildcard set of that type for that proxy's streams only
 (those that read the flavors the overlay asks for), and win over the flavor's
 own. Overlay tables are shared too (one per inbound shape, built once, read by
 every proxy of that shape). A proxy with no overlay reads exactly as before:
-its lookups go straight to the shared table.
+its lookups go straight to the shared table. Overlays come in *layers* (one per
+generator that lays them: a sidecar's inbound clusters and its namespace's own
+outbound ones, `pilot.generators.client_clusters`), looked up in layer order; an
+overlay table may also *hide* shared names (`hide`: a subset cluster the shared
+DestinationRule has and the one a namespace follows does not) from its readers.
 
 Streams read the cache through a `ProxyView`. The cache never touches gRPC.
 
@@ -52,9 +56,12 @@ _EMPTY: Mapping[str, Resource] = {}
 TableKey = tuple[str, str, ProxyKey | None]
 Flavors = Mapping[str, str]  # type URL -> the flavor a stream reads (absent: SHARED)
 NO_FLAVORS: Flavors = {}
-# type URL -> (the flavor of the overlay table, the (type, flavor)s a stream must read).
+# (the flavor of the overlay table, the (type, flavor)s a stream must read).
 Overlay = tuple[str, tuple[tuple[str, str], ...]]
-Overlays = Mapping[str, Overlay]
+Layered = tuple[tuple[str, Overlay], ...]  # (layer, overlay), in layer order
+Overlays = Mapping[str, Layered]  # type URL -> its overlays
+Laid = tuple[tuple[str, Mapping[str, Resource], frozenset[str]], ...]  # (flavor, table, hidden)
+_NONE_HIDDEN: frozenset[str] = frozenset()
 
 
 class ResourceCache:
@@ -67,7 +74,8 @@ class ResourceCache:
         # change what one proxy reads, not what a table holds, so they leave it as it is.
         self._contents: dict[str, int] = {}
         self._pending: set[tuple[str, ProxyKey, str]] = set()
-        self._overlays: dict[ProxyKey, dict[str, Overlay]] = {}
+        self._overlays: dict[ProxyKey, dict[str, Layered]] = {}
+        self._hidden: dict[tuple[str, str], frozenset[str]] = {}
         self._answers: dict[str, AnswerMemo] = {}
 
     def update(
@@ -119,8 +127,30 @@ class ResourceCache:
 
     def drop_flavor(self, type_url: str, flavor: str) -> None:
         """Forget every shared resource of a flavor no stream reads any more."""
-        if flavor != SHARED and self._tables.pop((type_url, flavor, None), None) is not None:
+        if flavor == SHARED:
+            return
+        hid = self._hidden.pop((type_url, flavor), None) is not None
+        if self._tables.pop((type_url, flavor, None), None) is not None or hid:
             self._contents[type_url] = self._contents.get(type_url, 0) + 1
+
+    def hide(self, type_url: str, flavor: str, names: Collection[str]) -> set[str]:
+        """Make overlay table `flavor` hide `names` of the shared table from its readers
+        (replacing what it hid); returns the names whose visibility changed."""
+        key = (type_url, flavor)
+        old, new = self._hidden.get(key, _NONE_HIDDEN), frozenset(names)
+        if old == new:
+            return set()
+        if new:
+            self._hidden[key] = new
+        else:
+            del self._hidden[key]
+        self._versions[type_url] = self._versions.get(type_url, 0) + 1
+        self._contents[type_url] = self._contents.get(type_url, 0) + 1
+        return set(old ^ new)
+
+    def hidden(self, type_url: str, flavor: str) -> frozenset[str]:
+        """The shared names overlay table `flavor` hides from its readers."""
+        return self._hidden.get((type_url, flavor), _NONE_HIDDEN)
 
     def set_pending(self, type_url: str, name: str, owner: ProxyKey, pending: bool) -> None:
         """Mark (or unmark) an owner's resource as being made: not absent, not there yet."""
@@ -133,24 +163,35 @@ class ResourceCache:
         return (type_url, owner, name) in self._pending
 
     def set_overlay(
-        self, owner: ProxyKey, type_url: str, overlay: str | None, when: Flavors = NO_FLAVORS
+        self,
+        owner: ProxyKey,
+        type_url: str,
+        overlay: str | None,
+        when: Flavors = NO_FLAVORS,
+        *,
+        layer: str = "",
     ) -> bool:
-        """Lay the shared table `overlay` of a type over what `owner`'s streams read of it,
-        on those streams that read every flavor `when` names (type -> flavor); None takes
-        it away. Returns whether that changed anything.
+        """Lay the shared table `overlay` of a type, as `layer`, over what `owner`'s streams
+        read of it, on those streams that read every flavor `when` names (type -> flavor);
+        None takes that layer away. Returns whether that changed anything.
 
         The type's version rises: what the owner's streams hold is another set now.
         """
         mine = self._overlays.setdefault(owner, {})
+        layers = dict(mine.get(type_url, ()))
         laid = (overlay, tuple(sorted(when.items()))) if overlay is not None else None
-        if mine.get(type_url) == laid:
+        if layers.get(layer) == laid:
             if not mine:
                 del self._overlays[owner]
             return False
         if laid is None:
-            del mine[type_url]
+            del layers[layer]
         else:
-            mine[type_url] = laid
+            layers[layer] = laid
+        if layers:
+            mine[type_url] = tuple(sorted(layers.items()))
+        else:
+            del mine[type_url]
         if not mine:
             del self._overlays[owner]
         self._versions[type_url] = self._versions.get(type_url, 0) + 1
@@ -193,27 +234,30 @@ class ProxyView:
     def _shared_flavor(self, type_url: str) -> str:
         return self._flavors.get(type_url, SHARED)
 
-    def _overlay(self, type_url: str) -> Mapping[str, Resource] | None:
+    def _laid(self, type_url: str) -> Laid:
+        """The overlays this stream reads over a type, in layer order (most read none)."""
         if self._overlays is None:
-            return None
-        laid = self._overlays.get(type_url)
-        if laid is None:
-            return None
-        flavor, when = laid
-        if any(self._flavors.get(t, SHARED) != f for t, f in when):
-            return None
-        return self._cache.shared_table(type_url, flavor)
+            return ()
+        layered = self._overlays.get(type_url)
+        if not layered:
+            return ()
+        cache = self._cache
+        return tuple(
+            (flavor, cache.shared_table(type_url, flavor), cache.hidden(type_url, flavor))
+            for _layer, (flavor, when) in layered
+            if all(self._flavors.get(t, SHARED) == f for t, f in when)
+        )
 
     def get(self, type_url: str, name: str) -> Resource | None:
         if type_url in types.OWNED_TYPES and self._owner is not None:
             own = self._cache.get(type_url, name, owner=self._owner)
             if own is not None:
                 return own
-        overlay = self._overlay(type_url)
-        if overlay is not None:
-            laid = overlay.get(name)
-            if laid is not None:
-                return laid
+        laid = self._laid(type_url)
+        if laid:
+            return _through(
+                laid, name, self._cache.shared_table(type_url, self._shared_flavor(type_url)).get
+            )
         return self._cache.get(type_url, name, flavor=self._shared_flavor(type_url))
 
     def lookup(self, type_url: str) -> Callable[[str], Resource | None]:
@@ -222,25 +266,20 @@ class ProxyView:
         if type_url in types.OWNED_TYPES and self._owner is not None:
             return functools.partial(self.get, type_url)
         shared = self._cache.shared_table(type_url, self._shared_flavor(type_url)).get
-        overlay = self._overlay(type_url)
-        if overlay is None:
+        laid = self._laid(type_url)
+        if not laid:
             return shared
-        laid = overlay.get
-
-        def either(name: str) -> Resource | None:
-            found = laid(name)
-            return found if found is not None else shared(name)
-
-        return either
+        return functools.partial(_through, laid, shared=shared)
 
     def names(self, type_url: str) -> Collection[str]:
-        """The shared names of a type (what a wildcard subscription holds), and the names
-        of the overlay this proxy reads over it."""
+        """The shared names of a type (what a wildcard subscription holds), less those the
+        overlays this proxy reads over it hide, and the names of those overlays."""
         shared = self._cache.names(type_url, flavor=self._shared_flavor(type_url))
-        overlay = self._overlay(type_url)
-        if overlay is None:
+        laid = self._laid(type_url)
+        if not laid:
             return shared
-        return set(shared) | overlay.keys()
+        names = set(shared).difference(*(hidden for _, _, hidden in laid))
+        return names.union(*(table.keys() for _, table, _ in laid))
 
     def version(self, type_url: str) -> str:
         return self._cache.version(type_url)
@@ -253,9 +292,19 @@ class ProxyView:
         type (None: a type whose resources may be this proxy's own)."""
         if type_url in types.OWNED_TYPES:
             return None
-        laid = self._overlays.get(type_url) if self._overlays is not None else None
-        overlay = laid[0] if laid is not None and self._overlay(type_url) is not None else None
-        return self._cache.first_answers(type_url, (self._shared_flavor(type_url), overlay))
+        overlays = tuple(flavor for flavor, _, _ in self._laid(type_url))
+        return self._cache.first_answers(type_url, (self._shared_flavor(type_url), overlays))
+
+
+def _through(laid: Laid, name: str, shared: Callable[[str], Resource | None]) -> Resource | None:
+    """`name` in the first overlay that has it, else the shared one unless one hides it."""
+    for _, table, _ in laid:
+        found = table.get(name)
+        if found is not None:
+            return found
+    if any(name in hidden for _, _, hidden in laid):
+        return None
+    return shared(name)
 
 
 class FirstAnswers:

@@ -1,9 +1,10 @@
-"""Which DestinationRule a service's shared clusters follow, and what each change touches.
+"""Which DestinationRule a service's clusters follow, and what each change touches.
 
-Pilot builds one set of clusters for every sidecar, so a rule applies only where it
-applies to every sidecar: exported to all, from the service's own namespace or the root
-one. A rule another namespace's owner writes for someone else's service, or one
-exported to fewer namespaces, never changes what every sidecar gets (takeover).
+The shared clusters take a rule only where it applies to every sidecar: exported to
+all, from the service's own namespace or the root one. A rule another namespace's owner
+writes for someone else's service, or one exported to fewer namespaces, never changes
+what every sidecar gets (takeover); it applies to the sidecars of the namespaces that
+see it, in Istio's order (their own namespace's, then the service's, then the root's).
 """
 
 from __future__ import annotations
@@ -107,3 +108,66 @@ def test_a_virtual_service_moves_no_cluster() -> None:
     )
     assert store.upsert(service) == set()
     assert store.virtual_services() == [service]
+
+
+def test_a_client_namespace_follows_its_own_rule_then_the_services_then_the_roots() -> None:
+    store = TrafficConfig()
+    root = rule("root", "istio-system", "*.cluster.local", exportTo=["front"])
+    store.upsert(root)
+    assert store.rule_for(REVIEWS, "front") == root
+    assert store.rule_for(REVIEWS) is None
+    assert store.rule_for(REVIEWS, "web") is None
+    named = rule("named", "default", "reviews", exportTo=["front"])
+    store.upsert(named)
+    assert store.rule_for(REVIEWS, "front") == named
+    own = rule("own", "front", "reviews.default.svc.cluster.local", exportTo=["."])
+    store.upsert(own)
+    assert store.rule_for(REVIEWS, "front") == own
+    assert store.rule_for(REVIEWS, "web") is None
+    assert store.rule_for(REVIEWS, "default") is None  # `named` is exported to front alone
+    assert store.client_namespaces() == {"istio-system", "default", "front"}
+    assert store.differing("front", {REVIEWS}) == {REVIEWS}
+    assert store.differing("web", {REVIEWS}) == set()
+
+
+def test_a_private_rule_applies_in_its_own_namespace_and_a_public_one_differs_nowhere() -> None:
+    store = TrafficConfig()
+    public = rule("public", "default", "reviews")
+    private = rule("private", "default", "reviews", created="2027-01-01T00:00:00Z", exportTo=["."])
+    store.upsert(public)
+    store.upsert(private)
+    assert store.rule_for(REVIEWS, "default") == public  # the oldest of the namespace's
+    assert store.differing("default", {REVIEWS}) == set()
+    store.delete(public.key)
+    assert store.rule_for(REVIEWS, "default") == private
+    assert store.differing("default", {REVIEWS}) == {REVIEWS}
+    assert store.rule_for(REVIEWS, "front") is None
+
+
+def test_a_rule_exported_to_a_namespace_that_is_not_its_own_does_not_apply_there() -> None:
+    store = TrafficConfig()
+    store.upsert(rule("away", "front", "reviews.default.svc.cluster.local", exportTo=["web"]))
+    assert store.rule_for(REVIEWS, "front") is None
+    assert store.rule_for(REVIEWS, "web") is None  # neither front nor the service's namespace
+
+
+def test_a_change_of_the_rules_and_only_of_them_moves_their_generation() -> None:
+    store = TrafficConfig()
+    before = store.rules_generation
+    store.upsert(
+        parse_virtual_service(
+            {
+                "apiVersion": "networking.istio.io/v1",
+                "kind": "VirtualService",
+                "metadata": {"name": "r", "namespace": "default"},
+                "spec": {
+                    "hosts": ["reviews"],
+                    "http": [{"route": [{"destination": {"host": "reviews"}}]}],
+                },
+            },
+            "cluster.local",
+        )
+    )
+    assert store.rules_generation == before
+    store.upsert(rule("r", "front", "reviews.default.svc.cluster.local"))
+    assert store.rules_generation == before + 1
