@@ -1,5 +1,6 @@
 """The real control plane, once per test run; Istio's CRDs and deploy/ applied on it
-(`deployed`, once); a namespace of its own per test."""
+(`deployed`, once); a namespace of its own per test (and a second one, for its
+clients, where it asks)."""
 
 from __future__ import annotations
 
@@ -32,13 +33,23 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         yield plane
 
 
+def _own_namespace(plane: ControlPlane) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    plane.kubectl("create", "namespace", name)
+    yield name
+    plane.kubectl("delete", "namespace", name, "--wait=false")
+
+
 @pytest.fixture
 def namespace(control_plane: ControlPlane) -> Iterator[str]:
     """A namespace for this test alone, deleted after it."""
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    control_plane.kubectl("create", "namespace", name)
-    yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false")
+    yield from _own_namespace(control_plane)
+
+
+@pytest.fixture
+def client_namespace(control_plane: ControlPlane) -> Iterator[str]:
+    """A second namespace for this test alone (its clients', beside `namespace`)."""
+    yield from _own_namespace(control_plane)
 
 
 @pytest.fixture(scope="session")

@@ -3,9 +3,15 @@
 `running_istiod` runs it as bench/istiod.py does (its namespace made if need be, every
 listener on 127.0.0.1, Istio's defaults) and yields its plaintext xDS address once
 /ready; it fails the test where there is no Go to build it. `side_by_side` sets up
-one Pod behind its Service with some Istio objects, and istiod and pilot both serving
-its sidecar. `resources_of` asks a server (istiod or pilot) over delta ADS for the
-resources of one type a sidecar gets.
+one Pod behind its Service (and one Pod in each client namespace) with some Istio
+objects, and istiod and pilot both serving their sidecars. `resources_of` asks a server
+(istiod or pilot) over delta ADS for the resources of one type a sidecar gets.
+
+pilot there checks tokens (`--xds-auth kubernetes`, as deployed), so a sidecar proves
+its namespace as a real one does: over pilot's TLS port with a service-account token
+bound to its Pod (`SideBySide.sidecars`); a stream on the plaintext port
+(`SideBySide.node_id`) proves nothing and reads what every sidecar reads. istiod is
+asked in plaintext, where it takes the node's word for its namespace.
 """
 
 from __future__ import annotations
@@ -14,31 +20,41 @@ import asyncio
 import os
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
 import pytest
+from envoy.config.core.v3 import base_pb2
 
 from bench import istiod
+from pilot.security.xds_auth import XdsAuth
 from pilot.xds import types
 from tests.cluster.client import Kube, admin, path_of
 from tests.cluster.control_plane import ControlPlane, free_port
+from tests.cluster.workload_tokens import Workload
 from tests.cluster.workloads import (
+    SERVICE_PORT,
     Kubelet,
-    address,
+    Obj,
     deployment,
     ensure_account,
+    pod,
     service,
+    sidecar_id,
     watching_pilot,
 )
 from tests.support.envoy_process import wait_until
-from tests.support.xds_client import XdsClient, delta_resources, node
+from tests.support.pilot import RunningPilot
+from tests.support.xds_client import XdsClient, delta_resources, node, tls_credentials
 
 TIMEOUT = 60.0
+CLIENT = "sleep"  # the Pod run in each client namespace (Istio's sample client)
+REDIRECT = {"INTERCEPTION_MODE": "REDIRECT"}  # a sidecar whose traffic is captured
 BUILD_SECONDS = 900  # a first build of istiod on 2 shared cores (a cache hit: at once)
 
 
@@ -127,33 +143,144 @@ async def _ready(port: int) -> bool:
         return False
 
 
-async def clusters_of(target: str, node_id: str, names: set[str]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Dial:
+    """How a stream reaches a server: its xDS address, in plaintext, or over TLS
+    (`credentials`) with a bearer token."""
+
+    target: str
+    credentials: grpc.ChannelCredentials | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+
+    def client(self) -> XdsClient:
+        return XdsClient(self.target, credentials=self.credentials, token=self.token)
+
+
+async def clusters_of(
+    target: str | Dial, node_id: str, names: set[str], metadata: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """The clusters `names` as the server at `target` sends them to `node_id`."""
-    return await resources_of(target, node_id, types.CLUSTER, ["*"], names)
+    return await resources_of(target, node_id, types.CLUSTER, ["*"], names, metadata=metadata)
 
 
 async def resources_of(
-    target: str, node_id: str, type_url: str, subscribe: Sequence[str], names: set[str]
+    target: str | Dial,
+    node_id: str,
+    type_url: str,
+    subscribe: Sequence[str],
+    names: set[str],
+    *,
+    metadata: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The resources `names` of `type_url` as the server at `target` sends them to
-    `node_id`, subscribed to `subscribe`."""
+    `node_id` (with node `metadata`), subscribed to `subscribe`."""
+    sent = node(node_id, metadata)
+    return await _read(
+        target, sent, type_url, subscribe, keep=names.__contains__, enough=names.issubset
+    )
+
+
+async def _read(
+    target: str | Dial,
+    sent: base_pb2.Node,
+    type_url: str,
+    subscribe: Sequence[str],
+    *,
+    keep: Callable[[str], bool],
+    enough: Callable[[Collection[str]], bool],
+) -> dict[str, Any]:
+    """The resources of `type_url` whose names `keep` takes, read over delta ADS as node
+    `sent` until the names read are `enough`."""
+    dial = target if isinstance(target, Dial) else Dial(target)
     found: dict[str, Any] = {}
-    async with XdsClient(target) as client:
-        stream = client.delta_ads(node(node_id))
+    async with dial.client() as client:
+        stream = client.delta_ads(sent)
         await stream.subscribe(type_url, list(subscribe))
-        while not names <= found.keys():
+        while not enough(found.keys()):
             response = await stream.next_response(TIMEOUT)
             await stream.ack(response)
-            found |= {n: r.message for n, r in delta_resources(response).items() if n in names}
+            found |= {n: r.message for n, r in delta_resources(response).items() if keep(n)}
     return found
 
 
 @dataclass(frozen=True)
+class Sidecar:
+    """A Pod's sidecar: its node as Istio's agent writes it (the id; metadata NAMESPACE,
+    SERVICE_ACCOUNT, INTERCEPTION_MODE) and how it dials each server."""
+
+    node_id: str
+    metadata: dict[str, str]
+    dials: dict[str, Dial]  # by server: "pilot", "istiod"
+
+    async def clusters_of(self, server: str, host: str) -> dict[str, Any]:
+        """Every cluster of `host` (by name) that `server` sends this sidecar, read until
+        the service's own cluster on SERVICE_PORT is among them."""
+        own = f"outbound|{SERVICE_PORT}||{host}"
+        sent = node(self.node_id, self.metadata)
+
+        def of_host(name: str) -> bool:
+            return name.startswith("outbound|") and name.endswith(f"|{host}")
+
+        def has_own(names: Collection[str]) -> bool:
+            return own in names
+
+        return await _read(
+            self.dials[server], sent, types.CLUSTER, ["*"], keep=of_host, enough=has_own
+        )
+
+
+@dataclass(frozen=True)
 class SideBySide:
-    """A sidecar's node id, and the xDS address of each server ("pilot", "istiod")."""
+    """The xDS address of each server ("pilot", "istiod"), and the sidecars they serve:
+    `node_id`, the service's Pod's, reading what every sidecar reads; `sidecars`, by
+    namespace, the service's Pod's and each client Pod's, proving who they are."""
 
     node_id: str
     servers: dict[str, str]
+    sidecars: dict[str, Sidecar]
+
+
+IstioObject = tuple[str, Obj] | Obj  # (kind, spec), or a whole object
+
+
+def networking(kind: str, namespace: str, name: str, spec: Obj) -> Obj:
+    """A networking.istio.io/v1 object."""
+    return {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def _whole(shape: IstioObject, namespace: str, name: str) -> Obj:
+    """`shape` as it is, or (kind, spec) named `name` in `namespace`."""
+    if isinstance(shape, dict):
+        return shape
+    kind, spec = shape
+    return networking(kind, namespace, name, spec)
+
+
+async def _run_client(kube: Kube, namespace: str, block: int) -> Obj:
+    """Pod CLIENT in `namespace`, running at the first address of `block`."""
+    await ensure_account(kube, namespace)
+    return await Kubelet(kube, namespace, block).run(pod(CLIENT, namespace, CLIENT))
+
+
+async def _sidecar(kube: Kube, pilot: RunningPilot, istiod_at: str, running: Obj) -> Sidecar:
+    """`running`'s sidecar: to pilot over TLS with a token bound to it, to istiod in
+    plaintext."""
+    workload = Workload(running, running["spec"]["serviceAccountName"])
+    security = pilot.discovery.security
+    assert security is not None, "pilot runs its CA"
+    credentials = tls_credentials(security.ca.root_pem.encode())
+    tls = f"localhost:{pilot.discovery.grpc.tls_port}"  # the name pilot's certificate has
+    dials = {
+        "pilot": Dial(tls, credentials, await workload.token(kube)),
+        "istiod": Dial(istiod_at),
+    }
+    claims = {"NAMESPACE": workload.namespace, "SERVICE_ACCOUNT": workload.account}
+    return Sidecar(sidecar_id(running), claims | REDIRECT, dials)
 
 
 @asynccontextmanager
@@ -162,28 +289,34 @@ async def side_by_side(
     namespace: str,
     folder: Path,
     name: str,
-    objects: Sequence[tuple[str, dict[str, Any]]] = (),
+    objects: Sequence[IstioObject] = (),
+    *,
+    clients: Sequence[str] = (),
 ) -> AsyncIterator[SideBySide]:
-    """One Pod of Deployment `name` behind Service `name`, the networking.istio.io
-    objects `objects` ((kind, spec), each named `name`), and istiod and pilot both
-    serving that Pod's sidecar."""
+    """One Pod of Deployment `name` behind Service `name`, Pod CLIENT in each namespace of
+    `clients`, the networking.istio.io `objects` ((kind, spec) named `name` in
+    `namespace`, or whole objects), and istiod and pilot both serving those Pods'
+    sidecars."""
     async with AsyncExitStack() as stack:
         kube = await stack.enter_async_context(admin(plane))
         await ensure_account(kube, namespace)
         await kube.create(deployment(name, namespace, 1))
         await kube.create(service(name, namespace))
-        (pod,) = await Kubelet(kube, namespace).run_replicas(name, 1)
-        for kind, spec in objects:
-            await kube.create(
-                {
-                    "apiVersion": "networking.istio.io/v1",
-                    "kind": kind,
-                    "metadata": {"name": name, "namespace": namespace},
-                    "spec": spec,
-                }
-            )
+        pods = await Kubelet(kube, namespace).run_replicas(name, 1)
+        for block, client in enumerate(clients, start=1):
+            pods.append(await _run_client(kube, client, block))
+        for shape in objects:
+            await kube.create(_whole(shape, namespace, name))
         istiod_at = await stack.enter_async_context(running_istiod(plane, kube, folder))
-        pilot = await stack.enter_async_context(watching_pilot(kube, plane, folder, (namespace,)))
-        pod_name = pod["metadata"]["name"]
-        node_id = f"sidecar~{address(pod)}~{pod_name}.{namespace}~{namespace}.svc.cluster.local"
-        yield SideBySide(node_id, {"pilot": pilot.grpc_target, "istiod": istiod_at})
+        pilot = await stack.enter_async_context(
+            watching_pilot(
+                kube, plane, folder, (namespace, *clients),
+                xds_auth=XdsAuth.KUBERNETES, plaintext_secrets=False,
+                grpc_tls_addr="127.0.0.1:0",
+            )
+        )  # fmt: skip
+        sidecars = {
+            p["metadata"]["namespace"]: await _sidecar(kube, pilot, istiod_at, p) for p in pods
+        }
+        servers = {"pilot": pilot.grpc_target, "istiod": istiod_at}
+        yield SideBySide(sidecar_id(pods[0]), servers, sidecars)

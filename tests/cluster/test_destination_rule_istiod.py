@@ -12,16 +12,39 @@ ENDPOINTS, on by default) sends unready endpoints and so turns the panic thresho
 off (0) on every cluster whose rule gives no outlierDetection; pilot leaves unready
 endpoints out and keeps Envoy's default there. The panic threshold is compared where
 the rule's outlierDetection sets it.
+
+A rule that is not public in the service's namespace applies to some sidecars only;
+pilot gives it to a sidecar whose namespace is proven (a token bound to its Pod over
+pilot's TLS port), istiod to the namespace its node names. One Pod of the service's
+namespace S and one of a client namespace C each read, from both servers, every
+cluster of the service: the same clusters, field for field, in each case:
+
+- a rule written in C for S's service: C's sidecar follows it, S's gets no subset;
+- a rule in S exported to `.` alone: S's sidecar follows it, C's gets no subset;
+- a rule in S exported to C by name: C's sidecar follows it, S's gets no subset.
+
+A stream on pilot's plaintext port that names the following sidecar's node and
+namespace but proves nothing gets no subset from pilot either.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
+import pytest
 from envoy.config.cluster.v3 import cluster_pb2
 
 from tests.cluster.control_plane import ControlPlane
-from tests.cluster.istiod_server import clusters_of, side_by_side
+from tests.cluster.istiod_server import (
+    Dial,
+    SideBySide,
+    clusters_of,
+    networking,
+    side_by_side,
+)
 from tests.cluster.workloads import (
     SERVICE_PORT,
 )
@@ -103,3 +126,76 @@ async def test_pilots_clusters_for_a_rule_are_istiods(
     for cluster in sorted(names):
         assert written(ours[cluster]) == written(theirs[cluster]), cluster
     assert not ours[f"outbound|{SERVICE_PORT}|port|{host}"].HasField("outlier_detection")
+
+
+# ------------------------------------------------------------------ per client namespace
+
+CLIENT, SERVICE = "client", "service"  # C and S, named in each Case
+EVERY_SUBSET = {""} | {s["name"] for s in SUBSETS}  # "": the service's own cluster
+
+
+@dataclass(frozen=True)
+class Case:
+    """Where the rule is written, whom it is exported to (CLIENT, SERVICE: those
+    namespaces; None: no exportTo), and whose sidecar follows it."""
+
+    written_in: str
+    export_to: tuple[str, ...] | None
+    follows: str
+
+
+CASES = {
+    "written-in-the-client": Case(CLIENT, None, follows=CLIENT),
+    "private-to-the-service": Case(SERVICE, (".",), follows=SERVICE),
+    "exported-to-the-client-by-name": Case(SERVICE, (CLIENT,), follows=CLIENT),
+}
+
+
+def _rule(case: Case, namespaces: dict[str, str], host: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {"host": host, "trafficPolicy": POLICY, "subsets": SUBSETS}
+    if case.export_to is not None:
+        spec["exportTo"] = [namespaces.get(e, e) for e in case.export_to]
+    return networking("DestinationRule", namespaces[case.written_in], "reviews", spec)
+
+
+async def _subsets_alike(both: SideBySide, namespace: str, host: str) -> set[str]:
+    """The subsets of `host` whose clusters `namespace`'s sidecar gets, after checking
+    that pilot sends it the same clusters as istiod, field for field."""
+    sidecar = both.sidecars[namespace]
+    ours, theirs = [await sidecar.clusters_of(k, host) for k in ("pilot", "istiod")]
+    assert sorted(ours) == sorted(theirs), namespace
+    for name, cluster in ours.items():
+        assert written(cluster) == written(theirs[name]), (namespace, name)
+    return _subsets(ours)
+
+
+async def _subsets_claimed(both: SideBySide, namespace: str, host: str) -> set[str]:
+    """The subsets of `host` whose clusters pilot sends a stream on its plaintext port
+    that says it is `namespace`'s sidecar (node id, metadata) and proves nothing."""
+    claiming = replace(both.sidecars[namespace], dials={"pilot": Dial(both.servers["pilot"])})
+    return _subsets(await claiming.clusters_of("pilot", host))
+
+
+def _subsets(clusters: Iterable[str]) -> set[str]:
+    return {name.split("|")[2] for name in clusters}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+async def test_pilots_clusters_for_a_rule_seen_from_some_namespaces_are_istiods(
+    deployed: ControlPlane, namespace: str, client_namespace: str, tmp_path: Path, case: str
+) -> None:
+    rule_case = CASES[case]
+    host = f"reviews.{namespace}.svc.cluster.local"
+    namespaces = {CLIENT: client_namespace, SERVICE: namespace}
+    follows = namespaces[rule_case.follows]
+    (other,) = set(namespaces.values()) - {follows}
+    rule = _rule(rule_case, namespaces, host)
+    async with side_by_side(
+        deployed, namespace, tmp_path, "reviews", [rule], clients=[client_namespace]
+    ) as both:
+        # The sidecar that follows the rule first: once it reads the subsets, both
+        # servers hold the rule, so the other's reading none of them means something.
+        assert await _subsets_alike(both, follows, host) == EVERY_SUBSET
+        assert await _subsets_alike(both, other, host) == {""}
+        # istiod's plaintext port takes the node's word; pilot's takes no claim for proof.
+        assert await _subsets_claimed(both, follows, host) == {""}

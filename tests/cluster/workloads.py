@@ -164,6 +164,12 @@ def address(pod: Obj) -> str:
     return ip
 
 
+def sidecar_id(pod: Obj) -> str:
+    """The node id of `pod`'s sidecar, as Istio's agent writes it."""
+    name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
+    return f"sidecar~{address(pod)}~{name}.{namespace}~{namespace}.svc.cluster.local"
+
+
 async def _absent(kube: Kube) -> list[tuple[str, str]]:
     found = []
     for kind, name in SHARED_ROOT:
@@ -230,8 +236,5 @@ async def reviews_sidecar(
     (pod,) = await Kubelet(kube, namespace).run_replicas("reviews", 1)
     pilot = await stack.enter_async_context(watching_pilot(kube, plane, folder, (namespace,)))
     client = await stack.enter_async_context(XdsClient(pilot.grpc_target))
-    name = pod["metadata"]["name"]
-    stream = client.delta_ads(
-        node(f"sidecar~{address(pod)}~{name}.{namespace}~{namespace}.svc.cluster.local")
-    )
+    stream = client.delta_ads(node(sidecar_id(pod)))
     return ReviewsSidecar(kube, pod, pilot, stream)

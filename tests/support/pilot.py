@@ -96,11 +96,13 @@ async def running_kube_pilot(
     xds_auth: XdsAuth = XdsAuth.NONE,
     security: dict[str, Any] | None = None,
     plaintext_secrets: bool = True,
+    **overrides: Any,
 ) -> AsyncIterator[RunningPilot]:
     """A pilot on a Kubernetes source, reaching the API server through `kubeconfig`.
 
     xDS streams are trusted by node metadata unless `xds_auth` says otherwise;
-    `security` overrides other SecuritySettings fields (e.g. `sds`, `remote_ca`).
+    `security` overrides other SecuritySettings fields (e.g. `sds`, `remote_ca`),
+    other keywords Settings fields (e.g. `grpc_tls_addr`).
     Tests talk plaintext gRPC, so the CA and SDS answer on the plaintext port
     too (`--plaintext-secrets`); tests/security/test_ports.py proves the
     default, which keeps them on the TLS port.
@@ -112,6 +114,7 @@ async def running_kube_pilot(
         debounce=debounce,
         security=_security(kubeconfig.parent / "ca", xds_auth=xds_auth, **(security or {})),
         plaintext_secrets=plaintext_secrets,
+        **overrides,
     )
     async with _running(settings, None) as pilot:
         yield pilot
