@@ -37,12 +37,14 @@ from typing import Any
 import pytest
 from envoy.config.cluster.v3 import cluster_pb2
 
+from pilot.xds import types
 from tests.cluster.control_plane import ControlPlane
 from tests.cluster.istiod_server import (
     Dial,
     SideBySide,
     clusters_of,
     networking,
+    resources_of,
     side_by_side,
 )
 from tests.cluster.workloads import (
@@ -126,6 +128,39 @@ async def test_pilots_clusters_for_a_rule_are_istiods(
     for cluster in sorted(names):
         assert written(ours[cluster]) == written(theirs[cluster]), cluster
     assert not ours[f"outbound|{SERVICE_PORT}|port|{host}"].HasField("outlier_detection")
+
+
+async def test_two_rules_for_one_host_merge_as_istiod_merges_them(
+    deployed: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    """The older rule's subsets and no policy, the newer one's policy and subsets: one
+    rule with both policies' first and every subset, the older's of a name given twice
+    (the API server stamps seconds: the names order rules created in the same one)."""
+    host = f"reviews.{namespace}.svc.cluster.local"
+    older = {"host": "reviews", "subsets": [SUBSETS[0]]}
+    twice = {"name": "v1", "labels": {"app": "nothing"}}
+    newer = {"host": "reviews", "trafficPolicy": POLICY, "subsets": [SUBSETS[1], twice]}
+    rules = [
+        networking("DestinationRule", namespace, "a-older", older),
+        networking("DestinationRule", namespace, "b-newer", newer),
+    ]
+    names = {f"outbound|{SERVICE_PORT}|{s}|{host}" for s in ("", "v1", "hashed")}
+    async with side_by_side(deployed, namespace, tmp_path, "reviews", rules) as both:
+        ours, theirs = [
+            await clusters_of(both.servers[k], both.node_id, names) for k in ("pilot", "istiod")
+        ]
+        v1 = f"outbound|{SERVICE_PORT}|v1|{host}"
+        assigned = [
+            await resources_of(both.servers[k], both.node_id, types.ENDPOINT, [v1], {v1})
+            for k in ("pilot", "istiod")
+        ]
+    for cluster in sorted(names):
+        assert written(ours[cluster]) == written(theirs[cluster]), cluster
+    limits = ours[f"outbound|{SERVICE_PORT}||{host}"].circuit_breakers.thresholds
+    assert limits[0].max_connections.value == 1  # the newer rule's policy
+    # v1 is the older rule's (app: reviews), its Pod behind it on both servers
+    ours_v1, theirs_v1 = (len(a[v1].endpoints[0].lb_endpoints) for a in assigned)
+    assert ours_v1 == theirs_v1 == 1
 
 
 # ------------------------------------------------------------------ per client namespace
