@@ -241,12 +241,15 @@ class ProxyView:
         layered = self._overlays.get(type_url)
         if not layered:
             return ()
-        cache = self._cache
-        return tuple(
-            (flavor, cache.shared_table(type_url, flavor), cache.hidden(type_url, flavor))
-            for _layer, (flavor, when) in layered
-            if all(self._flavors.get(t, SHARED) == f for t, f in when)
-        )
+        cache, flavors, laid = self._cache, self._flavors, []
+        for _layer, (flavor, when) in layered:
+            for type_asked, flavor_asked in when:
+                if flavors.get(type_asked, SHARED) != flavor_asked:
+                    break
+            else:
+                table = cache.shared_table(type_url, flavor)
+                laid.append((flavor, table, cache.hidden(type_url, flavor)))
+        return tuple(laid)
 
     def get(self, type_url: str, name: str) -> Resource | None:
         if type_url in types.OWNED_TYPES and self._owner is not None:
@@ -269,6 +272,15 @@ class ProxyView:
         laid = self._laid(type_url)
         if not laid:
             return shared
+        if len(laid) == 1 and not laid[0][2]:
+            # The common overlay (a sidecar's inbound clusters): one table, hiding nothing.
+            laid_get = laid[0][1].get
+
+            def either(name: str) -> Resource | None:
+                found = laid_get(name)
+                return found if found is not None else shared(name)
+
+            return either
         return functools.partial(_through, laid, shared=shared)
 
     def names(self, type_url: str) -> Collection[str]:
@@ -302,8 +314,9 @@ def _through(laid: Laid, name: str, shared: Callable[[str], Resource | None]) ->
         found = table.get(name)
         if found is not None:
             return found
-    if any(name in hidden for _, _, hidden in laid):
-        return None
+    for _, _, hidden in laid:
+        if name in hidden:
+            return None
     return shared(name)
 
 
