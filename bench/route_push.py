@@ -15,7 +15,14 @@ Then, one at a time, each after pilot and the clients are idle:
 - K namespace-scoped changes: a VirtualService written in namespace `front`
   for svc-0000 with `exportTo: ["."]` goes from 50/50 to 80/20 (or back): only
   the F sidecars of `front` (a client process of their own, `--front`, node
-  metadata NAMESPACE front) read it, through their namespace's route flavor.
+  metadata NAMESPACE front) read it, through their namespace's route flavor;
+- K endpoint changes under a namespace's own DestinationRule: front also has a
+  DestinationRule of its own for svc-0000 (`exportTo: ["."]`, a subset `front-v1`
+  of its v1 Pod and a connection pool), so front's sidecars read svc-0000's
+  clusters and that subset's assignment from their namespace's flavor; svc-0000's
+  v1 Pod gets another address, timed to the last of front's sidecars receiving
+  their `front-v1` assignment (everyone else gets the shared assignments as in
+  the endpoint series).
 
 Latency runs from the write to the last sidecar receiving the new resource
 (route configuration 9080, or the service's assignment; for the namespace-scoped
@@ -56,6 +63,7 @@ from pilot.xds import types
 
 NAMESPACE = "bench"
 FRONT = "front"
+FRONT_SUBSET = "front-v1"  # the subset front's own DestinationRule gives svc-0000's v1 Pod
 PORT = 9080
 WAIT = 600.0  # seconds a sync or a change may take
 
@@ -84,7 +92,24 @@ class Mesh:
         found: list[dict[str, Any]] = []
         for i in range(self.services):
             found += self._service(i)
-        return [*found, self._front_virtual_service()]
+        return [*found, self._front_virtual_service(), self._front_destination_rule()]
+
+    @staticmethod
+    def _front_destination_rule() -> dict[str, Any]:
+        """front's own DestinationRule for svc-0000, exported to front alone."""
+        host = f"svc-0000.{NAMESPACE}.svc.cluster.local"
+        spec = {
+            "host": host,
+            "exportTo": ["."],
+            "trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 100}}},
+            "subsets": [{"name": FRONT_SUBSET, "labels": {"version": "v1"}}],
+        }
+        return {
+            "apiVersion": "networking.istio.io/v1",
+            "kind": "DestinationRule",
+            "metadata": {"name": "svc-0000-front", "namespace": FRONT},
+            "spec": spec,
+        }
 
     def _front_virtual_service(self) -> dict[str, Any]:
         """front's VirtualService for svc-0000, exported to front alone."""
@@ -328,8 +353,17 @@ class Run:
         return found
 
 
-async def _series(run: Run, changes: int) -> tuple[Series, Series, Series]:
-    weights, endpoints, scoped = Series(), Series(), Series()
+@dataclass
+class AllSeries:
+    weights: Series = field(default_factory=Series)
+    endpoints: Series = field(default_factory=Series)
+    scoped: Series = field(default_factory=Series)  # front's VirtualService
+    scoped_endpoints: Series = field(default_factory=Series)  # under front's rule
+
+
+async def _series(run: Run, changes: int) -> AllSeries:
+    found = AllSeries()
+    weights, endpoints, scoped = found.weights, found.endpoints, found.scoped
     for k in range(changes):
         await wait_idle(run.pids, window=0.2, limit=30)
         # Never svc-0000: front's sidecars route it by their own VirtualService, so its
@@ -349,7 +383,7 @@ async def _series(run: Run, changes: int) -> tuple[Series, Series, Series]:
     await wait_idle(run.pids, window=0.2, limit=30)
     endpoints.responses = run.responses() - before
     if run.front is None:
-        return weights, endpoints, scoped
+        return found
     before = run.responses()
     for _ in range(changes):
         await wait_idle(run.pids, window=0.2, limit=30)
@@ -357,10 +391,24 @@ async def _series(run: Run, changes: int) -> tuple[Series, Series, Series]:
         await run.change(scoped, types.ROUTE, str(PORT), front_only=True)
     await wait_idle(run.pids, window=0.2, limit=30)
     scoped.responses = run.responses() - before
-    return weights, endpoints, scoped
+    await _scoped_endpoints(run, changes, found.scoped_endpoints)
+    return found
 
 
-async def measure(config: Config, workdir: Path) -> tuple[Series, Series, Series, float]:
+async def _scoped_endpoints(run: Run, changes: int, series: Series) -> None:
+    """svc-0000's v1 Pod moves; timed to front's sidecars' `front-v1` assignment, read from
+    their namespace's flavor of the clusters."""
+    before = run.responses()
+    name = f"outbound|{PORT}|{FRONT_SUBSET}|svc-0000.{NAMESPACE}.svc.cluster.local"
+    for k in range(changes):
+        await wait_idle(run.pids, window=0.2, limit=30)
+        run.mesh.moved[(0, 0)] = f"10.201.{k // 256}.{k % 256}"
+        await run.change(series, types.ENDPOINT, name, front_only=True)
+    await wait_idle(run.pids, window=0.2, limit=30)
+    series.responses = run.responses() - before
+
+
+async def measure(config: Config, workdir: Path) -> tuple[AllSeries, float]:
     mesh = Mesh(config.services)
     path = workdir / "mesh.json"
     write_whole(path, mesh.text())
@@ -383,8 +431,7 @@ async def measure(config: Config, workdir: Path) -> tuple[Series, Series, Series
         await _synced([*children, *([front] if front is not None else [])])
         sync = time.monotonic() - started
         run = Run(mesh, path, pilot, children, front)
-        weights, endpoints, scoped = await _series(run, config.changes)
-        return weights, endpoints, scoped, sync
+        return await _series(run, config.changes), sync
     except BaseException:
         print(f"pilot's log ends:\n{pilot.log_tail(40)}", file=sys.stderr)
         raise
@@ -406,7 +453,7 @@ def _short(type_url: str) -> str:
     return types.short_name(type_url)
 
 
-def render(config: Config, weights: Series, endpoints: Series, scoped: Series, sync: float) -> str:
+def render(config: Config, found: AllSeries, sync: float) -> str:
     everyone = config.sidecars + config.front
 
     def row(name: str, series: Series) -> str:
@@ -423,8 +470,14 @@ def render(config: Config, weights: Series, endpoints: Series, scoped: Series, s
             f" | {size:.2f} KiB | {sent} |"
         )
 
-    scoped_row = (
-        [row(f"weight, exported to one namespace ({config.front} sidecars)", scoped)]
+    scoped_rows = (
+        [
+            row(f"weight, exported to one namespace ({config.front} sidecars)", found.scoped),
+            row(
+                f"endpoint, under that namespace's own DestinationRule ({config.front} sidecars)",
+                found.scoped_endpoints,
+            ),
+        ]
         if config.front
         else []
     )
@@ -438,9 +491,9 @@ def render(config: Config, weights: Series, endpoints: Series, scoped: Series, s
             "| change | from the write p50 / p99 | from the file loaded p50 / p99"
             " | bytes per sidecar | responses per sidecar per change |",
             "|---|---|---|---|---|",
-            row("weight (VirtualService)", weights),
-            row("endpoint (EndpointSlice)", endpoints),
-            *scoped_row,
+            row("weight (VirtualService)", found.weights),
+            row("endpoint (EndpointSlice)", found.endpoints),
+            *scoped_rows,
         ]
     )
 
@@ -461,8 +514,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-route-push-") as workdir:
-        weights, endpoints, scoped, sync = asyncio.run(measure(config, Path(workdir)))
-    print(render(config, weights, endpoints, scoped, sync))
+        found, sync = asyncio.run(measure(config, Path(workdir)))
+    print(render(config, found, sync))
     return 0
 
 

@@ -1,7 +1,9 @@
 """Smoke test of `python -m bench.route_push`'s namespace-scoped series: a tiny run (10
 sidecars of their namespace, 5 of namespace front) prints a row for a change to the
 VirtualService front exports to itself alone, sent as one RDS response to each of front's
-sidecars (5 of 15: 0.33 per sidecar) and nothing else, with finite positive latencies."""
+sidecars (5 of 15: 0.33 per sidecar) and nothing else, with finite positive latencies,
+and one for an endpoint change under front's own DestinationRule, one EDS response to
+each of front's sidecars (its subset's assignment, from their namespace's flavor)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SCOPED = "weight, exported to one namespace (5 sidecars)"
+SCOPED_ENDPOINTS = "endpoint, under that namespace's own DestinationRule (5 sidecars)"
 
 
 def test_a_namespace_scoped_change_reaches_that_namespaces_sidecars_alone() -> None:
@@ -26,7 +29,8 @@ def test_a_namespace_scoped_change_reaches_that_namespaces_sidecars_alone() -> N
         if line.startswith("| ")
     }
     assert rows[SCOPED][3] == "rds 0.33", done.stdout
+    assert rows[SCOPED_ENDPOINTS][3] == "eds 0.33", done.stdout
     assert rows["weight (VirtualService)"][3] == "rds 1.00", done.stdout
-    for timed in rows[SCOPED][:2]:
+    for timed in [*rows[SCOPED][:2], *rows[SCOPED_ENDPOINTS][:2]]:
         p50, p99 = (float(v.removesuffix(" ms").replace(",", "")) for v in timed.split(" / "))
         assert 0 < p50 <= p99, done.stdout
