@@ -1,13 +1,16 @@
 """Bookinfo's reviews and a sidecar's stream followed as Envoy follows it, for the tests
-that count what each route change sends.
+that count what each route or cluster change sends.
 
-reviews (9080) in namespace shop: pods v1, v2, v3 and a DestinationRule of those subsets.
-A stream is followed as Envoy does: every cluster and listener, the route configurations
-it holds, and the assignment of each outbound cluster once CDS names it.
+reviews (9080) in namespace shop: pods v1, v2, v3 (each may move to another address or
+carry another version's label) and a DestinationRule of those subsets (or of some, written
+in another namespace, with a trafficPolicy). A stream is followed as Envoy does: every
+cluster and listener, the route configurations it holds, and the assignment of each
+outbound cluster once CDS names it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from envoy.config.route.v3 import route_pb2
@@ -27,24 +30,41 @@ def cluster(subset: str) -> str:
     return f"outbound|9080|{subset}|{HOST}"
 
 
-def reviews(unready: str = "") -> list[dict[str, Any]]:
-    """reviews' service, endpoints (the one at `unready` not ready) and Pods."""
-    slice_ = [Ep(ip, ready=ip != unready, pod=f"reviews-{v}") for ip, v in PODS.items()]
+def reviews(
+    unready: str = "", pods: Mapping[str, str] = PODS, relabel: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """reviews' service, endpoints (the one at `unready` not ready) and Pods.
+
+    `pods`: each Pod's address -> its version (its name `reviews-VERSION`); `relabel`: a
+    version -> the `version` label its Pod carries instead of its own.
+    """
+    labels = {v: v for v in pods.values()} | dict(relabel or {})
+    slice_ = [Ep(ip, ready=ip != unready, pod=f"reviews-{v}") for ip, v in pods.items()]
     return [
         service("reviews", "shop", [("http", 9080)]),
         endpoint_slice("reviews", slice_, "shop", [("http", 9080)]),
-        *(pod(f"reviews-{v}", ip, "shop", labels={"version": v}) for ip, v in PODS.items()),
+        *(pod(f"reviews-{v}", ip, "shop", labels={"version": labels[v]}) for ip, v in pods.items()),
     ]
 
 
-def reviews_subsets() -> dict[str, Any]:
-    """The DestinationRule defining reviews' subsets v1..v3."""
-    subsets = [{"name": v, "labels": {"version": v}} for v in SUBSETS]
+def reviews_subsets(
+    versions: Iterable[str] = SUBSETS,
+    namespace: str = "shop",
+    policy: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A DestinationRule for reviews defining its subsets `versions` (v1..v3 by default),
+    written in `namespace` (outside shop, for reviews' FQDN), `policy` its trafficPolicy."""
+    spec: dict[str, Any] = {
+        "host": "reviews" if namespace == "shop" else HOST,
+        "subsets": [{"name": v, "labels": {"version": v}} for v in versions],
+    }
+    if policy is not None:
+        spec["trafficPolicy"] = policy
     return {
         "apiVersion": "networking.istio.io/v1",
         "kind": "DestinationRule",
-        "metadata": {"name": "reviews", "namespace": "shop"},
-        "spec": {"host": "reviews", "subsets": subsets},
+        "metadata": {"name": "reviews", "namespace": namespace},
+        "spec": spec,
     }
 
 
@@ -63,14 +83,16 @@ async def read_one(stream: DeltaStream, held: dict[str, dict[str, Any]]) -> tupl
     return response.type_url, set(got) | set(response.removed_resources)
 
 
-async def follow(stream: DeltaStream, routes: list[str]) -> dict[str, dict[str, Any]]:
+async def follow(
+    stream: DeltaStream, routes: list[str], versions: Iterable[str] = SUBSETS
+) -> dict[str, dict[str, Any]]:
     """Subscribe as Envoy does, until the stream holds its routes and the assignment of
-    every cluster it holds (reviews' subsets' among them)."""
+    every cluster it holds (those of reviews' subsets `versions` among them)."""
     held: dict[str, dict[str, Any]] = {}
     await stream.subscribe(types.CLUSTER, ["*"])
     await stream.subscribe(types.LISTENER, ["*"])
     await stream.subscribe(types.ROUTE, routes)
-    subsets = {cluster(v) for v in SUBSETS}
+    subsets = {cluster(v) for v in versions}
 
     def done() -> bool:
         clusters = {n for n in held.get(types.CLUSTER, {}) if n.startswith("outbound|")}
