@@ -9,6 +9,10 @@ also prints each request as one line, `seen {"path": ..., "xfcc": ...}`, for
 the test reading its output. Each answer also carries that header back as
 `x-seen-xfcc`, and the address the request came from as `x-seen-peer`, so a
 client of a backend in another process sees what the app saw.
+With `--call URL` it is also a caller, as bookinfo's reviews-v2 calls ratings: each
+request first GETs URL (through the pod's sidecar, where capture rules send it),
+prints how that went as `called {"url": ..., "status": ..., "body": ..., "seconds": ...}`
+(status 0 when nothing answered), then answers as it would have anyway.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 
@@ -55,6 +61,42 @@ def _split_xfcc(header: str) -> list[str]:
 
 BACKEND_BODY = "hello from the shop backend"
 SEEN_PREFIX = "seen "
+CALLED_PREFIX = "called "
+CALL_TIMEOUT = 10.0  # seconds; longer than any delay a test injects on the way
+
+
+@dataclass(frozen=True)
+class Called:
+    """One call the backend made before answering: what answered (0: nothing), how fast."""
+
+    url: str
+    status: int
+    body: str
+    seconds: float
+
+
+def called_line(called: Called) -> str:
+    return CALLED_PREFIX + json.dumps(asdict(called))
+
+
+def parse_called(line: str) -> Called | None:
+    """The call a `called_line` records, None for any other line."""
+    if not line.startswith(CALLED_PREFIX):
+        return None
+    return Called(**json.loads(line.removeprefix(CALLED_PREFIX)))
+
+
+async def call(url: str) -> Called:
+    """GET `url` (no proxy from the environment): its status and body, or status 0 and
+    the error's name when nothing answered within CALL_TIMEOUT."""
+    start = time.monotonic()
+    timeout = aiohttp.ClientTimeout(total=CALL_TIMEOUT)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as response:
+            status, body = response.status, await response.text()
+    except (aiohttp.ClientError, TimeoutError) as error:
+        status, body = 0, type(error).__name__
+    return Called(url, status, body, round(time.monotonic() - start, 3))
 
 
 def seen_line(seen: Seen) -> str:
@@ -79,12 +121,14 @@ def _status(path: str) -> int:
 @dataclass(frozen=True)
 class Answer:
     """How a backend answers: its body (default: BACKEND_BODY and the path), its status,
-    the first requests it fails with 503, and how long it takes."""
+    the first requests it fails with 503, how long it takes, and the URL it calls first
+    (none when empty)."""
 
     body: str = ""
     status: int = 200
     fail_first: int = 0
     delay: float = 0.0
+    call: str = ""
 
 
 class Backend:
@@ -96,9 +140,11 @@ class Backend:
         port: int = 0,
         on_request: Callable[[Seen], None] | None = None,
         answer: Answer | None = None,
+        on_call: Callable[[Called], None] | None = None,
     ) -> None:
         self.seen: list[Seen] = []
         self._on_request = on_request
+        self._on_call = on_call
         self._runner: web.AppRunner | None = None
         self._answer = answer or Answer()
         self.host = host
@@ -111,6 +157,10 @@ class Backend:
             self._on_request(seen)
         headers = {"x-seen-xfcc": seen.xfcc, "x-seen-peer": request.remote or ""}
         answer = self._answer
+        if answer.call:
+            called = await call(answer.call)
+            if self._on_call is not None:
+                self._on_call(called)
         if answer.delay:
             await asyncio.sleep(answer.delay)
         status = answer.status if answer.status != 200 else _status(request.path)
@@ -140,7 +190,10 @@ async def _serve(host: str, port: int, answer: Answer) -> None:
     def report(seen: Seen) -> None:
         print(seen_line(seen), flush=True)
 
-    async with Backend(host, port, report, answer) as backend:
+    def report_call(called: Called) -> None:
+        print(called_line(called), flush=True)
+
+    async with Backend(host, port, report, answer, report_call) as backend:
         print(f"serving on {backend.host}:{backend.port}", flush=True)
         await asyncio.Event().wait()
 
@@ -153,6 +206,9 @@ if __name__ == "__main__":
     parser.add_argument("--status", type=int, default=200, help="every answer's status")
     parser.add_argument("--fail-first", type=int, default=0, help="503 to the first N requests")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds before each answer")
+    parser.add_argument("--call", default="", help="a URL to GET before each answer")
     arguments = parser.parse_args()
-    answer = Answer(arguments.body, arguments.status, arguments.fail_first, arguments.delay)
+    answer = Answer(
+        arguments.body, arguments.status, arguments.fail_first, arguments.delay, arguments.call
+    )
     asyncio.run(_serve(arguments.host, arguments.port, answer))

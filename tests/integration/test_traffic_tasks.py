@@ -1,14 +1,15 @@
 """istio.io's traffic-management tasks, followed on pilot with real Envoys and real backends.
 
 The pods of tests/integration/bookinfo_pods.py: productpage's app (curl) behind its
-sidecar calls reviews, whose pods v1, v2 and v3 answer with their version. Each test
-writes the registry file with the task's YAML as istio.io gives it (the reviews
-DestinationRule of samples/bookinfo/networking/destination-rule-all.yaml, then the
-task's VirtualService or DestinationRule, kept as files in traffic_tasks/), waits
-for productpage's Envoy to hold it, and sends real requests. Where a task's object
-is for a service this mesh does not have (ratings, httpbin), its YAML is applied to
-reviews, changed in its host only. After each, productpage's Envoy has rejected
-nothing.
+sidecar calls reviews, whose pods v1, v2 and v3 answer with their version; v2, behind
+a sidecar of its own, calls ratings first. Each test writes the registry file with
+the task's YAML as istio.io gives it (the reviews and ratings DestinationRules of
+samples/bookinfo/networking/destination-rule-all.yaml, then the task's VirtualServices
+or DestinationRule, kept as files in traffic_tasks/), waits for the Envoys to hold it,
+and sends real requests. Where a task's object is for a service this mesh does not
+have (httpbin), or for ratings where only bookinfo's web page would show its effect
+(the fault-injection abort), its YAML is applied to reviews, changed in its host
+only. After each, neither Envoy has rejected anything.
 """
 
 from __future__ import annotations
@@ -19,17 +20,21 @@ from typing import Any
 
 import pytest
 
+from pilot.builders.virtual_routes import FAULT_FILTER
 from tests.integration.agent_process import PILOT
 from tests.integration.bookinfo_pods import (
+    BOOKINFO_SUBSETS,
     PORT,
+    RATINGS_HOST,
     REVIEWS_HOST,
-    REVIEWS_SUBSETS,
     TOKEN,
+    Answer,
     Bookinfo,
     istio_yaml,
     module_bookinfo,
     subset_cluster,
 )
+from tests.integration.http_backend import Called, parse_called
 from tests.support.envoy_process import wait_until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.envoy]
@@ -48,6 +53,8 @@ JASON_V2 = _task("virtual-service-reviews-test-v2")
 FIFTY_V3 = _task("virtual-service-reviews-50-v3")
 EIGHTY_TWENTY = _task("virtual-service-reviews-80-20")
 ABORT_FOR_JASON = _task("virtual-service-reviews-test-abort")
+REVIEWS_V2 = _task("virtual-service-reviews-v2")
+RATINGS_DELAY = _task("virtual-service-ratings-delay")
 TIMEOUT_V2 = _task("virtual-service-reviews-timeout")
 RETRIES_V1 = _task("virtual-service-reviews-retries")
 CIRCUIT_BREAKER = _task("destination-rule-reviews-circuit-breaker")
@@ -55,7 +62,7 @@ MISSING_SUBSET = _task("virtual-service-reviews-missing-subset")
 
 
 def _subsets_plus(text: str) -> list[dict[str, Any]]:
-    return istio_yaml(REVIEWS_SUBSETS) + istio_yaml(text)
+    return istio_yaml(BOOKINFO_SUBSETS) + istio_yaml(text)
 
 
 def _clusters_of(routes: list[dict[str, Any]]) -> list[str]:
@@ -80,7 +87,7 @@ async def _applied(bookinfo: Bookinfo, text: str, clusters: list[str]) -> list[d
 
 async def _assert_nothing_rejected(bookinfo: Bookinfo) -> None:
     rejected = await bookinfo.rejected()
-    assert rejected and not any(rejected.values()), f"productpage's Envoy rejected {rejected}"
+    assert rejected and not any(rejected.values()), f"an Envoy rejected {rejected}"
 
 
 async def test_request_routing_all_to_v1_then_jason_to_v2(bookinfo: Bookinfo) -> None:
@@ -125,20 +132,92 @@ async def test_fault_injection_aborts_jasons_requests_with_500(bookinfo: Bookinf
     await _assert_nothing_rejected(bookinfo)
 
 
-async def test_a_slow_v2_under_a_half_second_timeout_answers_504(bookinfo: Bookinfo) -> None:
-    await bookinfo.restart_backend("v2", "--delay", "2")
-    try:
-        await _applied(bookinfo, TIMEOUT_V2, [subset_cluster("v2")])
-        before = await bookinfo.productpage.cluster_stat(
-            subset_cluster("v2"), "upstream_rq_timeout"
-        )
-        answers = await bookinfo.requests(3)
-        assert [a.status for a in answers] == [504] * 3, answers
-        assert all(a.body == "upstream request timeout" for a in answers), answers
-        after = await bookinfo.productpage.cluster_stat(subset_cluster("v2"), "upstream_rq_timeout")
-        assert after - before == 3
-    finally:
-        await bookinfo.restart_backend("v2")
+DELAY = 2.0  # seconds: ratings' injected delay (virtual-service-ratings-delay)
+TIMEOUT = 0.5  # seconds: reviews' request timeout (virtual-service-reviews-timeout)
+TIMED_OUT_WITHIN = 1.5  # seconds: well under DELAY, so the timeout, not ratings, ended it
+LATE = 0.05  # seconds a timer may seem early by, as curl measures it
+
+
+def _route_timeout(routes: list[dict[str, Any]]) -> float | None:
+    """The first route's timeout in seconds (0: none), None when there is no route."""
+    timeout = routes[0].get("route", {}).get("timeout", "0s") if routes else None
+    return None if timeout is None else float(timeout.removesuffix("s"))
+
+
+def _delayed_to_ratings_v1(routes: list[dict[str, Any]]) -> bool:
+    """Ratings' routes are the task's: to subset v1, each request delayed 2 s first."""
+    faults = [r.get("typed_per_filter_config", {}).get(FAULT_FILTER, {}) for r in routes]
+    delays = [f.get("delay", {}).get("fixed_delay") for f in faults]
+    return _clusters_of(routes) == [subset_cluster("v1", RATINGS_HOST)] and delays == ["2s"]
+
+
+async def _timeouts_task_applied(bookinfo: Bookinfo, reviews: str, seconds: float) -> None:
+    """Write bookinfo's rules, `reviews` (a VirtualService to v2) and ratings' delay; wait
+    until productpage routes reviews to v2 with a timeout of `seconds` (0: none) and
+    reviews-v2 routes ratings to v1 after the delay, every subset's pod held."""
+    bookinfo.apply(*_subsets_plus(reviews), *istio_yaml(RATINGS_DELAY))
+    await bookinfo.wait_routes(
+        f"to v2, timeout {seconds} s",
+        lambda r: _clusters_of(r) == [subset_cluster("v2")] and _route_timeout(r) == seconds,
+    )
+    what = "to v1 after a 2 s delay"
+    await bookinfo.wait_routes(what, _delayed_to_ratings_v1, bookinfo.reviews_v2, RATINGS_HOST)
+    await bookinfo.wait_subsets()
+    await bookinfo.wait_ratings_v1()
+
+
+async def _delays_injected(bookinfo: Bookinfo) -> int:
+    """How many requests reviews-v2's Envoy has delayed (its fault filters' count)."""
+    return sum((await bookinfo.reviews_v2.stats(r"\.fault\.delays_injected$")).values())
+
+
+async def _v2_calls(bookinfo: Bookinfo, count: int) -> list[Called]:
+    """Once reviews-v2's backend has said so, its calls to ratings (at least `count`)."""
+
+    def calls() -> list[Called]:
+        lines = bookinfo.backends["v2"].lines
+        return [called for line in lines if (called := parse_called(line)) is not None]
+
+    return await wait_until(
+        calls, 10.0, f"{count} calls from reviews-v2",
+        until=lambda c: len(c) >= count, context=bookinfo.backends["v2"].tail,
+    )  # fmt: skip
+
+
+async def _productpage_timeouts(bookinfo: Bookinfo) -> int:
+    """How many of productpage's requests to reviews' v2 its Envoy timed out."""
+    return await bookinfo.productpage.cluster_stat(subset_cluster("v2"), "upstream_rq_timeout")
+
+
+async def _two_seconds_through_ratings(bookinfo: Bookinfo) -> list[Answer]:
+    """Two requests of productpage's, each answered by v2 after its call to ratings."""
+    delays, before = await _delays_injected(bookinfo), len(await _v2_calls(bookinfo, 0))
+    answers = await bookinfo.requests(2)
+    assert [(a.status, a.body) for a in answers] == [(200, "reviews-v2")] * 2, answers
+    calls = (await _v2_calls(bookinfo, before + 2))[before:]
+    assert [(c.status, c.body) for c in calls] == [(200, "ratings-v1")] * 2, calls
+    assert all(c.seconds >= DELAY - LATE for c in calls), calls
+    assert await _delays_injected(bookinfo) - delays == 2
+    return answers
+
+
+async def test_request_timeouts_a_half_second_on_reviews_cuts_ratings_delay_to_504(
+    bookinfo: Bookinfo,
+) -> None:
+    """istio.io's request-timeouts task as written: reviews to v2, which calls ratings;
+    ratings delayed 2 s; then reviews' timeout of half a second."""
+    await _timeouts_task_applied(bookinfo, REVIEWS_V2, 0)
+    slow = await _two_seconds_through_ratings(bookinfo)
+    assert all(a.seconds >= DELAY - LATE for a in slow), slow
+
+    await _timeouts_task_applied(bookinfo, TIMEOUT_V2, TIMEOUT)
+    timeouts, delays = await _productpage_timeouts(bookinfo), await _delays_injected(bookinfo)
+    answers = await bookinfo.requests(3)
+    assert [(a.status, a.body) for a in answers] == [(504, "upstream request timeout")] * 3
+    assert all(TIMEOUT - LATE <= a.seconds < TIMED_OUT_WITHIN for a in answers), answers
+    assert await _productpage_timeouts(bookinfo) - timeouts == 3
+    # Each request still reached v2, whose call to ratings its Envoy delayed.
+    assert await _delays_injected(bookinfo) - delays == 3
     await _assert_nothing_rejected(bookinfo)
 
 
