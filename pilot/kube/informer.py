@@ -10,8 +10,12 @@ Semantics (those of client-go's reflector):
   never removes anything that still exists.
 - On transport or server errors, retry with exponential backoff and jitter,
   keeping what was handed to the handler; `error` says what failed, until a list
-  or a watch succeeds again. A refusal (401, 403) is reported to `Refusals`
-  (one warning per cluster while it lasts), any other failure in a warning each.
+  or a watch succeeds again. A 429 (the server asks to slow down, or its watch
+  cache is still filling, as after a CRD is created) is retried after its
+  `Retry-After` (at most 10 s; else the backoff) without failing, as client-go
+  does, up to 10 in a row; then it fails as any other error. A refusal (401,
+  403) is reported to `Refusals` (one warning per cluster while it lasts), any
+  other failure in a warning each.
 - Objects are read as raw JSON (dicts); the handler does its own parsing.
 
 An API server is not trusted to be well-behaved (a remote cluster's may be
@@ -82,11 +86,26 @@ class Expired(Exception):
 
 class ApiStatusError(Exception):
     """The API server answered with an error Status (`status`: its HTTP status, 0 for an
-    ERROR event)."""
+    ERROR event; `retry_after`: the seconds its Retry-After asks for, bounded)."""
 
-    def __init__(self, message: str, status: int = 0) -> None:
+    def __init__(self, message: str, status: int = 0, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_after = retry_after
+
+
+THROTTLED = 429
+MAX_RETRY_AFTER = 10.0  # seconds: a longer Retry-After is taken as this
+MAX_THROTTLED = 10  # 429s in a row retried without failing (client-go retries 10)
+
+
+def retry_after(response: aiohttp.ClientResponse) -> float | None:
+    """The seconds a response's Retry-After asks for (its integer form; the date form and
+    nonsense: None), at most MAX_RETRY_AFTER."""
+    value = response.headers.get("Retry-After", "").strip()
+    if not value.isdigit():
+        return None
+    return MAX_RETRY_AFTER if len(value) > 6 else min(float(value), MAX_RETRY_AFTER)
 
 
 class Malformed(Exception):
@@ -186,7 +205,7 @@ async def _json_body(response: aiohttp.ClientResponse, what: str, limit: int) ->
         raise Expired(what)
     if not 200 <= response.status < 300:
         message = f"{what}: HTTP {response.status}: {_refusal(raw)}"
-        raise ApiStatusError(message, response.status)
+        raise ApiStatusError(message, response.status, retry_after(response))
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError):
@@ -323,6 +342,7 @@ class Informer:
         self.watch_restarts = 0
         self.bookmarks = 0  # resume points the server sent without an object event
         self.error = ""  # the last failure, until the next list or watch gets an answer
+        self._throttled = 0  # 429s in a row
 
     @property
     def synced(self) -> bool:
@@ -374,18 +394,36 @@ class Informer:
                 self.error = str(error)
                 need_list = True  # what was lost is only in a new list
                 await asyncio.sleep(delay)
-            except (aiohttp.ClientError, TimeoutError, ApiStatusError, ValueError) as error:
-                delay = backoff.next_delay()
-                self.error = one_line(str(error) or type(error).__name__, _REFUSAL_CHARS)
-                if isinstance(error, ApiStatusError) and error.status in REFUSED:
-                    self._refusals.refused(self.cluster, self.kind, self.error, delay)
+            except ApiStatusError as error:
+                if error.status == THROTTLED and self._throttled < MAX_THROTTLED:
+                    await self._slow_down(error, backoff)
                 else:
-                    log.warning("%s: %s; retrying in %.1fs", self._where, self.error, delay)
-                await asyncio.sleep(delay)
+                    await self._failed(error, backoff)
+            except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+                await self._failed(error, backoff)
+
+    async def _slow_down(self, error: ApiStatusError, backoff: Backoff) -> None:
+        """A 429: wait as the server asks (else the backoff) and retry, not failing."""
+        self._throttled += 1
+        delay = error.retry_after if error.retry_after is not None else backoff.next_delay()
+        log.info(
+            "%s: %s; the API server asks to wait, retrying in %.1fs", self._where, error, delay
+        )
+        await asyncio.sleep(delay)
+
+    async def _failed(self, error: Exception, backoff: Backoff) -> None:
+        delay = backoff.next_delay()
+        self.error = one_line(str(error) or type(error).__name__, _REFUSAL_CHARS)
+        if isinstance(error, ApiStatusError) and error.status in REFUSED:
+            self._refusals.refused(self.cluster, self.kind, self.error, delay)
+        else:
+            log.warning("%s: %s; retrying in %.1fs", self._where, self.error, delay)
+        await asyncio.sleep(delay)
 
     def _answered(self) -> None:
         """A list or a watch got an answer: nothing is failing now."""
         self.error = ""
+        self._throttled = 0
         self._refusals.answered(self.cluster, self.kind)
 
     def _params(self, **extra: Any) -> dict[str, Any]:
@@ -474,7 +512,8 @@ class Informer:
             if response.status == 410:
                 raise Expired(self.kind)
             if not 200 <= response.status < 300:
-                raise ApiStatusError(f"watch {self.kind}: HTTP {response.status}", response.status)
+                message = f"watch {self.kind}: HTTP {response.status}"
+                raise ApiStatusError(message, response.status, retry_after(response))
             self._answered()
             async for line in _lines(response, self._settings.max_event_bytes):
                 delivered = self._apply_line(line) or delivered

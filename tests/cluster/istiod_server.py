@@ -124,12 +124,32 @@ async def running_istiod(plane: ControlPlane, kube: Kube, folder: Path) -> Async
         process = await asyncio.create_subprocess_exec(
             *argv, env=env, cwd=folder, stdout=log, stderr=log
         )
+        before = await _root_config_maps(kube)
         try:
             await wait_until(lambda: _ready(http), TIMEOUT, "istiod's /ready", until=bool)
             yield f"127.0.0.1:{grpc}"
         finally:
             process.terminate()
             await process.wait()
+            await _remove_root_config_maps(kube, before)
+
+
+ROOT_CONFIG_MAP = "istio-ca-root-cert"
+
+
+async def _root_config_maps(kube: Kube) -> set[str]:
+    """The namespaces holding a root ConfigMap (istiod's, pilot's or a test's)."""
+    found = await kube.get(f"/api/v1/configmaps?fieldSelector=metadata.name={ROOT_CONFIG_MAP}")
+    return {item["metadata"]["namespace"] for item in found.get("items", [])}
+
+
+async def _remove_root_config_maps(kube: Kube, before: set[str]) -> None:
+    """Remove the root ConfigMaps made while istiod ran where there were none: istiod
+    publishes its root to every namespace, kube-system's too, where pilot never does and a
+    later test looks for none."""
+    for namespace in sorted(await _root_config_maps(kube) - before):
+        meta = {"name": ROOT_CONFIG_MAP, "namespace": namespace}
+        await kube.delete({"kind": "ConfigMap", "metadata": meta})
 
 
 async def _ready(port: int) -> bool:

@@ -1,12 +1,12 @@
 """Faults the test API server injects on a test's say-so: `Faults`.
 
-Owns the switches that make the server misbehave the way a real one can:
-watches dropped abruptly or ended cleanly, history compacted (old
-resourceVersions get 410), every watch expired with a 410 ERROR event, list
-requests failing with 500, BOOKMARKs sent at a moment the test picks, a
-hostile server's raw bytes on open watches (`stream_raw`: garbage lines, a line
-that never ends), requests accepted and never answered (`hang`), and
-connections closed with a request unanswered (`drop`).
+Owns the switches that make the server misbehave the way a real one can: watches
+dropped abruptly or ended cleanly, history compacted (old resourceVersions get 410),
+every watch expired with a 410 ERROR event, list requests failing with 500 or
+throttled with 429 and a Retry-After, BOOKMARKs sent at a moment the test picks, a
+hostile server's raw bytes on open watches (`stream_raw`: garbage lines, a line that
+never ends), requests accepted and never answered (`hang`), and connections closed
+with a request unanswered (`drop`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ class Faults:
         self.store = store
         self.watches = watches
         self._failing_lists: int | None = 0  # None: every list fails
+        self._throttled_lists: tuple[int | None, str] = (0, "")  # (how many, Retry-After)
         self._hung: str | None = None  # requests whose path holds this are never answered
         self._unhung = asyncio.Event()
         self._dropping: tuple[str, int] = ("", 0)  # (path part, how many more to drop)
@@ -83,8 +84,18 @@ class Faults:
         self._dropping = (part, left - 1)
         return True
 
+    def throttle_lists(self, n: int | None, retry_after: str = "1") -> None:
+        """The next n list requests (all, if None, until throttle_lists(0)) get 429 with
+        `Retry-After: retry_after`, as a real server's while its watch cache fills."""
+        self._throttled_lists = (n, retry_after)
+
     def check_list(self) -> None:
-        """Raise the injected 500 if this list request is one that must fail."""
+        """Raise the injected 429 or 500 if this list request is one that must fail."""
+        left, retry_after = self._throttled_lists
+        if left is None or left > 0:
+            self._throttled_lists = (None if left is None else left - 1, retry_after)
+            message = "storage is (re)initializing"
+            raise ApiError(429, "TooManyRequests", message, headers={"Retry-After": retry_after})
         if self._failing_lists is None:
             raise _list_failure()
         if self._failing_lists > 0:

@@ -279,6 +279,11 @@ class KubeAPIServer:
         """The next n list requests (all, if None, until fail_lists(0)) get 500."""
         self._faults.fail_lists(n)
 
+    def throttle_lists(self, n: int | None, retry_after: str = "1") -> None:
+        """The next n list requests (all, if None, until throttle_lists(0)) get 429 with
+        that Retry-After."""
+        self._faults.throttle_lists(n, retry_after)
+
     def hang(self, path_part: str | None) -> None:
         """Accept requests whose path contains `path_part` and never answer them (None:
         answer again)."""

@@ -28,13 +28,19 @@ class ApiError(Exception):
     """An API failure; `status()` is the `Status` object kube-apiserver would send."""
 
     def __init__(
-        self, code: int, reason: str, message: str, details: dict[str, Any] | None = None
+        self,
+        code: int,
+        reason: str,
+        message: str,
+        details: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(f"{code} {reason}: {message}")
         self.code = code
         self.reason = reason
         self.message = message
         self.details = details
+        self.headers = headers or {}  # sent with the Status (Retry-After)
 
     def status(self) -> Obj:
         body: Obj = {

@@ -105,4 +105,6 @@ def json_response(body: Obj, status: int = 200) -> web.Response:
 
 
 def status_response(error: ApiError) -> web.Response:
-    return json_response(error.status(), error.code)
+    response = json_response(error.status(), error.code)
+    response.headers.update(error.headers)
+    return response
