@@ -126,10 +126,6 @@ class ClientClusters:
         """Cluster and assignment tables held."""
         return len(self._cds) + len(self._eds)
 
-    def differing(self, namespace: str) -> set[ServiceKey]:
-        """The services whose clusters are another for sidecars of `namespace`."""
-        return set(self._differ.get(namespace, ()))
-
     # -- sidecars come and go ------------------------------------------------------
 
     def client_joined(
