@@ -31,7 +31,7 @@ from pilot.generators.per_service import PerServiceGenerator
 from pilot.push.request import Changes, PushRequest
 from pilot.registry.destination_rule import DestinationRule, Subset, policy_for
 from pilot.registry.index import EndpointIndex, IndexChange
-from pilot.registry.model import Endpoint, EndpointGroup, EndpointSet, ServiceKey
+from pilot.registry.model import Endpoint, EndpointGroup, EndpointSet, Service, ServiceKey
 from pilot.registry.traffic_config import TrafficConfig
 from pilot.stats import XdsStats
 from pilot.xds import types
@@ -84,10 +84,11 @@ class EndpointGenerator(PerServiceGenerator):
     def _rebuild(self, key: ServiceKey, variants: dict[str, Locality] | None = None) -> set[str]:
         service = self._index.services.get(key)
         rule = self._traffic.rule_for(key) if service is not None else None
-        subsets = {s.name: s for s in rule.subsets} if rule is not None else {}
-        names = cluster_names(service, subsets, self._settings.cluster_domain)
+        names = self._cluster_names(service, rule)
         stale = self._retrack(key, names.keys()) if variants is None else set()
-        built = self._assignments(key, rule, variants or self._variants, reuse=bool(variants))
+        built = self._assignments(
+            service, rule, names, variants or self._variants, reuse=bool(variants)
+        )
         changed: set[str] = set()
         for flavor, resources in built.items():
             changed |= self._cache.update(types.ENDPOINT, resources, stale, flavor=flavor)
@@ -99,25 +100,32 @@ class EndpointGenerator(PerServiceGenerator):
         """The assignments of `key`'s clusters shaped by `rule`, for proxies in `locality`
         (for the sidecars of a namespace that follow another rule than the shared one:
         `pilot.generators.client_clusters`)."""
-        return self._assignments(key, rule, {SHARED: locality}, reuse=False)[SHARED]
+        service = self._index.services.get(key)
+        names = self._cluster_names(service, rule)
+        return self._assignments(service, rule, names, {SHARED: locality}, reuse=False)[SHARED]
+
+    def _cluster_names(
+        self, service: Service | None, rule: DestinationRule | None
+    ) -> dict[str, tuple[int, str]]:
+        subsets = [s.name for s in rule.subsets] if rule is not None else []
+        return cluster_names(service, subsets, self._settings.cluster_domain)
 
     def _assignments(
         self,
-        key: ServiceKey,
+        service: Service | None,
         rule: DestinationRule | None,
+        names: dict[str, tuple[int, str]],
         variants: dict[str, Locality],
         *,
         reuse: bool,
     ) -> dict[str, list[Resource]]:
-        """Per variant, the assignments of `key`'s clusters shaped by `rule`; `reuse`: a
-        cluster whose rule ignores the proxy's locality takes the shared bytes (built
-        under the same rule)."""
-        service = self._index.services.get(key)
+        """Per variant, the assignments of clusters `names` of `service`, shaped by `rule`;
+        `reuse`: a cluster whose rule ignores the proxy's locality takes the shared bytes
+        (built under the same rule)."""
         subsets = {s.name: s for s in rule.subsets} if rule is not None else {}
-        names = cluster_names(service, subsets, self._settings.cluster_domain)
         built: dict[str, list[Resource]] = {flavor: [] for flavor in variants}
         if service is not None:
-            endpoint_sets = self._index.endpoint_sets(key)
+            endpoint_sets = self._index.endpoint_sets(service.key)
             members: dict[str, list[EndpointSet]] | None = None
             for name, (i, subset) in names.items():
                 port = service.ports[i]
