@@ -18,7 +18,7 @@ from pilot.debug.views import configz
 from pilot.generators.cds import ClusterGenerator
 from pilot.generators.client_clusters import ClientClusters
 from pilot.generators.eds import EndpointGenerator
-from pilot.push.request import Changes, PushRequest, RequestSink
+from pilot.push.request import Changes, PendingPush, RequestSink
 from pilot.registry.destination_rule import parse_destination_rule
 from pilot.registry.index import EndpointIndex
 from pilot.registry.model import Pod, PodKey
@@ -67,10 +67,10 @@ class Mesh:
 
     def __init__(self) -> None:
         self.index, self.cache, self.stats = EndpointIndex(), ResourceCache(), XdsStats()
-        self.pending: list[PushRequest] = []
+        self.pending = PendingPush()
         traffic = TrafficConfig()
         self.updater = IndexUpdater(
-            self.index, RequestSink(self.pending.append), self.stats, traffic=traffic
+            self.index, RequestSink(self.pending.add), self.stats, traffic=traffic
         )
         settings = BuildSettings()
         cds = ClusterGenerator(self.index, self.cache, settings, self.stats, traffic)
@@ -91,10 +91,7 @@ class Mesh:
         self.push()
 
     def push(self) -> Changes:
-        request = PushRequest()
-        for waiting in self.pending:
-            request = request.merge(waiting)
-        self.pending.clear()
+        request = self.pending.take()
         changes = Changes()
         for generator in self.generators:
             changes.add(generator.build(request))

@@ -15,7 +15,7 @@ from envoy.config.route.v3 import route_pb2
 from pilot.builders.outbound import OutboundSettings, TrafficPolicy
 from pilot.builders.settings import BuildSettings
 from pilot.generators.rds import RouteGenerator
-from pilot.push.request import Changes, PushRequest, RequestSink
+from pilot.push.request import Changes, PendingPush, RequestSink
 from pilot.registry.index import EndpointIndex
 from pilot.registry.model import Pod, PodKey
 from pilot.registry.traffic_config import TrafficConfig
@@ -62,9 +62,9 @@ class Mesh:
 
     def __init__(self, max_flavors: int = 1000) -> None:
         self.index, self.cache, stats = EndpointIndex(), ResourceCache(), XdsStats()
-        self.pending: list[PushRequest] = []
+        self.pending = PendingPush()
         self.updater = IndexUpdater(
-            self.index, RequestSink(self.pending.append), stats, traffic=TrafficConfig()
+            self.index, RequestSink(self.pending.add), stats, traffic=TrafficConfig()
         )
         self.routes = RouteGenerator(
             self.index,
@@ -79,10 +79,7 @@ class Mesh:
         self.push()
 
     def push(self) -> Changes:
-        request = PushRequest()
-        for waiting in self.pending:
-            request = request.merge(waiting)
-        self.pending.clear()
+        request = self.pending.take()
         return self.routes.build(request)
 
     def pod(self, ip: str, namespace: str, account: str = "app", **labels: str) -> None:
