@@ -49,6 +49,7 @@ from tests.cluster.workloads import (
     watching_pilot,
 )
 from tests.support.envoy_process import wait_until
+from tests.support.mesh import istio_object
 from tests.support.pilot import RunningPilot
 from tests.support.xds_client import XdsClient, delta_resources, node, tls_credentials
 
@@ -263,22 +264,12 @@ class SideBySide:
 IstioObject = tuple[str, Obj] | Obj  # (kind, spec), or a whole object
 
 
-def networking(kind: str, namespace: str, name: str, spec: Obj) -> Obj:
-    """A networking.istio.io/v1 object."""
-    return {
-        "apiVersion": "networking.istio.io/v1",
-        "kind": kind,
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": spec,
-    }
-
-
 def _whole(shape: IstioObject, namespace: str, name: str) -> Obj:
     """`shape` as it is, or (kind, spec) named `name` in `namespace`."""
     if isinstance(shape, dict):
         return shape
     kind, spec = shape
-    return networking(kind, namespace, name, spec)
+    return istio_object(kind, name, namespace, spec)
 
 
 async def _run_client(kube: Kube, namespace: str, block: int) -> Obj:

@@ -31,18 +31,10 @@ from tests.cluster.workloads import (
     reviews_sidecar,
 )
 from tests.support.envoy_process import wait_until
+from tests.support.mesh import istio_object
 from tests.support.xds_client import DeltaStream, delta_resources, endpoint_ips
 
 TIMEOUT = 30.0
-
-
-def istio(kind: str, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "networking.istio.io/v1",
-        "kind": kind,
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": spec,
-    }
 
 
 class Held:
@@ -89,10 +81,10 @@ async def test_destination_rule_from_the_crd_reaches_clusters_and_endpoints(
         await held.until(lambda h: f"outbound|{SERVICE_PORT}||{host}" in h.types[types.CLUSTER])
 
         rule = await kube.create(
-            istio(
+            istio_object(
                 "DestinationRule",
-                namespace,
                 "reviews",
+                namespace,
                 {
                     "host": "reviews",
                     "trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 1}}},
@@ -107,10 +99,10 @@ async def test_destination_rule_from_the_crd_reaches_clusters_and_endpoints(
 
         # Admitted by the schema, refused by pilot: counted, and nothing changes.
         await kube.create(
-            istio(
+            istio_object(
                 "DestinationRule",
-                namespace,
                 "tunnel",
+                namespace,
                 {
                     "host": "reviews",
                     "trafficPolicy": {
@@ -120,10 +112,10 @@ async def test_destination_rule_from_the_crd_reaches_clusters_and_endpoints(
             )
         )
         await kube.create(
-            istio(
+            istio_object(
                 "VirtualService",
-                namespace,
                 "lookahead",
+                namespace,
                 {
                     "hosts": ["reviews"],
                     "http": [
@@ -136,10 +128,10 @@ async def test_destination_rule_from_the_crd_reaches_clusters_and_endpoints(
             )
         )
         await kube.create(
-            istio(
+            istio_object(
                 "Gateway",
-                namespace,
                 "bookinfo",
+                namespace,
                 {
                     "selector": {"istio": "ingressgateway"},
                     "servers": [

@@ -43,13 +43,13 @@ from tests.cluster.istiod_server import (
     Dial,
     SideBySide,
     clusters_of,
-    networking,
     resources_of,
     side_by_side,
 )
 from tests.cluster.workloads import (
     SERVICE_PORT,
 )
+from tests.support.mesh import istio_object
 
 # What a DestinationRule writes in a cluster.
 FIELDS = (
@@ -141,8 +141,8 @@ async def test_two_rules_for_one_host_merge_as_istiod_merges_them(
     twice = {"name": "v1", "labels": {"app": "nothing"}}
     newer = {"host": "reviews", "trafficPolicy": POLICY, "subsets": [SUBSETS[1], twice]}
     rules = [
-        networking("DestinationRule", namespace, "a-older", older),
-        networking("DestinationRule", namespace, "b-newer", newer),
+        istio_object("DestinationRule", "a-older", namespace, older),
+        istio_object("DestinationRule", "b-newer", namespace, newer),
     ]
     names = {f"outbound|{SERVICE_PORT}|{s}|{host}" for s in ("", "v1", "hashed")}
     async with side_by_side(deployed, namespace, tmp_path, "reviews", rules) as both:
@@ -190,7 +190,7 @@ def _rule(case: Case, namespaces: dict[str, str], host: str) -> dict[str, Any]:
     spec: dict[str, Any] = {"host": host, "trafficPolicy": POLICY, "subsets": SUBSETS}
     if case.export_to is not None:
         spec["exportTo"] = [namespaces.get(e, e) for e in case.export_to]
-    return networking("DestinationRule", namespaces[case.written_in], "reviews", spec)
+    return istio_object("DestinationRule", "reviews", namespaces[case.written_in], spec)
 
 
 async def _subsets_alike(both: SideBySide, namespace: str, host: str) -> set[str]:

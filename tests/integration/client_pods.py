@@ -39,7 +39,7 @@ from tests.integration.mesh_pods import PodEnvoy
 from tests.integration.pod_control_plane import PILOT_HOST, start_pilot, start_sidecar
 from tests.integration.sidecar_support import Workload, envoy_pid
 from tests.support.envoy_process import wait_until
-from tests.support.mesh import Ep, endpoint_slice, pod, service, write_mesh
+from tests.support.mesh import Ep, endpoint_slice, istio_object, pod, service, write_mesh
 from tests.support.pilot_process import PilotProcess
 from tests.support.pod_process import running_in
 from tests.support.pods import Pod, PodNetwork, leftovers, pod_network
@@ -195,16 +195,6 @@ class ClientMesh:
 
 
 # ------------------------------------------------------------------ Istio objects, answers
-
-
-def istio_object(kind: str, name: str, namespace: str, spec: Obj) -> Obj:
-    """A `networking.istio.io/v1` object (VirtualService, DestinationRule) as written."""
-    return {
-        "apiVersion": "networking.istio.io/v1",
-        "kind": kind,
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": spec,
-    }
 
 
 def virtual_service(name: str, namespace: str, spec: Obj) -> Obj:

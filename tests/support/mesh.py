@@ -118,6 +118,16 @@ def endpoint_slice(
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
+def istio_object(kind: str, name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A `networking.istio.io/v1` object (VirtualService, DestinationRule, ...) as written."""
+    return {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
 def as_list(objects: Iterable[dict[str, Any]]) -> str:
     """A `kind: List` document, like kubectl prints."""
     document = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
